@@ -1,0 +1,11 @@
+"""bw24nb: an LLM inference engine written in Python on Numba-CUDA.
+
+Data path (see docs/ARCHITECTURE.md):
+    formats/  -> ModelConfig + TensorSource (GGUF file or HF safetensors directory)
+    models/   -> per-family layer recipe and weight naming
+    reference/-> numpy oracle of every operation and whole models
+    kernels/  -> @cuda.jit kernels (run on the GPU, or in numba's CUDA simulator)
+    engine.py -> device weights, caches, prefill/decode, graph replay
+"""
+
+__version__ = "0.1.0"

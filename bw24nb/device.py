@@ -1,0 +1,58 @@
+"""The one place that knows which GPU (or simulator) we run on.
+
+Architecture-specific choices (which PTX path, tile sizes tuned per chip) are looked up here
+and nowhere else, so adding a target means editing this file and the tune tables it names.
+
+Importing this module does not import numba.cuda: the CLI uses it to decide between the
+numpy reference and the GPU engine before paying for numba's import.
+"""
+from __future__ import annotations
+
+import ctypes.util
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+def simulator_enabled() -> bool:
+    """True when numba's CUDA simulator stands in for a GPU (NUMBA_ENABLE_CUDASIM=1)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+@lru_cache(maxsize=1)
+def gpu_present() -> bool:
+    """A real CUDA device is usable (driver library present and numba sees a GPU)."""
+    if simulator_enabled():
+        return False
+    if ctypes.util.find_library("cuda") is None and not os.path.exists("/usr/lib/x86_64-linux-gnu/libcuda.so.1"):
+        return False
+    try:
+        from numba import cuda
+        return bool(cuda.is_available())
+    except Exception:  # a broken driver install is "no GPU" for our purposes
+        return False
+
+
+@dataclass(frozen=True)
+class ArchFeatures:
+    """What the target architecture offers that kernels choose between."""
+    cc: tuple[int, int]
+    native_fp4_cvt: bool      # cvt.rn.f16x2.e2m1x2 (sm_100a / sm_120a and later)
+    int8_mma: bool            # mma.sync.m16n8k32.s8 (sm_80 and later)
+
+    @property
+    def name(self) -> str:
+        return f"sm_{self.cc[0]}{self.cc[1]}"
+
+
+def features_for(cc: tuple[int, int]) -> ArchFeatures:
+    return ArchFeatures(cc=cc, native_fp4_cvt=cc >= (10, 0), int8_mma=cc >= (8, 0))
+
+
+@lru_cache(maxsize=1)
+def current_features() -> ArchFeatures:
+    """Features of the device in use; the simulator poses as sm_90 (our verified target)."""
+    if gpu_present():
+        from numba import cuda
+        return features_for(tuple(cuda.get_current_device().compute_capability))
+    return features_for((9, 0))

@@ -1,0 +1,32 @@
+"""Test setup: without a GPU, run every kernel in numba's CUDA simulator.
+
+This must happen before anything imports numba.cuda, hence at conftest import time.
+"""
+import ctypes.util
+import os
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and ctypes.util.find_library("cuda") is None \
+        and not os.path.exists("/usr/lib/x86_64-linux-gnu/libcuda.so.1"):
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import pytest  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+# Fresh random inputs every run (a kernel must be right on any valid input), yet reproducible:
+# the session seed is printed in pytest's header; BW24_TEST_SEED=<n> replays a failing run.
+SESSION_SEED = int(os.environ.get("BW24_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+
+
+def pytest_report_header(config):
+    return f"bw24nb: BW24_TEST_SEED={SESSION_SEED}  cudasim={os.environ.get('NUMBA_ENABLE_CUDASIM', '0')}"
+
+
+@pytest.fixture
+def rng(request):
+    """A generator per test: session seed mixed with the test's id."""
+    import zlib
+
+    import numpy as np
+    return np.random.default_rng([SESSION_SEED, zlib.crc32(request.node.nodeid.encode())])
