@@ -1,0 +1,114 @@
+"""The `bw24nb` command line (click). Every option is also settable as BW24_<NAME>."""
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from .errors import Bw24Error
+
+
+class _Group(click.Group):
+    """Turn bw24nb's own errors into one clear line and exit status 2, not a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Bw24Error as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"auto_envvar_prefix": "BW24", "show_default": True})
+def main():
+    """bw24nb: LLM inference on Numba-CUDA (Qwen2/Qwen3/Qwen3.5 from GGUF or HF safetensors)."""
+
+
+def _model_path(model):
+    if model:
+        return model
+    from .pull import pull
+    return str(pull(log=lambda m: click.echo(m, err=True)))
+
+
+@main.command()
+def pull():
+    """Fetch the default model (Qwen2.5-Coder-0.5B-Instruct GGUF) into the cache and verify it."""
+    from .pull import pull as do_pull
+    click.echo(str(do_pull()))
+
+
+@main.command()
+@click.argument("model", required=False)
+def inspect(model):
+    """Print a model's configuration and a summary of its tensors."""
+    from collections import Counter
+
+    from .formats import open_model
+    from .quant import QType
+
+    src = open_model(_model_path(model))
+    click.echo(f"{src.path}  ({src.format})")
+    for k, v in vars(src.config).items():
+        if k == "layer_types" and v:
+            v = "".join("F" if t == "full_attention" else "L" for t in v) + "  (F full, L linear)"
+        click.echo(f"  {k:34s} {v}")
+    names = src.names()
+    by_type, total = Counter(), 0
+    for n in names:
+        info = src.info(n)
+        name = QType(info.qtype).name if info.qtype in QType._value2member_map_ else str(info.qtype)
+        by_type[name] += info.nbytes
+        total += info.nbytes
+    click.echo(f"  tensors: {len(names)}, {total / 2**20:.1f} MiB")
+    for t, b in by_type.most_common():
+        click.echo(f"    {t:10s} {b / 2**20:10.1f} MiB")
+
+
+@main.command()
+@click.argument("model", required=False)
+@click.option("--prompt", "-p", default="Write a Python function that reverses a string.")
+@click.option("--chat/--no-chat", default=False, help="Wrap the prompt in the model's chat template.")
+@click.option("--max-tokens", "-n", default=128, type=click.IntRange(1))
+@click.option("--temperature", default=0.0, type=click.FloatRange(0.0))
+@click.option("--top-k", default=0, type=click.IntRange(0))
+@click.option("--top-p", default=1.0, type=click.FloatRange(0.0, 1.0, min_open=True))
+@click.option("--seed", default=None, type=int)
+@click.option("--ctx", default=4096, type=click.IntRange(16), help="Context length (tokens).")
+@click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default="auto")
+@click.option("--gate/--no-gate", default=True, help="Run the prefill-vs-decode argmax gate first.")
+def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, backend, gate):
+    """Generate text from MODEL (default: the pulled default model), streaming it."""
+    from . import backends
+    from .generate import GenerationStats, argmax_gate, generate
+    from .sampling import SamplingParams
+
+    t_start = time.perf_counter()
+    path = _model_path(model)
+    lm = backends.load(path, n_ctx=ctx, which=backend, log=lambda m: click.echo(m, err=True))
+    click.echo(f"backend: {lm.backend.name}; load {lm.load_s:.2f} s", err=True)
+    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    ids = lm.tokenizer.encode(text)
+    gate_ok = True
+    if gate:
+        gate_ok, a, b = argmax_gate(lm.backend, ids)
+        click.echo("gate: MATCH" if gate_ok else f"gate: MISMATCH (prefill {a} vs decode {b})", err=True)
+    stats = GenerationStats()
+    first = None
+    for piece in generate(lm.backend, lm.tokenizer, ids, max_tokens,
+                          SamplingParams(temperature, top_k, top_p, seed), stats=stats):
+        if first is None:
+            first = time.perf_counter() - t_start
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
+    click.echo()
+    note = "" if gate_ok else "  (gate MISMATCH: these numbers don't count)"
+    click.echo(f"prompt {stats.prompt_tokens} tok, {stats.prefill_tps:.1f} tok/s; generated "
+               f"{stats.completion_tokens} tok, {stats.decode_tps:.1f} tok/s; "
+               f"first token {first or 0:.2f} s after start; finish: {stats.finish_reason}{note}",
+               err=True)
+
+
+if __name__ == "__main__":
+    main()
