@@ -110,5 +110,21 @@ def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, b
                err=True)
 
 
+@main.command()
+@click.argument("model", required=False)
+@click.option("--host", default="127.0.0.1", help="Address to bind (loopback unless told otherwise).")
+@click.option("--port", default=8080, type=click.IntRange(0, 65535))
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on every endpoint but /health.")
+@click.option("--ctx", default=4096, type=click.IntRange(16), help="Context length (tokens).")
+@click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default="auto")
+@click.option("--queue-size", default=16, type=click.IntRange(1), help="Requests waiting beyond this get 429.")
+@click.option("--model-name", default=None, help="Name served in /v1/models (default: the file's stem).")
+def serve(model, host, port, api_key, ctx, backend, queue_size, model_name):
+    """OpenAI-compatible HTTP server (completions, chat completions, SSE streaming)."""
+    from .server import run_server
+    run_server(_model_path(model), host=host, port=port, api_key=api_key, n_ctx=ctx,
+               backend=backend, queue_size=queue_size, model_name=model_name)
+
+
 if __name__ == "__main__":
     main()
