@@ -134,13 +134,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal_offset: int = 
         raise ValueError(f"causal_offset {causal_offset} + T {T} exceeds key length {S}")
     n_rep = Hq // Hkv
     scale = 1.0 / np.sqrt(D) if scale is None else scale
-    kh = np.repeat(k, n_rep, axis=1)                      # [S, Hq, D]
-    vh = np.repeat(v, n_rep, axis=1)
-    scores = np.einsum("thd,shd->hts", q, kh) * scale     # [Hq, T, S]
     allowed = np.arange(S)[None, :] <= (causal_offset + np.arange(T))[:, None]   # [T, S]
-    scores = np.where(allowed[None], scores, -np.inf)
-    m = scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores - m)
-    p /= p.sum(axis=-1, keepdims=True)
-    out = np.einsum("hts,shd->thd", p, vh)
-    return out.astype(F32)
+    out = np.empty((T, Hq, D), F32)
+    # One KV head (and its n_rep query heads) at a time: scores stay [n_rep, T, S], so a
+    # long real-model prefill does not need Hq * T * S float64s at once.
+    for g in range(Hkv):
+        qs = q[:, g * n_rep:(g + 1) * n_rep]                             # [T, n_rep, D]
+        scores = np.einsum("thd,sd->hts", qs, k[:, g]) * scale           # [n_rep, T, S]
+        scores = np.where(allowed[None], scores, -np.inf)
+        p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        out[:, g * n_rep:(g + 1) * n_rep] = np.einsum("hts,sd->thd", p, v[:, g])
+    return out
