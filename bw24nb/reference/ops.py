@@ -101,7 +101,7 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 # Weights up to this many elements are multiplied in float64 (cheap); larger ones in float32.
 # Upcasting a real model's weights on every call allocated and read a float64 copy per token
 # (1.1 GB for the 0.5B model's LM head alone) and made CPU decode ~10x slower.
-F64_LINEAR_MAX_ELEMENTS = 1 << 20
+F64_LINEAR_MAX_ELEMENTS = 1 << 17
 
 
 def linear(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
