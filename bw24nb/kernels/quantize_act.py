@@ -1,0 +1,93 @@
+"""Activations to int8 for the dp4a matvec: one float32 scale per 32 consecutive values.
+
+For each block of 32 values x[32b .. 32b + 31], llama.cpp's CPU reference rounding
+(bw24nb.quant.quantize_activations_q8, the numpy reference this kernel matches bit for bit):
+    amax = max |x|
+    d    = amax / 127                       (float32 division, correctly rounded)
+    id   = 1 / d  (float32; 0 when d == 0)
+    q    = roundf(x * id)                   (float32 product; C roundf: ties away from zero)
+Every step is a correctly rounded IEEE operation, so GPU, simulator and numpy agree exactly.
+(ggml-cuda's quantize_q8_1 divides by d instead, which can flip a q at a .5 boundary; we follow
+the CPU reference, as bw24nb/quant/activations.py explains.)
+The input is a flat run of n values, n a multiple of 32; a [T, K] matrix with K % 32 == 0 is
+n = T * K and its rows never share a block.
+"""
+import math
+
+import numpy as np
+from numba import cuda
+
+QBLOCK = 32
+# 4 activation blocks (one warp each) per 128-thread block.
+BLOCKS_PER_CTA = 4
+THREADS = QBLOCK * BLOCKS_PER_CTA
+
+
+@cuda.jit(device=True, inline="always")
+def round_half_away(v):
+    """C roundf on float32: nearest integer, ties away from zero (exact: a - floor(a) is)."""
+    a = abs(v)
+    r = math.floor(a)
+    if a - r >= np.float32(0.5):
+        r += 1
+    return -r if v < 0 else r
+
+
+@cuda.jit
+def quantize_act_q8(x, xq, xd, n):
+    """x float32[n] -> xq int8[n], xd float32[n / 32]; one thread per value, one warp per block."""
+    amax = cuda.shared.array(THREADS, np.float32)
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    i = cuda.blockIdx.x * THREADS + tid
+    v = x[i] if i < n else np.float32(0.0)
+    # block max |x| by a tree in shared memory (max is exact in any order)
+    amax[tid] = abs(v)
+    cuda.syncthreads()
+    off = 16
+    while off > 0:
+        if lane < off:
+            amax[tid] = max(amax[tid], amax[tid + off])
+        cuda.syncthreads()
+        off >>= 1
+    m = amax[tid - lane]
+    d = m / np.float32(127.0)
+    inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+    if i < n:
+        xq[i] = round_half_away(v * inv)
+        if lane == 0:
+            xd[i >> 5] = d
+
+
+PTX_SIGNATURES = {
+    "quantize_act_q8": ["void(float32[::1], int8[::1], float32[::1], int32)"],
+}
+
+
+def launch_quantize_act(x_dev, xq_dev, xd_dev, n=None, stream=0):
+    """Quantize the first n values of x_dev (float32, flat or [T, K]) into xq_dev (int8, same
+    count) and xd_dev (float32, n / 32 scales). n defaults to x_dev.size.
+    Reference: `quantize_act_q8_reference`."""
+    n = x_dev.size if n is None else int(n)
+    if n % QBLOCK:
+        raise ValueError(f"quantize_act: {n} values is not a whole number of {QBLOCK}-blocks")
+    if x_dev.dtype != np.float32 or xq_dev.dtype != np.int8 or xd_dev.dtype != np.float32:
+        raise ValueError("quantize_act: x float32, xq int8, xd float32")
+    if xq_dev.size < n or xd_dev.size < n // QBLOCK or x_dev.size < n:
+        raise ValueError(f"quantize_act: need x, xq of >= {n} values and xd of >= {n // QBLOCK}")
+    flat = (lambda a: a if a.ndim == 1 else a.reshape(a.size))
+    grid = (n + THREADS - 1) // THREADS
+    quantize_act_q8[grid, THREADS, stream](flat(x_dev), flat(xq_dev), flat(xd_dev), np.int32(n))
+
+
+def quantize_act_q8_reference(x):
+    """x (n values, n % 32 == 0) -> (xq int8[n], xd float32[n / 32]): the kernel's exact output."""
+    from ..quant import quantize_activations_q8
+    q, d = quantize_activations_q8(np.asarray(x, dtype=np.float32).reshape(-1))
+    return q.reshape(-1), d.reshape(-1)
+
+
+def dequantize_act_q8(xq, xd):
+    """float64 xq * xd (block-wise): the activation value the dp4a path multiplies with."""
+    xq = np.asarray(xq, dtype=np.int8).reshape(-1, QBLOCK).astype(np.float64)
+    return (xq * np.asarray(xd, dtype=np.float64).reshape(-1, 1)).reshape(-1)

@@ -1,0 +1,198 @@
+"""Decode matvec kernels (float path for every weight type, dp4a path for the integer types)
+and the activation quantizer, against the numpy codec, in the CUDA simulator on tiny shapes.
+
+Weights are random bytes with valid f16 scale fields (bw24nb.kernels.dequant.random_weight_bytes):
+every quant and sub-scale bit pattern is exercised, not only the ones a quantizer emits.
+Outputs are poisoned with NaN before each launch, with guard elements past the end that must
+survive untouched.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from bw24nb.kernels import launch_matvec, launch_matvec_q8, launch_quantize_act
+from bw24nb.kernels.dequant import LAYOUTS, Q4_K_OFF_QS, Q5_K_OFF_QH, random_weight_bytes
+from bw24nb.kernels.matvec import MATVEC_Q8, matvec_q8_reference, matvec_reference
+from bw24nb.kernels.quantize_act import dequantize_act_q8, quantize_act_q8_reference
+from bw24nb.quant import QType, dequantize
+
+ALL_TYPES = list(LAYOUTS)
+DP4A_TYPES = list(MATVEC_Q8)
+U = 2.0 ** -24          # float32 unit roundoff
+
+# Rounding bound of the float path. Every product w_e * x_e is rounded once and then passes
+# through at most 7 additions inside its group, ceil(groups / 32) in its lane's running sum
+# (<= 16 at K = 512 for the dense types), 5 in the warp tree and 2 for bias and residual: a
+# longest chain h <= 31 roundings. The classic bound for any summation tree is then
+# |y - y_exact| <= gamma_h * (sum_e |w_e x_e| + |b| + |r|), gamma_h = h u / (1 - h u) ~ 1.9e-6;
+# we allow 1e-5 (5x the worst case, still orders of magnitude below one wrong weight).
+FLOAT_PATH_REL = 1e-5
+
+
+def _guarded(n, guard=4):
+    """A device array of n + guard float32: n poisoned with NaN, the guard set to a sentinel."""
+    a = np.full(n + guard, np.nan, dtype=np.float32)
+    a[n:] = 1234.5
+    return cuda.to_device(a)
+
+
+def _run_float(w, qt, M, K, x, bias=None, residual=None, in_place=False):
+    y_full = _guarded(M)
+    y = y_full[:M]
+    if in_place:
+        y.copy_to_device(residual)
+    launch_matvec(cuda.to_device(w), qt, M, K, cuda.to_device(x), y,
+                  bias=None if bias is None else cuda.to_device(bias),
+                  residual=None if residual is None else (y if in_place else cuda.to_device(residual)))
+    out = y_full.copy_to_host()
+    assert np.all(out[M:] == np.float32(1234.5)), "kernel wrote past the end of y"
+    return out[:M]
+
+
+def _scale(w_raw, qt, M, K, x, bias=None, residual=None):
+    """sum_e |w_e x_e| + |b| + |r| per row: what the rounding error is proportional to."""
+    w = np.abs(dequantize(w_raw, qt, (M, K)).astype(np.float64))
+    s = w @ np.abs(x.astype(np.float64))
+    if bias is not None:
+        s += np.abs(bias)
+    if residual is not None:
+        s += np.abs(residual)
+    return s
+
+
+@pytest.mark.parametrize("qt", ALL_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("M,K", [(17, 256), (3, 512)])
+def test_matvec_matches_codec(rng, qt, M, K):
+    w = random_weight_bytes(rng, qt, M, K)
+    x = rng.standard_normal(K).astype(np.float32)
+    y = _run_float(w, qt, M, K, x)
+    ref = matvec_reference(w, qt, M, K, x)
+    assert np.all(np.isfinite(y))
+    np.testing.assert_array_less(np.abs(y - ref), FLOAT_PATH_REL * _scale(w, qt, M, K, x) + 1e-30)
+
+
+@pytest.mark.parametrize("qt", [QType.F16, QType.BF16, QType.F32], ids=lambda q: q.name)
+def test_matvec_dense_any_k(rng, qt):
+    # dense rows need not be a multiple of 32 (or of anything)
+    M, K = 5, 100
+    w = random_weight_bytes(rng, qt, M, K)
+    x = rng.standard_normal(K).astype(np.float32)
+    y = _run_float(w, qt, M, K, x)
+    ref = matvec_reference(w, qt, M, K, x)
+    np.testing.assert_array_less(np.abs(y - ref), FLOAT_PATH_REL * _scale(w, qt, M, K, x) + 1e-30)
+
+
+@pytest.mark.parametrize("qt", [QType.Q4_K, QType.Q8_0, QType.F16], ids=lambda q: q.name)
+@pytest.mark.parametrize("in_place", [False, True], ids=["residual", "in-place"])
+def test_matvec_bias_residual(rng, qt, in_place):
+    M, K = 17, 256
+    w = random_weight_bytes(rng, qt, M, K)
+    x = rng.standard_normal(K).astype(np.float32)
+    # large enough that a dropped or doubled term is far outside the tolerance
+    bias = (100 * rng.standard_normal(M)).astype(np.float32)
+    residual = (100 * rng.standard_normal(M)).astype(np.float32)
+    y = _run_float(w, qt, M, K, x, bias, residual, in_place=in_place)
+    ref = matvec_reference(w, qt, M, K, x, bias, residual)
+    tol = FLOAT_PATH_REL * _scale(w, qt, M, K, x, bias, residual)
+    np.testing.assert_array_less(np.abs(y - ref), tol)
+
+
+def test_matvec_rejects_wrong_buffer():
+    w = cuda.to_device(np.zeros((3, 144 - 1), np.uint8))
+    y = cuda.to_device(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="Q4_K weight of 3 x 256 is 432 bytes"):
+        launch_matvec(w, QType.Q4_K, 3, 256, cuda.to_device(np.zeros(256, np.float32)), y)
+    with pytest.raises(ValueError, match="no dp4a path for NVFP4"):
+        launch_matvec_q8(cuda.to_device(np.zeros(3 * 36 * 4, np.uint8)), QType.NVFP4, 3, 256,
+                         cuda.to_device(np.zeros(256, np.int8)),
+                         cuda.to_device(np.zeros(8, np.float32)), y)
+
+
+# ---------------------------------------------------------------- activation quantizer
+
+
+def test_quantize_act_matches_reference(rng):
+    T, K = 3, 256
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x[1, 32:64] = 0.0                        # an all-zero block: d = 0, q = 0
+    # ties: amax 127 gives d = 1 and 1/d = 1, so x * (1/d) = x and +-2.5 must round away (+-3)
+    x[2, :8] = [127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -126.5, 3.49999976]
+    xq = cuda.to_device(np.full(T * K, 99, np.int8))
+    xd = cuda.to_device(np.full(T * K // 32, np.nan, np.float32))
+    launch_quantize_act(cuda.to_device(x), xq, xd)
+    q_ref, d_ref = quantize_act_q8_reference(x)
+    np.testing.assert_array_equal(xq.copy_to_host(), q_ref)
+    np.testing.assert_array_equal(xd.copy_to_host(), d_ref)
+    assert list(q_ref[2 * K:2 * K + 8]) == [127, 3, -3, 1, -1, 2, -127, 3]
+
+
+# ---------------------------------------------------------------- dp4a path
+
+# Largest |integer weight| per element (in units of the f16 scales), intermediate pieces
+# included: Q4_K/Q5_K form sc*q and m separately, so (15 or 31) * 63 + 63.
+_MAX_INT_W = {QType.Q8_0: 128, QType.Q4_0: 8, QType.Q5_0: 16,
+              QType.Q4_K: 15 * 63 + 63, QType.Q5_K: 31 * 63 + 63, QType.Q6_K: 128 * 32}
+
+
+@pytest.mark.parametrize("qt", DP4A_TYPES, ids=lambda q: q.name)
+def test_matvec_q8_integer_part_exact(rng, qt):
+    """With every f16 scale = 2^-6 and every activation scale = 2^-3, each term of the dot is
+    an integer times 2^-9 and the integer sums stay below 2^24 (activations bounded per type
+    for that), so every float32 operation of the kernel is exact: the result must equal the
+    float64 reference bit for bit. Any error in a nibble, a high bit, a sub-scale, the int8
+    sign handling of dp4a or the -8/-16/-32 offsets shows up as an inequality."""
+    M, K = 3, 256
+    w = random_weight_bytes(rng, qt, M, K, f16_value=2.0 ** -6)
+    bound = min(127, (2 ** 24 - 1) // (K * _MAX_INT_W[qt]))
+    xq = rng.integers(-bound, bound + 1, size=K).astype(np.int8)
+    xq[:2] = [bound, -bound]
+    xd = np.full(K // 32, 2.0 ** -3, np.float32)
+    y_full = _guarded(M)
+    launch_matvec_q8(cuda.to_device(w), qt, M, K, cuda.to_device(xq), cuda.to_device(xd), y_full[:M])
+    out = y_full.copy_to_host()
+    ref = matvec_q8_reference(w, qt, M, K, xq, xd)
+    np.testing.assert_array_equal(out[:M], ref.astype(np.float32))
+    assert np.array_equal(ref.astype(np.float32).astype(np.float64), ref)   # ref is exact too
+    assert np.all(out[M:] == np.float32(1234.5))
+
+
+assert Q4_K_OFF_QS == Q5_K_OFF_QH     # _min_offsets zeroes from there on for both
+
+
+def _min_offsets(w_raw, qt, M, K):
+    """|dmin * m| per element for Q4_K/Q5_K (the value a zero quant decodes to), else 0."""
+    if qt not in (QType.Q4_K, QType.Q5_K):
+        return np.zeros((M, K))
+    lay = LAYOUTS[qt]
+    blocks = np.array(w_raw).reshape(-1, lay.type_size)
+    blocks[:, Q4_K_OFF_QS:] = 0             # qh (Q5_K) and qs: every q = 0
+    return np.abs(dequantize(blocks, qt, (M, K)).astype(np.float64))
+
+
+@pytest.mark.parametrize("qt", DP4A_TYPES, ids=lambda q: q.name)
+def test_matvec_q8_end_to_end(rng, qt):
+    """quantize_act then matvec_q8 on realistic scales, with bias and residual."""
+    M, K = 17, 512
+    w = random_weight_bytes(rng, qt, M, K)
+    x = rng.standard_normal(K).astype(np.float32)
+    bias = rng.standard_normal(M).astype(np.float32)
+    residual = rng.standard_normal(M).astype(np.float32)
+    xq = cuda.to_device(np.zeros(K, np.int8))
+    xd = cuda.to_device(np.zeros(K // 32, np.float32))
+    launch_quantize_act(cuda.to_device(x), xq, xd)
+    q_ref, d_ref = quantize_act_q8_reference(x)
+    np.testing.assert_array_equal(xq.copy_to_host(), q_ref)
+    y_full = _guarded(M)
+    launch_matvec_q8(cuda.to_device(w), qt, M, K, xq, xd, y_full[:M],
+                     bias=cuda.to_device(bias), residual=cuda.to_device(residual))
+    y = y_full.copy_to_host()[:M]
+    ref = matvec_q8_reference(w, qt, M, K, q_ref, d_ref, bias, residual)
+    # Rounding: integer parts are exact; per 4-value run the kernel rounds (scale * int) up to
+    # 4 times, then the same lane/tree/epilogue chain as the float path (h <= 31 in all). For
+    # K-quants the two pieces (d*sc)*sum(q*qx) and (dmin*m)*sum(qx) are rounded separately, so
+    # the error scales with |w| + 2 |dmin m| rather than |w|.
+    xa = np.abs(dequantize_act_q8(q_ref, d_ref))
+    wmag = np.abs(dequantize(w, qt, (M, K)).astype(np.float64)) + 2 * _min_offsets(w, qt, M, K)
+    scale = wmag @ xa + np.abs(bias) + np.abs(residual)
+    assert np.all(np.isfinite(y))
+    np.testing.assert_array_less(np.abs(y - ref), FLOAT_PATH_REL * scale)
