@@ -1,0 +1,374 @@
+"""The KV cache of the full-attention layers: layout, quantizing store kernel, VRAM size.
+
+Layout (the one definition every attention kernel reads through `kv_load`)
+-------------------------------------------------------------------------
+One uint8 device array per tensor (K and V), shape
+
+    [n_slots, n_kv_heads, ctx, row_bytes(qtype, head_dim)]
+
+i.e. layer slot → KV head → position → the head's `head_dim` values as GGUF blocks of 32
+(llama.cpp's `block_q8_0` / `block_q5_1` bytes, or plain little-endian f16). A slot is a model
+layer that has softmax attention (hybrid Qwen3.5/Next models have KV only on every 4th layer),
+see `attention_layers`. Positions of one head are contiguous, so a key tile of a head is one
+contiguous byte range and a split of the context is a contiguous slice.
+
+Defaults: K in Q8_0 (8.5 bits/value), V in Q5_1 (6 bits/value): K feeds a softmax whose
+exponent amplifies errors, V only a convex combination, so V tolerates the coarser type.
+F16 is selectable for either.
+
+The rows are GGUF's block bytes rather than a split-plane repack so that the host codecs in
+`bw24nb.quant` (the oracle) read and write the cache as is, and one array per tensor keeps the
+kernel signatures uniform across types. The price: a Q8_0 block is 34 bytes, so its quants are
+not 4-byte aligned and the kernels load them one byte at a time. A split-plane layout (int8
+quants [.., ctx, D] + f16 scales [.., ctx, D/32]) is the known next step if decode attention at
+long context turns out to be load-bound.
+
+Kernels receive each tensor twice: the uint8 array and a float16 *view of the same memory*
+(`bytes.view(np.float16)`, last axis halved), so a block's f16 scale is one 2-byte load and a
+`cvt.f32.f16` instead of byte assembly. Q8_0 block b's scale is f16 element 17*b, Q5_1's d and m
+are f16 elements 12*b and 12*b+1 (34 and 24 are even, so every block starts 2-byte aligned).
+
+Writing: `kv_store` encodes one tensor's fresh rows at positions read from a device array;
+`kv_store_rope` (what `KVCache.store` launches) does a layer's K and V in one launch and applies
+K's RoPE on the way in, so the rotated K never round-trips through memory (attention reads K
+from the cache). Encoders are one thread per 32-value block: a decode step stores only
+n_kv_heads * head_dim / 32 blocks per tensor.
+
+Reference: `bw24nb.quant.quantize` / `dequantize` (llama.cpp's quantize_row_*_ref), which
+`kv_store` matches byte for byte when run in float32 without FMA contraction (the simulator);
+on the GPU NVVM may fuse `(x - min) * id + 0.5` of Q5_1 into an FMA, which can move a value
+lying exactly on a rounding boundary by one step.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from ..formats.config import FULL_ATTENTION
+from ..quant.types import QType, row_bytes
+
+# Cache types a kernel can read and write. Module-level ints: numba freezes them into the
+# kernels as constants, so the `if qtype == _Q8_0` chains cost a uniform branch.
+KV_TYPES = (QType.Q8_0, QType.Q5_1, QType.F16)
+_Q8_0 = int(QType.Q8_0)
+_Q5_1 = int(QType.Q5_1)
+_F16 = int(QType.F16)
+QK = 32                       # values per Q8_0 / Q5_1 block (and per store-kernel thread)
+
+K_TYPE_DEFAULT = QType.Q8_0
+V_TYPE_DEFAULT = QType.Q5_1
+
+# Store kernel: one thread quantizes one 32-value block. 64 threads = 2 warps: a decode step
+# writes n_kv_heads * head_dim / 32 blocks per tensor (e.g. 8 * 4 = 32), so larger blocks
+# would leave threads idle.
+STORE_THREADS = 64
+
+
+# ------------------------------------------------------------------ sizes
+
+
+def attention_layers(config) -> list[int]:
+    """Model layer indices that have softmax attention and therefore a KV cache slot."""
+    return [i for i in range(config.num_hidden_layers) if config.layer_type(i) == FULL_ATTENTION]
+
+
+def kv_row_bytes(qtype, head_dim: int) -> int:
+    """Bytes of one head's K or V row at one position."""
+    qt = QType(int(qtype))
+    if qt not in KV_TYPES:
+        raise ValueError(f"KV cache type {qt.name} not supported; choose one of "
+                         + ", ".join(t.name for t in KV_TYPES))
+    if head_dim % QK:
+        raise ValueError(f"head_dim {head_dim} must be a multiple of {QK} for the KV cache")
+    return row_bytes(qt, head_dim)
+
+
+def kv_cache_bytes(config, ctx: int, k_type=K_TYPE_DEFAULT, v_type=V_TYPE_DEFAULT,
+                   extra_layers: int = 0) -> int:
+    """Device bytes of the K and V caches for `ctx` positions (for the VRAM budget).
+
+    `extra_layers` adds attention layers outside `num_hidden_layers` (an MTP head's layer)."""
+    n_slots = len(attention_layers(config)) + extra_layers
+    per_pos = kv_row_bytes(k_type, config.head_dim) + kv_row_bytes(v_type, config.head_dim)
+    return n_slots * config.num_key_value_heads * ctx * per_pos
+
+
+# ------------------------------------------------------------------ device helpers
+
+
+@cuda.jit(device=True)
+def f16_at(rows_f16, h, pos, i):
+    return float32(rows_f16[h, pos, i])
+
+
+@cuda.jit(device=True)
+def kv_load(rows_u8, rows_f16, qtype, h, pos, e):
+    """Value `e` (0 <= e < head_dim) of head `h` at position `pos`, dequantized to float32.
+
+    Same float32 operations as bw24nb.quant's decoders: Q8_0 `d * q`, Q5_1 `d * q + m`."""
+    b = e >> 5
+    j = e & 31
+    if qtype == _Q8_0:
+        q = int32(rows_u8[h, pos, b * 34 + 2 + j])
+        if q > 127:
+            q -= 256
+        return f16_at(rows_f16, h, pos, b * 17) * float32(q)
+    elif qtype == _Q5_1:
+        base = b * 24
+        hbit = (int32(rows_u8[h, pos, base + 4 + (j >> 3)]) >> (j & 7)) & 1
+        byte = int32(rows_u8[h, pos, base + 8 + (j & 15)])
+        if j < 16:
+            nib = byte & 15
+        else:
+            nib = byte >> 4
+        d = f16_at(rows_f16, h, pos, b * 12)
+        m = f16_at(rows_f16, h, pos, b * 12 + 1)
+        return d * float32(nib | (hbit << 4)) + m
+    else:
+        return f16_at(rows_f16, h, pos, e)
+
+
+@cuda.jit(device=True)
+def _round_half_away(v):
+    """C's roundf for |v| < 2^23: floor, then up if the fraction is >= 1/2 (v - floor(v) is
+    exact in float32, so no `+ 0.5` rounding trap)."""
+    a = abs(v)
+    t = float32(math.floor(a))
+    if a - t >= float32(0.5):
+        t += float32(1.0)
+    if v < float32(0.0):
+        t = -t
+    return t
+
+
+@cuda.jit(device=True)
+def _encode_block(vals, h, pos, b, qtype, rows_u8, rows_f16):
+    """Encode the 32 values in `vals` (a per-thread local array) as block b of row (h, pos)."""
+    if qtype == _Q8_0:
+        amax = float32(0.0)
+        for j in range(QK):
+            a = abs(vals[j])
+            if a > amax:
+                amax = a
+        d = amax / float32(127.0)
+        inv = float32(0.0)
+        if d != float32(0.0):
+            inv = float32(1.0) / d
+        rows_f16[h, pos, b * 17] = d              # cvt.rn.f16.f32, as numpy's astype(f16)
+        base = b * 34 + 2
+        for j in range(QK):
+            q = int32(_round_half_away(vals[j] * inv))
+            rows_u8[h, pos, base + j] = q & 255
+    elif qtype == _Q5_1:
+        lo = vals[0]
+        hi = lo
+        for j in range(1, QK):
+            v = vals[j]
+            if v < lo:
+                lo = v
+            if v > hi:
+                hi = v
+        d = (hi - lo) / float32(31.0)
+        inv = float32(0.0)
+        if d != float32(0.0):
+            inv = float32(1.0) / d
+        rows_f16[h, pos, b * 12] = d
+        rows_f16[h, pos, b * 12 + 1] = lo
+        base = b * 24
+        qh = uint32(0)
+        for j in range(16):
+            q0 = min(31, int32((vals[j] - lo) * inv + float32(0.5)))
+            q1 = min(31, int32((vals[j + 16] - lo) * inv + float32(0.5)))
+            rows_u8[h, pos, base + 8 + j] = (q0 & 15) | ((q1 & 15) << 4)
+            qh |= uint32((q0 >> 4) & 1) << uint32(j)
+            qh |= uint32((q1 >> 4) & 1) << uint32(j + 16)
+        for i in range(4):
+            rows_u8[h, pos, base + 4 + i] = (qh >> uint32(8 * i)) & uint32(255)
+    else:
+        for j in range(QK):
+            rows_f16[h, pos, b * QK + j] = vals[j]
+
+
+@cuda.jit(device=True)
+def _roped_value(x, t, h, e, half, angle_pos, inv_freq):
+    """Element e of x[t, h, :] after NEOX RoPE at position angle_pos (rotary_dim = 2 * half):
+    the arithmetic of bw24nb/kernels/rope.py's `_rotate_pair`, element by element."""
+    if e < half:
+        ang = angle_pos * inv_freq[e]
+        return x[t, h, e] * math.cos(ang) - x[t, h, e + half] * math.sin(ang)
+    if e < 2 * half:
+        i = e - half
+        ang = angle_pos * inv_freq[i]
+        return x[t, h, e] * math.cos(ang) + x[t, h, i] * math.sin(ang)
+    return x[t, h, e]
+
+
+# ------------------------------------------------------------------ kernels
+
+
+@cuda.jit
+def kv_store(x, positions, qtype, rows_u8, rows_f16):
+    """Write x[t, h, :] (float32 [T, n_kv_heads, head_dim]) at position positions[t] of head h,
+    encoded as `qtype`. One thread per (t, h, 32-value block). Positions outside
+    [0, ctx) are skipped (the engine raises ContextOverflow before that can happen)."""
+    vals = cuda.local.array(QK, float32)
+    i = cuda.grid(1)
+    T, H, D = x.shape
+    nb = D // QK
+    if i >= T * H * nb:
+        return
+    b = i % nb
+    h = (i // nb) % H
+    t = i // (nb * H)
+    pos = positions[t]
+    if pos < 0 or pos >= rows_u8.shape[1]:
+        return
+    for j in range(QK):
+        vals[j] = x[t, h, b * QK + j]
+    _encode_block(vals, h, pos, b, qtype, rows_u8, rows_f16)
+
+
+@cuda.jit
+def kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8, v_f16):
+    """One launch for a layer's fresh K and V: K gets NEOX RoPE (table `inv_freq`, rotary_dim =
+    2 * len(inv_freq); an empty table means no RoPE) on the fly, then both are encoded at
+    positions[t]. The rotated K exists only in the cache: attention reads K from there.
+    Threads: all (t, h, block) of K first, then those of V."""
+    vals = cuda.local.array(QK, float32)
+    i = cuda.grid(1)
+    T, H, D = k.shape
+    nb = D // QK
+    n = T * H * nb
+    if i >= 2 * n:
+        return
+    is_v = i >= n
+    if is_v:
+        i -= n
+    b = i % nb
+    h = (i // nb) % H
+    t = i // (nb * H)
+    pos = positions[t]
+    if pos < 0 or pos >= k_u8.shape[1]:
+        return
+    if is_v:
+        for j in range(QK):
+            vals[j] = v[t, h, b * QK + j]
+        _encode_block(vals, h, pos, b, v_type, v_u8, v_f16)
+    else:
+        half = inv_freq.shape[0]
+        angle_pos = float32(pos)
+        for j in range(QK):
+            vals[j] = _roped_value(k, t, h, b * QK + j, half, angle_pos, inv_freq)
+        _encode_block(vals, h, pos, b, k_type, k_u8, k_f16)
+
+
+def _check_rows(x, qtype, rows_u8):
+    T, H, D = x.shape
+    if D % QK:
+        raise ValueError(f"head_dim {D} must be a multiple of {QK}")
+    if rows_u8.shape[0] != H or rows_u8.shape[2] != kv_row_bytes(qtype, D):
+        raise ValueError(f"cache rows {tuple(rows_u8.shape)} do not fit x {tuple(x.shape)} "
+                         f"as {QType(int(qtype)).name}")
+    return T * H * (D // QK)
+
+
+def launch_kv_store(x, positions, qtype, rows_u8, rows_f16, stream=0):
+    """Quantize K or V rows `x[T, Hkv, D]` into one layer's cache (`rows_u8[Hkv, ctx, RB]` and
+    its f16 view) at `positions[T]` (int32 device array, read on the device so one captured
+    graph serves every decode step). Reference: bw24nb.quant.quantize(x, qtype) per row."""
+    n = _check_rows(x, qtype, rows_u8)
+    grid = (n + STORE_THREADS - 1) // STORE_THREADS
+    kv_store[grid, STORE_THREADS, stream](x, positions, np.int32(qtype), rows_u8, rows_f16)
+
+
+def launch_kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8, v_f16,
+                         stream=0):
+    """Fused `launch_rope(k) + launch_kv_store(k) + launch_kv_store(v)` in one launch; k is
+    left unrotated in memory. `inv_freq` from bw24nb.kernels.rope.rope_inv_freq (on device),
+    or a zero-length float32 device array for no RoPE."""
+    n = _check_rows(k, k_type, k_u8)
+    if _check_rows(v, v_type, v_u8) != n or v_u8.shape[1] != k_u8.shape[1]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} / caches do not match")
+    if 2 * inv_freq.shape[0] > k.shape[2]:
+        raise ValueError(f"rotary_dim {2 * inv_freq.shape[0]} exceeds head_dim {k.shape[2]}")
+    grid = (2 * n + STORE_THREADS - 1) // STORE_THREADS
+    kv_store_rope[grid, STORE_THREADS, stream](k, v, positions, inv_freq, np.int32(k_type), k_u8,
+                                               k_f16, np.int32(v_type), v_u8, v_f16)
+
+
+# ------------------------------------------------------------------ the cache object
+
+
+class KVCache:
+    """K and V caches of `n_slots` attention layers, allocated once on the device.
+
+    `layer(slot)` returns `(k_u8, k_f16, v_u8, v_f16)`: the four per-layer arrays the
+    attention kernels and `launch_kv_store` take (each `[n_kv_heads, ctx, ...]`)."""
+
+    def __init__(self, n_slots: int, n_kv_heads: int, head_dim: int, ctx: int,
+                 k_type=K_TYPE_DEFAULT, v_type=V_TYPE_DEFAULT, layer_slots: dict | None = None):
+        self.n_slots, self.n_kv_heads, self.head_dim, self.ctx = n_slots, n_kv_heads, head_dim, ctx
+        self.k_type, self.v_type = QType(int(k_type)), QType(int(v_type))
+        self.k_row_bytes = kv_row_bytes(self.k_type, head_dim)
+        self.v_row_bytes = kv_row_bytes(self.v_type, head_dim)
+        # zeros, not garbage: every byte pattern decodes to a finite value either way, but a
+        # zeroed cache makes an indexing bug show up as "attends to zeros", not as NaN noise
+        self.k = cuda.to_device(np.zeros((n_slots, n_kv_heads, ctx, self.k_row_bytes), np.uint8))
+        self.v = cuda.to_device(np.zeros((n_slots, n_kv_heads, ctx, self.v_row_bytes), np.uint8))
+        self.k_f16 = self.k.view(np.float16)
+        self.v_f16 = self.v.view(np.float16)
+        self.layer_slots = dict(layer_slots) if layer_slots else {i: i for i in range(n_slots)}
+        self._no_rope = None
+
+    @classmethod
+    def for_model(cls, config, ctx: int, k_type=K_TYPE_DEFAULT, v_type=V_TYPE_DEFAULT,
+                  extra_layers: int = 0) -> "KVCache":
+        """One slot per attention layer of `config` (+ `extra_layers`, e.g. an MTP layer, whose
+        slots follow and are addressed by slot number)."""
+        layers = attention_layers(config)
+        return cls(len(layers) + extra_layers, config.num_key_value_heads, config.head_dim, ctx,
+                   k_type, v_type, layer_slots={layer: s for s, layer in enumerate(layers)})
+
+    @property
+    def nbytes(self) -> int:
+        return (self.k_row_bytes + self.v_row_bytes) * self.n_slots * self.n_kv_heads * self.ctx
+
+    def slot(self, layer: int) -> int:
+        """Slot of model layer `layer` (KeyError for a layer without attention)."""
+        return self.layer_slots[layer]
+
+    def layer(self, slot: int):
+        return self.k[slot], self.k_f16[slot], self.v[slot], self.v_f16[slot]
+
+    def store(self, slot: int, k, v, positions, inv_freq=None, stream=0) -> None:
+        """Encode fresh `k`, `v` (float32 device arrays `[T, n_kv_heads, head_dim]`) into the
+        cache at `positions` (int32 device array [T]), in one launch. With `inv_freq` (the
+        device RoPE table) K is rotated on the way in; without, K must already be rotated."""
+        if inv_freq is None:
+            if self._no_rope is None:
+                self._no_rope = cuda.device_array(0, np.float32)
+            inv_freq = self._no_rope
+        k_u8, k_f16, v_u8, v_f16 = self.layer(slot)
+        launch_kv_store_rope(k, v, positions, inv_freq, self.k_type, k_u8, k_f16,
+                             self.v_type, v_u8, v_f16, stream)
+
+    def read(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host copy of positions [0, n) of one slot, dequantized: (k, v) float32
+        `[n, n_kv_heads, head_dim]` (the reference attention's input layout)."""
+        from ..quant import dequantize
+        out = []
+        for rows, qt in ((self.k[slot], self.k_type), (self.v[slot], self.v_type)):
+            raw = np.ascontiguousarray(rows.copy_to_host()[:, :n])
+            vals = dequantize(raw, qt, (self.n_kv_heads, n, self.head_dim))
+            out.append(np.ascontiguousarray(vals.transpose(1, 0, 2)))
+        return out[0], out[1]
+
+
+_A3 = "float32[:, :, ::1]"
+_ROWS = "int32, uint8[:, :, ::1], float16[:, :, ::1]"
+PTX_SIGNATURES = {
+    "kv_store": [f"void({_A3}, int32[::1], {_ROWS})"],
+    "kv_store_rope": [f"void({_A3}, {_A3}, int32[::1], float32[::1], {_ROWS}, {_ROWS})"],
+}

@@ -1,0 +1,415 @@
+"""Causal grouped-query attention: FlashAttention-style prefill and split-K decode.
+
+Reference: bw24nb/reference/ops.py `attention(q, k, v, causal_offset, scale)`; for the
+quantized cache, the reference runs on the cache's dequantized contents
+(`KVCache.read` / `bw24nb.quant.dequantize`), so only float32 rounding separates the two.
+
+Shapes: q[T, Hq, D] float32 (after RoPE), out[T, Hq, D] float32. Query token t sits at the
+absolute position positions[t] (int32 device array, the one RoPE and the KV store read) and
+sees keys 0 .. positions[t]. K/V come either as float32 [S, Hkv, D] arrays or from one layer of
+the quantized cache (bw24nb/cache/kv.py: `rows_u8[Hkv, ctx, row_bytes]` + its f16 view + the
+QType id, dequantized in registers by `kv_load`). Query head h reads KV head h // n_rep.
+
+Blocking. A block owns one KV head and up to ATTN_ROWS query *rows*, a row being a
+(token, head-in-group) pair, flattened as row = t * n_rep + j for query head kvh * n_rep + j.
+So all n_rep heads sharing a KV head are served by one K/V tile load (the GQA saving), and a
+decode step (T = 1) is just a block with n_rep rows. Keys stream through shared memory in
+tiles of ATTN_KEYS:
+    1. K tile -> shared (dequantized, rows padded to D + 1 floats: the score loop reads one
+       column across 8 keys, and the pad puts those 8 reads in 8 different banks);
+    2. scores s[r, p] = (sum_d q[r, d] * k[p, d]) * scale, d ascending, float32, -inf where
+       key position > positions[t_r] (causal) or past the tile;
+    3. online softmax, one thread per row: m' = max(m, max_p s), alpha = exp(m - m'),
+       p = exp(s - m'), l = l * alpha + sum_p p (p ascending);
+    4. V tile -> shared (reusing the K buffer);
+    5. acc[r, d] = acc[r, d] * alpha + sum_p p[r, p] * v[p, d] (p ascending).
+Everything is float32; every sum above has a fixed order, so results are deterministic.
+Prefill writes out = acc / l. Shared memory: ~41 KB at HEAD_DIM_MAX = 256 (under the 48 KB
+static limit); head_dim is a runtime value <= HEAD_DIM_MAX.
+
+Decode (split-K). The context 0 .. n_ctx-1 (n_ctx = max(positions) + 1, read on the device so
+a captured graph replays at every length) is cut into `n_splits` contiguous chunks of
+ceil(n_ctx / n_splits) keys; block (split, kvh, row tile) runs steps 1-5 over its chunk and
+writes the unnormalized partial (m, l, acc[D]). `flash_decode_combine` merges the partials of
+each (t, head) in split order 0, 1, ..., with M = max m_s, w_s = exp(m_s - M),
+out = (sum_s w_s acc_s) / (sum_s w_s l_s); splits with no visible key (l = 0) are skipped. No
+atomics: the result depends only on n_splits, which the launcher fixes per engine.
+Note the decode and prefill paths sum in different orders (chunked vs. one pass), so their
+outputs agree to float32 rounding, not bit for bit.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from ..cache.kv import kv_load
+
+# 128 threads: scores are ATTN_ROWS x ATTN_KEYS = 128 dot products, one per thread.
+ATTN_THREADS = 128
+# 16 query rows x 8 keys per tile: with head_dim up to 256 the q tile (16 x 257 floats), the
+# accumulator (16 x 256) and one K-or-V tile (8 x 257) fill ~41 KB of the 48 KB static shared
+# memory; 16 rows also covers the largest GQA group of the Qwen family (Hq / Hkv = 16) in one
+# decode block.
+ATTN_ROWS = 16
+ATTN_KEYS = 8
+HEAD_DIM_MAX = 256
+# Decode grid target: ~2 blocks per SM of a 132-SM H200 so the split-K pass fills the chip at
+# batch 1; more splits only lengthen the combine.
+DECODE_TARGET_BLOCKS = 264
+DECODE_SPLITS_MAX = 256
+
+_NEG_INF = np.float32(-np.inf)
+# shared-array sizes (numba wants each size as one constant)
+_Q_SH = ATTN_ROWS * (HEAD_DIM_MAX + 1)
+_ACC_SH = ATTN_ROWS * HEAD_DIM_MAX
+_KV_SH = ATTN_KEYS * (HEAD_DIM_MAX + 1)
+_S_SH = ATTN_ROWS * ATTN_KEYS
+
+
+# ------------------------------------------------------------------ tile loaders
+
+
+@cuda.jit(device=True)
+def _load_tile_f32(kv_sh, src, unused_half, unused_type, kvh, key0, nk, D):
+    """kv_sh[p * (D + 1) + d] = src[key0 + p, kvh, d] for p < nk (src float32 [S, Hkv, D])."""
+    DP = D + 1
+    for i in range(cuda.threadIdx.x, nk * D, cuda.blockDim.x):
+        p = i // D
+        d = i - p * D
+        kv_sh[p * DP + d] = src[key0 + p, kvh, d]
+
+
+@cuda.jit(device=True)
+def _load_tile_cache(kv_sh, rows_u8, rows_f16, qtype, kvh, key0, nk, D):
+    """As _load_tile_f32, from a quantized cache layer (consecutive threads read consecutive
+    bytes of one contiguous (head, position) range)."""
+    DP = D + 1
+    for i in range(cuda.threadIdx.x, nk * D, cuda.blockDim.x):
+        p = i // D
+        d = i - p * D
+        kv_sh[p * DP + d] = kv_load(rows_u8, rows_f16, qtype, kvh, key0 + p, d)
+
+
+# ------------------------------------------------------------------ the shared core
+
+
+@cuda.jit(device=True)
+def _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh):
+    """Stage query rows row0 .. row0 + n_rows - 1 of KV head kvh into q_sh (stride D + 1) and
+    their causal limits into lim_sh; returns n_rows. Caller syncs."""
+    T, _, D = q.shape
+    DP = D + 1
+    n_rows = min(ATTN_ROWS, T * n_rep - row0)
+    for i in range(cuda.threadIdx.x, n_rows * D, cuda.blockDim.x):
+        r = i // D
+        d = i - r * D
+        g = row0 + r
+        t = g // n_rep
+        q_sh[r * DP + d] = q[t, kvh * n_rep + (g - t * n_rep), d]
+    tid = cuda.threadIdx.x
+    if tid < n_rows:
+        lim_sh[tid] = positions[(row0 + tid) // n_rep]
+    return n_rows
+
+
+def _make_attend(load_tile):
+    """The tile loop (steps 1-5 of the module docstring) over keys [key_begin, key_end), for a
+    given K/V tile loader. Leaves acc (unnormalized), m and l of each row in shared memory."""
+
+    @cuda.jit(device=True)
+    def attend(ka, kb, kt, va, vb, vt, kvh, n_rows, key_begin, key_end, D, scale,
+               q_sh, acc_sh, kv_sh, s_sh, m_sh, l_sh, alpha_sh, lim_sh):
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        DP = D + 1
+        for i in range(tid, n_rows * D, nt):
+            acc_sh[i] = float32(0.0)
+        if tid < n_rows:
+            m_sh[tid] = _NEG_INF
+            l_sh[tid] = float32(0.0)
+        cuda.syncthreads()
+        for key0 in range(key_begin, key_end, ATTN_KEYS):
+            nk = min(ATTN_KEYS, key_end - key0)
+            load_tile(kv_sh, ka, kb, kt, kvh, key0, nk, D)
+            cuda.syncthreads()
+            # 2. scores
+            for i in range(tid, n_rows * ATTN_KEYS, nt):
+                r = i // ATTN_KEYS
+                p = i - r * ATTN_KEYS
+                s = _NEG_INF
+                if p < nk and key0 + p <= lim_sh[r]:
+                    dot = float32(0.0)
+                    for d in range(D):
+                        dot += q_sh[r * DP + d] * kv_sh[p * DP + d]
+                    s = dot * scale
+                s_sh[i] = s
+            cuda.syncthreads()
+            # 3. online softmax, one thread per row
+            if tid < n_rows:
+                base = tid * ATTN_KEYS
+                m_old = m_sh[tid]
+                mx = m_old
+                for p in range(nk):
+                    mx = max(mx, s_sh[base + p])
+                alpha = float32(1.0)
+                tile_sum = float32(0.0)
+                if mx != _NEG_INF:
+                    alpha = math.exp(m_old - mx)
+                    for p in range(nk):
+                        e = math.exp(s_sh[base + p] - mx)
+                        s_sh[base + p] = e
+                        tile_sum += e
+                else:                       # nothing visible yet (a row past its limit)
+                    for p in range(nk):
+                        s_sh[base + p] = float32(0.0)
+                m_sh[tid] = mx
+                l_sh[tid] = l_sh[tid] * alpha + tile_sum
+                alpha_sh[tid] = alpha
+            cuda.syncthreads()              # K tile no longer read: V may overwrite it
+            # 4. V tile
+            load_tile(kv_sh, va, vb, vt, kvh, key0, nk, D)
+            cuda.syncthreads()
+            # 5. accumulate
+            for i in range(tid, n_rows * D, nt):
+                r = i // D
+                d = i - r * D
+                a = acc_sh[i] * alpha_sh[r]
+                base = r * ATTN_KEYS
+                for p in range(nk):
+                    a += s_sh[base + p] * kv_sh[p * DP + d]
+                acc_sh[i] = a
+            cuda.syncthreads()
+
+    return attend
+
+
+_attend_f32 = _make_attend(_load_tile_f32)
+_attend_cache = _make_attend(_load_tile_cache)
+
+
+@cuda.jit(device=True)
+def _max_limit(lim_sh, n_rows):
+    top = int32(-1)
+    for r in range(n_rows):
+        top = max(top, lim_sh[r])
+    return top
+
+
+@cuda.jit(device=True)
+def _write_out(out, acc_sh, l_sh, kvh, n_rep, row0, n_rows, D):
+    for i in range(cuda.threadIdx.x, n_rows * D, cuda.blockDim.x):
+        r = i // D
+        d = i - r * D
+        g = row0 + r
+        t = g // n_rep
+        out[t, kvh * n_rep + (g - t * n_rep), d] = acc_sh[i] / l_sh[r]
+
+
+# ------------------------------------------------------------------ kernels
+
+
+@cuda.jit
+def flash_attn_f32(q, k, v, positions, scale, out):
+    """Causal GQA attention with float32 K/V [S, Hkv, D]. Grid (row tiles, Hkv)."""
+    q_sh = cuda.shared.array(_Q_SH, float32)
+    acc_sh = cuda.shared.array(_ACC_SH, float32)
+    kv_sh = cuda.shared.array(_KV_SH, float32)
+    s_sh = cuda.shared.array(_S_SH, float32)
+    m_sh = cuda.shared.array(ATTN_ROWS, float32)
+    l_sh = cuda.shared.array(ATTN_ROWS, float32)
+    alpha_sh = cuda.shared.array(ATTN_ROWS, float32)
+    lim_sh = cuda.shared.array(ATTN_ROWS, int32)
+    kvh = cuda.blockIdx.y
+    n_rep = q.shape[1] // k.shape[1]
+    D = q.shape[2]
+    row0 = cuda.blockIdx.x * ATTN_ROWS
+    n_rows = _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh)
+    cuda.syncthreads()
+    key_end = min(_max_limit(lim_sh, n_rows) + 1, k.shape[0])
+    _attend_f32(k, k, 0, v, v, 0, kvh, n_rows, 0, key_end, D, scale,
+                q_sh, acc_sh, kv_sh, s_sh, m_sh, l_sh, alpha_sh, lim_sh)
+    _write_out(out, acc_sh, l_sh, kvh, n_rep, row0, n_rows, D)
+
+
+@cuda.jit
+def flash_attn_cache(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, scale, out):
+    """Causal GQA attention over one layer of the quantized KV cache. Grid (row tiles, Hkv)."""
+    q_sh = cuda.shared.array(_Q_SH, float32)
+    acc_sh = cuda.shared.array(_ACC_SH, float32)
+    kv_sh = cuda.shared.array(_KV_SH, float32)
+    s_sh = cuda.shared.array(_S_SH, float32)
+    m_sh = cuda.shared.array(ATTN_ROWS, float32)
+    l_sh = cuda.shared.array(ATTN_ROWS, float32)
+    alpha_sh = cuda.shared.array(ATTN_ROWS, float32)
+    lim_sh = cuda.shared.array(ATTN_ROWS, int32)
+    kvh = cuda.blockIdx.y
+    n_rep = q.shape[1] // k_u8.shape[0]
+    D = q.shape[2]
+    row0 = cuda.blockIdx.x * ATTN_ROWS
+    n_rows = _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh)
+    cuda.syncthreads()
+    key_end = min(_max_limit(lim_sh, n_rows) + 1, k_u8.shape[1])
+    _attend_cache(k_u8, k_f16, k_type, v_u8, v_f16, v_type, kvh, n_rows, 0, key_end, D, scale,
+                  q_sh, acc_sh, kv_sh, s_sh, m_sh, l_sh, alpha_sh, lim_sh)
+    _write_out(out, acc_sh, l_sh, kvh, n_rep, row0, n_rows, D)
+
+
+@cuda.jit
+def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, scale,
+                       part_ml, part_acc):
+    """Split-K pass over the quantized cache. Grid (n_splits, Hkv, row tiles).
+    part_ml[T, Hq, n_splits, 2] gets (m, l), part_acc[T, Hq, n_splits, D] the unnormalized
+    accumulator of this block's chunk."""
+    q_sh = cuda.shared.array(_Q_SH, float32)
+    acc_sh = cuda.shared.array(_ACC_SH, float32)
+    kv_sh = cuda.shared.array(_KV_SH, float32)
+    s_sh = cuda.shared.array(_S_SH, float32)
+    m_sh = cuda.shared.array(ATTN_ROWS, float32)
+    l_sh = cuda.shared.array(ATTN_ROWS, float32)
+    alpha_sh = cuda.shared.array(ATTN_ROWS, float32)
+    lim_sh = cuda.shared.array(ATTN_ROWS, int32)
+    split = cuda.blockIdx.x
+    n_splits = cuda.gridDim.x
+    kvh = cuda.blockIdx.y
+    row0 = cuda.blockIdx.z * ATTN_ROWS
+    T = q.shape[0]
+    n_rep = q.shape[1] // k_u8.shape[0]
+    D = q.shape[2]
+    n_ctx = int32(0)
+    for t in range(T):
+        n_ctx = max(n_ctx, positions[t] + 1)
+    n_ctx = min(n_ctx, k_u8.shape[1])
+    chunk = (n_ctx + n_splits - 1) // n_splits
+    key_begin = split * chunk
+    key_end = min(n_ctx, key_begin + chunk)
+    n_rows = _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh)
+    cuda.syncthreads()
+    _attend_cache(k_u8, k_f16, k_type, v_u8, v_f16, v_type, kvh, n_rows, key_begin, key_end,
+                  D, scale, q_sh, acc_sh, kv_sh, s_sh, m_sh, l_sh, alpha_sh, lim_sh)
+    for i in range(cuda.threadIdx.x, n_rows * D, cuda.blockDim.x):
+        r = i // D
+        d = i - r * D
+        g = row0 + r
+        t = g // n_rep
+        part_acc[t, kvh * n_rep + (g - t * n_rep), split, d] = acc_sh[i]
+    tid = cuda.threadIdx.x
+    if tid < n_rows:
+        g = row0 + tid
+        t = g // n_rep
+        h = kvh * n_rep + (g - t * n_rep)
+        part_ml[t, h, split, 0] = m_sh[tid]
+        part_ml[t, h, split, 1] = l_sh[tid]
+
+
+@cuda.jit
+def flash_decode_combine(part_ml, part_acc, out):
+    """Merge the split-K partials in split order. Grid T * Hq, threads over D."""
+    T, Hq, S, D = part_acc.shape
+    t = cuda.blockIdx.x // Hq
+    h = cuda.blockIdx.x - t * Hq
+    # every thread derives M and L itself (same loads, same order): no sync, no shared
+    M = _NEG_INF
+    for s in range(S):
+        if part_ml[t, h, s, 1] > float32(0.0):
+            M = max(M, part_ml[t, h, s, 0])
+    L = float32(0.0)
+    for s in range(S):
+        l_s = part_ml[t, h, s, 1]
+        if l_s > float32(0.0):
+            L += l_s * math.exp(part_ml[t, h, s, 0] - M)
+    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        a = float32(0.0)
+        for s in range(S):
+            if part_ml[t, h, s, 1] > float32(0.0):
+                a += part_acc[t, h, s, d] * math.exp(part_ml[t, h, s, 0] - M)
+        out[t, h, d] = a / L
+
+
+# ------------------------------------------------------------------ launchers
+
+
+def _check_shapes(q, n_kv_heads: int, D_kv: int | None = None):
+    T, Hq, D = q.shape
+    if D > HEAD_DIM_MAX:
+        raise ValueError(f"head_dim {D} > HEAD_DIM_MAX {HEAD_DIM_MAX}")
+    if Hq % n_kv_heads:
+        raise ValueError(f"query heads {Hq} not a multiple of kv heads {n_kv_heads}")
+    if D_kv is not None and D_kv != D:
+        raise ValueError(f"q head_dim {D} != kv head_dim {D_kv}")
+    return T, Hq, D
+
+
+def _scale(scale, D):
+    return np.float32(1.0 / math.sqrt(D) if scale is None else scale)
+
+
+def _row_tiles(T: int, n_rep: int) -> int:
+    return (T * n_rep + ATTN_ROWS - 1) // ATTN_ROWS
+
+
+def launch_flash_attn(q, k, v, positions, out, scale=None, stream=0):
+    """Causal GQA attention, float32 K/V `[S, Hkv, D]` (key j at position j), queries at
+    `positions[T]` (device int32). Reference: ops.attention(q, k, v, causal_offset=positions[0])
+    for consecutive positions."""
+    T, Hq, D = _check_shapes(q, k.shape[1], k.shape[2])
+    Hkv = k.shape[1]
+    grid = (_row_tiles(T, Hq // Hkv), Hkv)
+    flash_attn_f32[grid, ATTN_THREADS, stream](q, k, v, positions, _scale(scale, D), out)
+
+
+def launch_flash_attn_cache(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
+                            scale=None, stream=0):
+    """Causal GQA attention (prefill, or a multi-token verify step) over one cache layer
+    (`KVCache.layer(slot)`), which must already hold positions 0 .. max(positions)."""
+    T, Hq, D = _check_shapes(q, k_u8.shape[0])
+    Hkv = k_u8.shape[0]
+    grid = (_row_tiles(T, Hq // Hkv), Hkv)
+    flash_attn_cache[grid, ATTN_THREADS, stream](q, positions, k_u8, k_f16, np.int32(k_type),
+                                                 v_u8, v_f16, np.int32(v_type),
+                                                 _scale(scale, D), out)
+
+
+def decode_splits(ctx: int, n_kv_heads: int, row_tiles: int = 1) -> int:
+    """Default split count for a cache of `ctx` positions: ~DECODE_TARGET_BLOCKS blocks."""
+    want = max(1, DECODE_TARGET_BLOCKS // (n_kv_heads * row_tiles))
+    return max(1, min(want, DECODE_SPLITS_MAX, (ctx + ATTN_KEYS - 1) // ATTN_KEYS))
+
+
+def alloc_decode_partials(T: int, n_heads: int, head_dim: int, n_splits: int):
+    """Device workspace for `launch_flash_decode`: (part_ml[T, Hq, S, 2], part_acc[T, Hq, S, D])
+    (allocate once, before graph capture)."""
+    return (cuda.device_array((T, n_heads, n_splits, 2), np.float32),
+            cuda.device_array((T, n_heads, n_splits, head_dim), np.float32))
+
+
+def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
+                        part_ml, part_acc, scale=None, stream=0):
+    """Split-K decode attention over one cache layer + the deterministic combine. The split
+    count is `part_ml.shape[2]` (see `decode_splits`, `alloc_decode_partials`); q[T, Hq, D]
+    with small T (1 for plain decode, K+1 for a speculative verify)."""
+    T, Hq, D = _check_shapes(q, k_u8.shape[0])
+    Hkv = k_u8.shape[0]
+    n_splits = part_ml.shape[2]
+    if (tuple(part_ml.shape) != (T, Hq, n_splits, 2)
+            or tuple(part_acc.shape) != (T, Hq, n_splits, D)):
+        raise ValueError(f"partials {tuple(part_ml.shape)}, {tuple(part_acc.shape)} do not fit "
+                         f"q {tuple(q.shape)}")
+    grid = (n_splits, Hkv, _row_tiles(T, Hq // Hkv))
+    flash_decode_split[grid, ATTN_THREADS, stream](q, positions, k_u8, k_f16, np.int32(k_type),
+                                                   v_u8, v_f16, np.int32(v_type),
+                                                   _scale(scale, D), part_ml, part_acc)
+    combine_threads = min(256, max(32, D))
+    flash_decode_combine[T * Hq, combine_threads, stream](part_ml, part_acc, out)
+
+
+_A3 = "float32[:, :, ::1]"
+_A4 = "float32[:, :, :, ::1]"
+_C = "uint8[:, :, ::1], float16[:, :, ::1], int32"
+PTX_SIGNATURES = {
+    "flash_attn_f32": [f"void({_A3}, {_A3}, {_A3}, int32[::1], float32, {_A3})"],
+    "flash_attn_cache": [f"void({_A3}, int32[::1], {_C}, {_C}, float32, {_A3})"],
+    "flash_decode_split": [f"void({_A3}, int32[::1], {_C}, {_C}, float32, {_A4}, {_A4})"],
+    "flash_decode_combine": [f"void({_A4}, {_A4}, {_A3})"],
+}

@@ -1,0 +1,161 @@
+"""RMSNorm kernels: plain rows, fused residual add, per-head (Qwen3 q/k norm), gated (GDN).
+
+References (bw24nb/reference/ops.py): `rms_norm(x, w, eps)` for the plain, fused and per-head
+forms (the fused form is `h = x + r; y = rms_norm(h, w, eps)`), and
+`rms_norm(x, w, eps) * silu(z)` for the gated form (transformers' `Qwen3NextRMSNormGated`:
+normalize, multiply by the weight, then by `silu(gate)`). `w` is the effective multiplier: the
+`(1 + w)` families arrive with `1 + w` stored at load time.
+
+One block normalizes one row (a hidden vector, or one head's vector). Reduction order, fixed
+for a given (row length C, block size B), so a row's result is deterministic:
+  1. thread j accumulates x[j]^2 + x[j+B]^2 + x[j+2B]^2 + ... sequentially in float32;
+  2. a shared-memory tree: for s = B/2, B/4, ..., 1: partial[j] += partial[j + s] (j < s).
+B is chosen by `_row_threads(C)` alone, so the same C always reduces in the same order.
+Then y = (x * rstd) * w with rstd = 1 / sqrt(sum / C + eps), float32 throughout.
+Every form may run in place (y aliasing x, h aliasing r or x): each element is read and written
+by the same thread, reads before writes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+# Largest block; the scratch array is sized by it. 256 threads (8 warps) cover a 4096-wide
+# hidden row with 16 elements each; wider blocks only lengthen the tree.
+NORM_THREADS_MAX = 256
+# Elements per thread below which a smaller block is used: a 128-wide head row runs as one
+# 32-thread warp (4 elements each) instead of 128 threads doing one load and a 7-level tree.
+NORM_MIN_ELEMS_PER_THREAD = 4
+
+
+def _row_threads(C: int) -> int:
+    """Power-of-two block size for rows of C elements (32 .. NORM_THREADS_MAX)."""
+    want = max(1, C // NORM_MIN_ELEMS_PER_THREAD)
+    b = 32
+    while b < want and b < NORM_THREADS_MAX:
+        b *= 2
+    return b
+
+
+@cuda.jit(device=True)
+def block_sum(scratch, value):
+    """Sum of `value` over the block (blockDim.x a power of two <= len(scratch)), in the tree
+    order described in the module docstring. Every thread gets the total; scratch is free
+    again on return."""
+    tid = cuda.threadIdx.x
+    scratch[tid] = value
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            scratch[tid] += scratch[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    total = scratch[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True)
+def _row_rstd(scratch, sumsq, C, eps):
+    total = block_sum(scratch, sumsq)
+    return float32(1.0) / math.sqrt(total / float32(C) + eps)
+
+
+@cuda.jit(device=True)
+def _silu(z):
+    return z / (float32(1.0) + math.exp(-z))
+
+
+@cuda.jit
+def rms_norm_rows(x, w, eps, y):
+    """y[r, :] = rms_norm(x[r, :]) * w; x, y [N, C], w [C]; one block per row."""
+    scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
+    row = cuda.blockIdx.x
+    C = x.shape[1]
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        v = x[row, i]
+        acc += v * v
+    rstd = _row_rstd(scratch, acc, C, eps)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        y[row, i] = x[row, i] * rstd * w[i]
+
+
+@cuda.jit
+def add_rms_norm_rows(x, r, w, eps, h, y):
+    """h = x + r (the new residual stream), y = rms_norm(h) * w; all [N, C] but w [C]."""
+    scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
+    row = cuda.blockIdx.x
+    C = x.shape[1]
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        v = x[row, i] + r[row, i]
+        h[row, i] = v
+        acc += v * v
+    rstd = _row_rstd(scratch, acc, C, eps)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        y[row, i] = h[row, i] * rstd * w[i]
+
+
+@cuda.jit
+def gated_rms_norm_rows(x, z, w, eps, y):
+    """y = (rms_norm(x) * w) * silu(z) per row; x, z, y [N, C], w [C]."""
+    scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
+    row = cuda.blockIdx.x
+    C = x.shape[1]
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        v = x[row, i]
+        acc += v * v
+    rstd = _row_rstd(scratch, acc, C, eps)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        y[row, i] = x[row, i] * rstd * w[i] * _silu(z[row, i])
+
+
+# ------------------------------------------------------------------ launchers
+
+
+def _rows(a, C: int):
+    """View a contiguous device array as [N, C] rows."""
+    return a.reshape(a.size // C, C)
+
+
+def launch_rms_norm(x, w, eps: float, y, stream=0):
+    """RMSNorm of each row of `x[..., C]` (any leading shape, contiguous) into `y` (same
+    shape; may be `x`). Reference: ops.rms_norm(x, w, eps)."""
+    C = w.shape[0]
+    xr, yr = _rows(x, C), _rows(y, C)
+    rms_norm_rows[xr.shape[0], _row_threads(C), stream](xr, w, np.float32(eps), yr)
+
+
+def launch_head_rms_norm(x, w, eps: float, y, stream=0):
+    """Qwen3 q_norm/k_norm: RMSNorm of every head vector of `x[T, H, D]` with `w[D]`.
+    Same kernel as `launch_rms_norm`, one block per (token, head)."""
+    launch_rms_norm(x, w, eps, y, stream)
+
+
+def launch_add_rms_norm(x, r, w, eps: float, h, y, stream=0):
+    """Fused residual add + RMSNorm: `h = x + r`, `y = rms_norm(h) * w` (rows of `[..., C]`).
+    `h` may alias `r` (update the residual stream in place)."""
+    C = w.shape[0]
+    xr, rr, hr, yr = _rows(x, C), _rows(r, C), _rows(h, C), _rows(y, C)
+    add_rms_norm_rows[xr.shape[0], _row_threads(C), stream](xr, rr, w, np.float32(eps), hr, yr)
+
+
+def launch_gated_rms_norm(x, z, w, eps: float, y, stream=0):
+    """Gated DeltaNet output norm: `y = rms_norm(x) * w * silu(z)` per head, with `x, z`
+    shaped `[..., Dv]` (e.g. [T, Hv, Dv]) and `w[Dv]`."""
+    C = w.shape[0]
+    xr, zr, yr = _rows(x, C), _rows(z, C), _rows(y, C)
+    gated_rms_norm_rows[xr.shape[0], _row_threads(C), stream](xr, zr, w, np.float32(eps), yr)
+
+
+_A2 = "float32[:, ::1]"
+PTX_SIGNATURES = {
+    "rms_norm_rows": [f"void({_A2}, float32[::1], float32, {_A2})"],
+    "add_rms_norm_rows": [f"void({_A2}, {_A2}, float32[::1], float32, {_A2}, {_A2})"],
+    "gated_rms_norm_rows": [f"void({_A2}, {_A2}, float32[::1], float32, {_A2})"],
+}

@@ -1,0 +1,134 @@
+"""Attention kernels (bw24nb/kernels/attention.py) against ops.attention.
+
+Quantized-cache cases compare with the reference run on the cache's own dequantized contents
+(`KVCache.read`), so quantization error is out of the picture and only float32 rounding remains.
+
+Tolerance: inputs ~N(0, 1), D <= 32. A score is a D-term float32 dot (error <~ D * 2^-24 *
+sum|q_d k_d| ~ 1e-5 absolute at these sizes, times the scale 1/sqrt(D)); exp turns an absolute
+score error e into a relative weight error ~e, and the output is a convex combination of V rows
+(|v| <~ 4), so |error| <~ 4e-5 in the worst case and ~1e-6 typically. atol = 5e-5 with
+rtol = 1e-4 bounds that with margin while a wrong mask, a wrong KV head, a dropped tile or a
+mis-merged split moves outputs by O(0.1).
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from bw24nb.cache import KVCache
+from bw24nb.kernels.attention import (alloc_decode_partials, decode_splits, launch_flash_attn,
+                                      launch_flash_attn_cache, launch_flash_decode)
+from bw24nb.quant import QType
+from bw24nb.reference import ops
+
+ATOL, RTOL = 5e-5, 1e-4
+
+
+def _poisoned(shape):
+    return cuda.to_device(np.full(shape, np.nan, np.float32))
+
+
+def _qkv(rng, T, S, Hq, Hkv, D):
+    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    k = rng.standard_normal((S, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((S, Hkv, D)).astype(np.float32)
+    return q, k, v
+
+
+def _filled_cache(rng, S, Hkv, D, ctx, k_type, v_type):
+    """A one-slot cache holding S random positions written by the store kernel."""
+    cache = KVCache(1, Hkv, D, ctx, k_type, v_type)
+    k = (rng.standard_normal((S, Hkv, D)) * 2).astype(np.float32)
+    v = rng.standard_normal((S, Hkv, D)).astype(np.float32)
+    positions = cuda.to_device(np.arange(S, dtype=np.int32))
+    cache.store(0, cuda.to_device(k), cuda.to_device(v), positions)
+    return cache
+
+
+@pytest.mark.parametrize("T,S,Hq,Hkv,D", [
+    (11, 11, 4, 2, 16),      # prefill from empty, n_rep 2: 22 rows = 2 row tiles, 2 key tiles
+    (6, 20, 6, 2, 32),       # continued prefill at positions 14..19, n_rep 3 (rows straddle tiles)
+    (5, 5, 2, 2, 16),        # plain MHA (n_rep 1)
+], ids=["gqa2-from-empty", "gqa3-offset", "mha"])
+def test_flash_attn_f32(rng, T, S, Hq, Hkv, D):
+    q, k, v = _qkv(rng, T, S, Hq, Hkv, D)
+    positions = np.arange(S - T, S, dtype=np.int32)
+    out = _poisoned((T, Hq, D))
+    launch_flash_attn(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+                      cuda.to_device(positions), out)
+    want = ops.attention(q, k, v, causal_offset=S - T)
+    np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
+
+
+def test_flash_attn_f32_custom_scale(rng):
+    q, k, v = _qkv(rng, 3, 3, 2, 1, 16)
+    out = _poisoned((3, 2, 16))
+    launch_flash_attn(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+                      cuda.to_device(np.arange(3, dtype=np.int32)), out, scale=0.7)
+    want = ops.attention(q, k, v, scale=0.7)
+    np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("k_type,v_type", [(QType.Q8_0, QType.Q5_1), (QType.F16, QType.F16)],
+                         ids=["q8_0-q5_1", "f16-f16"])
+def test_flash_attn_over_cache(rng, k_type, v_type):
+    T, S, Hq, Hkv, D, ctx = 9, 13, 8, 2, 32, 24      # n_rep 4: 36 rows = 3 row tiles
+    cache = _filled_cache(rng, S, Hkv, D, ctx, k_type, v_type)
+    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    positions = np.arange(S - T, S, dtype=np.int32)
+    out = _poisoned((T, Hq, D))
+    k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+    launch_flash_attn_cache(cuda.to_device(q), cuda.to_device(positions), k_u8, k_f16, k_type,
+                            v_u8, v_f16, v_type, out)
+    k_deq, v_deq = cache.read(0, S)
+    want = ops.attention(q, k_deq, v_deq, causal_offset=S - T)
+    np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("n_ctx,n_splits,T", [
+    (37, 3, 1),    # chunks of 13: not a multiple of the split or of the key tile
+    (37, 5, 1),    # chunks of 8, last chunk 5 keys
+    (5, 4, 1),     # more splits than needed: chunk 2, split 3 is empty (l = 0 path)
+    (30, 4, 3),    # speculative verify: 3 queries at 27, 28, 29, causal among themselves
+], ids=["ctx37-s3", "ctx37-s5", "ctx5-s4-empty-split", "ctx30-verify3"])
+def test_flash_decode_split_k(rng, n_ctx, n_splits, T):
+    Hq, Hkv, D, ctx = 8, 2, 32, 40                     # n_rep 4
+    # every position holds data, so reading past n_ctx would show
+    cache = _filled_cache(rng, ctx, Hkv, D, ctx, QType.Q8_0, QType.Q5_1)
+    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    positions = np.arange(n_ctx - T, n_ctx, dtype=np.int32)
+    part_ml, part_acc = alloc_decode_partials(T, Hq, D, n_splits)
+    out = _poisoned((T, Hq, D))
+    k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+    launch_flash_decode(cuda.to_device(q), cuda.to_device(positions), k_u8, k_f16, QType.Q8_0,
+                        v_u8, v_f16, QType.Q5_1, out, part_ml, part_acc)
+    k_deq, v_deq = cache.read(0, n_ctx)
+    want = ops.attention(q, k_deq, v_deq, causal_offset=n_ctx - T)
+    np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
+
+
+def test_decode_is_deterministic_and_matches_prefill_kernel(rng):
+    # Same inputs twice: bit-identical (no atomics). Against the one-pass cache kernel: equal
+    # to float32 rounding (different summation order, see the module docstring).
+    Hq, Hkv, D, n_ctx = 4, 1, 32, 21
+    cache = _filled_cache(rng, n_ctx, Hkv, D, 32, QType.Q8_0, QType.Q5_1)
+    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
+    layer = cache.layer(0)
+    outs = []
+    for _ in range(2):
+        part_ml, part_acc = alloc_decode_partials(1, Hq, D, 3)
+        out = _poisoned((1, Hq, D))
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.Q8_0, layer[2], layer[3],
+                            QType.Q5_1, out, part_ml, part_acc)
+        outs.append(out.copy_to_host())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    one_pass = _poisoned((1, Hq, D))
+    launch_flash_attn_cache(q, pos, layer[0], layer[1], QType.Q8_0, layer[2], layer[3],
+                            QType.Q5_1, one_pass)
+    np.testing.assert_allclose(outs[0], one_pass.copy_to_host(), atol=ATOL, rtol=RTOL)
+
+
+def test_decode_splits_default():
+    assert decode_splits(10, 8) == 2                       # never more splits than key tiles
+    assert decode_splits(32768, 8) == 264 // 8
+    assert decode_splits(32768, 1) == 256                  # capped

@@ -1,0 +1,131 @@
+"""RMSNorm kernels (bw24nb/kernels/norm.py) and the elementwise kernels of
+bw24nb/kernels/activation.py against the numpy references in bw24nb/reference/ops.py.
+
+Tolerances: the kernels accumulate x^2 in float32 (C terms, per-thread sequential then a tree),
+the reference in float64. The float32 sum of C positive terms is within ~C * 2^-24 relative of
+the exact one (C <= 300 here: <= 2e-5, in practice far less because the tree splits the sum);
+rstd inherits half of that, and each output element adds ~3 roundings (x * rstd * w). So
+rtol = 5e-5 bounds the plain forms; the gated form adds a float32 exp/divide in silu
+(a few ulps relative), still well inside 5e-5. The elementwise kernels are a handful of
+float32 operations per element: rtol = 1e-6 (about 8 ulps) with atol for results near 0.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from bw24nb.kernels.activation import (launch_add, launch_sigmoid_mul, launch_swiglu,
+                                       launch_swiglu_fused)
+from bw24nb.kernels.norm import (_row_threads, launch_add_rms_norm, launch_gated_rms_norm,
+                                 launch_head_rms_norm, launch_rms_norm)
+from bw24nb.reference import ops
+
+RTOL_NORM = 5e-5
+
+
+def _poisoned(shape):
+    return cuda.to_device(np.full(shape, np.nan, np.float32))
+
+
+def _rand(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("N,C", [(3, 96), (2, 300)])
+def test_rms_norm_rows(rng, N, C):
+    x = _rand(rng, N, C, scale=3.0)
+    w = _rand(rng, C)
+    eps = 1e-6
+    y = _poisoned((N, C))
+    launch_rms_norm(cuda.to_device(x), cuda.to_device(w), eps, y)
+    out = y.copy_to_host()
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, ops.rms_norm(x, w, eps), rtol=RTOL_NORM, atol=1e-7)
+
+
+def test_rms_norm_in_place_and_eps_matters(rng):
+    # A row of tiny values: eps dominates mean(x^2), so a kernel that drops eps fails here.
+    x = _rand(rng, 2, 64, scale=1e-3)
+    w = _rand(rng, 64)
+    eps = 1e-5
+    d = cuda.to_device(x)
+    launch_rms_norm(d, cuda.to_device(w), eps, d)
+    np.testing.assert_allclose(d.copy_to_host(), ops.rms_norm(x, w, eps), rtol=RTOL_NORM, atol=1e-9)
+
+
+def test_row_threads_is_power_of_two_and_bounded():
+    for C in (1, 16, 128, 129, 1000, 4096, 100000):
+        b = _row_threads(C)
+        assert b & (b - 1) == 0 and 32 <= b <= 256
+
+
+def test_add_rms_norm_updates_residual_in_place(rng):
+    N, C = 3, 160
+    x, r, w = _rand(rng, N, C), _rand(rng, N, C, scale=4.0), _rand(rng, C)
+    eps = 1e-6
+    r_dev = cuda.to_device(r)
+    y = _poisoned((N, C))
+    launch_add_rms_norm(cuda.to_device(x), r_dev, cuda.to_device(w), eps, r_dev, y)
+    h = x + r                                   # float32 add: exactly what the kernel does
+    np.testing.assert_array_equal(r_dev.copy_to_host(), h)
+    np.testing.assert_allclose(y.copy_to_host(), ops.rms_norm(h, w, eps), rtol=RTOL_NORM, atol=1e-7)
+
+
+def test_head_rms_norm(rng):
+    # Qwen3 q_norm: one weight vector [D] shared by every head, normalized per (token, head)
+    T, H, D = 3, 4, 16
+    x = _rand(rng, T, H, D, scale=2.0)
+    w = _rand(rng, D)
+    eps = 1e-6
+    y = _poisoned((T, H, D))
+    launch_head_rms_norm(cuda.to_device(x), cuda.to_device(w), eps, y)
+    np.testing.assert_allclose(y.copy_to_host(), ops.rms_norm(x, w, eps), rtol=RTOL_NORM, atol=1e-7)
+
+
+def test_gated_rms_norm(rng):
+    # Gated DeltaNet output: per head rms_norm(o) * w * silu(z)
+    T, H, D = 2, 3, 32
+    x, z, w = _rand(rng, T, H, D), _rand(rng, T, H, D, scale=3.0), _rand(rng, D)
+    eps = 1e-6
+    y = _poisoned((T, H, D))
+    launch_gated_rms_norm(cuda.to_device(x), cuda.to_device(z), cuda.to_device(w), eps, y)
+    want = ops.rms_norm(x, w, eps).astype(np.float64) * ops.silu(z)
+    np.testing.assert_allclose(y.copy_to_host(), want, rtol=RTOL_NORM, atol=1e-6)
+
+
+# ---------------------------------------------------------------- activation.py
+
+
+# exp(100) overflows float32 to inf (as on a GPU); the simulator's numpy says so out loud
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_swiglu(rng):
+    g = _rand(rng, 5, 37, scale=4.0)
+    g[0, :4] = [-100.0, 100.0, 0.0, -1e-3]      # exp overflow side, saturation, zero
+    u = _rand(rng, 5, 37)
+    y = _poisoned((5, 37))
+    launch_swiglu(cuda.to_device(g), cuda.to_device(u), y)
+    np.testing.assert_allclose(y.copy_to_host(), ops.swiglu(g, u), rtol=1e-6, atol=1e-7)
+
+
+def test_swiglu_fused(rng):
+    N, F = 3, 40
+    gu = _rand(rng, N, 2 * F, scale=3.0)
+    y = _poisoned((N, F))
+    launch_swiglu_fused(cuda.to_device(gu), y)
+    np.testing.assert_allclose(y.copy_to_host(), ops.swiglu(gu[:, :F], gu[:, F:]),
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_sigmoid_mul_in_place(rng):
+    x = _rand(rng, 4, 48)
+    gate = _rand(rng, 4, 48, scale=5.0)
+    d = cuda.to_device(x)
+    launch_sigmoid_mul(d, cuda.to_device(gate))
+    want = x.astype(np.float64) * ops.sigmoid(gate)
+    np.testing.assert_allclose(d.copy_to_host(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_add(rng):
+    a, b = _rand(rng, 3, 70), _rand(rng, 3, 70)
+    out = _poisoned((3, 70))
+    launch_add(cuda.to_device(a), cuda.to_device(b), out)
+    np.testing.assert_array_equal(out.copy_to_host(), a + b)
