@@ -1,0 +1,256 @@
+"""Record a sequence of kernel launches once, replay it as one CUDA graph.
+
+An eager Numba launch costs ~21 us of host time; the same kernel replayed from a graph ~0.9 us
+(shared/DEVICE.md, H200). A decode step is a few hundred kernels, so the engine captures the step
+once and replays it per token::
+
+    stream = cuda.stream()
+    ...allocate every buffer, launch each kernel once (compiles + loads its module)...
+    with CudaGraph.capture(stream) as graph:
+        launch_rmsnorm(..., stream=stream)
+        launch_matvec_q4k(..., stream=stream)
+    graph.replay()            # on the capture stream; graph.replay(other_stream) also works
+    stream.synchronize()
+
+Rules of capture (the driver's, not ours):
+- launches inside the ``with`` are recorded, not run; they run at each ``replay``;
+- the graph holds raw device pointers and by-value scalars: keep every array alive and
+  allocated as long as the graph is (allocate before capture, never inside);
+- nothing synchronous inside the capture (host<->device copies without a stream, allocations,
+  ``synchronize``): the driver invalidates the capture and ``capture`` raises at the end;
+- a kernel's first launch compiles and loads it: launch each once before capturing.
+
+Under numba's CUDA simulator there are no graphs. ``CudaGraph`` then records each simulated
+kernel launch made by the capturing thread (kernel, grid, block, dynamic shared memory,
+arguments) instead of running it, and ``replay`` runs the recorded launches in order — the same
+observable behaviour, through the same user code.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+
+from bw24nb.device import simulator_enabled
+
+
+class CudaGraphError(RuntimeError):
+    """A CUDA driver call of the capture/replay sequence failed; the message names the call."""
+
+
+class CudaGraph:
+    """An executable graph made by :meth:`capture`; :meth:`replay` launches it."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._ready = False
+        self._closed = False
+        self.num_nodes = 0
+        self._backend = _SimBackend(self) if simulator_enabled() else _DriverBackend(self, stream)
+
+    @classmethod
+    @contextlib.contextmanager
+    def capture(cls, stream, mode: str = "thread_local"):
+        """Record the launches issued on ``stream`` inside the ``with`` into a new graph.
+
+        ``stream`` is a numba stream from ``cuda.stream()`` (the legacy default stream cannot be
+        captured). ``mode`` is the driver's capture mode: ``"thread_local"`` (default: other
+        threads' CUDA calls are unaffected) or ``"relaxed"`` / ``"global"``.
+        """
+        graph = cls(stream)
+        graph._backend.begin(mode)
+        try:
+            yield graph
+        except BaseException:
+            graph._backend.abort()
+            graph._closed = True
+            raise
+        graph.num_nodes = graph._backend.end()
+        graph._ready = True
+
+    def replay(self, stream=None) -> None:
+        """Launch the whole graph on ``stream`` (default: the capture stream); asynchronous."""
+        if self._closed:
+            raise CudaGraphError("replay of a closed CudaGraph")
+        if not self._ready:
+            raise CudaGraphError("replay inside its own capture: leave the 'with' block first")
+        self._backend.replay(self._stream if stream is None else stream)
+
+    def close(self) -> None:
+        """Free the driver's graph objects now (also done when the object is collected)."""
+        if not self._closed:
+            self._closed = True
+            self._backend.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# --- the real thing: cuda.bindings.driver ---------------------------------------------------------
+
+def _check(result, what: str):
+    """Unpack a cuda.bindings call's (CUresult, *values); raise CudaGraphError on failure."""
+    from cuda.bindings import driver
+
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        _, text = driver.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        hint = ""
+        if "CAPTURE" in name:
+            hint = (" — something non-capturable ran during capture (a synchronous copy, an "
+                    "allocation, a synchronize, a first launch that loads a module?): allocate "
+                    "and warm up every kernel before capturing")
+        raise CudaGraphError(f"{what} failed: {name} ({text}){hint}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _stream_handle(stream):
+    """The ``CUstream`` of a numba stream (numba-cuda >= 0.30 keeps a cuda.bindings CUstream in
+    ``stream.handle``; older releases a ctypes ``c_void_p``)."""
+    from cuda.bindings import driver
+
+    handle = getattr(stream, "handle", None)
+    if handle is None:
+        raise CudaGraphError(f"{stream!r} is not a numba stream (use cuda.stream())")
+    if not isinstance(handle, driver.CUstream):
+        value = getattr(handle, "value", handle)
+        handle = driver.CUstream(int(value or 0))
+    if int(handle) in (0, int(driver.CU_STREAM_LEGACY)):
+        raise CudaGraphError("the legacy default stream cannot be captured: create one with "
+                             "cuda.stream() and launch the kernels on it")
+    return handle
+
+
+def _destroy(exec_handle, graph_handle):
+    from cuda.bindings import driver
+
+    # Best effort: at interpreter exit the context may already be gone.
+    if exec_handle is not None:
+        driver.cuGraphExecDestroy(exec_handle)
+    if graph_handle is not None:
+        driver.cuGraphDestroy(graph_handle)
+
+
+class _DriverBackend:
+    _MODES = {"thread_local": "CU_STREAM_CAPTURE_MODE_THREAD_LOCAL",
+              "relaxed": "CU_STREAM_CAPTURE_MODE_RELAXED",
+              "global": "CU_STREAM_CAPTURE_MODE_GLOBAL"}
+
+    def __init__(self, owner: CudaGraph, stream):
+        self._handle = _stream_handle(stream)
+        self._graph = None
+        self._exec = None
+        self._finalizer = None
+        self._owner = weakref.ref(owner)
+
+    def begin(self, mode: str) -> None:
+        from cuda.bindings import driver
+
+        if mode not in self._MODES:
+            raise ValueError(f"capture mode {mode!r}: expected one of {sorted(self._MODES)}")
+        cmode = getattr(driver.CUstreamCaptureMode, self._MODES[mode])
+        _check(driver.cuStreamBeginCapture(self._handle, cmode), "cuStreamBeginCapture")
+
+    def end(self) -> int:
+        from cuda.bindings import driver
+
+        self._graph = _check(driver.cuStreamEndCapture(self._handle), "cuStreamEndCapture")
+        try:
+            count = _check(driver.cuGraphGetNodes(self._graph, 0), "cuGraphGetNodes")
+            num_nodes = int(count[-1]) if isinstance(count, tuple) else int(count)
+            self._exec = _check(driver.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate")
+        except BaseException:
+            _destroy(None, self._graph)
+            self._graph = None
+            raise
+        owner = self._owner()
+        self._finalizer = weakref.finalize(owner, _destroy, self._exec, self._graph)
+        return num_nodes
+
+    def abort(self) -> None:
+        """End a capture that the user's code left by an exception, and drop what it recorded."""
+        from cuda.bindings import driver
+
+        result = driver.cuStreamEndCapture(self._handle)
+        if result[0] == driver.CUresult.CUDA_SUCCESS and result[1] is not None:
+            _destroy(None, result[1])
+
+    def replay(self, stream) -> None:
+        from cuda.bindings import driver
+
+        handle = self._handle if stream is None else _stream_handle(stream)
+        _check(driver.cuGraphLaunch(self._exec, handle), "cuGraphLaunch")
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+
+
+# --- simulator: record the launches, re-run them on replay ---------------------------------------
+
+_capturing = threading.local()      # .graph: the CudaGraph recording on this thread, if any
+_hook_lock = threading.Lock()
+_hook_installed = False
+
+
+def _install_sim_hook() -> None:
+    """Route simulated kernel launches through a recorder (installed once, a no-op when idle)."""
+    global _hook_installed
+    with _hook_lock:
+        if _hook_installed:
+            return
+        from numba.cuda.simulator.kernel import FakeCUDAKernel, _get_kernel_context
+
+        original = FakeCUDAKernel.__call__
+
+        def call(kernel, *args):
+            graph = getattr(_capturing, "graph", None)
+            if graph is None or kernel._device or _get_kernel_context() is not None:
+                return original(kernel, *args)
+            config = (kernel.grid_dim, kernel.block_dim, kernel.dynshared_size)
+
+            def launch():
+                kernel.grid_dim, kernel.block_dim, kernel.dynshared_size = config
+                original(kernel, *args)
+
+            graph._backend.recorded.append(launch)
+
+        FakeCUDAKernel.__call__ = call
+        _hook_installed = True
+
+
+class _SimBackend:
+    def __init__(self, owner: CudaGraph):
+        self.recorded: list = []
+        self._owner = weakref.ref(owner)
+
+    def begin(self, mode: str) -> None:
+        if mode not in _DriverBackend._MODES:
+            raise ValueError(f"capture mode {mode!r}: expected one of {sorted(_DriverBackend._MODES)}")
+        if getattr(_capturing, "graph", None) is not None:
+            raise CudaGraphError("cuStreamBeginCapture failed: this thread is already capturing")
+        _install_sim_hook()
+        _capturing.graph = self._owner()
+
+    def end(self) -> int:
+        _capturing.graph = None
+        return len(self.recorded)
+
+    def abort(self) -> None:
+        _capturing.graph = None
+        self.recorded.clear()
+
+    def replay(self, stream) -> None:
+        for launch in self.recorded:
+            launch()
+
+    def close(self) -> None:
+        self.recorded.clear()

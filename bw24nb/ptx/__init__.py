@@ -1,0 +1,59 @@
+"""Hand-written PTX for the instructions Numba does not emit, usable inside ``@cuda.jit`` kernels.
+
+    from bw24nb.ptx import dp4a, mma_s8_m16n8k32, ld_nc_v4_u32, fp4x2_to_f32x2
+
+    dp4a(a, b, c) -> int32
+        c + the dot product of a's and b's four signed bytes (``dp4a.s32.s32``), wrapping.
+    mma_s8_m16n8k32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3) int32
+        Warp-collective int8 tensor-core tile D[16x8] = A[16x32] @ B[32x8] + C
+        (``mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32``). All 32 lanes of a converged warp
+        call it together; which lane holds which elements: ``bw24nb/ptx/mma_layout.py``.
+    ld_nc_v4_u32(array_u32, index) -> (uint32, uint32, uint32, uint32)
+        ``array[index:index+4]`` in one 16-byte read-only load (``ld.global.nc.v4.u32``).
+        ``index`` a multiple of 4; the array not written during the kernel.
+    fp4x2_to_f16x2(byte) -> uint32      two FP4 E2M1 codes -> packed f16x2 bits (low nibble low)
+    fp4x2_to_f32x2(byte) -> (float32, float32)   (low nibble's value, high nibble's value)
+    fp4_e2m1_to_f32(nibble) -> float32           value of code ``nibble & 0xF``
+
+    dp4a_linked, mma_s8_m16n8k32_linked, fp4x2_to_f16x2_bits_linked
+        The same snippets as linked ``.func`` calls (``cuda.declare_device(link=...)``), kept
+        for timing inline asm against a real call; kernels use the inline forms.
+
+This module is the ONE place that knows about the simulator: with ``NUMBA_ENABLE_CUDASIM=1`` it
+exports the pure-Python twins (``twins.py``) under the same names, so kernels never branch.
+Which FP4 decode runs (integer bit path, or sm_100a/sm_120a's ``cvt.rn.f16x2.e2m1x2``) is
+decided by ``bw24nb.device.current_features().native_fp4_cvt``.
+
+The instruction text lives in the ``.ptx`` files beside this module (``snippets.py`` explains
+the ``// @inline`` blocks); ``probes.py`` holds small kernels exercising each snippet.
+"""
+from bw24nb.device import current_features, simulator_enabled
+
+if simulator_enabled():
+    from bw24nb.ptx.twins import (  # noqa: F401
+        dp4a,
+        dp4a_linked,
+        fp4_e2m1_to_f32,
+        fp4x2_to_f16x2,
+        fp4x2_to_f16x2_bits_linked,
+        fp4x2_to_f32x2,
+        ld_nc_v4_u32,
+        mma_s8_m16n8k32,
+        mma_s8_m16n8k32_linked,
+    )
+else:
+    from bw24nb.ptx.asm import FP4_BITS, FP4_CVT, dp4a, ld_nc_v4_u32, mma_s8_m16n8k32  # noqa: F401
+    from bw24nb.ptx.linked import (  # noqa: F401
+        dp4a_linked,
+        fp4x2_to_f16x2_bits_linked,
+        mma_s8_m16n8k32_linked,
+    )
+
+    fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32 = (
+        FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
+
+__all__ = [
+    "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32",
+    "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
+    "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
+]

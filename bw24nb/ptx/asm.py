@@ -1,0 +1,163 @@
+"""The PTX snippets as Numba ``@intrinsic`` functions that emit inline assembly.
+
+Each intrinsic takes its instruction text from the ``// @inline`` block of a ``.ptx`` file in this
+package (see ``snippets.py``), so what runs inline is exactly what the linked ``.func`` runs.
+Import these through ``bw24nb.ptx``, which substitutes the Python twins under the simulator.
+
+The inline assembly is emitted without the "side effect" flag: every snippet here is a pure
+function of its operands (``ld.global.nc`` reads memory that, by its contract, nobody writes
+during the kernel), so the compiler may schedule, hoist or drop it like any arithmetic.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.cuda import cgutils
+from numba.cuda.core.errors import TypingError
+from numba.cuda.extending import intrinsic
+
+from bw24nb.ptx.snippets import Snippet, snippet
+
+_I32 = ir.IntType(32)
+
+
+def _llvm_type(constraint: str) -> ir.Type:
+    types_ = {"r": ir.IntType(32), "l": ir.IntType(64), "h": ir.IntType(16), "f": ir.FloatType()}
+    return types_[constraint]
+
+
+def _emit(builder, snip: Snippet, args) -> list:
+    """Call ``snip`` as inline asm on LLVM values ``args`` (one per input); return its outputs."""
+    if len(args) != len(snip.inputs):
+        raise TypeError(f"{snip.name}: {len(snip.inputs)} inputs, got {len(args)}")
+    out_types = [_llvm_type(o.constraint) for o in snip.outputs]
+    ret = out_types[0] if len(out_types) == 1 else ir.LiteralStructType(out_types)
+    fnty = ir.FunctionType(ret, [_llvm_type(o.constraint) for o in snip.inputs])
+    asm = ir.InlineAsm(fnty, snip.asm_template, snip.constraints, side_effect=False)
+    res = builder.call(asm, list(args))
+    if len(out_types) == 1:
+        return [res]
+    return [builder.extract_value(res, i) for i in range(len(out_types))]
+
+
+def _require_integers(name: str, *tys) -> None:
+    for ty in tys:
+        if not isinstance(ty, types.Integer):
+            raise TypingError(f"{name}: arguments must be integers, got {ty}")
+
+
+def _as_i32(context, builder, val, ty):
+    return context.cast(builder, val, ty, types.int32)
+
+
+# --- dp4a ----------------------------------------------------------------------------------------
+
+_DP4A = snippet("dp4a_s32")
+
+
+@intrinsic
+def dp4a(typingctx, a, b, c):
+    """int32 ``c + sum(int8(a.byte[i]) * int8(b.byte[i]))``, wrapping; any integer types in."""
+    _require_integers("dp4a", a, b, c)
+
+    def codegen(context, builder, sig, args):
+        ins = [_as_i32(context, builder, v, t) for v, t in zip(args, sig.args)]
+        return _emit(builder, _DP4A, ins)[0]
+
+    return types.int32(a, b, c), codegen
+
+
+# --- mma.sync m16n8k32 s8 -------------------------------------------------------------------------
+
+_MMA = snippet("mma_m16n8k32_s8")
+_I32X4 = types.UniTuple(types.int32, 4)
+
+
+@intrinsic
+def mma_s8_m16n8k32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """Warp-collective int8 16x8x32 MMA; fragments per ``bw24nb/ptx/mma_layout.py``."""
+    _require_integers("mma_s8_m16n8k32", a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+    def codegen(context, builder, sig, args):
+        ins = [_as_i32(context, builder, v, t) for v, t in zip(args, sig.args)]
+        return context.make_tuple(builder, _I32X4, _emit(builder, _MMA, ins))
+
+    return _I32X4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+
+
+# --- FP4 E2M1 decode ------------------------------------------------------------------------------
+
+_F16X2_TO_F32X2 = snippet("f16x2_to_f32x2")
+_F32X2 = types.UniTuple(types.float32, 2)
+
+
+def _fp4_intrinsics(decode: Snippet):
+    """(fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32) built on one byte->f16x2 snippet."""
+
+    @intrinsic
+    def fp4x2_to_f16x2(typingctx, byte):
+        _require_integers("fp4x2_to_f16x2", byte)
+
+        def codegen(context, builder, sig, args):
+            x = _as_i32(context, builder, args[0], sig.args[0])
+            return _emit(builder, decode, [x])[0]
+
+        return types.uint32(byte), codegen
+
+    @intrinsic
+    def fp4x2_to_f32x2(typingctx, byte):
+        _require_integers("fp4x2_to_f32x2", byte)
+
+        def codegen(context, builder, sig, args):
+            x = _as_i32(context, builder, args[0], sig.args[0])
+            h = _emit(builder, decode, [x])[0]
+            return context.make_tuple(builder, _F32X2, _emit(builder, _F16X2_TO_F32X2, [h]))
+
+        return _F32X2(byte), codegen
+
+    @intrinsic
+    def fp4_e2m1_to_f32(typingctx, nibble):
+        _require_integers("fp4_e2m1_to_f32", nibble)
+
+        def codegen(context, builder, sig, args):
+            x = builder.and_(_as_i32(context, builder, args[0], sig.args[0]), ir.Constant(_I32, 0xF))
+            h = _emit(builder, decode, [x])[0]
+            return _emit(builder, _F16X2_TO_F32X2, [h])[0]
+
+        return types.float32(nibble), codegen
+
+    return fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32
+
+
+FP4_BITS = _fp4_intrinsics(snippet("fp4x2_to_f16x2_bits"))   # sm_80 / sm_90: integer ops + one mul
+FP4_CVT = _fp4_intrinsics(snippet("fp4x2_to_f16x2_cvt"))     # sm_100a / sm_120a: cvt.rn.f16x2.e2m1x2
+
+
+# --- 16-byte non-coherent load --------------------------------------------------------------------
+
+_LD_NC_V4 = snippet("ld_nc_v4_u32")
+_U32X4 = types.UniTuple(types.uint32, 4)
+
+
+@intrinsic
+def ld_nc_v4_u32(typingctx, array, index):
+    """``(array[index], ..., array[index + 3])`` in one 16-byte ``ld.global.nc.v4.u32``.
+
+    ``array``: 1-D C-contiguous uint32 device array whose elements are not written during the
+    kernel; ``index`` a multiple of 4 from a 16-byte aligned base (device allocations are).
+    No bounds check, no negative-index wraparound (as for plain Numba indexing on the GPU).
+    """
+    if not (isinstance(array, types.Array) and array.dtype == types.uint32
+            and array.ndim == 1 and array.layout == "C"):
+        raise TypingError(f"ld_nc_v4_u32: needs a 1-D C-contiguous uint32 array, got {array}")
+    _require_integers("ld_nc_v4_u32", index)
+
+    def codegen(context, builder, sig, args):
+        aryty, idxty = sig.args
+        ary = context.make_array(aryty)(context, builder, value=args[0])
+        idx = context.cast(builder, args[1], idxty, types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+        addr = builder.ptrtoint(ptr, ir.IntType(64))
+        return context.make_tuple(builder, _U32X4, _emit(builder, _LD_NC_V4, [addr]))
+
+    return _U32X4(array, index), codegen

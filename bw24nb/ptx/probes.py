@@ -1,0 +1,201 @@
+"""Small kernels that exercise each PTX snippet — one source for the simulator tests, the GPU
+check against the twins, the PTX compile check and the device smoke benchmark.
+
+Each kernel is an ordinary ``@cuda.jit`` kernel calling the ``bw24nb.ptx`` device functions, so
+under the simulator it runs the twins and on a GPU the real instructions. ``run_*`` functions
+launch them on host numpy inputs and return host numpy outputs (outputs poisoned first, so an
+unwritten element shows).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from bw24nb.ptx import (
+    dp4a,
+    dp4a_linked,
+    fp4_e2m1_to_f32,
+    fp4x2_to_f16x2,
+    fp4x2_to_f16x2_bits_linked,
+    fp4x2_to_f32x2,
+    ld_nc_v4_u32,
+    mma_s8_m16n8k32,
+    mma_s8_m16n8k32_linked,
+)
+
+WARPS_PER_BLOCK = 2        # the mma probe runs two warps per block to exercise per-warp state
+THREADS = 64
+
+
+@cuda.jit
+def dp4a_kernel(out, a, b, c):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = dp4a(a[i], b[i], c[i])
+
+
+@cuda.jit
+def dp4a_linked_kernel(out, a, b, c):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = dp4a_linked(a[i], b[i], c[i])
+
+
+@cuda.jit
+def mma_kernel(d, a32, bt32, c):
+    """One 16x8 tile per warp, K = 32 * ksteps: d[t] = A[t] @ B[t] + c[t].
+
+    a32[t]: A (16 x 32*ksteps int8, row-major) as uint32 words (16 x 8*ksteps);
+    bt32[t]: B transposed (8 x 32*ksteps int8, n-major) as uint32 words (8 x 8*ksteps).
+    Fragment indexing: bw24nb/ptx/mma_layout.py.
+    """
+    lane = cuda.threadIdx.x % 32
+    tile = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // 32
+    if tile < d.shape[0]:           # warp-uniform: a warp is all in or all out
+        g = lane // 4
+        t = lane % 4
+        d0 = c[tile, g, 2 * t]
+        d1 = c[tile, g, 2 * t + 1]
+        d2 = c[tile, g + 8, 2 * t]
+        d3 = c[tile, g + 8, 2 * t + 1]
+        for ks in range(a32.shape[2] // 8):
+            w = ks * 8
+            d0, d1, d2, d3 = mma_s8_m16n8k32(
+                a32[tile, g, w + t], a32[tile, g + 8, w + t],
+                a32[tile, g, w + 4 + t], a32[tile, g + 8, w + 4 + t],
+                bt32[tile, g, w + t], bt32[tile, g, w + 4 + t],
+                d0, d1, d2, d3)
+        d[tile, g, 2 * t] = d0
+        d[tile, g, 2 * t + 1] = d1
+        d[tile, g + 8, 2 * t] = d2
+        d[tile, g + 8, 2 * t + 1] = d3
+
+
+@cuda.jit
+def mma_linked_kernel(d, a32, bt32, c):
+    """mma_kernel with K = 32 through the linked .func (one tile per warp)."""
+    lane = cuda.threadIdx.x % 32
+    tile = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // 32
+    if tile < d.shape[0]:
+        g = lane // 4
+        t = lane % 4
+        d0, d1, d2, d3 = mma_s8_m16n8k32_linked(
+            a32[tile, g, t], a32[tile, g + 8, t], a32[tile, g, 4 + t], a32[tile, g + 8, 4 + t],
+            bt32[tile, g, t], bt32[tile, g, 4 + t],
+            c[tile, g, 2 * t], c[tile, g, 2 * t + 1], c[tile, g + 8, 2 * t], c[tile, g + 8, 2 * t + 1])
+        d[tile, g, 2 * t] = d0
+        d[tile, g, 2 * t + 1] = d1
+        d[tile, g + 8, 2 * t] = d2
+        d[tile, g + 8, 2 * t + 1] = d3
+
+
+@cuda.jit
+def fp4_kernel(f16x2, f32x2, f32, codes):
+    """Per byte i: f16x2[i] packed bits; f32x2[2i], f32x2[2i+1] the pair; f32 the same per nibble."""
+    i = cuda.grid(1)
+    if i < codes.size:
+        x = codes[i]
+        f16x2[i] = fp4x2_to_f16x2(x)
+        lo, hi = fp4x2_to_f32x2(x)
+        f32x2[2 * i] = lo
+        f32x2[2 * i + 1] = hi
+        f32[2 * i] = fp4_e2m1_to_f32(x)           # the low nibble (the function masks)
+        f32[2 * i + 1] = fp4_e2m1_to_f32(x >> 4)
+
+
+@cuda.jit
+def fp4_linked_kernel(f16x2, codes):
+    i = cuda.grid(1)
+    if i < codes.size:
+        f16x2[i] = fp4x2_to_f16x2_bits_linked(codes[i])
+
+
+@cuda.jit
+def ld_nc_v4_kernel(out, src):
+    """out[4j:4j+4] = src[4j:4j+4] through one 16-byte load per thread."""
+    j = cuda.grid(1)
+    if 4 * j + 3 < src.size:
+        v0, v1, v2, v3 = ld_nc_v4_u32(src, 4 * j)
+        out[4 * j] = v0
+        out[4 * j + 1] = v1
+        out[4 * j + 2] = v2
+        out[4 * j + 3] = v3
+
+
+# numba signature strings for tests/test_compile_ptx.py, and what each kernel's PTX must contain.
+_MMA_SIG = "void(int32[:, :, ::1], uint32[:, :, ::1], uint32[:, :, ::1], int32[:, :, ::1])"
+PTX_SIGNATURES = {
+    "dp4a_kernel": ["void(int32[::1], int32[::1], int32[::1], int32[::1])"],
+    "dp4a_linked_kernel": ["void(int32[::1], int32[::1], int32[::1], int32[::1])"],
+    "mma_kernel": [_MMA_SIG],
+    "mma_linked_kernel": [_MMA_SIG],
+    "fp4_kernel": ["void(uint32[::1], float32[::1], float32[::1], uint8[::1])"],
+    "fp4_linked_kernel": ["void(uint32[::1], uint8[::1])"],
+    "ld_nc_v4_kernel": ["void(uint32[::1], uint32[::1])"],
+}
+EXPECTED_PTX = {
+    "dp4a_kernel": ["dp4a.s32.s32"],
+    "dp4a_linked_kernel": ["bw24nb_dp4a_s32"],
+    "mma_kernel": ["mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"],
+    "mma_linked_kernel": ["bw24nb_mma_m16n8k32_s8"],
+    "fp4_kernel": ["mul.rn.f16x2", "cvt.f32.f16"],
+    "fp4_linked_kernel": ["bw24nb_fp4x2_to_f16x2_bits"],
+    "ld_nc_v4_kernel": ["ld.global.nc.v4.u32"],
+}
+# .ptx files a kernel's PTX must be linked with (for assembling it without a GPU).
+LINKS = {
+    "dp4a_linked_kernel": ["dp4a.ptx"],
+    "mma_linked_kernel": ["mma_m16n8k32_s8.ptx"],
+    "fp4_linked_kernel": ["fp4_decode.ptx"],
+}
+
+
+# --- host-side runners ----------------------------------------------------------------------------
+
+def _blocks(n: int, threads: int = 128) -> int:
+    return max(1, (n + threads - 1) // threads)
+
+
+def run_dp4a(a, b, c, linked: bool = False) -> np.ndarray:
+    out = cuda.to_device(np.full(a.shape, 0x7F7F7F7F, np.int32))
+    kern = dp4a_linked_kernel if linked else dp4a_kernel
+    kern[_blocks(a.size), 128](out, cuda.to_device(a), cuda.to_device(b), cuda.to_device(c))
+    return out.copy_to_host()
+
+
+def run_mma(a, b, c, linked: bool = False) -> np.ndarray:
+    """a int8[T, 16, K], b int8[T, K, 8], c int32[T, 16, 8] -> d int32[T, 16, 8] (K % 32 == 0)."""
+    tiles, _, k = a.shape
+    a32 = np.ascontiguousarray(a).view(np.uint32)                             # (T, 16, K/4)
+    bt32 = np.ascontiguousarray(b.transpose(0, 2, 1)).view(np.uint32)         # (T, 8, K/4)
+    d = cuda.to_device(np.full((tiles, 16, 8), 0x7F7F7F7F, np.int32))
+    blocks = (tiles + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
+    if linked:
+        assert k == 32, "the linked probe runs a single k-step"
+        kern = mma_linked_kernel
+    else:
+        kern = mma_kernel
+    kern[blocks, THREADS](d, cuda.to_device(a32), cuda.to_device(bt32),
+                          cuda.to_device(np.ascontiguousarray(c, dtype=np.int32)))
+    return d.copy_to_host()
+
+
+def run_fp4(codes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n = codes.size
+    f16x2 = cuda.to_device(np.full(n, 0x7F7F7F7F, np.uint32))
+    f32x2 = cuda.to_device(np.full(2 * n, np.nan, np.float32))
+    f32 = cuda.to_device(np.full(2 * n, np.nan, np.float32))
+    fp4_kernel[_blocks(n), 128](f16x2, f32x2, f32, cuda.to_device(codes))
+    return f16x2.copy_to_host(), f32x2.copy_to_host(), f32.copy_to_host()
+
+
+def run_fp4_linked(codes) -> np.ndarray:
+    f16x2 = cuda.to_device(np.full(codes.size, 0x7F7F7F7F, np.uint32))
+    fp4_linked_kernel[_blocks(codes.size), 128](f16x2, cuda.to_device(codes))
+    return f16x2.copy_to_host()
+
+
+def run_ld_nc_v4(src) -> np.ndarray:
+    out = cuda.to_device(np.full(src.size, 0x7F7F7F7F, np.uint32))
+    ld_nc_v4_kernel[_blocks(src.size // 4), 128](out, cuda.to_device(src))
+    return out.copy_to_host()

@@ -1,0 +1,269 @@
+"""Pure-Python twins of the PTX snippets, with the instructions' exact semantics.
+
+Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) a kernel is plain Python run by one
+Python thread per CUDA thread, and inline PTX does not exist; ``bw24nb.ptx`` then exports these
+functions under the same names, so a kernel's source runs unchanged. They are also the oracle the
+GPU check compares the real snippets against (``tests/test_ptx.py``, ``bench/device_smoke.py``),
+so each is written as an independent statement of the instruction (a table, a matrix product),
+not a transcription of the PTX.
+
+Return types mirror the device: numpy int32 / uint32 / float32 scalars, tuples for UniTuples.
+
+The one warp-collective instruction, ``mma.sync``, needs all 32 lanes' fragments. The simulator
+runs a block's threads as ``threading.Thread`` objects (``numba/cuda/simulator/kernel.py``:
+``BlockThread``, one ``BlockManager`` per block, blocks one after another) and has no warp
+primitives at all (no shfl_sync). So the twin builds its own rendezvous: each lane deposits its
+fragments in a per-(block, warp) exchange and waits; the 32nd lane to arrive computes the tile
+with numpy and wakes the others, who pick up their D fragments. This needs the 32 lanes of the
+warp to reach the call together — which ``mma.sync.aligned`` demands on the GPU too — and the
+twin turns a violation (a lane that exits or parks in ``syncthreads`` instead, a partial warp)
+into an error instead of a hang.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from bw24nb.ptx import mma_layout
+
+# --- dp4a ----------------------------------------------------------------------------------------
+
+
+def _u32(x) -> int:
+    return int(x) & 0xFFFFFFFF
+
+
+def _s8_bytes(word: int) -> list[int]:
+    return [((word >> (8 * i)) & 0xFF) - (256 if (word >> (8 * i)) & 0x80 else 0) for i in range(4)]
+
+
+def _to_i32(x: int) -> np.int32:
+    x &= 0xFFFFFFFF
+    return np.int32(x - (1 << 32) if x & 0x80000000 else x)
+
+
+def dp4a(a, b, c) -> np.int32:
+    """int32 ``c + sum_i int8(a.byte[i]) * int8(b.byte[i])``, modulo 2^32."""
+    return _to_i32(int(c) + sum(x * y for x, y in zip(_s8_bytes(_u32(a)), _s8_bytes(_u32(b)))))
+
+
+dp4a_linked = dp4a
+
+
+# --- FP4 E2M1 ------------------------------------------------------------------------------------
+
+# The OCP MX spec's table: sign bit 3, magnitude index bits 2:0.
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                        -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
+_E2M1_F16_BITS = E2M1_VALUES.astype(np.float16).view(np.uint16).astype(np.uint32)
+
+
+def fp4_e2m1_to_f32(nibble) -> np.float32:
+    """The value of E2M1 code ``nibble & 0xF``."""
+    return E2M1_VALUES[int(nibble) & 0xF]
+
+
+def fp4x2_to_f32x2(byte) -> tuple[np.float32, np.float32]:
+    """(value of the low nibble, value of the high nibble) of ``byte & 0xFF``."""
+    x = int(byte)
+    return E2M1_VALUES[x & 0xF], E2M1_VALUES[(x >> 4) & 0xF]
+
+
+def fp4x2_to_f16x2(byte) -> np.uint32:
+    """Packed f16x2 bits: low nibble's value in bits 15:0, high nibble's in bits 31:16."""
+    x = int(byte)
+    return np.uint32(_E2M1_F16_BITS[x & 0xF] | (_E2M1_F16_BITS[(x >> 4) & 0xF] << 16))
+
+
+fp4x2_to_f16x2_bits_linked = fp4x2_to_f16x2
+
+
+# --- ld.global.nc.v4.u32 -------------------------------------------------------------------------
+
+
+def ld_nc_v4_u32(array, index) -> tuple[np.uint32, np.uint32, np.uint32, np.uint32]:
+    """``array[index:index + 4]`` as a tuple; faults like the GPU on a misaligned index."""
+    i = int(index)
+    if i < 0 or i % 4:
+        raise ValueError(f"ld_nc_v4_u32: index {i} is not a non-negative multiple of 4 "
+                         "(a 16-byte load needs a 16-byte aligned address)")
+    if i + 4 > len(array):
+        raise IndexError(f"ld_nc_v4_u32: elements {i}..{i + 3} out of bounds for length {len(array)}")
+    return (np.uint32(array[i]), np.uint32(array[i + 1]),
+            np.uint32(array[i + 2]), np.uint32(array[i + 3]))
+
+
+# --- mma.sync m16n8k32 s8 ------------------------------------------------------------------------
+
+
+def mma_s8_m16n8k32_warp(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The whole warp at once: fragments a[32, 4], b[32, 2], c[32, 4] -> d int32[32, 4]."""
+    a = np.asarray(a, dtype=np.int64) & 0xFFFFFFFF
+    b = np.asarray(b, dtype=np.int64) & 0xFFFFFFFF
+    tile = mma_layout.mma_tile(mma_layout.unpack_a(a), mma_layout.unpack_b(b),
+                               mma_layout.unpack_c(c))
+    return mma_layout.pack_c(tile)
+
+
+class WarpCollectiveError(RuntimeError):
+    """A warp-collective twin was reached by a partial or divergent warp (undefined on the GPU)."""
+
+
+# How long a lane waits for its warp before declaring a hang (the liveness checks below catch
+# the usual mistakes within one poll; this is the backstop for anything they cannot see).
+_WARP_TIMEOUT_S = 120.0
+_POLL_S = 0.02
+_CHECK_AFTER_S = 0.25
+_PARKED_S = 2.0
+
+
+class _WarpExchange:
+    """The rendezvous of one warp of one simulated block (see the module docstring)."""
+
+    def __init__(self, warp: int, lanes: int):
+        self.warp = warp
+        self.lanes = lanes
+        self.cond = threading.Condition()
+        self.a = np.zeros((32, 4), np.int64)
+        self.b = np.zeros((32, 2), np.int64)
+        self.c = np.zeros((32, 4), np.int64)
+        self.present = np.zeros(32, bool)
+        self.generation = 0
+        self.results: dict[int, list] = {}     # generation -> [d int32[32, 4], readers left]
+        self.parked_since: dict[int, float] = {}  # thread id -> when first seen in syncthreads
+
+    def mma(self, lane: int, thread, a, b, c) -> np.ndarray:
+        with self.cond:
+            gen = self.generation
+            if self.present[lane]:
+                raise WarpCollectiveError(f"lane {lane} of warp {self.warp} entered mma twice")
+            self.present[lane] = True
+            self.a[lane], self.b[lane], self.c[lane] = a, b, c
+            if self.present.all():
+                d = mma_s8_m16n8k32_warp(self.a, self.b, self.c)
+                self.results[gen] = [d, 32]
+                self.present[:] = False
+                self.parked_since.clear()
+                self.generation += 1
+                self.cond.notify_all()
+            else:
+                self._wait(gen, thread)
+            entry = self.results[gen]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.results[gen]
+            return entry[0][lane]
+
+    def _wait(self, gen: int, thread) -> None:
+        start = time.monotonic()
+        deadline = start + _WARP_TIMEOUT_S
+        next_check = start + _CHECK_AFTER_S
+        while self.generation == gen:
+            self.cond.wait(timeout=_POLL_S)
+            if self.generation != gen:
+                return
+            if getattr(thread, "abort", False):      # another simulated thread raised
+                raise RuntimeError("simulated block aborted while waiting in mma_s8_m16n8k32")
+            if time.monotonic() > next_check:        # the common case never waits this long
+                self._check_missing_lanes(thread)
+                next_check = time.monotonic() + _CHECK_AFTER_S
+            if time.monotonic() > deadline:
+                raise WarpCollectiveError(
+                    f"warp {self.warp}: only {int(self.present.sum())}/32 lanes reached "
+                    f"mma_s8_m16n8k32 within {_WARP_TIMEOUT_S:.0f} s")
+
+    def _check_missing_lanes(self, me) -> None:
+        """Raise if a lane of this warp that has not arrived never will (finished, or parked in
+        syncthreads). Finished threads are no longer listed by ``threading.enumerate()``, so the
+        block's full thread set is read from the simulator's ``BlockManager.run`` frame."""
+        manager = getattr(me, "_manager", None)
+        threads = _block_threads(manager)
+        if threads is None:              # simulator internals changed: the timeout still applies
+            return
+        for t in threads:
+            tid = t.thread_id
+            if t is me or tid // 32 != self.warp or self.present[tid % 32]:
+                continue
+            if not t.is_alive():
+                raise WarpCollectiveError(
+                    f"lane {tid % 32} of warp {self.warp} finished without executing "
+                    "mma_s8_m16n8k32: mma.sync needs all 32 lanes converged")
+            # A lane can still be flagged for a moment after the block manager released a
+            # barrier (it clears the flags one thread at a time): only a lane that stays parked
+            # while this warp waits is a deadlock.
+            if not getattr(t, "syncthreads_blocked", False):
+                self.parked_since.pop(tid, None)
+                continue
+            first = self.parked_since.setdefault(tid, time.monotonic())
+            if time.monotonic() - first > _PARKED_S:
+                raise WarpCollectiveError(
+                    f"lane {tid % 32} of warp {self.warp} waits in syncthreads while its warp "
+                    "waits in mma_s8_m16n8k32: mma.sync needs all 32 lanes converged")
+
+
+def _block_threads(manager):
+    """Every thread of a simulated block once all are started, else None.
+
+    ``BlockManager.run`` (numba_cuda/numba/cuda/simulator/kernel.py) keeps them in its local
+    ``threads`` set, creating and starting them one by one before it polls them.
+    """
+    import sys
+
+    run_code = getattr(getattr(type(manager), "run", None), "__code__", None)
+    if run_code is None:
+        return None
+    nthreads = int(np.prod(manager._block_dim))
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code is run_code:
+                local = frame.f_locals
+                if local.get("self") is manager:
+                    threads = local.get("threads")
+                    if isinstance(threads, set) and len(threads) == nthreads \
+                            and "livethreads" in local and "blockedthreads" in local:
+                        return list(threads)
+                    return None
+            frame = frame.f_back
+    return None
+
+
+_exchanges_lock = threading.Lock()
+_exchanges: "weakref.WeakKeyDictionary[object, dict[int, _WarpExchange]]" = weakref.WeakKeyDictionary()
+
+
+def _current_lane():
+    """(thread, warp exchange, lane) of the calling simulated CUDA thread."""
+    thread = threading.current_thread()
+    manager = getattr(thread, "_manager", None)
+    tid = getattr(thread, "thread_id", None)
+    if manager is None or tid is None:
+        raise WarpCollectiveError(
+            "mma_s8_m16n8k32's twin runs inside a simulated kernel (NUMBA_ENABLE_CUDASIM=1); "
+            "from host code use mma_s8_m16n8k32_warp on all 32 lanes' fragments")
+    nthreads = int(np.prod(manager._block_dim))
+    warp = tid // 32
+    lanes = min(32, nthreads - 32 * warp)
+    if lanes < 32:
+        raise WarpCollectiveError(
+            f"mma_s8_m16n8k32 in a partial warp ({lanes} threads): the block size "
+            f"({nthreads}) must be a multiple of 32")
+    with _exchanges_lock:
+        per_block = _exchanges.setdefault(manager, {})
+        ex = per_block.get(warp)
+        if ex is None:
+            ex = per_block[warp] = _WarpExchange(warp, lanes)
+    return thread, ex, tid % 32
+
+
+def mma_s8_m16n8k32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """One lane's view of the warp-collective MMA: its fragments in, its 4 D values out."""
+    thread, ex, lane = _current_lane()
+    d = ex.mma(lane, thread, [_u32(a0), _u32(a1), _u32(a2), _u32(a3)], [_u32(b0), _u32(b1)],
+               [int(c0), int(c1), int(c2), int(c3)])
+    return (np.int32(d[0]), np.int32(d[1]), np.int32(d[2]), np.int32(d[3]))
+
+
+mma_s8_m16n8k32_linked = mma_s8_m16n8k32

@@ -1,0 +1,176 @@
+"""CudaGraph: captured launches are recorded, not run, and each replay runs all of them once.
+
+The same tests run in the simulator (where CudaGraph records the simulated launches) and on a
+GPU (real stream capture); the GPU-only ones check what the simulator cannot model.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from bw24nb.device import gpu_present, simulator_enabled
+from bw24nb.graph import CudaGraph, CudaGraphError
+
+requires_gpu = pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU: the simulator has "
+                                  "no default-stream semantics to reject")
+THREADS = 64
+POISON = -(2**31)
+
+
+@cuda.jit
+def add_one(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] += 1
+
+
+@cuda.jit
+def double_into(y, x):
+    i = cuda.grid(1)
+    if i < x.size:
+        y[i] = 2 * x[i]
+
+
+@cuda.jit
+def add_scalar(x, s):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] += s
+
+
+def _blocks(n):
+    return (n + THREADS - 1) // THREADS
+
+
+@pytest.fixture
+def stream():
+    s = cuda.stream()
+    # First launches compile and load the modules: never let that happen inside a capture.
+    scratch = cuda.to_device(np.zeros(4, np.int32), stream=s)
+    add_one[1, THREADS, s](scratch)
+    double_into[1, THREADS, s](scratch, scratch)
+    add_scalar[1, THREADS, s](scratch, 1)
+    s.synchronize()
+    return s
+
+
+def test_replay_runs_the_captured_sequence_each_time(rng, stream):
+    n = int(rng.integers(50, 300))
+    x0 = rng.integers(-1000, 1000, n).astype(np.int32)
+    x = cuda.to_device(x0, stream=stream)
+    y = cuda.to_device(np.full(n, POISON, np.int32), stream=stream)
+    stream.synchronize()
+
+    with CudaGraph.capture(stream) as graph:
+        add_one[_blocks(n), THREADS, stream](x)
+        double_into[_blocks(n), THREADS, stream](y, x)
+    assert graph.num_nodes == 2
+
+    # recorded, not run
+    np.testing.assert_array_equal(x.copy_to_host(stream=stream), x0)
+    np.testing.assert_array_equal(y.copy_to_host(stream=stream), np.full(n, POISON, np.int32))
+
+    replays = int(rng.integers(2, 7))
+    for _ in range(replays):
+        graph.replay()
+    stream.synchronize()
+    np.testing.assert_array_equal(x.copy_to_host(stream=stream), x0 + replays)
+    np.testing.assert_array_equal(y.copy_to_host(stream=stream), 2 * (x0 + replays))
+    graph.close()
+
+
+def test_scalar_arguments_replay_with_their_captured_value(rng, stream):
+    x = cuda.to_device(np.zeros(10, np.int32), stream=stream)
+    step = int(rng.integers(1, 100))
+    with CudaGraph.capture(stream) as graph:
+        add_scalar[1, THREADS, stream](x, step)
+    graph.replay()
+    graph.replay()
+    stream.synchronize()
+    np.testing.assert_array_equal(x.copy_to_host(stream=stream), np.full(10, 2 * step, np.int32))
+
+
+def test_replay_on_another_stream(rng, stream):
+    x0 = rng.integers(0, 100, 33).astype(np.int32)
+    x = cuda.to_device(x0, stream=stream)
+    with CudaGraph.capture(stream) as graph:
+        add_one[1, THREADS, stream](x)
+    other = cuda.stream()
+    graph.replay(other)
+    other.synchronize()
+    np.testing.assert_array_equal(x.copy_to_host(), x0 + 1)
+
+
+def test_an_exception_inside_capture_ends_it_and_propagates(stream):
+    x = cuda.to_device(np.zeros(8, np.int32), stream=stream)
+    with pytest.raises(ZeroDivisionError):
+        with CudaGraph.capture(stream) as graph:
+            add_one[1, THREADS, stream](x)
+            1 / 0
+    with pytest.raises(CudaGraphError, match="closed"):
+        graph.replay()
+    # the stream left capture mode: eager launches run again
+    add_one[1, THREADS, stream](x)
+    stream.synchronize()
+    np.testing.assert_array_equal(x.copy_to_host(stream=stream), np.ones(8, np.int32))
+
+
+def test_nested_capture_is_refused_and_the_stream_recovers(stream):
+    x = cuda.to_device(np.zeros(8, np.int32), stream=stream)
+    with pytest.raises(CudaGraphError, match="cuStreamBeginCapture"):
+        with CudaGraph.capture(stream):
+            with CudaGraph.capture(stream):
+                pass
+    add_one[1, THREADS, stream](x)
+    stream.synchronize()
+    np.testing.assert_array_equal(x.copy_to_host(stream=stream), np.ones(8, np.int32))
+
+
+def test_replay_inside_its_own_capture_is_refused(stream):
+    x = cuda.to_device(np.zeros(8, np.int32), stream=stream)
+    with pytest.raises(CudaGraphError, match="inside its own capture"):
+        with CudaGraph.capture(stream) as graph:
+            add_one[1, THREADS, stream](x)
+            graph.replay()
+
+
+def test_unknown_capture_mode_is_refused(stream):
+    with pytest.raises(ValueError, match="capture mode"):
+        with CudaGraph.capture(stream, mode="sometimes"):
+            pass
+
+
+@requires_gpu
+def test_default_stream_cannot_be_captured():
+    with pytest.raises(CudaGraphError, match="default stream"):
+        with CudaGraph.capture(cuda.default_stream()):
+            pass
+
+
+@requires_gpu
+def test_synchronous_work_inside_capture_is_reported(stream):
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    # A synchronous allocation + copy: refused at the call (numba raises) or invalidating the
+    # capture (we raise at its end), depending on the driver; either way it must not pass.
+    with pytest.raises((CudaGraphError, CudaAPIError)):
+        with CudaGraph.capture(stream):
+            cuda.to_device(np.zeros(4, np.int32))
+    x = cuda.to_device(np.zeros(8, np.int32), stream=stream)
+    add_one[1, THREADS, stream](x)
+    stream.synchronize()
+    np.testing.assert_array_equal(x.copy_to_host(stream=stream), np.ones(8, np.int32))
+
+
+def test_simulator_records_only_the_capturing_threads_launches():
+    if not simulator_enabled():
+        pytest.skip("simulator bookkeeping")
+    import threading
+
+    s = cuda.stream()
+    x = cuda.to_device(np.zeros(4, np.int32))
+    with CudaGraph.capture(s) as graph:
+        worker = threading.Thread(target=lambda: add_one[1, THREADS](x))
+        worker.start()
+        worker.join()                       # another thread's launch runs eagerly
+    assert graph.num_nodes == 0
+    np.testing.assert_array_equal(x.copy_to_host(), np.ones(4, np.int32))

@@ -1,0 +1,301 @@
+"""The PTX snippets (bw24nb/ptx) compute what the instructions are specified to compute.
+
+The kernel tests run bw24nb/ptx/probes.py's kernels: in the simulator they exercise the Python
+twins (and the mma twin's warp rendezvous); on a GPU machine the very same tests run the real
+inline PTX. Every comparison is exact: the snippets are integer arithmetic or exact conversions.
+``test_gpu_snippets_equal_twins`` is the GPU-only cross-check of snippets against twins.
+"""
+import os
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from bw24nb.device import gpu_present, simulator_enabled
+from bw24nb.ptx import mma_layout, mma_s8_m16n8k32, probes, twins
+from bw24nb.ptx.snippets import SnippetError, all_snippets, parse_snippets, snippet
+
+requires_gpu = pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU (runs on the H200 "
+                                  "device machine: python3 -m pytest tests/test_ptx.py)")
+simulator_only = pytest.mark.skipif(not simulator_enabled(), reason="checks a simulator twin's "
+                                    "diagnostics for code that is undefined behaviour on a GPU")
+
+# The OCP E2M1 code table, written out independently of bw24nb.ptx.twins.
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def _random_i32(rng, n):
+    return rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
+
+
+def _dp4a_numpy(a, b, c):
+    prod = a.view(np.int8).reshape(-1, 4).astype(np.int64) * b.view(np.int8).reshape(-1, 4)
+    return mma_layout.wrap_int32(prod.sum(axis=1) + c)
+
+
+# --- dp4a ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("linked", [False, True], ids=["inline", "linked"])
+def test_dp4a_matches_numpy(rng, linked):
+    n = 300
+    a, b, c = _random_i32(rng, n), _random_i32(rng, n), _random_i32(rng, n)
+    # Extremes: all bytes -128 (largest products) and an accumulator at the int32 edge (wraps).
+    a[:2] = b[:2] = np.int32(-0x7F7F7F80)            # bytes 0x80 = -128
+    c[0], c[1] = 2**31 - 1, -2**31
+    out = probes.run_dp4a(a, b, c, linked=linked)
+    np.testing.assert_array_equal(out, _dp4a_numpy(a, b, c))
+
+
+# --- mma.sync m16n8k32 s8 -------------------------------------------------------------------------
+
+def _random_tiles(rng, tiles, k):
+    a = rng.integers(-128, 128, (tiles, 16, k)).astype(np.int8)
+    b = rng.integers(-128, 128, (tiles, k, 8)).astype(np.int8)
+    c = _random_i32(rng, tiles * 128).reshape(tiles, 16, 8)
+    return a, b, c
+
+
+def test_mma_layout_packing_is_a_bijection(rng):
+    a = rng.integers(-128, 128, (16, 32)).astype(np.int8)
+    b = rng.integers(-128, 128, (32, 8)).astype(np.int8)
+    c = _random_i32(rng, 128).reshape(16, 8)
+    np.testing.assert_array_equal(mma_layout.unpack_a(mma_layout.pack_a(a)), a)
+    np.testing.assert_array_equal(mma_layout.unpack_b(mma_layout.pack_b(b)), b)
+    np.testing.assert_array_equal(mma_layout.unpack_c(mma_layout.pack_c(c)), c)
+    # every element owned by exactly one (lane, slot)
+    for coords, shape, slots in ((mma_layout.a_coords, (16, 32), 16),
+                                 (mma_layout.b_coords, (32, 8), 8),
+                                 (mma_layout.c_coords, (16, 8), 4)):
+        owners = np.zeros(shape, int)
+        for lane in range(32):
+            for i in range(slots):
+                owners[coords(lane, i)] += 1
+        assert (owners == 1).all()
+
+
+def test_mma_layout_matches_ptx_isa_examples():
+    # Spot values of the PTX ISA formulas (groupID = lane >> 2, threadID_in_group = lane % 4).
+    assert mma_layout.a_coords(0, 0) == (0, 0)
+    assert mma_layout.a_coords(5, 6) == (9, 6)       # g=1, t=1: a1 byte 2 -> row g+8, col 4t+2
+    assert mma_layout.a_coords(31, 15) == (15, 31)   # g=7, t=3: a3 byte 3 -> row 15, col 16+12+3
+    assert mma_layout.b_coords(6, 5) == (25, 1)      # g=1, t=2: b1 byte 1 -> k 16+8+1, n 1
+    assert mma_layout.c_coords(7, 3) == (9, 7)       # g=1, t=3: c3 -> row 9, col 7
+
+
+def test_mma_warp_twin_matches_matmul(rng):
+    a, b, c = (x[0] for x in _random_tiles(rng, 1, 32))
+    d = twins.mma_s8_m16n8k32_warp(mma_layout.pack_a(a), mma_layout.pack_b(b), mma_layout.pack_c(c))
+    expect = a.astype(np.int64) @ b.astype(np.int64) + c
+    np.testing.assert_array_equal(mma_layout.unpack_c(d), mma_layout.wrap_int32(expect))
+
+
+@pytest.mark.parametrize("tiles,k", [(1, 32), (3, 64)])
+def test_mma_kernel_tile_exact(rng, tiles, k):
+    """Three tiles over two blocks of two warps each (one warp idle), two k-steps chained."""
+    a, b, c = _random_tiles(rng, tiles, k)
+    d = probes.run_mma(a, b, c)
+    for t in range(tiles):
+        expect = a[t].astype(np.int64) @ b[t].astype(np.int64) + c[t]
+        np.testing.assert_array_equal(d[t], mma_layout.wrap_int32(expect))
+
+
+def test_mma_kernel_accumulator_wraps(rng):
+    # s32 accumulation without .satfinite wraps modulo 2^32 (PTX ISA: .satfinite is what clamps).
+    a = np.full((1, 16, 32), 127, np.int8)
+    b = np.full((1, 32, 8), 127, np.int8)
+    c = np.full((1, 16, 8), 2**31 - 1000, np.int32)
+    d = probes.run_mma(a, b, c)
+    np.testing.assert_array_equal(d, np.full((1, 16, 8), -2**31 + 32 * 127 * 127 - 1000, np.int32))
+
+
+def test_mma_linked_tile_exact(rng):
+    a, b, c = _random_tiles(rng, 2, 32)
+    d = probes.run_mma(a, b, c, linked=True)
+    for t in range(2):
+        np.testing.assert_array_equal(d[t], mma_layout.mma_tile(a[t], b[t], c[t]))
+
+
+@cuda.jit
+def _staged_mma_kernel(d, a32, bt32, c):
+    """4 warps share one A and B tile staged through shared memory; warp w adds c[w]."""
+    sa = cuda.shared.array((16, 8), dtype=np.uint32)
+    sb = cuda.shared.array((8, 8), dtype=np.uint32)
+    tid = cuda.threadIdx.x
+    sa[tid // 8, tid % 8] = a32[tid // 8, tid % 8]          # 128 threads, 128 words of A
+    if tid < 64:
+        sb[tid // 8, tid % 8] = bt32[tid // 8, tid % 8]
+    cuda.syncthreads()
+    w = tid // 32
+    g = (tid % 32) // 4
+    t = tid % 4
+    d0, d1, d2, d3 = mma_s8_m16n8k32(
+        sa[g, t], sa[g + 8, t], sa[g, 4 + t], sa[g + 8, 4 + t], sb[g, t], sb[g, 4 + t],
+        c[w, g, 2 * t], c[w, g, 2 * t + 1], c[w, g + 8, 2 * t], c[w, g + 8, 2 * t + 1])
+    d[w, g, 2 * t] = d0
+    d[w, g, 2 * t + 1] = d1
+    d[w, g + 8, 2 * t] = d2
+    d[w, g + 8, 2 * t + 1] = d3
+
+
+def test_mma_from_shared_memory_staging(rng):
+    a, b, _ = _random_tiles(rng, 1, 32)
+    c = _random_i32(rng, 4 * 128).reshape(4, 16, 8)
+    d = np.full((4, 16, 8), 0x7F7F7F7F, np.int32)
+    a32 = np.ascontiguousarray(a[0]).view(np.uint32)
+    bt32 = np.ascontiguousarray(b[0].T).view(np.uint32)
+    _staged_mma_kernel[1, 128](d, a32, bt32, c)
+    for w in range(4):
+        np.testing.assert_array_equal(d[w], mma_layout.mma_tile(a[0], b[0], c[w]))
+
+
+@cuda.jit
+def _divergent_mma_kernel(out):
+    lane = cuda.threadIdx.x % 32
+    if lane != 5:                     # lane 5 skips the collective: undefined on a GPU
+        d0, d1, d2, d3 = mma_s8_m16n8k32(0, 0, 0, 0, 0, 0, 1, 2, 3, 4)
+        out[cuda.threadIdx.x] = d0
+
+
+@cuda.jit
+def _syncthreads_instead_of_mma_kernel(out):
+    lane = cuda.threadIdx.x % 32
+    if lane == 3:
+        cuda.syncthreads()
+    else:
+        d0, d1, d2, d3 = mma_s8_m16n8k32(0, 0, 0, 0, 0, 0, 1, 2, 3, 4)
+        out[cuda.threadIdx.x] = d0
+        cuda.syncthreads()
+
+
+@simulator_only
+def test_mma_twin_reports_lane_parked_in_syncthreads():
+    with pytest.raises(twins.WarpCollectiveError, match="lane 3 .* syncthreads"):
+        _syncthreads_instead_of_mma_kernel[1, 32](np.zeros(32, np.int32))
+
+
+@simulator_only
+def test_mma_twin_reports_divergent_warp():
+    with pytest.raises(twins.WarpCollectiveError, match="lane 5"):
+        _divergent_mma_kernel[1, 32](np.zeros(32, np.int32))
+
+
+@simulator_only
+def test_mma_twin_reports_partial_warp():
+    with pytest.raises(twins.WarpCollectiveError, match="partial warp"):
+        _divergent_mma_kernel[1, 16](np.zeros(16, np.int32))
+
+
+def test_mma_twin_outside_a_kernel_says_what_to_use():
+    with pytest.raises(twins.WarpCollectiveError, match="mma_s8_m16n8k32_warp"):
+        twins.mma_s8_m16n8k32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+# --- FP4 E2M1 -------------------------------------------------------------------------------------
+
+def test_fp4_decode_all_codes():
+    codes = np.arange(256, dtype=np.uint8)                 # every (low, high) pair of codes
+    f16x2, f32x2, f32 = probes.run_fp4(codes)
+    lo = np.array([E2M1[x & 0xF] for x in range(256)], np.float32)
+    hi = np.array([E2M1[x >> 4] for x in range(256)], np.float32)
+    pair = np.stack([lo, hi], axis=1).reshape(-1)
+    for got in (f32x2, f32):
+        np.testing.assert_array_equal(got, pair)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(pair))   # -0 stays -0
+    expect_bits = (lo.astype(np.float16).view(np.uint16).astype(np.uint32)
+                   | hi.astype(np.float16).view(np.uint16).astype(np.uint32) << 16)
+    np.testing.assert_array_equal(f16x2, expect_bits)
+
+
+def test_fp4_linked_bit_path_all_codes():
+    codes = np.arange(256, dtype=np.uint8)
+    got = probes.run_fp4_linked(codes)
+    expect = np.array([int(twins.fp4x2_to_f16x2(x)) for x in range(256)], np.uint32)
+    np.testing.assert_array_equal(got, expect)
+
+
+# --- ld.global.nc.v4.u32 --------------------------------------------------------------------------
+
+def test_ld_nc_v4_copies(rng):
+    src = rng.integers(0, 2**32, 4 * 77, dtype=np.uint64).astype(np.uint32)
+    np.testing.assert_array_equal(probes.run_ld_nc_v4(src), src)
+
+
+def test_ld_nc_v4_twin_faults_on_misalignment():
+    arr = np.arange(16, dtype=np.uint32)
+    assert twins.ld_nc_v4_u32(arr, 8) == (8, 9, 10, 11)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        twins.ld_nc_v4_u32(arr, 2)
+    with pytest.raises(IndexError):
+        twins.ld_nc_v4_u32(arr, 16)
+
+
+# --- the .ptx files and their @inline blocks ------------------------------------------------------
+
+def test_snippets_hold_the_expected_instructions():
+    assert snippet("dp4a_s32").opcodes == ("dp4a.s32.s32",)
+    assert snippet("mma_m16n8k32_s8").opcodes == ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",)
+    assert snippet("ld_nc_v4_u32").opcodes == ("ld.global.nc.v4.u32",)
+    assert "cvt.rn.f16x2.e2m1x2" in snippet("fp4x2_to_f16x2_cvt").opcodes
+    assert snippet("fp4x2_to_f16x2_bits").opcodes[-1] == "mul.rn.f16x2"
+    assert snippet("dp4a_s32").asm_template == "dp4a.s32.s32 $0, $1, $2, $3;"
+    assert snippet("dp4a_s32").constraints == "=r,r,r,r"
+    assert snippet("ld_nc_v4_u32").constraints == "=r,=r,=r,=r,l"
+
+
+def test_every_ptx_file_defines_funcs_around_its_blocks():
+    names = set(all_snippets())
+    assert {"dp4a_s32", "mma_m16n8k32_s8", "fp4x2_to_f16x2_bits", "fp4x2_to_f16x2_cvt",
+            "f16x2_to_f32x2", "ld_nc_v4_u32"} <= names
+    for snip in all_snippets().values():
+        text = snip.path.read_text()
+        assert ".visible .func" in text and ".target sm_" in text and ".version" in text
+
+
+@pytest.mark.parametrize("block,message", [
+    ("// @inline x: =r %d0, r %a0\nadd.s32 %d0, %a0, 1;\n", "no '// @end'"),
+    ("// @inline x: =r %d0, r %a0\nadd.s32 %d0, %d0, 1;\n// @end\n", "not used"),
+    ("// @inline x: r %a0, =r %d0\nadd.s32 %d0, %a0, 1;\n// @end\n", "before inputs"),
+    ("// @inline x: =r %d0, r %a0\nadd.s32 %d0, %a0, %r5;\n// @end\n", "%r5"),
+    ("// @inline x: =q %d0, r %a0\nadd.s32 %d0, %a0, 1;\n// @end\n", "constraint"),
+])
+def test_malformed_blocks_are_rejected(tmp_path, block, message):
+    path = tmp_path / "bad.ptx"
+    path.write_text(block)
+    with pytest.raises(SnippetError, match=message):
+        parse_snippets(path)
+
+
+# --- GPU: the real snippets against the twins -----------------------------------------------------
+
+@requires_gpu
+def test_gpu_snippets_equal_twins(rng):
+    n = 256
+    a, b, c = _random_i32(rng, n), _random_i32(rng, n), _random_i32(rng, n)
+    twin = np.array([twins.dp4a(x, y, z) for x, y, z in zip(a, b, c)], np.int32)
+    np.testing.assert_array_equal(probes.run_dp4a(a, b, c), twin)
+    np.testing.assert_array_equal(probes.run_dp4a(a, b, c, linked=True), twin)
+
+    at, bt, ct = _random_tiles(rng, 4, 32)
+    d = probes.run_mma(at, bt, ct)
+    for t in range(4):
+        frags = twins.mma_s8_m16n8k32_warp(mma_layout.pack_a(at[t]), mma_layout.pack_b(bt[t]),
+                                           mma_layout.pack_c(ct[t]))
+        np.testing.assert_array_equal(d[t], mma_layout.unpack_c(frags))
+
+    codes = np.arange(256, dtype=np.uint8)
+    f16x2, f32x2, f32 = probes.run_fp4(codes)
+    np.testing.assert_array_equal(f16x2, [twins.fp4x2_to_f16x2(x) for x in codes])
+    np.testing.assert_array_equal(f32x2, np.array([twins.fp4x2_to_f32x2(x) for x in codes]).reshape(-1))
+
+    src = rng.integers(0, 2**32, 4 * 1000, dtype=np.uint64).astype(np.uint32)
+    got = probes.run_ld_nc_v4(src)
+    for j in range(0, src.size, 4):
+        assert tuple(got[j:j + 4]) == twins.ld_nc_v4_u32(src, j)
+
+
+def test_simulator_flag_is_consistent():
+    # The selection in bw24nb/ptx/__init__.py follows NUMBA_ENABLE_CUDASIM, nothing else.
+    import bw24nb.ptx as ptx
+    sim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+    assert (ptx.dp4a is twins.dp4a) == sim
+    assert (ptx.mma_s8_m16n8k32 is twins.mma_s8_m16n8k32) == sim
