@@ -1,0 +1,513 @@
+"""The benchmark harness: bw24nb vs PyTorch + transformers vs llama.cpp, in one run.
+
+    python3 bench/run_bench.py MODEL.gguf [MODEL2.gguf ...] [--llama-bench PATH/llama-bench]
+        [--torch auto|none] [--hf DIR ...] [--runs 3] [--jsonl PATH] [--commit SHA]
+
+Per model file, after one warm-up, medians of `--runs` runs of:
+    decode  tg128 after a 512-token prompt, and after a 6144-token prompt (tokens/s)
+    prefill pp512 (tokens/s)
+plus, measured once in the same run, the device's read bandwidth (a read-only stream of 16-byte
+`ld.global.nc.v4.u32` loads: bench/device_smoke.py's kernel) and, for decode, % of the roofline
+(bench/roofline.py: weight + KV + state bytes per token over that bandwidth), a per-kernel time
+breakdown of one decode step (`Engine.profile_decode_step`, CUDA events around each launch),
+and the exactness gate (prefill's last argmax == token-by-token decode's, printed first:
+timings of a MISMATCH engine do not count).
+
+Side by side, same prompts and lengths:
+    torch   transformers on the GPU in bf16: eager, and with a static cache (+ torch.compile,
+            which transformers applies to static-cache generate); both recorded, the faster
+            marked. `--hf DIR` loads a checkpoint (e.g. from `python3 -m bw24nb.factory ...
+            --format hf`); `--torch auto` (default) builds the model from the GGUF's config with
+            random weights on the GPU -- the same shapes, no 54 GB file on disk.
+    llama   `llama-bench -o json` on the same GGUF (`--llama-bench PATH`): pp512, tg128 at
+            depth 512 and 6144.
+
+Every measurement is appended as one JSON object per line to research/tune-data/bench.jsonl
+(schema: research/tune-data/README.md) and, when $OUT is set (the device machine), also to
+$OUT/bench.jsonl so it comes back. A short table is printed last.
+
+`run_bench(...)` is the importable entry point (`bw24nb bench` wires its CLI to `main`).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))     # run as a script on the device: PYTHONPATH is not reliable
+
+import numpy as np  # noqa: E402
+
+DEFAULT_JSONL = ROOT / "research" / "tune-data" / "bench.jsonl"
+PROMPT = 512              # tg128 "at 512": decode after a 512-token prompt
+LONG_PROMPT = 6144        # the long-context decode point
+N_GEN = 128
+PREFILL = 512             # pp512
+GATE_TOKENS = 32          # prompt length of the prefill-vs-decode argmax gate
+PROMPT_SEED = 1234
+
+
+# ------------------------------------------------------------------------------ records
+@dataclass
+class Recorder:
+    """Collects records (one dict per measurement) and appends them as JSON lines."""
+    gpu: str
+    commit: str
+    paths: list[Path]
+    date: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc)
+                      .isoformat(timespec="seconds"))
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, model: str, metric: str, value, unit: str, **config) -> dict:
+        row = {"date": self.date, "gpu": self.gpu, "commit": self.commit, "model": model,
+               "config": config, "metric": metric, "value": value, "unit": unit}
+        self.rows.append(row)
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        print(f"  {model:<28} {config.get('engine', ''):<22} {metric:<24} {shown:>10} {unit}",
+              flush=True)
+        return row
+
+    def write(self) -> None:
+        for path in self.paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                for row in self.rows:
+                    f.write(json.dumps(row) + "\n")
+            print(f"appended {len(self.rows)} records to {path}")
+
+    def table(self) -> str:
+        keep = [r for r in self.rows if not r["metric"].startswith("kernel_ms:")]
+        lines = [f"{'model':<28} {'engine':<22} {'metric':<24} {'value':>10}  unit"]
+        for r in keep:
+            v = r["value"]
+            shown = f"{v:.4g}" if isinstance(v, float) else str(v)
+            lines.append(f"{r['model']:<28} {r['config'].get('engine', ''):<22} "
+                         f"{r['metric']:<24} {shown:>10}  {r['unit']}")
+        return "\n".join(lines)
+
+
+def gpu_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        from numba import cuda
+        name = cuda.get_current_device().name
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        return "unknown"
+
+
+def git_commit(explicit: str | None = None) -> str:
+    if explicit or os.environ.get("BW24_COMMIT"):
+        return explicit or os.environ["BW24_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def prompt_ids(n: int, vocab: int) -> list[int]:
+    """A fixed pseudo-random prompt (random-weight models do not care what it says)."""
+    rng = np.random.default_rng(PROMPT_SEED)
+    return [int(t) for t in rng.integers(0, min(vocab, 32000), n)]
+
+
+def median(xs) -> float:
+    return float(statistics.median(xs))
+
+
+# ------------------------------------------------------------------------------ bandwidth
+def measure_read_bandwidth(gib: float = 4.0) -> dict:
+    """Read-only stream of 16-byte ld.global.nc.v4.u32 loads over a `gib` GiB buffer
+    (bench/device_smoke.py's `read_v4`), best of two launch shapes, CUDA-event medians."""
+    from numba import cuda
+
+    from bench.device_smoke import THREADS, event_ms, fill_hash, read_v4
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    n = int(gib * 2**30) // 16 * 4
+    stream = cuda.stream()
+    src = cuda.device_array(n, np.uint32, stream=stream)
+    fill_hash[sms * 8, THREADS, stream](src)
+    best = None
+    for per_sm in (4, 8):
+        blocks = sms * per_sm
+        out = cuda.device_array(blocks * THREADS, np.uint32, stream=stream)
+        ms = event_ms(lambda: read_v4[blocks, THREADS, stream](src, out), stream)
+        gb_s = n * 4 / (ms * 1e-3) / 1e9
+        if best is None or gb_s > best["gb_s"]:
+            best = {"gb_s": gb_s, "ms": ms, "blocks": blocks, "threads": THREADS, "gib": gib}
+    return best
+
+
+# ------------------------------------------------------------------------------ bw24nb engine
+def _argmax(logits) -> int:
+    return int(np.asarray(logits).reshape(-1).argmax())
+
+
+def _sync():
+    try:
+        from numba import cuda
+        cuda.synchronize()
+    except Exception:
+        pass
+
+
+def engine_decode_rate(engine, ids: list[int], n: int) -> tuple[float, str]:
+    """Decode tokens/s after prefilling `ids`: the engine's own timings when
+    `generate_greedy` returns them ({"decode_s", "decode_tokens"}), else wall time of a
+    host loop over `decode` (argmax on the host)."""
+    engine.reset()
+    if hasattr(engine, "generate_greedy"):
+        out = engine.generate_greedy(ids, n)
+        timings = out[1] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) \
+            else getattr(engine, "last_timings", None)
+        if timings and timings.get("decode_s"):
+            return timings.get("decode_tokens", n - 1) / timings["decode_s"], "generate_greedy"
+    tok = _argmax(engine.prefill(ids))
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(n - 1):
+        tok = _argmax(engine.decode(tok))
+    _sync()
+    return (n - 1) / (time.perf_counter() - t0), "decode loop"
+
+
+def engine_prefill_rate(engine, ids: list[int]) -> float:
+    engine.reset()
+    _sync()
+    t0 = time.perf_counter()
+    engine.prefill(ids)
+    _sync()
+    return len(ids) / (time.perf_counter() - t0)
+
+
+def exactness_gate(engine, ids: list[int]) -> tuple[bool, int, int]:
+    """Prefill's next-token argmax vs token-by-token decode's (DESIGN.md, gate 2)."""
+    engine.reset()
+    a = _argmax(engine.prefill(ids))
+    engine.reset()
+    logits = None
+    for t in ids:
+        logits = engine.decode(t)
+    b = _argmax(logits)
+    engine.reset()
+    return a == b, a, b
+
+
+def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_gb_s: float | None,
+                 gen: int = N_GEN, prompt: int = PROMPT, long_prompt: int = LONG_PROMPT,
+                 prefill: int = PREFILL, warmup: int = 1, gate_tokens: int = GATE_TOKENS,
+                 base_config: dict | None = None) -> None:
+    """The bw24nb measurements of one loaded engine (any object with reset / prefill / decode
+    [/ generate_greedy / profile_decode_step])."""
+    from bench import roofline
+    cfg = source.config
+    base = dict(base_config or {}, engine="bw24nb", runs=runs, warmup=warmup)
+    k_type = getattr(getattr(engine, "kv", None), "k_type", roofline.K_TYPE)
+    v_type = getattr(getattr(engine, "kv", None), "v_type", roofline.V_TYPE)
+
+    ok, a, b = exactness_gate(engine, prompt_ids(gate_tokens, cfg.vocab_size))
+    print(f"  gate: {'MATCH' if ok else 'MISMATCH'} (prefill argmax {a}, decode argmax {b})")
+    rec.add(model, "gate", int(ok), "match", **base, prompt=gate_tokens)
+
+    points = [prompt] + ([long_prompt] if long_prompt else [])
+    for label, n_prompt in ((f"decode_tok_s@{p}", p) for p in points):
+        if n_prompt + gen > getattr(engine, "n_ctx", n_prompt + gen):
+            print(f"  skip {label}: n_ctx {engine.n_ctx} < {n_prompt + gen}")
+            continue
+        ids = prompt_ids(n_prompt, cfg.vocab_size)
+        rates, how = [], ""
+        for r in range(warmup + runs):
+            rate, how = engine_decode_rate(engine, ids, gen)
+            if r >= warmup:
+                rates.append(rate)
+        rate = median(rates)
+        rec.add(model, label, rate, "tok/s", **base, prompt=n_prompt, n_gen=gen, path=how,
+                samples=[round(x, 3) for x in rates])
+        if read_gb_s:
+            nb = roofline.decode_bytes(source, n_prompt + gen // 2, k_type, v_type)
+            ceiling = roofline.roofline_tok_s(read_gb_s, nb.total)
+            rec.add(model, label.replace("decode_tok_s", "decode_roofline_pct"),
+                    100.0 * rate / ceiling, "%", **base, prompt=n_prompt, n_gen=gen,
+                    read_gb_s=round(read_gb_s, 1), weight_bytes=nb.weights, kv_bytes=nb.kv,
+                    state_bytes=nb.state, roofline_tok_s=round(ceiling, 2))
+
+    ids = prompt_ids(prefill, cfg.vocab_size)
+    rates = [engine_prefill_rate(engine, ids) for _ in range(warmup + runs)][warmup:]
+    rec.add(model, f"prefill_tok_s@{prefill}", median(rates), "tok/s", **base, prompt=prefill,
+            samples=[round(x, 2) for x in rates])
+
+    if not hasattr(engine, "profile_decode_step"):
+        print("  note: the engine has no profile_decode_step(); no per-kernel breakdown")
+        return
+    engine.reset()
+    engine.prefill(prompt_ids(prompt, cfg.vocab_size))
+    totals: dict[str, list[float]] = {}
+    for name, ms in engine.profile_decode_step():
+        totals.setdefault(name, []).append(float(ms))
+    step_ms = sum(sum(v) for v in totals.values())
+    print(f"  decode step, eager, per kernel (context {prompt}): {step_ms:.3f} ms in "
+          f"{sum(len(v) for v in totals.values())} launches")
+    for name, v in sorted(totals.items(), key=lambda kv: -sum(kv[1])):
+        rec.add(model, f"kernel_ms:{name}", sum(v), "ms", **base, launches=len(v),
+                share=round(sum(v) / step_ms, 4) if step_ms else None, context=prompt)
+    rec.add(model, "decode_step_eager_ms", step_ms, "ms", **base, context=prompt)
+
+
+def _free_numba_memory() -> None:
+    """Numba defers freeing device arrays; flush them now (torch needs the room)."""
+    import gc
+    gc.collect()
+    try:
+        from numba import cuda
+        cuda.current_context().deallocations.clear()
+    except Exception:
+        pass
+
+
+# ------------------------------------------------------------------------------ torch
+def torch_model(config=None, hf_dir: str | None = None):
+    """transformers CausalLM in bf16 on the GPU: from `hf_dir`, or built from a ModelConfig
+    with random init (bw24nb.factory.hf_config_json gives the config.json)."""
+    import torch
+    import transformers
+    if hf_dir:
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            hf_dir, dtype=torch.bfloat16, device_map="cuda").eval()
+    from bw24nb.factory import hf_config_json
+    hf_cfg = transformers.AutoConfig.for_model(**hf_config_json(config))
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16)
+    return model.eval()
+
+
+def bench_torch(rec: Recorder, model_name: str, model, vocab: int, *, runs: int, warmup: int = 1,
+                gen: int = N_GEN, prompt: int = PROMPT, prefill: int = PREFILL,
+                modes=("eager", "static+compile"), base_config: dict | None = None) -> None:
+    """Greedy generate of `gen` tokens after a `prompt`-token prompt (decode rate = (gen - 1)
+    / (generate time - prefill time)), and prefill of `prefill` tokens, CUDA-synchronized."""
+    import torch
+    dev = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids(prompt, vocab)], device=dev)
+    pids = torch.tensor([prompt_ids(prefill, vocab)], device=dev)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def timed(fn) -> float:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+
+    def forward(x):
+        with torch.inference_mode():
+            model(x, use_cache=True)
+
+    best = None
+    for mode in modes:
+        extra = {"cache_implementation": "static"} if mode == "static+compile" else {}
+
+        def generate():
+            with torch.inference_mode():
+                model.generate(ids, max_new_tokens=gen, min_new_tokens=gen, do_sample=False,
+                               pad_token_id=0, **extra)
+        base = dict(base_config or {}, engine=f"torch-{mode}", runs=runs, warmup=warmup,
+                    torch=torch.__version__, transformers=__import__("transformers").__version__)
+        try:
+            for _ in range(warmup + (1 if mode != "eager" else 0)):   # compile warms up twice
+                generate()
+            decode, pre = [], []
+            for _ in range(runs):
+                t_pre = timed(lambda: forward(ids))
+                t_gen = timed(generate)
+                decode.append((gen - 1) / max(t_gen - t_pre, 1e-9))
+                pre.append(prefill / timed(lambda: forward(pids)))
+        except Exception as e:  # static cache / compile unsupported for this architecture
+            msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            print(f"  torch {mode}: skipped ({msg})")
+            rec.add(model_name, f"decode_tok_s@{prompt}", None, "tok/s", **base, error=msg)
+            continue
+        r = rec.add(model_name, f"decode_tok_s@{prompt}", median(decode), "tok/s", **base,
+                    prompt=prompt, n_gen=gen, samples=[round(x, 3) for x in decode])
+        rec.add(model_name, f"prefill_tok_s@{prefill}", median(pre), "tok/s", **base,
+                prompt=prefill, samples=[round(x, 2) for x in pre])
+        if best is None or r["value"] > best["value"]:
+            best = r
+    if best is not None:
+        best["config"]["fastest_torch"] = True
+
+
+# ------------------------------------------------------------------------------ llama.cpp
+def llama_bench_cmd(binary: str, gguf: str, runs: int, extra: str = "",
+                    long_prompt: int = LONG_PROMPT) -> list[str]:
+    """pp512 and tg128 at depths 0, 512 and `long_prompt` (llama-bench crosses -p/-n with -d;
+    parse_llama_bench keeps pp at depth 0 and tg at the two depths)."""
+    depths = ",".join(str(d) for d in (0, PROMPT, long_prompt) if d is not None and d >= 0)
+    return [binary, "-m", gguf, "-p", str(PREFILL), "-n", str(N_GEN), "-d", depths,
+            "-ngl", "99", "-fa", "1", "-r", str(max(runs, 3)), "-o", "json", *shlex.split(extra)]
+
+
+def parse_llama_bench(text: str, prompt: int = PROMPT, long_prompt: int = LONG_PROMPT,
+                      prefill: int = PREFILL) -> list[tuple[str, float, str, dict]]:
+    """llama-bench `-o json` output -> (metric, value, unit, config) for pp512 (depth 0) and
+    tg128 at depth `prompt` / `long_prompt`. Tokens/s is the median of `samples_ts` (llama-bench
+    already excludes its warm-up run), else `avg_ts`."""
+    out = []
+    for t in json.loads(text):
+        n_prompt, n_gen, depth = t.get("n_prompt", 0), t.get("n_gen", 0), t.get("n_depth", 0)
+        samples = t.get("samples_ts") or []
+        value = float(statistics.median(samples)) if samples else float(t["avg_ts"])
+        config = {k: t.get(k) for k in ("build_commit", "build_number", "backends", "type_k",
+                                        "type_v", "n_batch", "n_ubatch", "flash_attn",
+                                        "n_gpu_layers", "model_type", "model_size") if k in t}
+        config.update(samples=[round(float(s), 3) for s in samples], n_depth=depth)
+        if n_gen == 0 and n_prompt == prefill and depth == 0:
+            out.append((f"prefill_tok_s@{prefill}", value, "tok/s", config))
+        elif n_prompt == 0 and n_gen > 0 and depth in (prompt, long_prompt) and depth > 0:
+            out.append((f"decode_tok_s@{depth}", value, "tok/s", dict(config, n_gen=n_gen)))
+    return out
+
+
+def bench_llama(rec: Recorder, model: str, binary: str, gguf: str, runs: int, extra: str = "",
+                long_prompt: int = LONG_PROMPT, base_config: dict | None = None) -> None:
+    cmd = llama_bench_cmd(binary, gguf, runs, extra, long_prompt)
+    print("  $ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    base = dict(base_config or {}, engine="llama.cpp", cmd=" ".join(cmd[1:]))
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        print("  llama-bench failed:\n    " + "\n    ".join(tail))
+        rec.add(model, "llama_bench_ok", 0, "bool", **base, error=" | ".join(tail)[:500])
+        return
+    for metric, value, unit, config in parse_llama_bench(proc.stdout):
+        rec.add(model, metric, value, unit, **base, **config)
+
+
+# ------------------------------------------------------------------------------ driver
+def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,
+              torch_mode: str = "auto", torch_modes=("eager", "static+compile"),
+              llama_bench: str | None = None, llama_args: str = "", engine: bool = True,
+              long_prompt: int = LONG_PROMPT, bw_gib: float = 4.0,
+              jsonl: str | Path | None = DEFAULT_JSONL, commit: str | None = None,
+              names: list[str] | None = None) -> Recorder:
+    """Benchmark every GGUF in `models`; returns the Recorder (records already written)."""
+    paths = [Path(jsonl)] if jsonl else []
+    if os.environ.get("OUT"):                 # the device machine: make the records come back
+        out = Path(os.environ["OUT"]) / "bench.jsonl"
+        if all(p.resolve() != out.resolve() for p in paths):
+            paths.append(out)
+    rec = Recorder(gpu=gpu_name(), commit=git_commit(commit), paths=paths)
+    print(f"{rec.gpu}, commit {rec.commit}, {rec.date}")
+
+    read_gb_s = None
+    try:
+        bw = measure_read_bandwidth(bw_gib)
+        read_gb_s = bw["gb_s"]
+        rec.add("-", "read_bandwidth", read_gb_s, "GB/s", engine="device",
+                kernel="ld.global.nc.v4.u32 xor-reduce", **{k: v for k, v in bw.items() if k != "gb_s"})
+    except Exception as e:
+        print(f"  read bandwidth not measured ({type(e).__name__}: {e}); no roofline %")
+
+    from bw24nb.formats import open_model
+    for i, path in enumerate(models):
+        name = (names[i] if names and i < len(names) else Path(path).name)
+        print(f"\n== {name} ({path})")
+        source = open_model(path)
+        base = {"file": str(path), "n_ctx": n_ctx}
+        if engine:
+            try:
+                from bw24nb.engine import Engine
+            except ImportError as e:
+                print(f"  bw24nb engine not importable ({e}); skipping it")
+            else:
+                eng = None
+                try:
+                    eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None)
+                    bench_engine(rec, name, eng, source, runs=runs, read_gb_s=read_gb_s,
+                                 long_prompt=long_prompt,
+                                 base_config=dict(base, load_s=round(getattr(eng, "load_s", 0.0), 2)))
+                except Exception as e:
+                    traceback.print_exc(limit=3)
+                    msg = f"{type(e).__name__}: {e}"[:500]
+                    rec.add(name, "engine_ok", 0, "bool", engine="bw24nb", **base, error=msg)
+                finally:
+                    del eng                 # free the engine's VRAM before torch loads
+                    _free_numba_memory()
+        hf = hf_dirs[i] if hf_dirs and i < len(hf_dirs) else None
+        if torch_mode != "none" or hf:
+            try:
+                import torch
+                model = torch_model(source.config, hf)
+                bench_torch(rec, name, model, source.config.vocab_size, runs=runs,
+                            modes=tuple(torch_modes),
+                            base_config={"file": hf or "random init from the GGUF's config"})
+                del model
+                torch.cuda.empty_cache()
+            except Exception as e:
+                traceback.print_exc(limit=3)
+                rec.add(name, "torch_ok", 0, "bool", engine="torch", error=f"{type(e).__name__}: {e}"[:500])
+        if llama_bench:
+            bench_llama(rec, name, llama_bench, path, runs, llama_args, long_prompt,
+                        base_config={"file": str(path)})
+
+    rec.write()
+    print("\n" + rec.table())
+    return rec
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+", help="GGUF files (e.g. from python3 -m bw24nb.factory)")
+    ap.add_argument("--name", action="append", help="label per model (default: file name)")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per metric (median), >= 3")
+    ap.add_argument("--n-ctx", type=int, default=8192, help="engine context (>= 6144 + 128)")
+    ap.add_argument("--hf", action="append", help="HF checkpoint dir per model for the torch run")
+    ap.add_argument("--torch", choices=("auto", "none"), default="auto",
+                    help="auto: torch baseline from the GGUF's config with random weights")
+    ap.add_argument("--torch-modes", default="eager,static+compile",
+                    help="comma list of torch modes: eager, static+compile")
+    ap.add_argument("--long-prompt", type=int, default=LONG_PROMPT,
+                    help="prompt length of the long-context decode point (0 = skip it)")
+    ap.add_argument("--llama-bench", help="path to a llama.cpp build's llama-bench binary")
+    ap.add_argument("--llama-args", default="", help="extra llama-bench arguments")
+    ap.add_argument("--no-engine", action="store_true", help="skip the bw24nb engine")
+    ap.add_argument("--bw-gib", type=float, default=4.0, help="read-bandwidth buffer (GiB)")
+    ap.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="append records here ('' = nowhere)")
+    ap.add_argument("--commit", help="commit id to record (default: $BW24_COMMIT, else git)")
+    args = ap.parse_args(argv)
+    if args.runs < 3:
+        ap.error("--runs must be >= 3 (medians of at least three runs)")
+    modes = [m for m in args.torch_modes.split(",") if m]
+    bad = sorted(set(modes) - {"eager", "static+compile"})
+    if bad:
+        ap.error(f"unknown --torch-modes {bad}")
+    run_bench(args.models, runs=args.runs, n_ctx=args.n_ctx, hf_dirs=args.hf, torch_mode=args.torch,
+              torch_modes=modes, llama_bench=args.llama_bench, llama_args=args.llama_args,
+              engine=not args.no_engine, long_prompt=args.long_prompt, bw_gib=args.bw_gib,
+              jsonl=args.jsonl or None, commit=args.commit, names=args.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

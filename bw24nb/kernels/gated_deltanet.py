@@ -1,0 +1,326 @@
+"""Gated DeltaNet (linear attention) kernels: conv, per-head prep, the gated delta rule.
+
+numpy reference: bw24nb/reference/gated_deltanet.py. One token mix of a Gated DeltaNet layer
+on the device, for `x[T, H]` (the projections are ordinary matvecs / matmuls):
+
+    qkv, z, b, a = W_qkv x, W_z x, W_beta x, W_alpha x        kernels/matvec.py, matmul.py
+    qkv = silu(conv1d(qkv)), conv window updated              launch_conv1d_silu     (a)
+    q, k, v, g, beta = prep(qkv, a, b)                        launch_gdn_prep        (b)
+    o = gated delta rule(q, k, v, g, beta), state updated     launch_gated_delta_rule (c, d)
+    y = rms_norm(o) * ssm_norm * silu(z) per value head       norm.launch_gated_rms_norm (e)
+    out = W_out y                                             kernels/matvec.py
+
+(a) `conv1d_silu` — reference `causal_conv1d` + `silu`. One thread per channel walks the T
+    tokens with the K-1 previous inputs of its channel in registers (K = CONV_KERNEL = 4, the
+    only width Qwen3-Next / Qwen3.5 use), and writes the last K-1 inputs back as the new window.
+    `y[t, c] = silu(w[c,0] x[t-3] + w[c,1] x[t-2] + w[c,2] x[t-1] + w[c,3] x[t])`, the products
+    summed left to right in float32 (the reference's j order, in float64).
+
+(b) `gdn_prep` — the reference's `GatedDeltaNet._inputs` after the conv. One block per
+    (token, key head) L2-normalises that head's q and k (`x / sqrt(sum x^2 + 1e-6)`, HF's
+    `l2norm`; the sum is norm.block_sum's fixed tree), folds the `1/sqrt(d_k)` query scale of
+    `gated_delta_rule_recurrent` into q, copies v out of the conv buffer, and computes per value
+    head `g = ssm_a * softplus(a + dt_bias)` (ssm_a = -exp(A_log), as stored) and
+    `beta = sigmoid(b)`. softplus is evaluated as `max(x, 0) + log1p(exp(-|x|))`: exact
+    (no threshold switch), never overflows.
+
+(c, d) `gated_delta_rule` — the reference's `gated_delta_rule_recurrent`, one token at a time:
+
+        S <- exp(g_t) S;   delta = beta_t (v_t - S^T k_t);   S <- S + k_t delta^T;   o_t = S^T q_t
+
+    The same kernel serves decode (T = 1) and prefill (T tokens in one launch, a loop over t
+    inside the block). Column j of S only ever meets column j (every product above is S times a
+    vector on the left), so the state splits by columns with no communication: one block per
+    (value head, 32 columns of d_v). Its 4 warps split the d_k rows (warp w owns rows w, w+4,
+    w+8, ...; lane l owns column l), so every thread holds d_k/4 entries of S. The block's S
+    tile lives in shared memory for the whole launch — read from device memory once, written
+    back once, however long T is (shared rather than registers because numba offers no
+    register array with a runtime length; each entry is private to one thread, lanes are
+    consecutive words, so there are no bank conflicts). Per step the two dot products
+    (`S^T k` and `S^T q`) are reduced in a fixed order: each thread sums its rows in ascending
+    order in float32, then the 4 warps' partials are added warp 0, 1, 2, 3. The GQA map
+    (`value_to_key_head`, which differs between families) arrives as a device array.
+
+    Why sequential-over-time for prefill rather than the chunked form: it is the recurrence
+    itself (same formula as decode, so prefill and decode can only disagree by rounding), it
+    needs no triangular solve, and it reads/writes the state once per launch. Its cost is T
+    sequential steps per block (5 barriers each); the chunked (UT-transform, tensor-core)
+    prefill is the known next step once prefill time matters. Summation order vs the
+    reference's chunked form: the reference folds each chunk's rank-one updates into a
+    triangular solve in float64 and reads the carried state once per chunk; we apply them one
+    by one in float32. The two are equal in exact arithmetic (tests/test_gated_deltanet.py
+    holds the reference forms equal to 1e-5); the kernel differs from either by float32
+    rounding, which the delta rule does not amplify (with |k| = 1 and 0 <= beta <= 1 the update
+    `S <- (I - beta k k^T) exp(g) S + beta k v^T` is a contraction on the old state), so the
+    error grows at most linearly in T: tests/test_kernels_gdn.py bounds it.
+
+Nothing here depends on the decode step number: T comes from the array shapes, which are
+fixed for a captured decode graph; the state and conv window are updated in place.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from ..reference.gated_deltanet import L2NORM_EPS
+from . import norm
+from .norm import NORM_THREADS_MAX, launch_gated_rms_norm
+
+# Depthwise conv width: Qwen3-Next and Qwen3.5 (linear_conv_kernel_dim) all use 4; the kernel
+# keeps the K-1 = 3 previous inputs in named registers, so another width needs another kernel.
+CONV_KERNEL = 4
+# Threads per conv block: one thread per channel (conv_dim is 2*16*128 + 32*128 = 8192 for the
+# 9B shape -> 64 blocks), memory-bound and tiny either way.
+CONV_THREADS = 128
+
+# One warp per prep block: a key head has d_k = 128 values, 4 per lane, and block_sum's tree
+# over 32 threads is the shortest that covers it.
+PREP_THREADS = 32
+
+# Delta-rule tiling (see the module docstring): 32 columns of S per block (one per lane, so a
+# warp's row access is one 128-byte line), 4 warps splitting the d_k rows.
+GDN_COLS = 32
+GDN_WARPS = 4
+GDN_THREADS = GDN_COLS * GDN_WARPS
+# Rows of the shared S tile: d_k is 128 in every Qwen3-Next / Qwen3.5 model; the tile is
+# GDN_DK_MAX * GDN_COLS * 4 bytes = 16 KiB of shared memory per block.
+GDN_DK_MAX = 128
+
+
+# ------------------------------------------------------------------ device helpers
+
+# norm.py's block reduction (its fixed tree order), recompiled inlined: a device function that
+# is not inlined is compiled against the current device, which compile_ptx without a GPU lacks.
+block_sum = cuda.jit(device=True, inline="always")(norm.block_sum.py_func)
+
+
+@cuda.jit(device=True, inline="always")
+def _silu(x):
+    return x / (float32(1.0) + math.exp(-x))
+
+
+@cuda.jit(device=True, inline="always")
+def _sigmoid(x):
+    return float32(1.0) / (float32(1.0) + math.exp(-x))
+
+
+@cuda.jit(device=True, inline="always")
+def _softplus(x):
+    """log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)), in float32."""
+    return max(x, float32(0.0)) + math.log1p(math.exp(-abs(x)))
+
+
+# ------------------------------------------------------------------ (a) conv
+
+
+@cuda.jit
+def conv1d_silu(x, w, state, y):
+    """y[t, c] = silu(sum_j w[c, j] * window_c[t + j]), window_c = (state[:, c], x[:, c]);
+    state[:, c] <- the last K-1 inputs. x, y [T, C] (y may be x); w [C, 4]; state [3, C]."""
+    c = cuda.grid(1)
+    if c >= x.shape[1]:
+        return
+    w0, w1, w2, w3 = w[c, 0], w[c, 1], w[c, 2], w[c, 3]
+    s0, s1, s2 = state[0, c], state[1, c], state[2, c]      # inputs t-3, t-2, t-1
+    for t in range(x.shape[0]):
+        xt = x[t, c]
+        acc = w0 * s0
+        acc += w1 * s1
+        acc += w2 * s2
+        acc += w3 * xt
+        y[t, c] = _silu(acc)
+        s0, s1, s2 = s1, s2, xt
+    state[0, c] = s0
+    state[1, c] = s1
+    state[2, c] = s2
+
+
+# ------------------------------------------------------------------ (b) prep
+
+
+@cuda.jit(device=True, inline="always")
+def _l2norm_head(scratch, src, t, off, dk, scale, eps, dst, h):
+    """dst[t, h, :] = src[t, off:off+dk] / sqrt(sum^2 + eps) * scale."""
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, dk, cuda.blockDim.x):
+        val = src[t, off + i]
+        acc += val * val
+    r = float32(1.0) / math.sqrt(block_sum(scratch, acc) + eps)
+    for i in range(cuda.threadIdx.x, dk, cuda.blockDim.x):
+        dst[t, h, i] = src[t, off + i] * r * scale
+
+
+@cuda.jit
+def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
+    """Split the conv output qkv[T, 2*nk*dk + nv*dv] into q, k [T, nk, dk] (L2-normalised, q
+    times q_scale) and v [T, nv, dv]; g, beta [T, nv] from a, b [T, nv]. Grid (T, nk)."""
+    scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    nk, dk = q.shape[1], q.shape[2]
+    nv, dv = v.shape[1], v.shape[2]
+    key_dim = nk * dk
+    _l2norm_head(scratch, qkv, t, h * dk, dk, q_scale, eps, q, h)
+    _l2norm_head(scratch, qkv, t, key_dim + h * dk, dk, float32(1.0), eps, k, h)
+    # value heads h, h + nk, h + 2nk, ...: an even split of the copy and the gates over blocks
+    # (not the GQA map: any partition will do, each head is written once)
+    for j in range(h, nv, nk):
+        src = 2 * key_dim + j * dv
+        for i in range(cuda.threadIdx.x, dv, cuda.blockDim.x):
+            v[t, j, i] = qkv[t, src + i]
+        if cuda.threadIdx.x == 0:
+            g[t, j] = ssm_a[j] * _softplus(a[t, j] + dt_bias[j])
+            beta[t, j] = _sigmoid(b[t, j])
+
+
+# ------------------------------------------------------------------ (c, d) delta rule
+
+
+@cuda.jit
+def gated_delta_rule(q, k, v, g, beta, key_head, state, o):
+    """T recurrent steps of the gated delta rule, state [nv, dk, dv] updated in place.
+    q, k [T, nk, dk] (q already scaled); v, o [T, nv, dv]; g, beta [T, nv];
+    key_head int32[nv]. Grid (nv, ceil(dv / GDN_COLS)), GDN_THREADS threads."""
+    tile = cuda.shared.array((GDN_DK_MAX, GDN_COLS), float32)     # S[:, j0:j0+32] of head h
+    qs = cuda.shared.array(GDN_DK_MAX, float32)
+    ks = cuda.shared.array(GDN_DK_MAX, float32)
+    red = cuda.shared.array((GDN_WARPS, GDN_COLS), float32)       # per-warp partial dots
+    h = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    wp = tid >> 5
+    dk = q.shape[2]
+    dv = v.shape[2]
+    j = cuda.blockIdx.y * GDN_COLS + lane
+    col = j < dv
+    kh = key_head[h]
+
+    for i in range(wp, dk, GDN_WARPS):
+        tile[i, lane] = state[h, i, j] if col else float32(0.0)
+
+    for t in range(q.shape[0]):
+        for i in range(tid, dk, GDN_THREADS):
+            qs[i] = q[t, kh, i]
+            ks[i] = k[t, kh, i]
+        decay = math.exp(g[t, h])
+        bt = beta[t, h]
+        cuda.syncthreads()                      # q, k staged (and last step's reads done)
+
+        # S <- exp(g) S, and this thread's share of (S^T k)[j]
+        part = float32(0.0)
+        for i in range(wp, dk, GDN_WARPS):
+            s = tile[i, lane] * decay
+            tile[i, lane] = s
+            part += ks[i] * s
+        red[wp, lane] = part
+        cuda.syncthreads()
+        kv_mem = float32(0.0)
+        for w in range(GDN_WARPS):
+            kv_mem += red[w, lane]
+        delta = float32(0.0)
+        if col:
+            delta = (v[t, h, j] - kv_mem) * bt
+        cuda.syncthreads()                      # everyone has read red
+
+        # S <- S + k delta^T, and this thread's share of (S^T q)[j]
+        part = float32(0.0)
+        for i in range(wp, dk, GDN_WARPS):
+            s = tile[i, lane] + ks[i] * delta
+            tile[i, lane] = s
+            part += qs[i] * s
+        red[wp, lane] = part
+        cuda.syncthreads()
+        if wp == 0 and col:
+            acc = float32(0.0)
+            for w in range(GDN_WARPS):
+                acc += red[w, lane]
+            o[t, h, j] = acc
+        cuda.syncthreads()                      # red, qs, ks are rewritten next step
+
+    if col:
+        for i in range(wp, dk, GDN_WARPS):
+            state[h, i, j] = tile[i, lane]
+
+
+# ------------------------------------------------------------------ launchers
+
+
+def launch_conv1d_silu(x, conv_w, conv_state, y, stream=0):
+    """`y = silu(causal_conv1d(x, conv_w, conv_state))` and the window updated in place.
+
+    x, y float32[T, C] (y may be x); conv_w float32[C, 4] (ssm_conv1d.weight); conv_state
+    float32[3, C] (the previous 3 inputs, oldest first; zeros at the start).
+    Reference: `silu(causal_conv1d(x, weight, state)[0])`, new state `[1]`."""
+    T, C = x.shape
+    if tuple(conv_w.shape) != (C, CONV_KERNEL):
+        raise ValueError(f"conv1d: weight must be [{C}, {CONV_KERNEL}], got {tuple(conv_w.shape)}"
+                         f" (only kernel width {CONV_KERNEL} has a kernel)")
+    if tuple(conv_state.shape) != (CONV_KERNEL - 1, C) or tuple(y.shape) != (T, C):
+        raise ValueError(f"conv1d: state must be [{CONV_KERNEL - 1}, {C}] and y [{T}, {C}]")
+    if C == 0:
+        return
+    conv1d_silu[(C + CONV_THREADS - 1) // CONV_THREADS, CONV_THREADS, stream](x, conv_w, conv_state, y)
+
+
+def launch_gdn_prep(qkv, a, b, dt_bias, ssm_a, q, k, v, g, beta, eps: float = L2NORM_EPS,
+                    stream=0):
+    """Per-head prep after the conv (reference `GatedDeltaNet._inputs`, minus the GQA repeat,
+    which the delta-rule kernel does through `key_head`):
+
+    qkv float32[T, 2*nk*dk + nv*dv] (silu(conv) output, [q | k | v] heads);
+    a, b float32[T, nv] (ssm_alpha / ssm_beta projections); dt_bias, ssm_a float32[nv];
+    outputs q, k float32[T, nk, dk] (`l2norm(q) / sqrt(dk)`, `l2norm(k)`), v float32[T, nv, dv],
+    g float32[T, nv] (`ssm_a * softplus(a + dt_bias)`), beta float32[T, nv] (`sigmoid(b)`)."""
+    T, nk, dk = q.shape
+    nv, dv = v.shape[1], v.shape[2]
+    if tuple(qkv.shape) != (T, 2 * nk * dk + nv * dv) or tuple(k.shape) != (T, nk, dk):
+        raise ValueError(f"gdn_prep: qkv {tuple(qkv.shape)} does not split into q, k "
+                         f"[{T}, {nk}, {dk}] and v [{T}, {nv}, {dv}]")
+    for name, arr in (("a", a), ("b", b), ("g", g), ("beta", beta)):
+        if tuple(arr.shape) != (T, nv):
+            raise ValueError(f"gdn_prep: {name} must be [{T}, {nv}], got {tuple(arr.shape)}")
+    if T == 0:
+        return
+    gdn_prep[(T, nk), PREP_THREADS, stream](qkv, a, b, dt_bias, ssm_a, np.float32(dk ** -0.5),
+                                            np.float32(eps), q, k, v, g, beta)
+
+
+def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0):
+    """T steps of the gated delta rule (decode: T = 1; prefill: T tokens, one launch).
+
+    q, k float32[T, nk, dk] — L2-normalised, q already scaled by 1/sqrt(dk) (launch_gdn_prep);
+    v float32[T, nv, dv]; g, beta float32[T, nv]; key_head int32[nv] (the key head each value
+    head reads: `bw24nb.models.qwen35.value_to_key_head`); state float32[nv, dk, dv], updated in
+    place; o float32[T, nv, dv]. Reference: `gated_delta_rule_recurrent(q_rep * sqrt(dk), k_rep,
+    v, g, beta, state)` with `q_rep = q[:, key_head]` (and equal to the chunked form)."""
+    T, nk, dk = q.shape
+    nv, dv = v.shape[1], v.shape[2]
+    if dk > GDN_DK_MAX:
+        raise ValueError(f"gated_delta_rule: d_k = {dk} exceeds the shared tile's {GDN_DK_MAX} "
+                         f"rows; raise GDN_DK_MAX (16 KiB of shared memory per 128 rows)")
+    if tuple(state.shape) != (nv, dk, dv) or tuple(o.shape) != (T, nv, dv):
+        raise ValueError(f"gated_delta_rule: state must be [{nv}, {dk}, {dv}] and o [{T}, {nv}, "
+                         f"{dv}], got {tuple(state.shape)} and {tuple(o.shape)}")
+    if tuple(g.shape) != (T, nv) or tuple(beta.shape) != (T, nv) or key_head.shape[0] != nv \
+            or key_head.dtype != np.int32:
+        raise ValueError(f"gated_delta_rule: g, beta must be [{T}, {nv}], key_head int32[{nv}]")
+    gated_delta_rule[(nv, (dv + GDN_COLS - 1) // GDN_COLS), GDN_THREADS, stream](
+        q, k, v, g, beta, key_head, state, o)
+
+
+def launch_gdn_output_norm(o, z, norm_w, eps: float, y, stream=0):
+    """(e) `y = rms_norm(o) * ssm_norm * silu(z)` per value head: norm.py's gated RMSNorm
+    (reference `gated_rms_norm`); o, z, y `[T, nv, dv]` (or any `[..., dv]`), norm_w `[dv]`."""
+    launch_gated_rms_norm(o, z, norm_w, eps, y, stream)
+
+
+_A2 = "float32[:, ::1]"
+_A3 = "float32[:, :, ::1]"
+PTX_SIGNATURES = {
+    "conv1d_silu": [f"void({_A2}, {_A2}, {_A2}, {_A2})"],
+    "gdn_prep": [f"void({_A2}, {_A2}, {_A2}, float32[::1], float32[::1], float32, float32, "
+                 f"{_A3}, {_A3}, {_A3}, {_A2}, {_A2})"],
+    "gated_delta_rule": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A3})"],
+}

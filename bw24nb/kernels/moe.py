@@ -1,0 +1,429 @@
+"""Sparse mixture-of-experts on the device: router, expert matvecs, weighted combine.
+
+numpy reference: bw24nb/reference/moe.py (`route`, `expert_mlp`, `moe_forward`). One MoE block
+for `x[T, H]` (decode: T = 1), every launch with a fixed grid, so a decode step captures into a
+CUDA graph and replays for any routing:
+
+    logits = W_router x                        matvec.launch_matvec (T = 1) / matmul (T > 1)
+    ids, wts = route(logits)                   moe_route: softmax, top-k, renormalise
+    gate = W_gate[ids] x, up = W_up[ids] x     expert_matvec (twice)
+    act = silu(gate) * up                      activation.launch_swiglu
+    y = sum_r wts_r W_down[ids_r] act_r        moe_down: down projections + combine, rank order
+        (+ sigmoid(w_sg . x) * shared(x))      shared expert: matvec/matmul + swiglu, added
+        (+ residual)                            inside moe_down
+
+Router (`moe_route`, one block per token): softmax in float32 (max, exp(l - max), block_sum's
+tree for the sum, divide), then top_k rounds of a block arg-max over the probabilities, ties to
+the lower expert id, the winner masked out after each round -- the reference's stable sort of
+`-probs` (best first, equal probabilities in id order). With `norm_topk_prob` the k weights
+are divided by their sum, accumulated in rank order 0..k-1 in float32.
+
+Expert weights stay stacked as GGUF stores them, `ffn_{gate,up}_exps` `[E, I, H]` and
+`ffn_down_exps` `[E, H, I]`, each a device buffer of `E * M` GGUF rows: expert e's row m is row
+`e * M + m`, at byte `(e * M + m) * row_bytes(qtype, K)`. The kernels read the expert id from
+the device array the router wrote, inside the kernel, and compute that offset there; the grid
+is (row blocks, k, T) whatever the ids are.
+
+`expert_matvec` is matvec.py's kernel with the row offset moved by the expert id: the same
+warp-per-row loop over the same group decoders and the same lane-then-warp-tree summation
+order, so its output for expert e is bit-identical to `launch_matvec` on that expert's slice
+(a test holds it to that). `moe_down` computes the k down-projection dots of a row in that
+order too, then combines them `acc = 0; acc += wts_r * dot_r` for r = 0, 1, ..., k-1 -- a fixed
+order, no atomics, so the MoE output is deterministic.
+
+Prefill (T > 1) uses the same kernels with grid z = T: each token's k experts are read for that
+token (weights re-read per token -- correct, not fast; expert-major CSR batching that reads each
+active expert once is the planned prefill path).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from ..quant.types import row_bytes
+from . import norm
+from .activation import launch_swiglu
+from .dequant import LAYOUTS, layout, weight_views
+from .matmul import launch_matmul
+from .matvec import THREADS, WARPS_PER_BLOCK, launch_matvec, warp_tree_sum
+
+# Router block: up to ROUTER_THREADS_MAX threads (a power of two, block_sum's requirement);
+# 128 threads scan 512 experts (Qwen3-Next / Qwen3.5-MoE) in 4 steps per round.
+ROUTER_THREADS_MAX = 128
+# Probabilities of one token live in shared memory during the k selection rounds.
+ROUTER_E_MAX = 1024
+# CUDA's limit on grid y / z: the launchers split T and k beyond it.
+GRID_YZ_MAX = 65535
+
+# norm.py's block reduction, recompiled inlined (a non-inlined device function is compiled for
+# the current device, which compile_ptx without a GPU lacks).
+block_sum = cuda.jit(device=True, inline="always")(norm.block_sum.py_func)
+
+
+def _router_threads(E: int) -> int:
+    b = 32
+    while b < E and b < ROUTER_THREADS_MAX:
+        b *= 2
+    return b
+
+
+# ------------------------------------------------------------------ router
+
+
+@cuda.jit(device=True, inline="always")
+def _block_max(scratch, value):
+    """Max of `value` over the block (blockDim.x a power of two), returned to every thread."""
+    tid = cuda.threadIdx.x
+    scratch[tid] = value
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            scratch[tid] = max(scratch[tid], scratch[tid + s])
+        cuda.syncthreads()
+        s //= 2
+    total = scratch[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True, inline="always")
+def _block_argmax(vals, idxs, v, i):
+    """(value, index) of the block's largest `v`, ties to the smaller index; every thread gets
+    it. A thread with nothing to offer passes v = -1 (probabilities are >= 0)."""
+    tid = cuda.threadIdx.x
+    vals[tid] = v
+    idxs[tid] = i
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            ov, oi = vals[tid + s], idxs[tid + s]
+            if ov > vals[tid] or (ov == vals[tid] and oi < idxs[tid]):
+                vals[tid] = ov
+                idxs[tid] = oi
+        cuda.syncthreads()
+        s //= 2
+    bv, bi = vals[0], idxs[0]
+    cuda.syncthreads()
+    return bv, bi
+
+
+@cuda.jit
+def moe_route(logits, norm_topk, ids, wts):
+    """logits [T, E] -> ids int32[T, k], wts float32[T, k]: softmax, top-k (ties to the lower
+    id), optionally renormalised. One block per token; k = ids.shape[1]."""
+    probs = cuda.shared.array(ROUTER_E_MAX, float32)
+    scratch = cuda.shared.array(ROUTER_THREADS_MAX, float32)
+    sidx = cuda.shared.array(ROUTER_THREADS_MAX, int32)
+    t = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthr = cuda.blockDim.x
+    E = logits.shape[1]
+    top_k = ids.shape[1]
+
+    m = logits[t, 0]                           # (float32, as every value below)
+    for e in range(tid, E, nthr):
+        m = max(m, logits[t, e])
+    m = _block_max(scratch, m)
+    part = float32(0.0)
+    for e in range(tid, E, nthr):
+        p = math.exp(logits[t, e] - m)
+        probs[e] = p
+        part += p
+    total = block_sum(scratch, part)
+    for e in range(tid, E, nthr):
+        probs[e] = probs[e] / total
+    cuda.syncthreads()
+
+    wsum = float32(0.0)
+    for r in range(top_k):
+        bv = float32(-1.0)
+        bi = int32(E)
+        for e in range(tid, E, nthr):          # ascending e: strict > keeps the lower id
+            if probs[e] > bv:
+                bv = probs[e]
+                bi = int32(e)
+        bv, bi = _block_argmax(scratch, sidx, bv, bi)
+        if tid == 0:
+            ids[t, r] = bi
+            wts[t, r] = bv
+            probs[bi] = float32(-1.0)          # taken
+        wsum += bv
+        cuda.syncthreads()
+    if norm_topk and tid == 0:
+        for r in range(top_k):
+            wts[t, r] = wts[t, r] / wsum
+
+
+# ------------------------------------------------------------------ expert matvecs
+
+
+def _make_expert_matvec(lay):
+    qk, ts, gpb, group_dot = lay.block, lay.type_size, lay.groups, lay.group_dot
+
+    def expert_matvec(w8, w16, wh, M, K, ids, x, y):
+        """y[t, r, m] = W[ids[t, r], m, :] . x[t, :]; grid (ceil(M / 4), k, T)."""
+        red = cuda.shared.array(THREADS, np.float32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        row = cuda.blockIdx.x * WARPS_PER_BLOCK + (tid >> 5)
+        r = cuda.blockIdx.y
+        t = cuda.blockIdx.z
+        acc = np.float32(0.0)
+        if row < M:
+            e = ids[t, r]
+            nblk = K // qk
+            row_off = (np.int64(e) * M + row) * (nblk * ts)
+            xt = x[t]
+            for g in range(lane, nblk * gpb, 32):
+                b = g // gpb
+                acc += group_dot(w8, w16, wh, row_off + b * ts, g - b * gpb, xt, b * qk)
+        total = warp_tree_sum(red, tid, lane, acc)      # all threads: it holds barriers
+        if row < M and lane == 0:
+            y[t, r, row] = total
+
+    expert_matvec.__name__ = expert_matvec.__qualname__ = f"expert_matvec_{lay.name}"
+    return cuda.jit(expert_matvec)
+
+
+def _make_moe_down(lay):
+    qk, ts, gpb, group_dot = lay.block, lay.type_size, lay.groups, lay.group_dot
+
+    def moe_down(w8, w16, wh, M, K, ids, wts, act, shared_y, shared_gate, shared_mode,
+                 residual, has_residual, y):
+        """y[t, m] = sum_r wts[t, r] * (W[ids[t, r], m, :] . act[t, r, :]), r = 0..k-1 in order,
+        then + gate * shared_y[t, m] (shared_mode 1: gate 1, 2: sigmoid(shared_gate[t])), then
+        + residual[t, m]. Grid (ceil(M / 4), 1, T)."""
+        red = cuda.shared.array(THREADS, np.float32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        row = cuda.blockIdx.x * WARPS_PER_BLOCK + (tid >> 5)
+        t = cuda.blockIdx.z
+        nblk = K // qk
+        out = np.float32(0.0)
+        for r in range(ids.shape[1]):
+            acc = np.float32(0.0)
+            if row < M:
+                row_off = (np.int64(ids[t, r]) * M + row) * (nblk * ts)
+                xr = act[t, r]
+                for g in range(lane, nblk * gpb, 32):
+                    b = g // gpb
+                    acc += group_dot(w8, w16, wh, row_off + b * ts, g - b * gpb, xr, b * qk)
+            total = warp_tree_sum(red, tid, lane, acc)
+            out += wts[t, r] * total
+        if row < M and lane == 0:
+            if shared_mode == 1:
+                out += shared_y[t, row]
+            elif shared_mode == 2:
+                gate = np.float32(1.0) / (np.float32(1.0) + math.exp(-shared_gate[t]))
+                out += gate * shared_y[t, row]
+            if has_residual:
+                out += residual[t, row]
+            y[t, row] = out
+
+    moe_down.__name__ = moe_down.__qualname__ = f"moe_down_{lay.name}"
+    return cuda.jit(moe_down)
+
+
+# kernel objects by weight type; also module attributes expert_matvec_<type> / moe_down_<type>
+EXPERT_MATVEC = {qt: _make_expert_matvec(lay) for qt, lay in LAYOUTS.items()}
+MOE_DOWN = {qt: _make_moe_down(lay) for qt, lay in LAYOUTS.items()}
+for _qt, _k in EXPERT_MATVEC.items():
+    globals()[f"expert_matvec_{LAYOUTS[_qt].name}"] = _k
+for _qt, _k in MOE_DOWN.items():
+    globals()[f"moe_down_{LAYOUTS[_qt].name}"] = _k
+del _qt, _k
+
+_W = "uint8[::1], uint16[::1], float16[::1]"
+_A2 = "float32[:, ::1]"
+_A3 = "float32[:, :, ::1]"
+_I2 = "int32[:, ::1]"
+PTX_SIGNATURES = {
+    "moe_route": [f"void({_A2}, int32, {_I2}, {_A2})"],
+    **{f"expert_matvec_{LAYOUTS[qt].name}": [f"void({_W}, int32, int32, {_I2}, {_A2}, {_A3})"]
+       for qt in EXPERT_MATVEC},
+    **{f"moe_down_{LAYOUTS[qt].name}": [
+        f"void({_W}, int32, int32, {_I2}, {_A2}, {_A3}, {_A2}, float32[::1], int32, {_A2}, "
+        f"int32, {_A2})"] for qt in MOE_DOWN},
+}
+
+
+# ------------------------------------------------------------------ launchers
+
+
+def _check_stack(w_dev, qtype, n_experts, M, K, ids, what):
+    if ids.dtype != np.int32 or len(ids.shape) != 2:
+        raise ValueError(f"{what}: expert ids must be int32[T, k], got {ids.dtype}{tuple(ids.shape)}")
+    lay = layout(qtype)
+    need = n_experts * M * row_bytes(lay.qtype, K)
+    have = w_dev.size * w_dev.dtype.itemsize
+    if have != need:
+        raise ValueError(f"{what}: {n_experts} experts of {M} x {K} {lay.qtype.name} rows are "
+                         f"{need} bytes; the device buffer holds {have}")
+    return lay
+
+
+def _token_chunks(T):
+    for t0 in range(0, T, GRID_YZ_MAX):
+        yield t0, min(T, t0 + GRID_YZ_MAX)
+
+
+def launch_moe_route(logits, norm_topk_prob: bool, ids, weights, stream=0):
+    """Router: logits float32[T, E] -> ids int32[T, k] (best first), weights float32[T, k]
+    (softmax probabilities of the chosen experts, divided by their sum if `norm_topk_prob`).
+    Reference: `route(x, router_w, k, norm_topk_prob)` given `logits = linear(x, router_w)`."""
+    T, E = logits.shape
+    k = ids.shape[1]
+    if ids.dtype != np.int32 or weights.dtype != np.float32 or logits.dtype != np.float32:
+        raise ValueError("moe_route: logits and weights are float32, ids int32")
+    if E > ROUTER_E_MAX:
+        raise ValueError(f"moe_route: {E} experts exceed ROUTER_E_MAX = {ROUTER_E_MAX}")
+    if not 0 < k <= E or tuple(ids.shape) != (T, k) or tuple(weights.shape) != (T, k):
+        raise ValueError(f"moe_route: ids and weights must be [{T}, k] with 0 < k <= {E}")
+    if T:
+        moe_route[T, _router_threads(E), stream](logits, np.int32(bool(norm_topk_prob)), ids, weights)
+
+
+def launch_expert_matvec(w_dev, qtype, n_experts, M, K, ids, x, y, stream=0):
+    """y[t, r] = W[ids[t, r]] @ x[t] for the stacked expert weight `W[E, M, K]` (GGUF rows,
+    `E * M * row_bytes(qtype, K)` bytes); ids int32[T, k] on the device; x float32[T, K];
+    y float32[T, k, M]. Reference: `matvec_reference` on each expert's slice."""
+    lay = _check_stack(w_dev, qtype, n_experts, M, K, ids, "expert_matvec")
+    T, k = ids.shape
+    if tuple(x.shape) != (T, K) or tuple(y.shape) != (T, k, M):
+        raise ValueError(f"expert_matvec: x must be [{T}, {K}] and y [{T}, {k}, {M}]")
+    w8, w16, wh = weight_views(w_dev)
+    for t0, t1 in _token_chunks(T):
+        EXPERT_MATVEC[lay.qtype][((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, k, t1 - t0),
+                                 THREADS, stream](
+            w8, w16, wh, np.int32(M), np.int32(K), ids[t0:t1], x[t0:t1], y[t0:t1])
+
+
+def launch_moe_down(w_dev, qtype, n_experts, M, K, ids, weights, act, y, shared_y=None,
+                    shared_gate=None, residual=None, stream=0):
+    """y[t] = sum_r weights[t, r] * W[ids[t, r]] @ act[t, r]  (r = 0..k-1 in order)
+              + sigmoid(shared_gate[t]) * shared_y[t]   (shared_gate None: + shared_y[t])
+              + residual[t]
+    for the stacked down weight `W[E, M, K]` (M = hidden, K = expert ffn); act float32[T, k, K];
+    y, shared_y, residual float32[T, M] (residual may be y); shared_gate float32[T] (the
+    shared-expert gate logit). Reference: the combine loop of `moe_forward`."""
+    lay = _check_stack(w_dev, qtype, n_experts, M, K, ids, "moe_down")
+    T, k = ids.shape
+    if tuple(act.shape) != (T, k, K) or tuple(y.shape) != (T, M) or tuple(weights.shape) != (T, k):
+        raise ValueError(f"moe_down: act must be [{T}, {k}], weights [{T}, {k}], y [{T}, {M}]")
+    for name, a in (("shared_y", shared_y), ("residual", residual)):
+        if a is not None and tuple(a.shape) != (T, M):
+            raise ValueError(f"moe_down: {name} must be [{T}, {M}]")
+    if shared_gate is not None and (shared_y is None or shared_gate.size != T):
+        raise ValueError(f"moe_down: shared_gate needs shared_y and T = {T} values")
+    mode = 0 if shared_y is None else (1 if shared_gate is None else 2)
+    w8, w16, wh = weight_views(w_dev)
+    sy = y if shared_y is None else shared_y
+    sg = weights.reshape(weights.size) if shared_gate is None else shared_gate.reshape(T)
+    res = y if residual is None else residual
+    for t0, t1 in _token_chunks(T):
+        MOE_DOWN[lay.qtype][((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, 1, t1 - t0),
+                            THREADS, stream](
+            w8, w16, wh, np.int32(M), np.int32(K), ids[t0:t1], weights[t0:t1], act[t0:t1],
+            sy[t0:t1], sg[t0:t1] if mode == 2 else sg, np.int32(mode), res[t0:t1],
+            np.int32(residual is not None), y[t0:t1])
+
+
+# ------------------------------------------------------------------ the whole block
+
+
+@dataclass
+class ExpertWeights:
+    """Device buffers of one MoE layer (GGUF rows, each with its type). `router` is
+    ffn_gate_inp [E, H]; `gate`, `up` ffn_{gate,up}_exps [E, I, H]; `down` ffn_down_exps
+    [E, H, I]; the shared expert's `sh_gate`, `sh_up` [Is, H], `sh_down` [H, Is] and
+    `sh_gate_inp` ffn_gate_inp_shexp [1, H] are None where the family has none."""
+    n_experts: int
+    top_k: int
+    hidden: int
+    ffn: int
+    norm_topk_prob: bool
+    router: object
+    router_type: object
+    gate: object
+    gate_type: object
+    up: object
+    up_type: object
+    down: object
+    down_type: object
+    shared_ffn: int = 0
+    sh_gate: object = None
+    sh_gate_type: object = None
+    sh_up: object = None
+    sh_up_type: object = None
+    sh_down: object = None
+    sh_down_type: object = None
+    sh_gate_inp: object = None
+    sh_gate_inp_type: object = None
+
+
+class MoEScratch:
+    """Every intermediate buffer of `launch_moe_block` for T tokens, allocated once (before
+    any graph capture): router logits, expert ids and weights, the k experts' gate / up /
+    activation rows, and the shared expert's."""
+
+    def __init__(self, T: int, w: ExpertWeights):
+        f32 = np.float32
+        self.T = T
+        self.logits = cuda.device_array((T, w.n_experts), f32)
+        self.ids = cuda.device_array((T, w.top_k), np.int32)
+        self.weights = cuda.device_array((T, w.top_k), f32)
+        self.gate = cuda.device_array((T, w.top_k, w.ffn), f32)
+        self.up = cuda.device_array((T, w.top_k, w.ffn), f32)
+        self.act = cuda.device_array((T, w.top_k, w.ffn), f32)
+        has_shared = w.sh_down is not None
+        self.sh_gate = cuda.device_array((T, w.shared_ffn), f32) if has_shared else None
+        self.sh_up = cuda.device_array((T, w.shared_ffn), f32) if has_shared else None
+        self.sh_act = cuda.device_array((T, w.shared_ffn), f32) if has_shared else None
+        self.sh_y = cuda.device_array((T, w.hidden), f32) if has_shared else None
+        self.sh_logit = cuda.device_array((T, 1), f32) if w.sh_gate_inp is not None else None
+
+
+def _linear(w_dev, qtype, M, K, x, y, stream):
+    """y[T, M] = x[T, K] @ W^T: the decode matvec for T = 1, the prefill matmul otherwise."""
+    if x.shape[0] == 1:
+        launch_matvec(w_dev, qtype, M, K, x.reshape(K), y.reshape(M), stream=stream)
+    else:
+        launch_matmul(w_dev, qtype, M, K, x, y, stream=stream)
+
+
+def launch_moe_block(x, w: ExpertWeights, s: MoEScratch, y, residual=None, stream=0):
+    """One sparse MoE block for x float32[T, H] -> y float32[T, H] (+ residual, may be y):
+    route, k experts, rank-ordered combine, gated shared expert. A fixed sequence of fixed-grid
+    launches for a given T (graph-capturable). Reference: `moe_forward(x, router_w, experts,
+    top_k, norm_topk_prob, shared, shared_gate_w)` with dequantized weights."""
+    T, H = x.shape
+    if T != s.T or H != w.hidden:
+        raise ValueError(f"moe_block: x is [{T}, {H}], scratch was made for T = {s.T} and the "
+                         f"weights for H = {w.hidden}")
+    _linear(w.router, w.router_type, w.n_experts, H, x, s.logits, stream)
+    launch_moe_route(s.logits, w.norm_topk_prob, s.ids, s.weights, stream)
+    launch_expert_matvec(w.gate, w.gate_type, w.n_experts, w.ffn, H, s.ids, x, s.gate, stream)
+    launch_expert_matvec(w.up, w.up_type, w.n_experts, w.ffn, H, s.ids, x, s.up, stream)
+    launch_swiglu(s.gate, s.up, s.act, stream)
+    shared_y = shared_gate = None
+    if w.sh_down is not None:
+        Is = w.shared_ffn
+        _linear(w.sh_gate, w.sh_gate_type, Is, H, x, s.sh_gate, stream)
+        _linear(w.sh_up, w.sh_up_type, Is, H, x, s.sh_up, stream)
+        launch_swiglu(s.sh_gate, s.sh_up, s.sh_act, stream)
+        _linear(w.sh_down, w.sh_down_type, H, Is, s.sh_act, s.sh_y, stream)
+        shared_y = s.sh_y
+        if w.sh_gate_inp is not None:
+            _linear(w.sh_gate_inp, w.sh_gate_inp_type, 1, H, x, s.sh_logit, stream)
+            shared_gate = s.sh_logit
+    launch_moe_down(w.down, w.down_type, w.n_experts, H, w.ffn, s.ids, s.weights, s.act, y,
+                    shared_y=shared_y, shared_gate=shared_gate, residual=residual, stream=stream)
+
+
+__all__ = ["EXPERT_MATVEC", "MOE_DOWN", "ExpertWeights", "MoEScratch", "launch_expert_matvec",
+           "launch_moe_block", "launch_moe_down", "launch_moe_route"]

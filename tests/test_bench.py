@@ -1,0 +1,193 @@
+"""The harness's host-side logic, without a GPU: roofline bytes, llama-bench parsing, the
+engine measurement flow (driven by the numpy reference model standing in for the engine) and
+the JSONL records.
+
+    python3 -m pytest bench/test_run_bench.py -q
+"""
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import roofline  # noqa: E402
+from bench.run_bench import Recorder, bench_engine, parse_llama_bench  # noqa: E402
+from bw24nb.factory import model_config, write_gguf_model  # noqa: E402
+from bw24nb.formats import open_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    cfg = model_config("qwen3.5-0.8b", layers=4, vocab=512)      # tied embedding, MTP block
+    path = tmp_path_factory.mktemp("bench") / "dense.gguf"
+    write_gguf_model(str(path), cfg, seed=1, threads=2, log=None)
+    return open_model(str(path))
+
+
+def test_roofline_bytes_of_a_dense_hybrid(dense):
+    c = dense.config
+    mtp = {n for n in dense.names() if n.startswith(f"blk.{c.num_hidden_layers}.")}
+    assert mtp                                            # the MTP block exists but is not read
+    want = sum(dense.info(n).nbytes for n in dense.names() if n not in mtp)   # tied: all of embd
+    assert roofline.weight_bytes_per_token(dense) == want
+    # one attention layer (of 4) at ctx 100: K Q8_0 34 B + V Q5_1 24 B per 32 values
+    assert roofline.kv_bytes_per_token(c, 100) == 100 * 2 * (256 // 32) * (34 + 24)
+    s = 16 * 128 * 128 + 3 * (2 * 16 * 128 + 16 * 128)
+    assert roofline.state_bytes_per_token(c) == 3 * s * 4
+    assert math.isclose(roofline.roofline_tok_s(4000.0, 4 * 10**9), 1000.0)
+
+
+def test_roofline_counts_top_k_experts_and_one_embedding_row(tmp_path):
+    cfg = model_config("qwen3.6-35b-a3b", layers=2, vocab=512, experts=4)
+    cfg.num_experts_per_tok = 2                       # top-2 of 4: half of every expert tensor
+    path = tmp_path / "moe.gguf"
+    write_gguf_model(str(path), cfg, seed=1, threads=2, log=None)
+    src = open_model(str(path))
+    assert src.config.num_experts_per_tok == 2
+    want = 0
+    for n in src.names():
+        info = src.info(n)
+        if n.startswith("blk.2."):
+            continue
+        if "_exps." in n:
+            want += info.nbytes // 2
+        elif n == "token_embd.weight":
+            want += info.nbytes // 512
+        else:
+            want += info.nbytes
+    assert roofline.weight_bytes_per_token(src) == want
+
+
+LLAMA_JSON = json.dumps([
+    {"build_commit": "abc1234", "build_number": 7000, "backends": "CUDA", "model_type": "qwen35 9B Q4_K - Medium",
+     "model_size": 5800000000, "n_batch": 2048, "n_ubatch": 512, "type_k": "f16", "type_v": "f16",
+     "n_gpu_layers": 99, "flash_attn": True, "n_prompt": 512, "n_gen": 0, "n_depth": 0,
+     "avg_ts": 9000.0, "stddev_ts": 10.0, "samples_ts": [8990.0, 9000.0, 9100.0]},
+    {"n_prompt": 0, "n_gen": 128, "n_depth": 512, "avg_ts": 150.0, "samples_ts": [149.0, 150.0, 152.0]},
+    {"n_prompt": 0, "n_gen": 128, "n_depth": 6144, "avg_ts": 140.0, "samples_ts": []},
+    {"n_prompt": 512, "n_gen": 0, "n_depth": 512, "avg_ts": 8000.0, "samples_ts": [8000.0]},
+    {"n_prompt": 0, "n_gen": 128, "n_depth": 0, "avg_ts": 155.0, "samples_ts": [155.0]},
+])
+
+
+def test_parse_llama_bench_picks_the_three_points():
+    got = {m: (v, u, c) for m, v, u, c in parse_llama_bench(LLAMA_JSON)}
+    assert set(got) == {"prefill_tok_s@512", "decode_tok_s@512", "decode_tok_s@6144"}
+    assert got["prefill_tok_s@512"][0] == 9000.0 and got["prefill_tok_s@512"][2]["build_commit"] == "abc1234"
+    assert got["decode_tok_s@512"][0] == 150.0                  # median of samples
+    assert got["decode_tok_s@6144"][0] == 140.0                 # no samples: avg_ts
+    assert got["decode_tok_s@512"][2]["n_gen"] == 128
+
+
+class ReferenceEngine:
+    """The numpy reference behind the engine's interface (prefill returns the last logits)."""
+
+    def __init__(self, source, n_ctx):
+        from bw24nb.models import load_weights
+        from bw24nb.reference.model import ReferenceModel
+        self.model = ReferenceModel(source.config, load_weights(source))
+        self.n_ctx = n_ctx
+
+    def reset(self):
+        self.model.reset()
+
+    def prefill(self, ids):
+        return self.model.prefill(ids)[-1]
+
+    def decode(self, token):
+        return self.model.decode(token)
+
+    def profile_decode_step(self):
+        return [("attn_q", 0.5), ("ffn_up", 1.0), ("attn_q", 0.25)]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    cfg = model_config("qwen2.5-coder-0.5b", layers=2, vocab=256)     # quick for the reference
+    path = tmp_path_factory.mktemp("bench") / "small.gguf"
+    write_gguf_model(str(path), cfg, seed=1, threads=2, log=None)
+    return open_model(str(path))
+
+
+def test_bench_engine_records(small, tmp_path):
+    dense = small
+    eng = ReferenceEngine(dense, n_ctx=64)
+    rec = Recorder(gpu="test-gpu", commit="deadbeef", paths=[tmp_path / "bench.jsonl"])
+    bench_engine(rec, "tiny", eng, dense, runs=3, read_gb_s=100.0, gen=3, prompt=6,
+                 long_prompt=200, prefill=5, warmup=1, gate_tokens=6, base_config={"file": "x"})
+    metrics = {r["metric"]: r for r in rec.rows}
+    assert metrics["gate"]["value"] == 1                       # chunked prefill == recurrent decode
+    assert "decode_tok_s@200" not in metrics                   # beyond n_ctx: skipped
+    d = metrics["decode_tok_s@6"]
+    assert d["unit"] == "tok/s" and d["value"] > 0 and len(d["config"]["samples"]) == 3
+    assert d["config"]["path"] == "decode loop"                # no generate_greedy here
+    pct = metrics["decode_roofline_pct@6"]["config"]
+    assert pct["weight_bytes"] == roofline.weight_bytes_per_token(dense)
+    assert pct["kv_bytes"] == roofline.kv_bytes_per_token(dense.config, 6 + 1)
+    assert metrics["prefill_tok_s@5"]["value"] > 0
+    assert metrics["kernel_ms:attn_q"]["value"] == 0.75
+    assert metrics["kernel_ms:attn_q"]["config"]["launches"] == 2
+    assert metrics["decode_step_eager_ms"]["value"] == 1.75
+    rec.write()
+    lines = (tmp_path / "bench.jsonl").read_text().splitlines()
+    assert len(lines) == len(rec.rows)
+    row = json.loads(lines[0])
+    assert set(row) == {"date", "gpu", "commit", "model", "config", "metric", "value", "unit"}
+    assert row["gpu"] == "test-gpu" and row["model"] == "tiny" and row["config"]["engine"] == "bw24nb"
+
+
+class FastEngine:
+    """generate_greedy with timings, no profile: the other branches of the harness."""
+    n_ctx = 10_000
+
+    def __init__(self, vocab):
+        self.vocab, self.calls = vocab, []
+
+    def reset(self):
+        pass
+
+    def prefill(self, ids):
+        return np.eye(self.vocab, dtype=np.float32)[len(ids) % self.vocab]
+
+    def decode(self, token):
+        return np.eye(self.vocab, dtype=np.float32)[(token + 1) % self.vocab]
+
+    def generate_greedy(self, ids, n):
+        self.calls.append((len(ids), n))
+        return list(range(n)), {"prefill_s": 0.5, "decode_s": 0.25, "decode_tokens": n - 1}
+
+
+def test_bench_engine_uses_engine_timings_and_skips_a_missing_profile(dense, capsys):
+    eng = FastEngine(dense.config.vocab_size)
+    rec = Recorder(gpu="g", commit="c", paths=[])
+    bench_engine(rec, "m", eng, dense, runs=3, read_gb_s=None, gen=5, prompt=7, long_prompt=9,
+                 prefill=4, gate_tokens=3)
+    metrics = {r["metric"]: r for r in rec.rows}
+    assert metrics["decode_tok_s@7"]["value"] == 4 / 0.25 and metrics["decode_tok_s@9"]["value"] == 16
+    assert metrics["decode_tok_s@7"]["config"]["path"] == "generate_greedy"
+    assert (7, 5) in eng.calls and (9, 5) in eng.calls
+    assert not any(m.startswith(("kernel_ms:", "decode_roofline_pct")) for m in metrics)
+    assert "no profile_decode_step" in capsys.readouterr().out
+
+
+def test_bench_torch_on_cpu_records_decode_and_prefill():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from bench.run_bench import bench_torch
+    from bw24nb.factory import hf_config_json
+    cfg = model_config("qwen2.5-coder-0.5b", layers=1, vocab=256)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**hf_config_json(cfg))).eval()
+    rec = Recorder(gpu="cpu", commit="c", paths=[])
+    bench_torch(rec, "tiny", model, cfg.vocab_size, runs=3, warmup=1, gen=6, prompt=8,
+                prefill=8, modes=("eager",))
+    metrics = {r["metric"]: r for r in rec.rows}
+    assert metrics["decode_tok_s@8"]["value"] > 0 and metrics["prefill_tok_s@8"]["value"] > 0
+    assert metrics["decode_tok_s@8"]["config"]["engine"] == "torch-eager"
+    assert metrics["decode_tok_s@8"]["config"]["fastest_torch"] is True

@@ -1,0 +1,391 @@
+"""Gated DeltaNet kernels (bw24nb/kernels/gated_deltanet.py) and the recurrent-state cache
+(bw24nb/cache/recurrent.py) against the numpy reference (bw24nb/reference/gated_deltanet.py),
+in the CUDA simulator on tiny shapes: 2 key heads, 4 value heads, d_k = d_v = 16, conv width 4.
+
+Every output is poisoned with NaN before its launch; states start from random values (a layer
+continuing a sequence), not zeros.
+
+Tolerances (u = 2^-24, float32 unit roundoff; the reference computes in float64):
+- conv: 4 products summed in float32 (<= 4 roundings of terms bounded by sum_j |w_j x_j|),
+  then silu (exp, add, divide: a few ulps; |silu'| <= 1.1): |err| <= 16 u (sum |w x| + |y|).
+- prep: a 16-term sum of squares (<= 16 u relative), a sqrt and 3 multiplies: 1e-5 relative
+  with margin. g: float32 a + dt_bias (u relative in the softplus argument, which softplus
+  turns into <= u |x| relative, |x| <= 30 here) and log1p/exp: 1e-5 relative.
+- delta rule: per step each dot over d_k = 16 rows rounds ~d_k times and the update adds 2
+  roundings per entry; the rule is non-expansive in the old state (|k| = 1, beta in [0, 1],
+  decay <= 1), so over T steps errors add: |err| <~ T (d_k + 4) u max|S|, about 8e-6 max|S| at
+  T = 7 -- we allow 2e-5 relative to the largest state/output magnitude. A wrong formula
+  (missing decay, beta or the delta correction, wrong key head) moves outputs by O(1).
+- whole layer: the above plus the gated RMSNorm (5e-5 in tests/test_kernels_norm.py) and the
+  host output projection: 1e-4 relative to max|y|.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from bw24nb.kernels.gated_deltanet import (CONV_KERNEL, launch_conv1d_silu,
+                                           launch_gated_delta_rule, launch_gdn_output_norm,
+                                           launch_gdn_prep)
+from bw24nb.models.qwen35 import value_to_key_head
+from bw24nb.reference import ops
+from bw24nb.reference.gated_deltanet import (GatedDeltaNet, causal_conv1d,
+                                             gated_delta_rule_chunked,
+                                             gated_delta_rule_recurrent, gated_rms_norm, l2norm,
+                                             softplus)
+
+NK, NV, DK, DV = 2, 4, 16, 16
+U = 2.0 ** -24
+RULE_REL = 2e-5
+LAYER_REL = 1e-4
+
+
+def _poisoned(*shape):
+    return cuda.to_device(np.full(shape, np.nan, np.float32))
+
+
+def _rand(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+# ------------------------------------------------------------------ (a) conv
+
+
+@pytest.mark.parametrize("T", [1, 7])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "inplace"])
+def test_conv1d_silu_matches_reference(rng, T, in_place):
+    C = 2 * NK * DK + NV * DV
+    x = _rand(rng, T, C, scale=2.0)
+    w = _rand(rng, C, CONV_KERNEL, scale=0.5)
+    state = _rand(rng, CONV_KERNEL - 1, C, scale=2.0)       # continuing a sequence
+    d_x, d_state = cuda.to_device(x), cuda.to_device(state)
+    d_y = d_x if in_place else _poisoned(T, C)
+    launch_conv1d_silu(d_x, cuda.to_device(w), d_state, d_y)
+    conv, new_state = causal_conv1d(x, w, state)
+    ref = ops.silu(conv).astype(np.float64)
+    y = d_y.copy_to_host()
+    assert np.isfinite(y).all()
+    # |err| bound of the module docstring, per element
+    xp = np.concatenate([state, x]).astype(np.float64)
+    mag = sum(np.abs(w[:, j].astype(np.float64) * xp[j:j + T]) for j in range(CONV_KERNEL))
+    np.testing.assert_array_less(np.abs(y - ref), 16 * U * (mag + np.abs(ref)) + 1e-30)
+    # the new window is the last 3 inputs, copied exactly (T = 1 keeps 2 old ones)
+    np.testing.assert_array_equal(d_state.copy_to_host(), new_state)
+
+
+def test_conv1d_state_carries_across_calls(rng):
+    # Prefill 7 tokens then decode 3 one at a time == one 10-token conv from the same start.
+    C = 2 * NK * DK + NV * DV
+    x = _rand(rng, 10, C)
+    w = _rand(rng, C, CONV_KERNEL, scale=0.5)
+    state0 = _rand(rng, CONV_KERNEL - 1, C)
+    d_w, d_state = cuda.to_device(w), cuda.to_device(state0)
+    outs = []
+    for lo, hi in ((0, 7), (7, 8), (8, 9), (9, 10)):
+        d_y = _poisoned(hi - lo, C)
+        launch_conv1d_silu(cuda.to_device(x[lo:hi]), d_w, d_state, d_y)
+        outs.append(d_y.copy_to_host())
+    conv, final = causal_conv1d(x, w, state0)
+    assert _rel(np.concatenate(outs), ops.silu(conv)) < 1e-5
+    np.testing.assert_array_equal(d_state.copy_to_host(), final)
+
+
+# ------------------------------------------------------------------ (b) prep
+
+
+@pytest.mark.parametrize("T", [1, 7])
+def test_gdn_prep_matches_reference(rng, T):
+    C = 2 * NK * DK + NV * DV
+    qkv = _rand(rng, T, C, scale=1.5)
+    a = rng.uniform(-30, 30, (T, NV)).astype(np.float32)      # both softplus tails
+    b = _rand(rng, T, NV, scale=3.0)
+    dt_bias = _rand(rng, NV)
+    ssm_a = (-np.exp(rng.uniform(-2, 2, NV))).astype(np.float32)     # = -exp(A_log)
+    q, k = _poisoned(T, NK, DK), _poisoned(T, NK, DK)
+    v = _poisoned(T, NV, DV)
+    g, beta = _poisoned(T, NV), _poisoned(T, NV)
+    launch_gdn_prep(*(cuda.to_device(arr) for arr in (qkv, a, b, dt_bias, ssm_a)), q, k, v, g, beta)
+
+    kd = NK * DK
+    q_ref = l2norm(qkv[:, :kd].reshape(T, NK, DK)) * DK ** -0.5
+    k_ref = l2norm(qkv[:, kd:2 * kd].reshape(T, NK, DK))
+    g_ref = ssm_a.astype(np.float64) * softplus(a.astype(np.float64) + dt_bias)
+    beta_ref = ops.sigmoid(b)
+    np.testing.assert_allclose(q.copy_to_host(), q_ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(k.copy_to_host(), k_ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(v.copy_to_host(), qkv[:, 2 * kd:].reshape(T, NV, DV))
+    np.testing.assert_allclose(g.copy_to_host(), g_ref, rtol=1e-5, atol=1e-30)
+    np.testing.assert_allclose(beta.copy_to_host(), beta_ref, rtol=1e-6, atol=1e-12)
+
+
+# ------------------------------------------------------------------ (c, d) delta rule
+
+
+def _rule_inputs(rng, T, dv=DV):
+    """Kernel inputs as launch_gdn_prep makes them (key heads, normalised, q scaled) and the
+    reference's (repeated onto value heads through key_head, q unscaled)."""
+    qn = l2norm(rng.standard_normal((T, NK, DK)))
+    kn = l2norm(rng.standard_normal((T, NK, DK)))
+    v = _rand(rng, T, NV, dv)
+    g = (-rng.uniform(0.0, 1.5, (T, NV))).astype(np.float32)        # log decay <= 0
+    beta = rng.uniform(0.0, 1.0, (T, NV)).astype(np.float32)
+    s0 = _rand(rng, NV, DK, dv, scale=0.5)
+    q_dev = (qn * DK ** -0.5).astype(np.float32)
+    k_dev = kn.astype(np.float32)
+    return q_dev, k_dev, v, g, beta, s0
+
+
+def _reference_rule(form, q_dev, k_dev, v, g, beta, s0, key_head, **kw):
+    q = q_dev.astype(np.float64)[:, key_head] * np.sqrt(DK)            # undo the prep's scale
+    k = k_dev.astype(np.float64)[:, key_head]
+    return form(q, k, v, g, beta, s0, **kw)
+
+
+def _bound(o_ref, s_ref):
+    return RULE_REL * max(np.max(np.abs(o_ref)), np.max(np.abs(s_ref)))
+
+
+@pytest.mark.parametrize("family", ["qwen35", "qwen3next"])      # tiled / grouped head maps
+def test_delta_rule_decode_steps_match_recurrent(rng, family):
+    T = 4
+    key_head = value_to_key_head(family, NK, NV)
+    q, k, v, g, beta, s0 = _rule_inputs(rng, T)
+    d_state = cuda.to_device(s0)
+    d_kh = cuda.to_device(key_head.astype(np.int32))
+    outs = []
+    for t in range(T):                           # one launch per decode step, state in place
+        o = _poisoned(1, NV, DV)
+        launch_gated_delta_rule(*(cuda.to_device(a[t:t + 1]) for a in (q, k, v, g, beta)),
+                                d_kh, d_state, o)
+        outs.append(o.copy_to_host())
+    o_ref, s_ref = _reference_rule(gated_delta_rule_recurrent, q, k, v, g, beta, s0, key_head)
+    out, state = np.concatenate(outs), d_state.copy_to_host()
+    assert np.isfinite(out).all() and np.isfinite(state).all()
+    tol = _bound(o_ref, s_ref)
+    assert np.max(np.abs(out - o_ref)) <= tol
+    assert np.max(np.abs(state - s_ref)) <= tol
+
+
+@pytest.mark.parametrize("T", [1, 7])
+def test_delta_rule_prefill_matches_chunked(rng, T):
+    key_head = value_to_key_head("qwen35", NK, NV)
+    q, k, v, g, beta, s0 = _rule_inputs(rng, T)
+    d_state = cuda.to_device(s0)
+    o = _poisoned(T, NV, DV)
+    launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)),
+                            cuda.to_device(key_head.astype(np.int32)), d_state, o)
+    out, state = o.copy_to_host(), d_state.copy_to_host()
+    assert np.isfinite(out).all()
+    # the reference's prefill form: chunk 64 (one partial chunk) and chunk 3 (several chunks)
+    for chunk in (64, 3):
+        o_ref, s_ref = _reference_rule(gated_delta_rule_chunked, q, k, v, g, beta, s0, key_head,
+                                       chunk_size=chunk)
+        tol = _bound(o_ref, s_ref)
+        assert np.max(np.abs(out - o_ref)) <= tol, f"chunk {chunk}"
+        assert np.max(np.abs(state - s_ref)) <= tol, f"chunk {chunk}"
+
+
+def test_delta_rule_wide_value_heads(rng):
+    # d_v = 40: two column blocks per head, the second only partly filled.
+    T, dv = 2, 40
+    key_head = value_to_key_head("qwen35", NK, NV)
+    q, k, v, g, beta, s0 = _rule_inputs(rng, T, dv)
+    d_state = cuda.to_device(s0)
+    o = _poisoned(T, NV, dv)
+    launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)),
+                            cuda.to_device(key_head.astype(np.int32)), d_state, o)
+    o_ref, s_ref = _reference_rule(gated_delta_rule_recurrent, q, k, v, g, beta, s0, key_head)
+    tol = _bound(o_ref, s_ref)
+    assert np.max(np.abs(o.copy_to_host() - o_ref)) <= tol
+    assert np.max(np.abs(d_state.copy_to_host() - s_ref)) <= tol
+
+
+# ------------------------------------------------------------------ the whole mixer
+
+
+class _Cfg:
+    family = "qwen35"
+    rms_norm_eps = 1e-6
+    linear_num_key_heads, linear_num_value_heads = NK, NV
+    linear_key_head_dim, linear_value_head_dim = DK, DV
+    linear_conv_kernel_dim = CONV_KERNEL
+
+
+def _random_layer(rng, H):
+    kd, vd = NK * DK, NV * DV
+    p = "blk.0."
+    w = {p + "attn_qkv.weight": _rand(rng, 2 * kd + vd, H, scale=H ** -0.5),
+         p + "attn_gate.weight": _rand(rng, vd, H, scale=H ** -0.5),
+         p + "ssm_beta.weight": _rand(rng, NV, H, scale=H ** -0.5),
+         p + "ssm_alpha.weight": _rand(rng, NV, H, scale=H ** -0.5),
+         p + "ssm_conv1d.weight": _rand(rng, 2 * kd + vd, CONV_KERNEL, scale=0.5),
+         p + "ssm_dt.bias": _rand(rng, NV),
+         p + "ssm_a": (-np.exp(rng.uniform(-2, 1, NV))).astype(np.float32),
+         p + "ssm_norm.weight": (1 + 0.1 * rng.standard_normal(DV)).astype(np.float32),
+         p + "ssm_out.weight": _rand(rng, H, vd, scale=vd ** -0.5)}
+    return GatedDeltaNet(_Cfg(), w, 0)
+
+
+class _DeviceMixer:
+    """The kernel chain of one layer; projections on the host (they are the matvec kernels'
+    business, tested elsewhere), everything between them on the device."""
+
+    def __init__(self, ref: GatedDeltaNet, conv_state, ssm_state):
+        self.ref = ref
+        self.conv_w = cuda.to_device(ref.conv_w)
+        self.dt_bias, self.ssm_a = cuda.to_device(ref.dt_bias), cuda.to_device(ref.ssm_a)
+        self.norm_w = cuda.to_device(ref.norm_w)
+        self.key_head = cuda.to_device(ref.key_head.astype(np.int32))
+        self.conv_state, self.ssm_state = cuda.to_device(conv_state), cuda.to_device(ssm_state)
+
+    def __call__(self, x):
+        r, T = self.ref, x.shape[0]
+        qkv = cuda.to_device(ops.linear(x, r.w_qkv))
+        z = ops.linear(x, r.w_z).reshape(T, NV, DV)
+        a, b = ops.linear(x, r.w_alpha), ops.linear(x, r.w_beta)
+        conv = _poisoned(*qkv.shape)
+        launch_conv1d_silu(qkv, self.conv_w, self.conv_state, conv)
+        q, k, v = _poisoned(T, NK, DK), _poisoned(T, NK, DK), _poisoned(T, NV, DV)
+        g, beta = _poisoned(T, NV), _poisoned(T, NV)
+        launch_gdn_prep(conv, cuda.to_device(a), cuda.to_device(b), self.dt_bias, self.ssm_a,
+                        q, k, v, g, beta)
+        o = _poisoned(T, NV, DV)
+        launch_gated_delta_rule(q, k, v, g, beta, self.key_head, self.ssm_state, o)
+        y = _poisoned(T, NV, DV)
+        launch_gdn_output_norm(o, cuda.to_device(z), self.norm_w, r.eps, y)
+        return ops.linear(y.copy_to_host().reshape(T, NV * DV), r.w_out)
+
+
+def test_mixer_prefill_then_decode_matches_reference_layer(rng):
+    H = 32
+    ref = _random_layer(rng, H)
+    ref.conv_state = _rand(rng, *ref.conv_state.shape)          # mid-sequence states
+    ref.ssm_state = _rand(rng, *ref.ssm_state.shape, scale=0.5)
+    dev = _DeviceMixer(ref, ref.conv_state, ref.ssm_state)
+    x = _rand(rng, 9, H)
+    got = [dev(x[:7])] + [dev(x[t:t + 1]) for t in (7, 8)]
+    want = [ref.prefill(x[:7])] + [ref.decode(x[t])[None] for t in (7, 8)]
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert np.isfinite(a).all()
+        assert _rel(a, b) <= LAYER_REL, f"call {step}"
+    assert _rel(dev.ssm_state.copy_to_host(), ref.ssm_state) <= RULE_REL
+    np.testing.assert_array_equal(dev.conv_state.copy_to_host(), ref.conv_state)
+
+
+def test_output_norm_is_gated_rms_norm(rng):
+    T = 3
+    o, z = _rand(rng, T, NV, DV), _rand(rng, T, NV, DV, scale=2.0)
+    w = (1 + 0.1 * rng.standard_normal(DV)).astype(np.float32)
+    y = _poisoned(T, NV, DV)
+    launch_gdn_output_norm(cuda.to_device(o), cuda.to_device(z), cuda.to_device(w), 1e-6, y)
+    np.testing.assert_allclose(y.copy_to_host(), gated_rms_norm(o, z, w, 1e-6), rtol=5e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------ recurrent state cache
+
+
+def _hybrid_config():
+    from bw24nb.formats.config import ModelConfig, layer_types_from_interval
+    return ModelConfig(family="qwen35", vocab_size=16, hidden_size=32, num_hidden_layers=6,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                       intermediate_size=64, rms_norm_eps=1e-6, rope_theta=1e4,
+                       max_position_embeddings=64, layer_types=layer_types_from_interval(6, 3),
+                       linear_num_key_heads=NK, linear_num_value_heads=NV,
+                       linear_key_head_dim=DK, linear_value_head_dim=DV,
+                       linear_conv_kernel_dim=CONV_KERNEL)
+
+
+def _fill_random(rs, rng):
+    vals = {}
+    for layer in rs.layers:
+        c, s = _rand(rng, *rs.conv_shape), _rand(rng, *rs.ssm_shape)
+        rs.conv[layer].copy_to_device(c)
+        rs.ssm[layer].copy_to_device(s)
+        vals[layer] = (c, s)
+    return vals
+
+
+def test_recurrent_state_layout_and_bytes():
+    from bw24nb.cache.recurrent import RecurrentState, recurrent_state_bytes
+    cfg = _hybrid_config()                       # layers 2 and 5 are full attention
+    rs = RecurrentState(cfg)
+    assert rs.layers == [0, 1, 3, 4]
+    conv_dim = 2 * NK * DK + NV * DV
+    assert rs.conv_shape == (CONV_KERNEL - 1, conv_dim) and rs.ssm_shape == (NV, DK, DV)
+    per_layer = 4 * ((CONV_KERNEL - 1) * conv_dim + NV * DK * DV)
+    assert recurrent_state_bytes(cfg) == rs.nbytes == 4 * per_layer
+    assert recurrent_state_bytes(cfg, snapshots=1) == 8 * per_layer
+    with pytest.raises(KeyError):
+        rs.slot(2)
+    for layer in rs.layers:                      # allocated zeroed, as the reference's reset()
+        conv, ssm = rs.read(layer)
+        assert not conv.any() and not ssm.any()
+
+
+def test_recurrent_state_reset_snapshot_restore(rng):
+    from bw24nb.cache.recurrent import RecurrentState
+    rs = RecurrentState(_hybrid_config())
+    before = _fill_random(rs, rng)
+    snap = rs.snapshot()
+    after = _fill_random(rs, rng)                # the step we will roll back
+    for layer in rs.layers:
+        np.testing.assert_array_equal(rs.read(layer)[1], after[layer][1])
+    rs.restore(snap)
+    for layer in rs.layers:
+        conv, ssm = rs.read(layer)
+        np.testing.assert_array_equal(conv, before[layer][0])
+        np.testing.assert_array_equal(ssm, before[layer][1])
+    # one layer only: the others keep their newer values
+    buf = rs.new_snapshot()
+    rs.snapshot(into=buf, layers=[3])
+    newer = _fill_random(rs, rng)
+    rs.restore(buf)
+    for layer in rs.layers:
+        want = before[layer] if layer == 3 else newer[layer]
+        np.testing.assert_array_equal(rs.read(layer)[0], want[0])
+        np.testing.assert_array_equal(rs.read(layer)[1], want[1])
+    with pytest.raises(ValueError):
+        rs.restore(buf, layers=[0])              # the buffer holds no copy of layer 0
+    rs.reset()
+    for layer in rs.layers:
+        conv, ssm = rs.read(layer)
+        assert not conv.any() and not ssm.any()
+
+
+def test_recurrent_rollback_replays_from_a_graph(rng):
+    # snapshot + delta-rule step + restore, captured once and replayed: the state ends where it
+    # started, and the step's output is the same at every replay.
+    from bw24nb.cache.recurrent import RecurrentState
+    from bw24nb.graph import CudaGraph
+    rs = RecurrentState(_hybrid_config(), layers=[0])
+    start = _fill_random(rs, rng)
+    q, k, v, g, beta, _ = _rule_inputs(rng, 1)
+    ins = [cuda.to_device(a) for a in (q, k, v, g, beta)]
+    kh = cuda.to_device(value_to_key_head("qwen35", NK, NV).astype(np.int32))
+    o = _poisoned(1, NV, DV)
+    buf = rs.new_snapshot()
+    stream = cuda.stream()
+
+    def step():
+        rs.snapshot(into=buf, stream=stream)
+        launch_gated_delta_rule(*ins, kh, rs.ssm[0], o, stream=stream)
+        rs.restore(buf, stream=stream)
+
+    step()                                       # warm-up (compiles, loads) before capture
+    stream.synchronize()
+    o_first = o.copy_to_host()
+    with CudaGraph.capture(stream) as graph:
+        step()
+    for _ in range(2):
+        o.copy_to_device(np.full((1, NV, DV), np.nan, np.float32))
+        graph.replay()
+        stream.synchronize()
+        np.testing.assert_array_equal(o.copy_to_host(), o_first)
+        np.testing.assert_array_equal(rs.read(0)[1], start[0][1])
+    o_ref, _ = _reference_rule(gated_delta_rule_recurrent, q, k, v, g, beta, start[0][1],
+                               value_to_key_head("qwen35", NK, NV))
+    assert np.max(np.abs(o_first - o_ref)) <= RULE_REL * np.max(np.abs(o_ref))
