@@ -15,6 +15,8 @@ new sequence.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..formats.config import LINEAR_ATTENTION
@@ -104,6 +106,9 @@ class ReferenceModel:
         self.last_hidden: np.ndarray | None = None   # [H], before output_norm, last position
         self.position = 0
         self._mtp = None
+        # snapshot bookkeeping: positions the stack was rewound to since the last reset
+        self._sequence = 0
+        self._rewinds: list[int] = []
 
     def reset(self) -> None:
         """Forget the sequence: empty KV caches, zero recurrent/conv state, position 0."""
@@ -113,6 +118,8 @@ class ReferenceModel:
             self._mtp.reset()
         self.last_hidden = None
         self.position = 0
+        self._sequence += 1
+        self._rewinds = []
 
     def hidden_states(self, tokens, step: bool = False) -> np.ndarray:
         """Run the decoder stack on `tokens` (appending to the state): final hidden states
@@ -151,3 +158,101 @@ class ReferenceModel:
             from .mtp import MTPHead
             self._mtp = MTPHead(self.config, self.weights)
         return self._mtp.draft(hidden, next_token)
+
+    # ------------------------------------------------------------------ speculative decoding
+    # Additive helpers for bw24nb/spec.py: state snapshots (rollback) and the MTP head with its
+    # own output hidden state (chained drafting). Nothing above depends on them.
+
+    def snapshot(self) -> "ModelSnapshot":
+        """The sequence state now, for `restore`: copies of every Gated DeltaNet conv window and
+        recurrent state (small, fixed size), the KV caches' lengths (positions below a length
+        are never rewritten, so the length is enough), position, last_hidden, MTP length."""
+        mixers = []
+        for layer in self.layers:
+            m = layer.mixer
+            if hasattr(m, "ssm_state"):
+                mixers.append((m.conv_state.copy(), m.ssm_state.copy()))
+            else:
+                mixers.append(m.cache.length)
+        return ModelSnapshot(
+            sequence=self._sequence, n_rewinds=len(self._rewinds), position=self.position,
+            last_hidden=None if self.last_hidden is None else self.last_hidden.copy(),
+            mixers=mixers, mtp_length=None if self._mtp is None else self._mtp.position)
+
+    def restore(self, snap: "ModelSnapshot") -> None:
+        """Return to `snap`'s state: KV caches truncate, recurrent/conv states are copied back.
+
+        Valid while nothing the snapshot relies on was overwritten: same sequence (no reset
+        since), and no rewind since it below its position (the KV rows it keeps were then
+        recomputed, perhaps from other tokens). The MTP head, if the snapshot saw it, is
+        truncated back to its length then (it must not have been truncated below it)."""
+        if snap.sequence != self._sequence:
+            raise ValueError("snapshot is from an earlier sequence (the model was reset since)")
+        if snap.position > self.position or \
+                any(p < snap.position for p in self._rewinds[snap.n_rewinds:]):
+            raise ValueError(f"snapshot at position {snap.position} is stale: the sequence was "
+                             f"rewound below it since it was taken")
+        if snap.mtp_length is not None and self._mtp is not None \
+                and self._mtp.position < snap.mtp_length:
+            raise ValueError(f"snapshot's MTP length {snap.mtp_length} > the head's "
+                             f"{self._mtp.position}: the head was truncated since")
+        for layer, saved in zip(self.layers, snap.mixers):
+            m = layer.mixer
+            if isinstance(saved, tuple):
+                m.conv_state, m.ssm_state = saved[0].copy(), saved[1].copy()
+            else:
+                m.cache.truncate(saved)
+        if snap.mtp_length is not None and self._mtp is not None:
+            self._mtp.truncate(snap.mtp_length)
+        if snap.position < self.position:
+            self._rewinds.append(snap.position)
+        self.position = snap.position
+        self.last_hidden = None if snap.last_hidden is None else snap.last_hidden.copy()
+
+    @property
+    def mtp(self):
+        """The MTP head (`reference.mtp.MTPHead`), built on first use, reset with the model."""
+        if not self.config.mtp_num_hidden_layers:
+            raise ValueError(f"family {self.config.family!r} checkpoint has no MTP head")
+        if self._mtp is None:
+            from .mtp import MTPHead
+            self._mtp = MTPHead(self.config, self.weights)
+        return self._mtp
+
+    def normed_hidden(self, h: np.ndarray) -> np.ndarray:
+        """`rms_norm(h) * output_norm`: the LM head's input, and what the MTP head consumes
+        (`logits(h) == linear(normed_hidden(h), output)` bit for bit)."""
+        return rms_norm(h, self.output_norm, self.eps)
+
+    def mtp_forward(self, normed, next_tokens, vocab=None) -> tuple[np.ndarray, np.ndarray]:
+        """The MTP head on already-normed hidden states (`normed_hidden` of the main model, or
+        the head's own previous output): appends T pairs, returns `(logits[T, V or len(vocab)],
+        out[T, H])` where `out = rms_norm(y) * shared_head_norm` is the head's normed output —
+        what the next chained draft step consumes in place of the main model's hidden (vLLM's
+        MTP proposer chains the same way). `vocab`: only these LM-head rows (FR-Spec trim).
+
+        `mtp_forward(normed_hidden(h), t)[0]` equals `MTPHead.forward(h, t)` bit for bit (the
+        same operations, the output norm applied once outside instead of inside)."""
+        head = self.mtp
+        h = np.atleast_2d(np.asarray(normed, dtype=F32))
+        next_tokens = np.asarray(next_tokens, dtype=np.int64).reshape(-1)
+        if next_tokens.shape[0] != h.shape[0]:
+            raise ValueError(f"{h.shape[0]} hidden states but {next_tokens.shape[0]} tokens")
+        e = head.embed[next_tokens].astype(F32)
+        x = np.concatenate([rms_norm(e, head.enorm, head.eps), rms_norm(h, head.hnorm, head.eps)], -1)
+        x = linear(x, head.eh_proj)
+        y = head.layer.forward(x, step=x.shape[0] == 1)
+        out = rms_norm(y, head.head_norm, head.eps)
+        W = head.head if vocab is None else head.head[np.asarray(vocab, dtype=np.int64)]
+        return linear(out, W), out
+
+
+@dataclass
+class ModelSnapshot:
+    """`ReferenceModel.snapshot()`: enough to return to a point of the current sequence."""
+    sequence: int                 # ReferenceModel reset count when taken
+    n_rewinds: int                # rewinds recorded when taken (later ones may invalidate it)
+    position: int
+    last_hidden: np.ndarray | None
+    mixers: list                  # per layer: KV length (attention) | (conv_state, ssm_state)
+    mtp_length: int | None
