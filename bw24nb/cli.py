@@ -78,7 +78,9 @@ def inspect(model):
 @click.option("--ctx", default=4096, type=click.IntRange(16), help="Context length (tokens).")
 @click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default="auto")
 @click.option("--gate/--no-gate", default=True, help="Run the prefill-vs-decode argmax gate first.")
-def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, backend, gate):
+@click.option("--spec-k", default=0, type=click.IntRange(0, 8),
+              help="MTP speculative decoding with K drafted tokens (0: off; needs an MTP head).")
+def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, backend, gate, spec_k):
     """Generate text from MODEL (default: the pulled default model), streaming it."""
     from . import backends
     from .generate import GenerationStats, argmax_gate, generate
@@ -94,6 +96,13 @@ def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, b
     if gate:
         gate_ok, a, b = argmax_gate(lm.backend, ids)
         click.echo("gate: MATCH" if gate_ok else f"gate: MISMATCH (prefill {a} vs decode {b})", err=True)
+    if spec_k:
+        from .spec import gen_speculative
+        gen_speculative(lm, ids, max_tokens, SamplingParams(temperature, top_k, top_p, seed), spec_k,
+                        gate=gate, echo=lambda t: click.echo(t, nl=False),
+                        err=lambda m: click.echo(m, err=True))
+        click.echo()
+        return
     stats = GenerationStats()
     first = None
     for piece in generate(lm.backend, lm.tokenizer, ids, max_tokens,
@@ -125,6 +134,28 @@ def serve(model, host, port, api_key, ctx, backend, queue_size, model_name):
     run_server(_model_path(model), host=host, port=port, api_key=api_key, n_ctx=ctx,
                backend=backend, queue_size=queue_size, model_name=model_name)
 
+
+@main.command("kernel-check")
+@click.option("--size", type=click.Choice(["auto", "tiny", "real"]), default="auto",
+              help="tiny: simulator-friendly shapes; real: the served models' shapes (needs a "
+                   "GPU); auto: real on a GPU, tiny otherwise.")
+@click.option("--seed", default=None, type=int, help="Replay a run (default: fresh, printed).")
+@click.option("--only", default=None, metavar="PATTERN",
+              help="Run only the checks matching these comma-separated globs; '!glob' "
+                   "excludes (e.g. 'matvec*,matmul' or '!moe*').")
+def kernel_check(size, seed, only):
+    """Every kernel against its numpy reference on fresh random inputs: a table of errors and
+    bounds; exits 1 on any failure."""
+    from .kernel_check import main as run
+    sys.exit(run(size=size, seed=seed, only=only))
+
+
+def _register_subcommands():
+    from .spec import register_cli
+    register_cli(main)
+
+
+_register_subcommands()
 
 if __name__ == "__main__":
     main()

@@ -56,6 +56,9 @@ _Q8_0 = int(QType.Q8_0)
 _Q5_1 = int(QType.Q5_1)
 _F16 = int(QType.F16)
 QK = 32                       # values per Q8_0 / Q5_1 block (and per store-kernel thread)
+# An F16 cache has no blocks: a store thread writes F16_GROUP values, so any head_dim that is a
+# multiple of 8 works (the tiny test models have head_dim 16 or 24).
+F16_GROUP = 8
 
 K_TYPE_DEFAULT = QType.Q8_0
 V_TYPE_DEFAULT = QType.Q5_1
@@ -80,9 +83,16 @@ def kv_row_bytes(qtype, head_dim: int) -> int:
     if qt not in KV_TYPES:
         raise ValueError(f"KV cache type {qt.name} not supported; choose one of "
                          + ", ".join(t.name for t in KV_TYPES))
-    if head_dim % QK:
-        raise ValueError(f"head_dim {head_dim} must be a multiple of {QK} for the KV cache")
+    group = _host_group(qt)
+    if head_dim % group:
+        raise ValueError(f"head_dim {head_dim} must be a multiple of {group} for a {qt.name} "
+                         f"KV cache" + (" (use F16 for narrower heads)" if qt != QType.F16 else ""))
     return row_bytes(qt, head_dim)
+
+
+def _host_group(qt) -> int:
+    """Values one store thread encodes: a whole block for Q8_0/Q5_1, F16_GROUP for F16."""
+    return F16_GROUP if int(qt) == _F16 else QK
 
 
 def kv_cache_bytes(config, ctx: int, k_type=K_TYPE_DEFAULT, v_type=V_TYPE_DEFAULT,
@@ -128,6 +138,13 @@ def kv_load(rows_u8, rows_f16, qtype, h, pos, e):
         return d * float32(nib | (hbit << 4)) + m
     else:
         return f16_at(rows_f16, h, pos, e)
+
+
+@cuda.jit(device=True, inline="always")
+def _group(qtype):
+    if qtype == _F16:
+        return F16_GROUP
+    return QK
 
 
 @cuda.jit(device=True)
@@ -187,8 +204,8 @@ def _encode_block(vals, h, pos, b, qtype, rows_u8, rows_f16):
         for i in range(4):
             rows_u8[h, pos, base + 4 + i] = (qh >> uint32(8 * i)) & uint32(255)
     else:
-        for j in range(QK):
-            rows_f16[h, pos, b * QK + j] = vals[j]
+        for j in range(F16_GROUP):
+            rows_f16[h, pos, b * F16_GROUP + j] = vals[j]
 
 
 @cuda.jit(device=True)
@@ -216,7 +233,8 @@ def kv_store(x, positions, qtype, rows_u8, rows_f16):
     vals = cuda.local.array(QK, float32)
     i = cuda.grid(1)
     T, H, D = x.shape
-    nb = D // QK
+    grp = _group(qtype)
+    nb = D // grp
     if i >= T * H * nb:
         return
     b = i % nb
@@ -225,8 +243,8 @@ def kv_store(x, positions, qtype, rows_u8, rows_f16):
     pos = positions[t]
     if pos < 0 or pos >= rows_u8.shape[1]:
         return
-    for j in range(QK):
-        vals[j] = x[t, h, b * QK + j]
+    for j in range(grp):
+        vals[j] = x[t, h, b * grp + j]
     _encode_block(vals, h, pos, b, qtype, rows_u8, rows_f16)
 
 
@@ -239,13 +257,17 @@ def kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8, 
     vals = cuda.local.array(QK, float32)
     i = cuda.grid(1)
     T, H, D = k.shape
-    nb = D // QK
-    n = T * H * nb
-    if i >= 2 * n:
+    k_grp = _group(k_type)
+    v_grp = _group(v_type)
+    n_k = T * H * (D // k_grp)
+    if i >= n_k + T * H * (D // v_grp):
         return
-    is_v = i >= n
+    is_v = i >= n_k
+    grp = k_grp
     if is_v:
-        i -= n
+        i -= n_k
+        grp = v_grp
+    nb = D // grp
     b = i % nb
     h = (i // nb) % H
     t = i // (nb * H)
@@ -253,25 +275,26 @@ def kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8, 
     if pos < 0 or pos >= k_u8.shape[1]:
         return
     if is_v:
-        for j in range(QK):
-            vals[j] = v[t, h, b * QK + j]
+        for j in range(grp):
+            vals[j] = v[t, h, b * grp + j]
         _encode_block(vals, h, pos, b, v_type, v_u8, v_f16)
     else:
         half = inv_freq.shape[0]
         angle_pos = float32(pos)
-        for j in range(QK):
-            vals[j] = _roped_value(k, t, h, b * QK + j, half, angle_pos, inv_freq)
+        for j in range(grp):
+            vals[j] = _roped_value(k, t, h, b * grp + j, half, angle_pos, inv_freq)
         _encode_block(vals, h, pos, b, k_type, k_u8, k_f16)
 
 
 def _check_rows(x, qtype, rows_u8):
     T, H, D = x.shape
-    if D % QK:
-        raise ValueError(f"head_dim {D} must be a multiple of {QK}")
+    if D % _host_group(qtype):
+        raise ValueError(f"head_dim {D} must be a multiple of {_host_group(qtype)} for "
+                         f"{QType(int(qtype)).name}")
     if rows_u8.shape[0] != H or rows_u8.shape[2] != kv_row_bytes(qtype, D):
         raise ValueError(f"cache rows {tuple(rows_u8.shape)} do not fit x {tuple(x.shape)} "
                          f"as {QType(int(qtype)).name}")
-    return T * H * (D // QK)
+    return T * H * (D // _host_group(qtype))
 
 
 def launch_kv_store(x, positions, qtype, rows_u8, rows_f16, stream=0):
@@ -288,12 +311,13 @@ def launch_kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type,
     """Fused `launch_rope(k) + launch_kv_store(k) + launch_kv_store(v)` in one launch; k is
     left unrotated in memory. `inv_freq` from bw24nb.kernels.rope.rope_inv_freq (on device),
     or a zero-length float32 device array for no RoPE."""
-    n = _check_rows(k, k_type, k_u8)
-    if _check_rows(v, v_type, v_u8) != n or v_u8.shape[1] != k_u8.shape[1]:
+    n_k = _check_rows(k, k_type, k_u8)
+    n_v = _check_rows(v, v_type, v_u8)
+    if tuple(k.shape) != tuple(v.shape) or v_u8.shape[1] != k_u8.shape[1]:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} / caches do not match")
     if 2 * inv_freq.shape[0] > k.shape[2]:
         raise ValueError(f"rotary_dim {2 * inv_freq.shape[0]} exceeds head_dim {k.shape[2]}")
-    grid = (2 * n + STORE_THREADS - 1) // STORE_THREADS
+    grid = (n_k + n_v + STORE_THREADS - 1) // STORE_THREADS
     kv_store_rope[grid, STORE_THREADS, stream](k, v, positions, inv_freq, np.int32(k_type), k_u8,
                                                k_f16, np.int32(v_type), v_u8, v_f16)
 

@@ -1,0 +1,518 @@
+"""The GPU engine: device weights, caches and workspace; prefill(tokens) and decode steps.
+
+Read it like llama2.c's `forward()`: `_layer_launches` walks one decoder block top to bottom,
+one kernel launch per step, for T tokens at once (T = 1 is a decode step). The same recipe as
+the numpy reference (`reference/model.py`), which it is gated against.
+
+A decode step is a list of named launch closures (`_decode_step`). Eagerly it is just run; for
+speed it is captured once into a CUDA graph (`graph.CudaGraph`) and replayed per token: the
+input token and its position live in device memory and the step's last kernel advances them
+(`kernels/step.py`), so the only per-token traffic is reading back the 4-byte sampled token.
+The same list run with CUDA events around each launch is the per-kernel profile.
+
+Every buffer is allocated in `__init__` (graph capture forbids allocation).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from . import device
+from .cache.kv import K_TYPE_DEFAULT, V_TYPE_DEFAULT, KVCache
+from .cache.recurrent import RecurrentState
+from .errors import ContextOverflow, OutOfDeviceMemory
+from .formats.config import LINEAR_ATTENTION
+from .graph import CudaGraph
+from .kernels import (activation, attention, embedding, gated_deltanet, matmul, matvec, moe, norm,
+                      rope, sampling, step)
+from .quant import QType, quantize
+
+# Prompt tokens per prefill launch sequence: bounds the prefill workspace (T x FFN floats).
+PREFILL_CHUNK = 512
+
+# 2-D tensors a kernel reads as plain float32 arrays (not through a matvec): the depthwise conv.
+FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
+
+
+@dataclass
+class DeviceWeight:
+    """One weight on the device: its GGUF block bytes (matrices) or float32 values (vectors)."""
+    buf: object            # DeviceNDArray
+    qtype: QType
+    shape: tuple           # numpy order: (out, in) or (E, out, in) or (n,)
+
+    @property
+    def rows(self) -> int:
+        return self.shape[-2]
+
+    @property
+    def cols(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.size * self.buf.dtype.itemsize
+
+
+def _lossless_qtype(x: np.ndarray) -> QType:
+    """The narrowest float type that holds every value of `x` exactly (F16, BF16 or F32).
+
+    HF checkpoints are float; after the loader's transforms (norm +1, -exp(A_log), head
+    reorders) their matrices are still exactly representable in the dtype they were stored in,
+    so uploading in that dtype keeps the engine bit-comparable with the reference."""
+    with np.errstate(over="ignore"):
+        if np.array_equal(x.astype(np.float16).astype(np.float32), x):
+            return QType.F16
+    bf = (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    if np.array_equal(bf, x):
+        return QType.BF16
+    return QType.F32
+
+
+class DeviceWeights:
+    """Name -> DeviceWeight under the internal (llama.cpp GGUF) names."""
+
+    def __init__(self, source, log=print):
+        self.source = source
+        self.tensors: dict[str, DeviceWeight] = {}
+        if source.format == "gguf":
+            self._from_gguf(source)
+        else:
+            self._from_float(source, log)
+
+    def _put_raw(self, name, raw, qtype, shape):
+        qtype = QType(int(qtype))
+        if len(shape) == 1 or name.endswith(FLOAT_TENSOR_SUFFIXES):
+            vals = self.source.dequantize(name)
+            self.tensors[name] = DeviceWeight(cuda.to_device(np.ascontiguousarray(vals, np.float32)),
+                                              QType.F32, tuple(shape))
+        else:
+            self.tensors[name] = DeviceWeight(cuda.to_device(np.ascontiguousarray(raw).reshape(-1)),
+                                              qtype, tuple(shape))
+
+    def _from_gguf(self, source):
+        # GGUF tensors already carry the internal names and llama.cpp's transforms.
+        for name in source.names():
+            info = source.info(name)
+            self._put_raw(name, source.raw(name), info.qtype, info.shape)
+
+    def _from_float(self, source, log):
+        from .models import load_weights
+        weights = load_weights(source)
+        for name, x in weights.items():
+            x = np.ascontiguousarray(x, np.float32)
+            if x.ndim == 1 or name.endswith(FLOAT_TENSOR_SUFFIXES):
+                self.tensors[name] = DeviceWeight(cuda.to_device(x), QType.F32, x.shape)
+            else:
+                qt = _lossless_qtype(x)
+                self.tensors[name] = DeviceWeight(cuda.to_device(quantize(x, qt).reshape(-1)),
+                                                  qt, x.shape)
+
+    def get(self, name):
+        return self.tensors.get(name)
+
+    def __getitem__(self, name) -> DeviceWeight:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            from .errors import MissingTensor
+            raise MissingTensor(self.source.path, f"tensor {name!r} is missing") from None
+
+    def blk(self, i, suffix):
+        return self[f"blk.{i}.{suffix}"]
+
+    def blk_opt(self, i, suffix):
+        return self.tensors.get(f"blk.{i}.{suffix}")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in self.tensors.values())
+
+
+class Workspace:
+    """Activations for T tokens at once (T = 1: decode; T = PREFILL_CHUNK: prefill)."""
+
+    def __init__(self, config, T: int, n_splits: int):
+        c = config
+        f = np.float32
+        H, D, Hq, Hkv = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
+        F = max(c.intermediate_size, c.moe_intermediate_size, c.shared_expert_intermediate_size, 1)
+        q_width = Hq * D * (2 if c.attn_output_gate else 1)
+        self.T = T
+        self.h = cuda.device_array((T, H), f)           # the residual stream
+        self.x = cuda.device_array((T, H), f)           # normed input of a sub-block
+        self.qg = cuda.device_array((T, q_width), f)    # q projection ([query|gate] when gated)
+        self.q = cuda.device_array((T, Hq, D), f)
+        self.gate = cuda.device_array((T, Hq, D), f)
+        self.k = cuda.device_array((T, Hkv, D), f)
+        self.v = cuda.device_array((T, Hkv, D), f)
+        self.attn = cuda.device_array((T, Hq, D), f)
+        self.g = cuda.device_array((T, F), f)
+        self.u = cuda.device_array((T, F), f)
+        if c.linear_num_value_heads:            # Gated DeltaNet activations
+            nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads,
+                              c.linear_key_head_dim, c.linear_value_head_dim)
+            self.qkv = cuda.device_array((T, 2 * nk * dk + nv * dv), f)
+            self.z = cuda.device_array((T, nv, dv), f)
+            self.a = cuda.device_array((T, nv), f)
+            self.b = cuda.device_array((T, nv), f)
+            self.gq = cuda.device_array((T, nk, dk), f)
+            self.gk = cuda.device_array((T, nk, dk), f)
+            self.gv = cuda.device_array((T, nv, dv), f)
+            self.decay = cuda.device_array((T, nv), f)
+            self.beta = cuda.device_array((T, nv), f)
+            self.o = cuda.device_array((T, nv, dv), f)
+        self.ids = cuda.device_array(T, np.int32)
+        self.positions = cuda.device_array(T, np.int32)
+        self.part_ml, self.part_acc = attention.alloc_decode_partials(T, Hq, D, n_splits) \
+            if T == 1 else (None, None)
+
+
+class Engine:
+    """The GPU backend behind generate.Backend: reset / prefill / decode (+ a greedy fast path)."""
+
+    def __init__(self, source, n_ctx: int = 4096, log=print, k_type=K_TYPE_DEFAULT,
+                 v_type=V_TYPE_DEFAULT, vram_budget: int | None = None, use_graph: bool = True):
+        self.config = c = source.config
+        self._check_supported(c)
+        self.n_ctx = n_ctx
+        self.log = log
+        feats = device.current_features()
+        self.name = f"GPU engine (Numba-CUDA, {feats.name}" + \
+            (", simulator)" if device.simulator_enabled() else ")")
+        self.stream = cuda.stream()
+        t0 = time.perf_counter()
+        self.w = DeviceWeights(source, log)
+        if c.head_dim % 32 and (k_type != QType.F16 or v_type != QType.F16):
+            # q8_0 / q5_1 blocks hold 32 values of one head; tiny test models have narrower heads
+            log(f"engine: head_dim {c.head_dim} is not a multiple of 32; KV cache in F16")
+            k_type = v_type = QType.F16
+        self.kv = KVCache.for_model(c, n_ctx, k_type, v_type)
+        self.rs = RecurrentState(c) if c.linear_num_value_heads else None
+        if c.linear_num_value_heads:
+            from .models.qwen35 import value_to_key_head
+            self.key_head = cuda.to_device(np.ascontiguousarray(value_to_key_head(
+                c.family, c.linear_num_key_heads, c.linear_num_value_heads), np.int32))
+        self.experts = {i: self._expert_weights(i) for i in range(c.num_hidden_layers)
+                        if c.is_moe_layer(i)}
+        self._moe_scratch = {}
+        self._check_budget(vram_budget)
+        self.output = self.w.get("output.weight") or self.w["token_embd.weight"]
+        self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
+        n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
+        self.ws1 = Workspace(c, 1, n_splits)
+        self.wsp = Workspace(c, min(PREFILL_CHUNK, n_ctx), n_splits)
+        self.logits = cuda.device_array(self.output.rows, np.float32)
+        self.sample_ws = sampling.SampleWorkspace(self.output.rows)
+        self.next_token = cuda.device_array(1, np.int32)
+        self.use_graph = use_graph
+        self._graph = None
+        self.position = 0
+        self.load_s = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ setup checks
+
+    @staticmethod
+    def _check_supported(c):
+        from .kernels.gated_deltanet import GDN_DK_MAX
+        if c.linear_num_value_heads and c.linear_key_head_dim > GDN_DK_MAX:
+            from .errors import UnsupportedArchitecture
+            raise UnsupportedArchitecture(f"{c.source}: linear_key_head_dim {c.linear_key_head_dim}"
+                                          f" exceeds the delta-rule kernel's {GDN_DK_MAX}")
+
+    def _expert_weights(self, i) -> "moe.ExpertWeights":
+        c, w = self.config, self.w
+        gate, up, down = (w.blk(i, f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+        kw = {}
+        sh = w.blk_opt(i, "ffn_down_shexp.weight")
+        if sh is not None:
+            g, u = w.blk(i, "ffn_gate_shexp.weight"), w.blk(i, "ffn_up_shexp.weight")
+            gi = w.blk_opt(i, "ffn_gate_inp_shexp.weight")
+            kw = dict(shared_ffn=g.rows, sh_gate=g.buf, sh_gate_type=g.qtype, sh_up=u.buf,
+                      sh_up_type=u.qtype, sh_down=sh.buf, sh_down_type=sh.qtype,
+                      sh_gate_inp=None if gi is None else gi.buf,
+                      sh_gate_inp_type=None if gi is None else gi.qtype)
+        router = w.blk(i, "ffn_gate_inp.weight")
+        return moe.ExpertWeights(
+            n_experts=gate.shape[0], top_k=c.num_experts_per_tok, hidden=c.hidden_size,
+            ffn=gate.shape[1], norm_topk_prob=c.norm_topk_prob, router=router.buf,
+            router_type=router.qtype, gate=gate.buf, gate_type=gate.qtype, up=up.buf,
+            up_type=up.qtype, down=down.buf, down_type=down.qtype, **kw)
+
+    def _scratch(self, i, T):
+        """MoE scratch for T tokens (decode: allocated at capture time; prefill: per chunk size)."""
+        key = (T,)
+        if key not in self._moe_scratch:
+            any_w = next(iter(self.experts.values()))
+            self._moe_scratch[key] = moe.MoEScratch(T, any_w)
+        return self._moe_scratch[key]
+
+    def _check_budget(self, budget):
+        need = self.w.nbytes + self.kv.nbytes
+        free, total = cuda.current_context().get_memory_info()
+        limit = min(free, budget) if budget else free
+        if need > limit:
+            raise OutOfDeviceMemory(
+                f"weights {self.w.nbytes / 2**30:.2f} GiB + KV cache {self.kv.nbytes / 2**30:.2f} "
+                f"GiB = {need / 2**30:.2f} GiB do not fit the {limit / 2**30:.2f} GiB available "
+                f"(device free {free / 2**30:.2f} of {total / 2**30:.2f} GiB); lower --ctx")
+
+    # ------------------------------------------------------------------ the recipe
+
+    def _mv(self, w: DeviceWeight, x, y, ws_T, bias=None, residual=None):
+        """y = W x (+b) (+r) for T rows: matvec when T == 1, tiled matmul otherwise."""
+        s = self.stream
+        if ws_T == 1:
+            matvec.launch_matvec(w.buf, w.qtype, w.rows, w.cols, x.reshape(x.size), y.reshape(y.size),
+                                 bias=None if bias is None else bias.buf,
+                                 residual=None if residual is None else residual.reshape(residual.size),
+                                 stream=s)
+        else:
+            matmul.launch_matmul(w.buf, w.qtype, w.rows, w.cols, x, y,
+                                 bias=None if bias is None else bias.buf, residual=residual, stream=s)
+
+    def _layer_launches(self, i: int, ws: Workspace, T: int) -> list:
+        """The launches of decoder block i for the first T rows of `ws`, as named closures:
+        h += mixer(norm(h)); h += mlp(norm(h))."""
+        c, w, s = self.config, self.w, self.stream
+        h, x = ws.h[:T], ws.x[:T]
+        post = w.blk_opt(i, "ffn_norm.weight") or w.blk(i, "post_attention_norm.weight")
+        L = [("attn_norm", lambda: norm.launch_rms_norm(h, w.blk(i, "attn_norm.weight").buf,
+                                                        c.rms_norm_eps, x, s))]
+        if c.layer_type(i) == LINEAR_ATTENTION:
+            L += self._gdn_launches(i, ws, T)
+        else:
+            L += self._attention_launches(i, ws, T)
+        L.append(("ffn_norm", lambda: norm.launch_rms_norm(h, post.buf, c.rms_norm_eps, x, s)))
+        L += self._moe_launches(i, ws, T) if c.is_moe_layer(i) else self._mlp_launches(i, ws, T)
+        return L
+
+    def _attention_launches(self, i: int, ws: Workspace, T: int) -> list:
+        """h += o_proj(attention(rope(norm(q)), rope(norm(k)), v)) [* sigmoid(gate)]."""
+        c, w, s = self.config, self.w, self.stream
+        eps = c.rms_norm_eps
+        D, Hq, Hkv = c.head_dim, c.num_attention_heads, c.num_key_value_heads
+        h, x = ws.h[:T], ws.x[:T]
+        q, k, v, attn = ws.q[:T], ws.k[:T], ws.v[:T], ws.attn[:T]
+        pos = ws.positions[:T]
+        slot = self.kv.slot(i)
+        k_u8, k_f16, v_u8, v_f16 = self.kv.layer(slot)
+        L = []
+        add = L.append
+        if c.attn_output_gate:
+            qg = ws.qg[:T]
+            add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, qg, T)))
+            add(("split_q_gate", lambda: rope.launch_split_q_gate(qg, q, ws.gate[:T], s)))
+        else:
+            add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, q.reshape(T, Hq * D), T,
+                                            bias=w.blk_opt(i, "attn_q.bias"))))
+        add(("attn_k", lambda: self._mv(w.blk(i, "attn_k.weight"), x, k.reshape(T, Hkv * D), T,
+                                        bias=w.blk_opt(i, "attn_k.bias"))))
+        add(("attn_v", lambda: self._mv(w.blk(i, "attn_v.weight"), x, v.reshape(T, Hkv * D), T,
+                                        bias=w.blk_opt(i, "attn_v.bias"))))
+        if c.qk_norm:
+            add(("q_norm", lambda: norm.launch_head_rms_norm(q, w.blk(i, "attn_q_norm.weight").buf, eps, q, s)))
+            add(("k_norm", lambda: norm.launch_head_rms_norm(k, w.blk(i, "attn_k_norm.weight").buf, eps, k, s)))
+        # RoPE: q in place; k on its way into the cache (one fused store of K and V)
+        add(("rope_q", lambda: rope.launch_rope(q, pos, self.inv_freq, s)))
+        add(("kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq, stream=s)))
+        if T == 1:
+            add(("attention", lambda: attention.launch_flash_decode(
+                q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
+                ws.part_ml, ws.part_acc, stream=s)))
+        else:
+            add(("attention", lambda: attention.launch_flash_attn_cache(
+                q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))
+        if c.attn_output_gate:
+            add(("attn_gate", lambda: activation.launch_sigmoid_mul(attn, ws.gate[:T], s)))
+        add(("attn_output", lambda: self._mv(w.blk(i, "attn_output.weight"), attn.reshape(T, Hq * D),
+                                             h, T, bias=w.blk_opt(i, "attn_output.bias"), residual=h)))
+        return L
+
+    def _gdn_launches(self, i: int, ws: Workspace, T: int) -> list:
+        """h += ssm_out(gated_norm(delta_rule(prep(silu(conv(qkv)))), z)) — Gated DeltaNet."""
+        c, w, s = self.config, self.w, self.stream
+        nv, dv = c.linear_num_value_heads, c.linear_value_head_dim
+        h, x = ws.h[:T], ws.x[:T]
+        qkv, z, a, b = ws.qkv[:T], ws.z[:T], ws.a[:T], ws.b[:T]
+        gq, gk, gv, g, beta, o = ws.gq[:T], ws.gk[:T], ws.gv[:T], ws.decay[:T], ws.beta[:T], ws.o[:T]
+        conv_w = w.blk(i, "ssm_conv1d.weight").buf
+        return [
+            ("gdn_qkv", lambda: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T)),
+            ("gdn_z", lambda: self._mv(w.blk(i, "attn_gate.weight"), x, z.reshape(T, nv * dv), T)),
+            ("gdn_beta", lambda: self._mv(w.blk(i, "ssm_beta.weight"), x, b, T)),
+            ("gdn_alpha", lambda: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T)),
+            ("gdn_conv", lambda: gated_deltanet.launch_conv1d_silu(qkv, conv_w, self.rs.conv[i], qkv, s)),
+            ("gdn_prep", lambda: gated_deltanet.launch_gdn_prep(
+                qkv, a, b, w.blk(i, "ssm_dt.bias").buf, w.blk(i, "ssm_a").buf, gq, gk, gv, g, beta,
+                stream=s)),
+            ("gdn_rule", lambda: gated_deltanet.launch_gated_delta_rule(
+                gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s)),
+            ("gdn_norm", lambda: gated_deltanet.launch_gdn_output_norm(
+                o, z, w.blk(i, "ssm_norm.weight").buf, c.rms_norm_eps, o, s)),
+            ("gdn_out", lambda: self._mv(w.blk(i, "ssm_out.weight"), o.reshape(T, nv * dv), h, T,
+                                         residual=h)),
+        ]
+
+    def _mlp_launches(self, i: int, ws: Workspace, T: int) -> list:
+        """h += down(silu(gate(x)) * up(x))."""
+        w, s = self.w, self.stream
+        h, x = ws.h[:T], ws.x[:T]
+        F = w.blk(i, "ffn_gate.weight").rows
+        g, u = (ws.g[0, :F], ws.u[0, :F]) if T == 1 else (ws.g[:T, :F], ws.u[:T, :F])
+        return [
+            ("ffn_gate", lambda: self._mv(w.blk(i, "ffn_gate.weight"), x, g, T)),
+            ("ffn_up", lambda: self._mv(w.blk(i, "ffn_up.weight"), x, u, T)),
+            ("swiglu", lambda: activation.launch_swiglu(g, u, g, s)),
+            ("ffn_down", lambda: self._mv(w.blk(i, "ffn_down.weight"), g, h, T, residual=h)),
+        ]
+
+    def _moe_launches(self, i: int, ws: Workspace, T: int) -> list:
+        """h += sum_k w_k expert_k(x) [+ sigmoid(gate) shared(x)] — one fixed-grid block."""
+        h, x = ws.h[:T], ws.x[:T]
+        scratch = self._scratch(i, T)
+        return [("moe", lambda: moe.launch_moe_block(x, self.experts[i], scratch, h, residual=h,
+                                                     stream=self.stream))]
+
+    def _head_launches(self, ws: Workspace, row: int) -> list:
+        """Final norm of one row + LM head into self.logits + argmax into self.next_token."""
+        c, s = self.config, self.stream
+        xr, hr = ws.x[row:row + 1], ws.h[row:row + 1]
+        out = self.output
+        return [
+            ("output_norm", lambda: norm.launch_rms_norm(hr, self.w["output_norm.weight"].buf,
+                                                         c.rms_norm_eps, xr, s)),
+            ("lm_head", lambda: matvec.launch_matvec(out.buf, out.qtype, out.rows, out.cols,
+                                                     xr.reshape(xr.size), self.logits, stream=s)),
+            ("argmax", lambda: sampling.launch_argmax(self.logits, self.next_token, self.sample_ws, s)),
+        ]
+
+    def _forward_launches(self, ws: Workspace, T: int) -> list:
+        tok = self.w["token_embd.weight"]
+        L = [("embedding", lambda: embedding.launch_embedding(
+            tok.buf, tok.qtype, tok.rows, tok.cols, ws.ids[:T], ws.h[:T], self.stream))]
+        for i in range(self.config.num_hidden_layers):
+            L += self._layer_launches(i, ws, T)
+        return L + self._head_launches(ws, T - 1)
+
+    def _decode_step(self) -> list:
+        ws = self.ws1
+        return self._forward_launches(ws, 1) + [
+            ("advance", lambda: step.launch_advance(ws.ids, self.next_token, ws.positions, self.stream))]
+
+    # ------------------------------------------------------------------ public API
+
+    def reset(self):
+        """Start a new sequence: zero the recurrent states. The KV cache needs no clearing:
+        positions past the sequence's length are never read."""
+        if self.rs is not None:
+            self.rs.reset(self.stream)
+        self.position = 0
+
+    def _run(self, launches):
+        for _, fn in launches:
+            fn()
+
+    def prefill(self, ids) -> np.ndarray:
+        """Run prompt tokens (appending to the sequence); logits of the last one (host float32)."""
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("prefill needs at least one token")
+        if self.position + ids.size > self.n_ctx:
+            raise ContextOverflow(f"{self.position} + {ids.size} tokens exceed the context of "
+                                  f"{self.n_ctx}; raise --ctx")
+        ws = self.wsp
+        for start in range(0, ids.size, ws.T):
+            chunk = ids[start:start + ws.T]
+            T = chunk.size
+            ws.ids[:T].copy_to_device(chunk, stream=self.stream)
+            ws.positions[:T].copy_to_device(
+                np.arange(self.position, self.position + T, dtype=np.int32), stream=self.stream)
+            self._run(self._forward_launches(ws, T))
+            self.position += T
+        # the decode step continues from here: its input token is set by decode()/the sampler
+        self.ws1.positions.copy_to_device(np.array([self.position], np.int32), stream=self.stream)
+        out = self.logits.copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return out
+
+    def _save_step_state(self):
+        """What one decode step mutates besides the KV row it writes: position, input token and
+        the recurrent states (warm-up and profiling must not advance the sequence)."""
+        snap = self.rs.snapshot(stream=self.stream) if self.rs is not None else None
+        return (self.ws1.positions.copy_to_host(stream=self.stream),
+                self.ws1.ids.copy_to_host(stream=self.stream), snap)
+
+    def _restore_step_state(self, saved):
+        pos, ids, snap = saved
+        self.ws1.positions.copy_to_device(pos, stream=self.stream)
+        self.ws1.ids.copy_to_device(ids, stream=self.stream)
+        if snap is not None:
+            self.rs.restore(snap, stream=self.stream)
+        self.stream.synchronize()
+
+    def _replay_decode(self):
+        if not self.use_graph:
+            self._run(self._decode_step())
+            return
+        if self._graph is None:
+            launches = self._decode_step()
+            # run every kernel once outside capture (compiles and loads its module), then undo
+            # the step so the captured graph starts from the same state
+            saved = self._save_step_state()
+            self._run(launches)
+            self._restore_step_state(saved)
+            with CudaGraph.capture(self.stream) as g:
+                self._run(launches)
+            self._graph = g
+        self._graph.replay(self.stream)
+
+    def decode(self, token: int) -> np.ndarray:
+        """One token in, logits of the next out (host float32)."""
+        if self.position >= self.n_ctx:
+            raise ContextOverflow(f"the context of {self.n_ctx} tokens is full")
+        self.ws1.ids.copy_to_device(np.array([token], np.int32), stream=self.stream)
+        self._replay_decode()
+        self.position += 1
+        out = self.logits.copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return out
+
+    def generate_greedy(self, ids, n: int, eos_ids=()) -> tuple[list[int], dict]:
+        """Greedy fast path: prefill, then n-1 graph replays reading back 4 bytes each.
+
+        Returns (tokens, timings) with prefill_s and decode_s (host wall clock, synchronized)."""
+        t0 = time.perf_counter()
+        self.prefill(ids)
+        tok = int(self.next_token.copy_to_host(stream=self.stream)[0])
+        t1 = time.perf_counter()
+        out = [tok]
+        host_tok = cuda.pinned_array(1, np.int32)
+        self.ws1.ids.copy_to_device(np.array([tok], np.int32), stream=self.stream)
+        while len(out) < n and tok not in eos_ids and self.position < self.n_ctx:
+            self._replay_decode()
+            self.position += 1
+            self.next_token.copy_to_host(host_tok, stream=self.stream)
+            self.stream.synchronize()
+            tok = int(host_tok[0])
+            out.append(tok)
+        t2 = time.perf_counter()
+        return out, {"prefill_s": t1 - t0, "decode_s": t2 - t1, "decode_tokens": len(out) - 1}
+
+    def profile_decode_step(self) -> list[tuple[str, float]]:
+        """Per-launch device time (ms) of one eager decode step, from CUDA events. Leaves the
+        sequence state as it was."""
+        saved = self._save_step_state()
+        rows = []
+        for name, fn in self._decode_step():
+            a, b = cuda.event(), cuda.event()
+            a.record(self.stream)
+            fn()
+            b.record(self.stream)
+            b.synchronize()
+            rows.append((name, cuda.event_elapsed_time(a, b)))
+        self._restore_step_state(saved)
+        return rows
