@@ -319,7 +319,7 @@ class Engine:
         # RoPE: q in place; k on its way into the cache (one fused store of K and V)
         add(("rope_q", lambda: rope.launch_rope(q, pos, self.inv_freq, s)))
         add(("kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq, stream=s)))
-        if T == 1:
+        if T == 1 and ws.part_ml is not None:      # the decode workspace: split-K attention
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml, ws.part_acc, stream=s)))

@@ -299,3 +299,13 @@ def test_simulator_flag_is_consistent():
     sim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
     assert (ptx.dp4a is twins.dp4a) == sim
     assert (ptx.mma_s8_m16n8k32 is twins.mma_s8_m16n8k32) == sim
+
+
+def test_ptx_files_are_ascii():
+    """ptxas rejects any non-ASCII byte, comments included (seen on the H200: 'Unexpected
+    non-ASCII character encountered on line 12' for an em dash in dp4a.ptx)."""
+    import pathlib
+    for path in pathlib.Path(__file__).resolve().parents[1].joinpath("bw24nb", "ptx").glob("*.ptx"):
+        data = path.read_bytes()
+        bad = [i for i, b in enumerate(data) if b > 127]
+        assert not bad, f"{path.name}: non-ASCII byte at offset {bad[0]}"
