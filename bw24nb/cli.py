@@ -68,15 +68,18 @@ def inspect(model):
 
 @main.command()
 @click.argument("model", required=False)
-@click.option("--prompt", "-p", default="Write a Python function that reverses a string.")
+@click.option("--prompt", "-p", default="Write a Python function that reverses a string.",
+              help="Prompt text.")
 @click.option("--chat/--no-chat", default=False, help="Wrap the prompt in the model's chat template.")
-@click.option("--max-tokens", "-n", default=128, type=click.IntRange(1))
-@click.option("--temperature", default=0.0, type=click.FloatRange(0.0))
-@click.option("--top-k", default=0, type=click.IntRange(0))
-@click.option("--top-p", default=1.0, type=click.FloatRange(0.0, 1.0, min_open=True))
-@click.option("--seed", default=None, type=int)
+@click.option("--max-tokens", "-n", default=128, type=click.IntRange(1), help="Tokens to generate at most.")
+@click.option("--temperature", default=0.0, type=click.FloatRange(0.0), help="0 = greedy.")
+@click.option("--top-k", default=0, type=click.IntRange(0), help="Keep the K most likely tokens (0: all).")
+@click.option("--top-p", default=1.0, type=click.FloatRange(0.0, 1.0, min_open=True),
+              help="Nucleus: smallest set of tokens with this much probability.")
+@click.option("--seed", default=None, type=int, help="Sampling seed (same seed, same tokens).")
 @click.option("--ctx", default=4096, type=click.IntRange(16), help="Context length (tokens).")
-@click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default="auto")
+@click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default="auto",
+              help="auto: the GPU engine when a GPU is present, else the numpy reference.")
 @click.option("--gate/--no-gate", default=True, help="Run the prefill-vs-decode argmax gate first.")
 @click.option("--spec-k", default=0, type=click.IntRange(0, 8),
               help="MTP speculative decoding with K drafted tokens (0: off; needs an MTP head).")

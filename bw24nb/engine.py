@@ -457,6 +457,9 @@ class Engine:
         self.stream.synchronize()
 
     def _replay_decode(self):
+        # the server drives the engine from its own thread: make the context current there
+        # (numba does this for its own calls; the graph replay goes through the driver API)
+        cuda.current_context()
         if not self.use_graph:
             self._run(self._decode_step())
             return
