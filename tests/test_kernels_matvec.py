@@ -14,6 +14,8 @@ from bw24nb.kernels import launch_matvec, launch_matvec_q8, launch_quantize_act
 from bw24nb.kernels.dequant import LAYOUTS, Q4_K_OFF_QS, Q5_K_OFF_QH, random_weight_bytes
 from bw24nb.kernels.matvec import MATVEC_Q8, matvec_q8_reference, matvec_reference
 from bw24nb.kernels.quantize_act import dequantize_act_q8, quantize_act_q8_reference
+from bw24nb.ptx import warp_sum
+from bw24nb.ptx.warp import warp_tree_sum_host
 from bw24nb.quant import QType, dequantize
 
 ALL_TYPES = list(LAYOUTS)
@@ -196,3 +198,87 @@ def test_matvec_q8_end_to_end(rng, qt):
     scale = wmag @ xa + np.abs(bias) + np.abs(residual)
     assert np.all(np.isfinite(y))
     np.testing.assert_array_less(np.abs(y - ref), FLOAT_PATH_REL * scale)
+
+
+# ---------------------------------------------------------------- warp_sum (bw24nb/ptx/warp.py)
+
+
+def _butterfly_all_lanes(vals):
+    """Independent statement of the GPU code: 32 lanes, v = v + shfl_xor(v, off) for
+    off = 16..1, every lane in float32. Returns all 32 lanes' results."""
+    v = np.array(vals, dtype=np.float32)
+    for off in (16, 8, 4, 2, 1):
+        v = (v + v[np.arange(32) ^ off]).astype(np.float32)
+    return v
+
+
+@cuda.jit
+def _warp_sum_kernel(vals, out):
+    t = cuda.grid(1)
+    out[t] = warp_sum(vals[t])
+
+
+def test_warp_sum_is_the_butterfly_bit_for_bit(rng):
+    # values spread over 40 binades, so the order of the additions decides the low bits
+    n = 64                                              # two warps in one block
+    vals = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(np.float32)
+    vals[:4] = [1e8, 1.0, -1e8, 3.0]                    # cancellation: order-sensitive
+    out = cuda.to_device(np.full(n, np.nan, np.float32))
+    _warp_sum_kernel[1, n](cuda.to_device(vals), out)
+    got = out.copy_to_host()
+    for w in range(2):
+        lanes = _butterfly_all_lanes(vals[32 * w:32 * w + 32])
+        assert np.all(lanes == lanes[0]), "the butterfly must give every lane the same value"
+        want = warp_tree_sum_host(vals[32 * w:32 * w + 32])
+        assert lanes[0] == want
+        np.testing.assert_array_equal(got[32 * w:32 * w + 32], np.full(32, want, np.float32))
+    # the test can tell orders apart: a left-to-right float32 sum of warp 0 differs here
+    seq = np.float32(0.0)
+    for v in vals[:32]:
+        seq = np.float32(seq + v)
+    assert seq != warp_tree_sum_host(vals[:32])
+
+
+def test_warp_sum_rejects_a_partial_warp():
+    with pytest.raises(Exception, match="partial warp"):
+        _warp_sum_kernel[1, 48](cuda.to_device(np.ones(48, np.float32)),
+                                cuda.to_device(np.zeros(48, np.float32)))
+
+
+@cuda.jit
+def _warp_sum_divergent(vals, out):
+    t = cuda.grid(1)
+    if t == 5:                                          # lane 5 leaves: undefined on the GPU
+        return
+    out[t] = warp_sum(vals[t])
+
+
+def test_warp_sum_rejects_a_lane_that_left():
+    with pytest.raises(Exception, match="finished without"):
+        _warp_sum_divergent[1, 32](cuda.to_device(np.ones(32, np.float32)),
+                                   cuda.to_device(np.zeros(32, np.float32)))
+
+
+def test_matvec_ptx_has_no_block_barrier():
+    """The decode matvec's PTX (sm_90) sums with shuffles and holds no bar.sync; compiled in a
+    subprocess without the simulator (compile_ptx does not exist under it)."""
+    import os
+    import subprocess
+    import sys
+    code = ("from numba import cuda\n"
+            "from bw24nb.kernels import matvec as m\n"
+            "for n in ('matvec_q5_0', 'matvec_q8_0', 'matvec_q8_q6_k'):\n"
+            "    ptx, _ = cuda.compile_ptx(getattr(m, n).py_func, m.PTX_SIGNATURES[n][0], cc=(9, 0))\n"
+            "    print(n, ptx.count('shfl.sync.bfly.b32'), ptx.count('bar.sync') + ptx.count('barrier.sync'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=900)
+    if proc.returncode != 0 and "NVVM" in proc.stderr:
+        pytest.skip("no NVVM to compile with (pip install 'numba-cuda[cu13]')")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split("\n")[:3]
+    for line in lines:
+        name, shfl, bars = line.split()
+        assert int(shfl) == 5 and int(bars) == 0, line

@@ -5,19 +5,31 @@ output row walks the row's blocks, lane l taking the row's "groups" l, l + 32, l
 (a group is 4 bytes of quants plus their high bits -- kernels/dequant.py defines each type's
 groups), so a warp's 32 lanes read consecutive bytes of the row at every step.
 
+Why it is fast (docs/decisions/0004-decode-matvec.md has the measurements):
+  * no block barrier anywhere: the lane partials meet in `warp_sum` (bw24nb/ptx/warp.py, five
+    shfl.sync), and a warp whose row is past M leaves as a whole before it;
+  * UNROLL groups per lane per step, with every load of the step unconditional (a group past the
+    row's end is clamped to the row's last group and its product dropped by a select), so the
+    compiler issues all of a step's loads before the first multiply: UNROLL x (4-8 bytes of
+    quants + high bits + scale) in flight per lane instead of one group's worth;
+  * the warp's loads stay coalesced: at each of a step's UNROLL slots the 32 lanes read 32
+    consecutive groups, i.e. one contiguous span of the row (Q8_0/Q5_0/Q6_K blocks are only
+    2-byte aligned, so lanes read 2-byte words: per-lane 16-byte vector loads are impossible
+    for them, and per-lane whole blocks would make each warp load instruction touch 9-17
+    cache lines instead of 2-5).
+
 Summation order (part of the exactness contract -- the numpy reference is float64, so this is
 what the tolerance covers, and what the argmax gate sees):
   1. group partial p_g: the group's 8 products w_e * x_e added left to right in float32, w_e the
      float32 weight the codec produces (dequant.py's docstring: run A, then run B);
-  2. lane sum s_l = ((p_l + p_{l+32}) + p_{l+64}) + ...  (ascending group index, float32);
+  2. lane sum s_l = ((p_l + p_{l+32}) + p_{l+64}) + ...  (ascending group index, float32; a
+     clamped slot past the row's end adds +0.0, which changes nothing but the sign of a zero);
   3. warp sum: tree over lanes with offsets 16, 8, 4, 2, 1 -- s_l += s_{l+off} for l < off --
-     the order a shfl_down butterfly gives, so a shuffle version returns bit-identical results;
+     which is what warp_sum's xor butterfly computes (every lane ends with s_0);
   4. y = (sum + bias) + residual.
-The GPU may fuse a multiply and the following add into one FMA (one rounding instead of two);
-the simulator does not. Both stay inside the tolerance the tests justify.
-
-The warp sum goes through shared memory with block barriers because numba's CUDA simulator has
-no shfl_sync (bw24nb/ptx/twins.py says why); with 4 warps a block it costs 6 barriers per row.
+This is the same order as the first (shared-memory, 6-barrier) kernel, so results are bit for
+bit what it gave. The GPU may fuse a multiply and the following add into one FMA (one rounding
+instead of two); the simulator does not. Both stay inside the tolerance the tests justify.
 
 Two paths:
   launch_matvec     float activations; the reference-exact default, every weight type.
@@ -32,37 +44,18 @@ import numpy as np
 from numba import cuda
 
 from ..quant.types import QType, row_bytes
+from ..ptx import warp_sum
 from .dequant import LAYOUTS, layout, weight_views
 
-# One warp per row; 4 rows per block keeps a 128-thread block (enough warps per SM to hide
-# latency at M >= 1024 without tuning; to be measured in the decode performance work).
+# One warp per row, 4 warps (128 threads) a block: the decode shapes have M = 128 .. 151936
+# rows, and at M = 128 a 4-warp block still spreads the rows over 32 blocks (8-warp blocks would
+# leave 116 of 132 SMs idle); for large M the SM holds 16 such blocks = 64 warps either way.
 WARPS_PER_BLOCK = 4
 THREADS = 32 * WARPS_PER_BLOCK
-
-
-@cuda.jit(device=True, inline="always")
-def warp_tree_sum(red, tid, lane, v):
-    """Sum of `v` over the 32 lanes of this thread's warp, in the shfl_down tree order
-    (offsets 16, 8, 4, 2, 1). `red` is a float32[THREADS] shared scratch; every thread of the
-    block must call this (it holds block barriers). The total is returned to every lane."""
-    red[tid] = v
-    cuda.syncthreads()
-    if lane < 16:
-        red[tid] += red[tid + 16]
-    cuda.syncthreads()
-    if lane < 8:
-        red[tid] += red[tid + 8]
-    cuda.syncthreads()
-    if lane < 4:
-        red[tid] += red[tid + 4]
-    cuda.syncthreads()
-    if lane < 2:
-        red[tid] += red[tid + 2]
-    cuda.syncthreads()
-    if lane < 1:
-        red[tid] += red[tid + 1]
-    cuda.syncthreads()
-    return red[tid - lane]
+# Groups per lane per step (see the module docstring). 4 covers a whole K = 896 row of Q5_0 /
+# Q8_0 (112 groups) in one step -- one DRAM round trip per row -- and keeps 16-40 bytes in
+# flight per lane for the long rows; the step body is written out 4 times below.
+UNROLL = 4
 
 
 @cuda.jit(device=True, inline="always")
@@ -75,23 +68,42 @@ def store_row(y, bias, residual, has_bias, has_residual, row, v):
     y[row] = v
 
 
+@cuda.jit(device=True, inline="always")
+def keep(p, g, ngroups):
+    """p when group g is inside the row, else +0.0 (the slot was clamped; see the docstring)."""
+    return p if g < ngroups else np.float32(0.0)
+
+
 def _make_matvec(lay):
     qk, ts, gpb, group_dot = lay.block, lay.type_size, lay.groups, lay.group_dot
 
+    @cuda.jit(device=True, inline="always")
+    def term(w8, w16, wh, row_off, g, x):
+        b = g // gpb
+        return group_dot(w8, w16, wh, row_off + b * ts, g - b * gpb, x, b * qk)
+
     def matvec(w8, w16, wh, M, K, x, y, bias, residual, has_bias, has_residual):
-        red = cuda.shared.array(THREADS, np.float32)
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        row = cuda.blockIdx.x * WARPS_PER_BLOCK + (tid >> 5)
+        lane = cuda.threadIdx.x & 31
+        row = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        if row >= M:                  # the whole warp leaves: warp_sum stays full-warp
+            return
+        nblk = K // qk
+        ngroups = nblk * gpb
+        last = ngroups - 1
+        row_off = np.int64(row) * (nblk * ts)
         acc = np.float32(0.0)
-        if row < M:
-            nblk = K // qk
-            row_off = np.int64(row) * (nblk * ts)
-            for g in range(lane, nblk * gpb, 32):
-                b = g // gpb
-                acc += group_dot(w8, w16, wh, row_off + b * ts, g - b * gpb, x, b * qk)
-        total = warp_tree_sum(red, tid, lane, acc)      # all threads: it holds barriers
-        if row < M and lane == 0:
+        for g in range(lane, ngroups, 32 * UNROLL):
+            # UNROLL = 4 slots; all loads unconditional (clamped), products kept in order
+            p0 = term(w8, w16, wh, row_off, g, x)
+            p1 = term(w8, w16, wh, row_off, min(g + 32, last), x)
+            p2 = term(w8, w16, wh, row_off, min(g + 64, last), x)
+            p3 = term(w8, w16, wh, row_off, min(g + 96, last), x)
+            acc += p0
+            acc += keep(p1, g + 32, ngroups)
+            acc += keep(p2, g + 64, ngroups)
+            acc += keep(p3, g + 96, ngroups)
+        total = warp_sum(acc)
+        if lane == 0:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
     matvec.__name__ = matvec.__qualname__ = f"matvec_{lay.name}"
@@ -101,20 +113,32 @@ def _make_matvec(lay):
 def _make_matvec_q8(lay):
     qk, ts, gpb, group_dot_q8 = lay.block, lay.type_size, lay.groups, lay.group_dot_q8
 
+    @cuda.jit(device=True, inline="always")
+    def term(w8, w16, wh, row_off, g, xq32, xd):
+        b = g // gpb
+        return group_dot_q8(w8, w16, wh, row_off + b * ts, g - b * gpb, xq32, xd, b * qk)
+
     def matvec_q8(w8, w16, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual):
-        red = cuda.shared.array(THREADS, np.float32)
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        row = cuda.blockIdx.x * WARPS_PER_BLOCK + (tid >> 5)
+        lane = cuda.threadIdx.x & 31
+        row = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        if row >= M:
+            return
+        nblk = K // qk
+        ngroups = nblk * gpb
+        last = ngroups - 1
+        row_off = np.int64(row) * (nblk * ts)
         acc = np.float32(0.0)
-        if row < M:
-            nblk = K // qk
-            row_off = np.int64(row) * (nblk * ts)
-            for g in range(lane, nblk * gpb, 32):
-                b = g // gpb
-                acc += group_dot_q8(w8, w16, wh, row_off + b * ts, g - b * gpb, xq32, xd, b * qk)
-        total = warp_tree_sum(red, tid, lane, acc)
-        if row < M and lane == 0:
+        for g in range(lane, ngroups, 32 * UNROLL):
+            p0 = term(w8, w16, wh, row_off, g, xq32, xd)
+            p1 = term(w8, w16, wh, row_off, min(g + 32, last), xq32, xd)
+            p2 = term(w8, w16, wh, row_off, min(g + 64, last), xq32, xd)
+            p3 = term(w8, w16, wh, row_off, min(g + 96, last), xq32, xd)
+            acc += p0
+            acc += keep(p1, g + 32, ngroups)
+            acc += keep(p2, g + 64, ngroups)
+            acc += keep(p3, g + 96, ngroups)
+        total = warp_sum(acc)
+        if lane == 0:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
     matvec_q8.__name__ = matvec_q8.__qualname__ = f"matvec_q8_{lay.name}"
@@ -137,6 +161,9 @@ PTX_SIGNATURES = {
     **{f"matvec_{LAYOUTS[qt].name}": [_SIG] for qt in MATVEC},
     **{f"matvec_q8_{LAYOUTS[qt].name}": [_SIG_Q8] for qt in MATVEC_Q8},
 }
+# the warp sum must be the shuffle butterfly (tests/test_compile_ptx.py checks the text; the
+# absence of bar.sync is checked by tests/test_kernels_matvec.py)
+EXPECTED_PTX = {name: ["shfl.sync.bfly.b32"] for name in PTX_SIGNATURES}
 
 
 # ---------------------------------------------------------------- launchers

@@ -48,7 +48,8 @@ from . import norm
 from .activation import launch_swiglu
 from .dequant import LAYOUTS, layout, weight_views
 from .matmul import launch_matmul
-from .matvec import THREADS, WARPS_PER_BLOCK, launch_matvec, warp_tree_sum
+from ..ptx import warp_sum
+from .matvec import THREADS, WARPS_PER_BLOCK, launch_matvec
 
 # Router block: up to ROUTER_THREADS_MAX threads (a power of two, block_sum's requirement);
 # 128 threads scan 512 experts (Qwen3-Next / Qwen3.5-MoE) in 4 steps per round.
@@ -167,7 +168,6 @@ def _make_expert_matvec(lay):
 
     def expert_matvec(w8, w16, wh, M, K, ids, x, y):
         """y[t, r, m] = W[ids[t, r], m, :] . x[t, :]; grid (ceil(M / 4), k, T)."""
-        red = cuda.shared.array(THREADS, np.float32)
         tid = cuda.threadIdx.x
         lane = tid & 31
         row = cuda.blockIdx.x * WARPS_PER_BLOCK + (tid >> 5)
@@ -182,7 +182,7 @@ def _make_expert_matvec(lay):
             for g in range(lane, nblk * gpb, 32):
                 b = g // gpb
                 acc += group_dot(w8, w16, wh, row_off + b * ts, g - b * gpb, xt, b * qk)
-        total = warp_tree_sum(red, tid, lane, acc)      # all threads: it holds barriers
+        total = warp_sum(acc)       # the whole warp shares `row`, so all 32 lanes take part
         if row < M and lane == 0:
             y[t, r, row] = total
 
@@ -198,7 +198,6 @@ def _make_moe_down(lay):
         """y[t, m] = sum_r wts[t, r] * (W[ids[t, r], m, :] . act[t, r, :]), r = 0..k-1 in order,
         then + gate * shared_y[t, m] (shared_mode 1: gate 1, 2: sigmoid(shared_gate[t])), then
         + residual[t, m]. Grid (ceil(M / 4), 1, T)."""
-        red = cuda.shared.array(THREADS, np.float32)
         tid = cuda.threadIdx.x
         lane = tid & 31
         row = cuda.blockIdx.x * WARPS_PER_BLOCK + (tid >> 5)
@@ -213,7 +212,7 @@ def _make_moe_down(lay):
                 for g in range(lane, nblk * gpb, 32):
                     b = g // gpb
                     acc += group_dot(w8, w16, wh, row_off + b * ts, g - b * gpb, xr, b * qk)
-            total = warp_tree_sum(red, tid, lane, acc)
+            total = warp_sum(acc)
             out += wts[t, r] * total
         if row < M and lane == 0:
             if shared_mode == 1:

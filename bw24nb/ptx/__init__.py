@@ -14,6 +14,9 @@
     fp4x2_to_f16x2(byte) -> uint32      two FP4 E2M1 codes -> packed f16x2 bits (low nibble low)
     fp4x2_to_f32x2(byte) -> (float32, float32)   (low nibble's value, high nibble's value)
     fp4_e2m1_to_f32(nibble) -> float32           value of code ``nibble & 0xF``
+    warp_sum(v) -> float32
+        Sum of a float32 over the 32 lanes of a converged warp, to every lane (``shfl.sync``
+        butterfly over offsets 16..1; its order and its simulator twin: ``warp.py``).
 
     dp4a_linked, mma_s8_m16n8k32_linked, fp4x2_to_f16x2_bits_linked
         The same snippets as linked ``.func`` calls (``cuda.declare_device(link=...)``), kept
@@ -41,6 +44,7 @@ if simulator_enabled():
         mma_s8_m16n8k32,
         mma_s8_m16n8k32_linked,
     )
+    from bw24nb.ptx.warp import warp_sum_twin as warp_sum  # noqa: F401
 else:
     from bw24nb.ptx.asm import FP4_BITS, FP4_CVT, dp4a, ld_nc_v4_u32, mma_s8_m16n8k32  # noqa: F401
     from bw24nb.ptx.linked import (  # noqa: F401
@@ -48,12 +52,13 @@ else:
         fp4x2_to_f16x2_bits_linked,
         mma_s8_m16n8k32_linked,
     )
+    from bw24nb.ptx.warp import warp_sum  # noqa: F401
 
     fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32 = (
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
 
 __all__ = [
-    "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32",
+    "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32", "warp_sum",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
 ]

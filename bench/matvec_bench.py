@@ -1,0 +1,293 @@
+"""Decode matvec on a real GPU: how close to the read roofline is each real shape?
+
+    python3 bench/matvec_bench.py [--shapes all|small] [--launches 50] [--no-old] [--out PATH]
+
+For each (M x K, weight type) of the default model (Qwen2.5-Coder-0.5B: Q5_0 / Q8_0 / Q6_K) and
+the 9B shape (Q4_K), times `launch_matvec` -- and, side by side, the first kernel of this module
+(shared-memory warp sum, 6 block barriers per row; `old` rows, rebuilt here from
+`dequant.LAYOUTS`, nothing of it is in the library) and the dp4a path (`launch_matvec_q8`, x
+quantized once beforehand):
+
+  * one CUDA graph of N back-to-back launches (N >= --launches, raised for small shapes so that
+    one replay streams >= 3 x the 60 MB L2), rotating over enough device copies of the weight
+    that every launch reads it from HBM as the real decode step does (the whole model is 8x L2);
+  * CUDA-event time of a replay, median of 5 after 2 warm-up replays, divided by N: per-launch
+    time *including* the ~0.9 us graph launch gap between kernels (what the decode step pays);
+  * GB/s = weight bytes / that time; pct = GB/s / read roofline, the roofline measured in the
+    same run by bench/device_smoke.py's 16-byte ld.global.nc read kernel (1 GiB buffer);
+  * max_rel_err: max over rows of |y - matvec_reference| / (|W| @ |x|)   (float64 reference;
+    the kernels' bound is ~2e-6, see tests/test_kernels_matvec.py; > 1e-5 is flagged BAD;
+    dp4a rows against matvec_q8_reference, i.e. x as quantized, flagged above 1e-4).
+
+Prints a table, appends one JSON line per row (date, gpu, commit, shape, qtype, kernel, us,
+GB/s, pct, ...) to $OUT/matvec_bench.jsonl (or ./matvec_bench.jsonl when $OUT is unset, or
+--out), and exits 1 if any result is BAD.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))          # a PYTHONPATH export did not always reach python3 there
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from bw24nb.graph import CudaGraph  # noqa: E402
+from bw24nb.kernels.dequant import layout, random_weight_bytes, weight_views  # noqa: E402
+from bw24nb.kernels.matvec import (  # noqa: E402
+    MATVEC_Q8,
+    launch_matvec,
+    launch_matvec_q8,
+    matvec_q8_reference,
+    matvec_reference,
+)
+from bw24nb.kernels.quantize_act import launch_quantize_act  # noqa: E402
+from bw24nb.quant import QType, dequantize  # noqa: E402
+from bw24nb.quant.types import row_bytes  # noqa: E402
+
+L2_BYTES = 60 * 2**20
+STREAM_FACTOR = 3            # bytes streamed per replay >= 3 x L2: the L2 cannot hold the set
+MAX_LAUNCHES = 4096
+REPLAYS = 5
+WARMUP = 2
+REL_ERR_BAD = 1e-5
+
+# (M, K, type, what it is)
+SHAPES = [
+    (896, 896, QType.Q5_0, "0.5B attn_q / attn_output"),
+    (128, 896, QType.Q5_0, "0.5B attn_k / attn_v"),
+    (128, 896, QType.Q8_0, "0.5B attn_v (Q8_0 layers)"),
+    (4864, 896, QType.Q5_0, "0.5B ffn_gate / ffn_up"),
+    (896, 4864, QType.Q6_K, "0.5B ffn_down"),
+    (151936, 896, QType.Q8_0, "0.5B lm_head"),
+    (4096, 4096, QType.Q4_K, "9B attn square"),
+    (12288, 4096, QType.Q4_K, "9B ffn_gate / ffn_up"),
+]
+
+
+# --- the first kernel, for side-by-side (shared-memory tree, 6 barriers per row) ---------------
+
+OLD_WARPS = 4
+OLD_THREADS = 32 * OLD_WARPS
+
+
+def _make_old(lay):
+    qk, ts, gpb, group_dot = lay.block, lay.type_size, lay.groups, lay.group_dot
+
+    def matvec_old(w8, w16, wh, M, K, x, y):
+        red = cuda.shared.array(OLD_THREADS, np.float32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        row = cuda.blockIdx.x * OLD_WARPS + (tid >> 5)
+        acc = np.float32(0.0)
+        if row < M:
+            nblk = K // qk
+            row_off = np.int64(row) * (nblk * ts)
+            for g in range(lane, nblk * gpb, 32):
+                b = g // gpb
+                acc += group_dot(w8, w16, wh, row_off + b * ts, g - b * gpb, x, b * qk)
+        red[tid] = acc
+        cuda.syncthreads()
+        off = 16
+        while off > 0:
+            if lane < off:
+                red[tid] += red[tid + off]
+            cuda.syncthreads()
+            off >>= 1
+        if row < M and lane == 0:
+            y[row] = red[tid]
+
+    return cuda.jit(matvec_old)
+
+
+_OLD = {}
+
+
+def launch_old(w_dev, qt, M, K, x, y, stream):
+    lay = layout(qt)
+    if lay.qtype not in _OLD:
+        _OLD[lay.qtype] = _make_old(lay)
+    w8, w16, wh = weight_views(w_dev)
+    _OLD[lay.qtype][(M + OLD_WARPS - 1) // OLD_WARPS, OLD_THREADS, stream](
+        w8, w16, wh, np.int32(M), np.int32(K), x, y)
+
+
+# --- read roofline (bench/device_smoke.py's kernel) -----------------------------------------------
+
+def read_roofline_gbs(stream) -> float:
+    from device_smoke import THREADS, fill_hash, read_v4
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    n = 2**30 // 4
+    src = cuda.device_array(n, np.uint32, stream=stream)
+    fill_hash[sms * 8, THREADS, stream](src)
+    best = 0.0
+    for bps in (4, 8):
+        out = cuda.device_array(sms * bps * THREADS, np.uint32, stream=stream)
+        ms = event_ms(lambda: read_v4[sms * bps, THREADS, stream](src, out), stream)
+        best = max(best, n * 4 / (ms * 1e-3) / 1e9)
+    del src
+    return best
+
+
+def event_ms(fn, stream, replays=REPLAYS, warmup=WARMUP) -> float:
+    for _ in range(warmup):
+        fn()
+    stream.synchronize()
+    times = []
+    if not hasattr(cuda, "event_elapsed_time"):       # the simulator (--tiny): wall clock
+        for _ in range(replays):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+        return statistics.median(times)
+    for _ in range(replays):
+        a, b = cuda.event(), cuda.event()
+        a.record(stream)
+        fn()
+        b.record(stream)
+        b.synchronize()
+        times.append(cuda.event_elapsed_time(a, b))
+    return statistics.median(times)
+
+
+# --- one shape ------------------------------------------------------------------------------------
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def bench_shape(M, K, qt, launches, with_old, stream, rng):
+    nbytes = M * row_bytes(qt, K)
+    n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
+    copies = min(n, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes) + 1)
+    w_host = random_weight_bytes(rng, qt, M, K)
+    x_host = rng.standard_normal(K).astype(np.float32)
+    ws = [cuda.to_device(w_host, stream=stream) for _ in range(copies)]
+    x = cuda.to_device(x_host, stream=stream)
+    y = cuda.device_array(M, np.float32, stream=stream)
+
+    ref = matvec_reference(w_host, qt, M, K, x_host)
+    # what the rounding error is proportional to: |W| @ |x| per row (float64)
+    scale = np.abs(dequantize(w_host.reshape(-1), qt, (M, K)).astype(np.float64)) \
+        @ np.abs(x_host.astype(np.float64))
+
+    # (name, launch, reference, error flagged above)
+    kernels = [("new", lambda w: launch_matvec(w, qt, M, K, x, y, stream=stream), ref, REL_ERR_BAD)]
+    if with_old:
+        kernels.append(("old", lambda w: launch_old(w, qt, M, K, x, y, stream), ref, REL_ERR_BAD))
+    if qt in MATVEC_Q8:
+        xq = cuda.device_array(K, np.int8, stream=stream)
+        xd = cuda.device_array(K // 32, np.float32, stream=stream)
+        launch_quantize_act(x.reshape(1, K), xq, xd, stream=stream)
+        # the dp4a path is checked against its own reference (x as quantized); for K-quants its
+        # rounding scales with |w| + 2 |dmin m| (tests/test_kernels_matvec.py), hence 10x looser
+        ref_q8 = matvec_q8_reference(w_host, qt, M, K, xq.copy_to_host(stream=stream),
+                                     xd.copy_to_host(stream=stream))
+        kernels.append(("dp4a", lambda w: launch_matvec_q8(w, qt, M, K, xq, xd, y, stream=stream),
+                        ref_q8, 10 * REL_ERR_BAD))
+
+    rows = []
+    for name, launch, want, bad_above in kernels:
+        y.copy_to_device(np.full(M, np.nan, np.float32), stream=stream)
+        launch(ws[0])                            # compile + load before capture
+        stream.synchronize()
+        with CudaGraph.capture(stream) as graph:
+            for i in range(n):
+                launch(ws[i % copies])
+        ms = event_ms(graph.replay, stream)
+        graph.close()
+        out = y.copy_to_host(stream=stream)
+        stream.synchronize()
+        err = float(np.max(np.abs(out.astype(np.float64) - want) / np.maximum(scale, 1e-30)))
+        if not np.all(np.isfinite(out)):
+            err = float("inf")
+        us = ms * 1e3 / n
+        rows.append(dict(kernel=name, us=us, gbs=nbytes / (us * 1e-6) / 1e9, max_rel_err=err,
+                         bad_above=bad_above, launches=n, copies=copies, bytes=nbytes))
+    del ws
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", choices=["all", "small"], default="all",
+                    help="small: skip the lm_head and the 9B shapes")
+    ap.add_argument("--launches", type=int, default=50)
+    ap.add_argument("--no-old", action="store_true", help="skip the old kernel's rows")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--tiny", action="store_true",
+                    help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
+    args = ap.parse_args()
+    out_path = Path(args.out) if args.out else Path(os.environ.get("OUT", ".")) / "matvec_bench.jsonl"
+
+    dev = cuda.get_current_device()
+    name = getattr(dev, "name", "cuda-simulator")
+    gpu = name.decode() if isinstance(name, bytes) else str(name)
+    stream = cuda.stream()
+    rng = np.random.default_rng(2026)
+    t0 = time.time()
+    if args.tiny:
+        global L2_BYTES, REPLAYS, WARMUP
+        L2_BYTES, REPLAYS, WARMUP = 1, 1, 0
+        args.launches = 2
+    roof = 1.0 if args.tiny else read_roofline_gbs(stream)
+    print(f"# {gpu}: read roofline (16-byte ld.global.nc, 1 GiB) {roof:.0f} GB/s", flush=True)
+
+    shapes = SHAPES if args.shapes == "all" else [s for s in SHAPES if s[0] * s[1] < 2e7]
+    if args.tiny:
+        shapes = [(4, 256, qt, "tiny") for qt in (QType.Q5_0, QType.Q8_0, QType.Q6_K, QType.Q4_K)]
+    date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    commit = _commit()
+    table, bad = [], False
+    with open(out_path, "a") as f:
+        for M, K, qt, what in shapes:
+            try:
+                rows = bench_shape(M, K, qt, args.launches, not args.no_old, stream, rng)
+            except Exception as e:                      # report and go on with the next shape
+                print(f"# {M}x{K} {qt.name}: FAILED {type(e).__name__}: {e}", flush=True)
+                bad = True
+                continue
+            for r in rows:
+                r.update(pct=100 * r["gbs"] / roof)
+                ok = r["max_rel_err"] <= r["bad_above"]
+                bad |= not ok
+                rec = dict(date=date, gpu=gpu, commit=commit, shape=f"{M}x{K}", M=M, K=K,
+                           qtype=qt.name, what=what, kernel=r["kernel"], us=round(r["us"], 3),
+                           gbs=round(r["gbs"], 1), pct=round(r["pct"], 1),
+                           roofline_gbs=round(roof, 1), max_rel_err=r["max_rel_err"],
+                           ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"])
+                f.write(json.dumps(rec) + "\n")
+                table.append(rec)
+                print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<4} {r['us']:9.2f} us "
+                      f"{r['gbs']:7.0f} GB/s {r['pct']:5.1f}%  err {r['max_rel_err']:.1e}"
+                      f"{'' if ok else '  BAD'}", flush=True)
+
+    print(f"\nmatvec bench, {gpu}, commit {commit}, roofline {roof:.0f} GB/s "
+          f"(us per launch include the graph's ~0.9 us launch gap)")
+    print(f"{'shape':>13} {'type':<5} {'what':<27} {'kernel':<6} {'us':>9} {'GB/s':>7} "
+          f"{'%roof':>6} {'max_rel_err':>11} {'launches':>8}")
+    for r in table:
+        print(f"{r['shape']:>13} {r['qtype']:<5} {r['what']:<27} {r['kernel']:<6} {r['us']:9.2f} "
+              f"{r['gbs']:7.0f} {r['pct']:6.1f} {r['max_rel_err']:11.1e} {r['launches']:8d}"
+              f"{'' if r['ok'] else '  BAD'}")
+    print(f"# {len(table)} rows -> {out_path} ({time.time() - t0:.0f} s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

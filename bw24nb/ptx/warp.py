@@ -1,0 +1,113 @@
+"""Warp-level float32 sum: the reduction every warp-per-row kernel ends with.
+
+    warp_sum(v) -> float32
+        The sum of `v` over the 32 lanes of the calling warp, returned to every lane. All 32
+        lanes of a converged warp must call it together (it is built on ``shfl.sync`` with the
+        full mask); a kernel that retires whole warps early (``if row >= M: return`` with one
+        row per warp) is fine, a kernel that lets single lanes leave is not.
+
+Summation order (fixed, deterministic, part of the exactness contract of the callers): a
+butterfly over lane offsets 16, 8, 4, 2, 1, each step ``v = v + shfl_xor(v, off)``. At every
+step lanes l and l ^ off add the same two float32 values (in opposite operand order, and IEEE
+addition is commutative bit for bit), so after the five steps every lane holds the same value,
+and that value is the shfl_down tree's:
+
+    s_l += s_{l + off} for l < off,  off = 16, 8, 4, 2, 1;  result s_0.
+
+The GPU version (`warp_sum`) is five ``shfl.sync.bfly.b32`` + five ``add.f32`` -- no shared
+memory, no block barrier. Numba's CUDA simulator has no warp shuffles, so `warp_sum_twin` (what
+``bw24nb.ptx`` exports under the simulator) meets its warp at a per-(block, warp) rendezvous --
+the one ``twins.py`` built for the mma twin, with the same liveness checks turning a partial or
+divergent warp into an error instead of a hang -- and the 32nd lane to arrive computes the tree
+above in numpy float32, in that exact order.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+from numba import cuda
+
+from bw24nb.ptx import twins
+
+FULL_MASK = 0xFFFFFFFF
+
+
+@cuda.jit(device=True, inline="always")
+def warp_sum(v):
+    """GPU: butterfly over offsets 16, 8, 4, 2, 1 (see the module docstring for the order)."""
+    s = np.float32(v)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 16)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 8)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 4)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 2)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 1)
+    return s
+
+
+def warp_tree_sum_host(values) -> np.float32:
+    """The reference order on the host: float32[32] -> the butterfly's (= shfl_down tree's)
+    result. Also what the simulator twin computes for each warp."""
+    s = np.array(values, dtype=np.float32).reshape(32).copy()
+    for off in (16, 8, 4, 2, 1):
+        s[:off] = s[:off] + s[off:2 * off]       # float32 + float32 -> float32, one rounding
+    return np.float32(s[0])
+
+
+class _SumExchange(twins._WarpExchange):
+    """Rendezvous of one warp for `warp_sum_twin` (reuses the mma exchange's waiting and its
+    partial-warp / parked-in-syncthreads detection)."""
+
+    def __init__(self, warp: int, lanes: int):
+        super().__init__(warp, lanes)
+        self.vals = np.zeros(32, np.float32)
+
+    def sum(self, lane: int, thread, v) -> np.float32:
+        with self.cond:
+            gen = self.generation
+            if self.present[lane]:
+                raise twins.WarpCollectiveError(f"lane {lane} of warp {self.warp} entered warp_sum twice")
+            self.present[lane] = True
+            self.vals[lane] = v
+            if self.present.all():
+                self.results[gen] = [warp_tree_sum_host(self.vals), 32]
+                self.present[:] = False
+                self.parked_since.clear()
+                self.generation += 1
+                self.cond.notify_all()
+            else:
+                self._wait(gen, thread)
+            entry = self.results[gen]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.results[gen]
+            return entry[0]
+
+
+_lock = threading.Lock()
+_exchanges: "weakref.WeakKeyDictionary[object, dict[int, _SumExchange]]" = weakref.WeakKeyDictionary()
+
+
+def warp_sum_twin(v) -> np.float32:
+    """Simulator twin of `warp_sum`: one lane's call; bit-identical to the GPU butterfly."""
+    thread = threading.current_thread()
+    manager = getattr(thread, "_manager", None)
+    tid = getattr(thread, "thread_id", None)
+    if manager is None or tid is None:
+        raise twins.WarpCollectiveError(
+            "warp_sum's twin runs inside a simulated kernel (NUMBA_ENABLE_CUDASIM=1); "
+            "from host code use warp_tree_sum_host on all 32 lanes' values")
+    nthreads = int(np.prod(manager._block_dim))
+    warp = tid // 32
+    lanes = min(32, nthreads - 32 * warp)
+    if lanes < 32:
+        raise twins.WarpCollectiveError(
+            f"warp_sum in a partial warp ({lanes} threads): the block size ({nthreads}) "
+            "must be a multiple of 32")
+    with _lock:
+        per_block = _exchanges.setdefault(manager, {})
+        ex = per_block.get(warp)
+        if ex is None:
+            ex = per_block[warp] = _SumExchange(warp, lanes)
+    return ex.sum(tid % 32, thread, np.float32(v))
