@@ -147,8 +147,10 @@ def serve(model, host, port, api_key, ctx, backend, queue_size, model_name):
               help="Run only the checks matching these comma-separated globs; '!glob' "
                    "excludes (e.g. 'matvec*,matmul' or '!moe*').")
 def kernel_check(size, seed, only):
-    """Every kernel against its numpy reference on fresh random inputs: a table of errors and
-    bounds; exits 1 on any failure."""
+    """Check every GPU kernel against its numpy reference; exit 1 on any failure.
+
+    Fresh random inputs (the seed is printed), poisoned outputs, one table row per kernel, type
+    and shape with its max error and the rounding bound it must stay within."""
     from .kernel_check import main as run
     sys.exit(run(size=size, seed=seed, only=only))
 

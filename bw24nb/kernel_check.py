@@ -1,0 +1,1685 @@
+"""`bw24nb kernel-check`: every GPU kernel against its numpy reference, as a table.
+
+This is gate 1 of the exactness contract (shared/DESIGN.md). Each check draws fresh random
+inputs (from a seed that is printed, so `--seed N` replays a run), poisons every output buffer
+before the launch (NaN for floats, 0x7f bytes for integers; a guard region past the end of
+vector outputs must survive untouched), launches the kernel through its `launch_*` function,
+and compares every output element with the numpy reference the kernel module names
+(`matvec_reference`, `bw24nb.reference.ops`, `reference.gated_deltanet`, ...). A reference is
+never re-implemented here: what lives in this file is input generation, the error bounds and
+the table.
+
+Sizes: "tiny" shapes run in numba's CUDA simulator in a few seconds per op (a CI test runs the
+whole tiny suite); "real" shapes are the shapes of the models bw24nb serves (`REAL_MODELS`) and
+need a GPU.
+
+Tolerances. Each row states its bound; each bound is derived in a comment where it is built:
+  * exact ("exact" / "bit-exact"): integer results (dp4a dot products with power-of-two scales,
+    argmax, token ids), copies, decoders (embedding), quantizers (activations, KV cache) and
+    float32 operations the reference does identically (a + b);
+  * float32 rounding bounds: a float32 sum along a chain of h roundings is within
+    gamma_h = h u / (1 - h u) (u = 2^-24) of the exact value, relative to the sum of the
+    magnitudes of its terms (sum |w x|, not |sum w x|). Bounds are first order and multiplied
+    by MARGIN = 2 to cover second-order terms; none of them is fitted to observed errors.
+    libdevice's expf/sinf/cosf are within 2 ulp (CUDA Programming Guide, math functions).
+
+Public API: `REGISTRY` (name -> Check), `check` (the decorator), `Row`, `compare`, `Out`,
+`run_checks`, `select`, `launcher_names`, `format_row`, `TABLE_HEADER`, `REAL_MODELS`, `main`
+(what the CLI calls).
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import sys
+import time
+import traceback
+import zlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable
+
+import numpy as np
+
+U = 2.0 ** -24                  # float32 unit roundoff
+MARGIN = 2.0                    # every first-order rounding bound is multiplied by this
+TINY_NORMAL = 2.0 ** -126       # relative bounds hold down to the smallest normal float32
+SIZES = ("tiny", "real")
+GUARD = 8                       # guard elements after a vector output
+_GUARD_F32 = np.float32(1234.5)
+_INT_POISON_BYTE = 0x7F
+
+
+def gamma(h: float) -> float:
+    """gamma_h = h u / (1 - h u): the relative error bound of a chain of h float32 roundings."""
+    return h * U / (1.0 - h * U)
+
+
+# ------------------------------------------------------------------ real model shapes
+
+REAL_MODELS = {
+    "0.5b": SimpleNamespace(            # Qwen2.5-0.5B
+        hidden=896, ffn=4864, n_heads=14, n_kv_heads=2, head_dim=64, vocab=151936,
+        rope_theta=1e6, rotary_dim=64),
+    "9b": SimpleNamespace(              # Qwen3.5-9B-like hybrid
+        hidden=4096, ffn=12288, n_heads=16, n_kv_heads=4, head_dim=256, rope_theta=1e7,
+        rotary_dim=64, lin_k_heads=16, lin_v_heads=32, lin_dk=128, lin_dv=128),
+    "35b-a3b": SimpleNamespace(         # Qwen3.5-35B-A3B MoE
+        hidden=2048, n_experts=256, top_k=8, expert_ffn=512),
+}
+Q05, Q9, MOE = REAL_MODELS["0.5b"], REAL_MODELS["9b"], REAL_MODELS["35b-a3b"]
+
+
+# ------------------------------------------------------------------ rows and the registry
+
+
+@dataclass
+class Row:
+    """One line of the table: a kernel on one type and shape."""
+    kernel: str
+    dtype: str
+    shape: str
+    max_abs: float
+    max_rel: float            # max_abs / max |ref| (normwise)
+    tol: str                  # the bound, in words
+    ratio: float              # worst error / bound (<= 1 passes; 0 when exact and equal)
+    passed: bool
+    detail: str = ""          # why it failed (unwritten outputs, guard overwritten, ...)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    covers: tuple             # launcher names, "kernels.norm.launch_rms_norm"
+    fn: Callable              # fn(rng, size) -> iterable of Row
+
+
+REGISTRY: dict[str, Check] = {}
+
+
+def check(name: str, *covers: str):
+    """Register `fn(rng, size) -> Iterable[Row]` as the check `name`, exercising the
+    launchers `covers` (dotted names below bw24nb, e.g. "kernels.matvec.launch_matvec")."""
+    def deco(fn):
+        if name in REGISTRY:
+            raise ValueError(f"kernel check {name!r} registered twice")
+        REGISTRY[name] = Check(name, tuple(covers), fn)
+        return fn
+    return deco
+
+
+# ------------------------------------------------------------------ device helpers
+
+
+def _cuda():
+    from numba import cuda   # lazily: the CLI decides simulator vs GPU before numba.cuda loads
+    return cuda
+
+
+def _dev(a):
+    return _cuda().to_device(np.ascontiguousarray(a))
+
+
+def _poison_value(dtype):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return np.array(np.nan, dtype)
+    return np.frombuffer(bytes([_INT_POISON_BYTE]) * dtype.itemsize, dtype)[0]
+
+
+class Out:
+    """A poisoned device output: `.dev` (shape, dtype) is filled with the poison (NaN, or
+    0x7f bytes for integers, or `poison`), followed in memory by GUARD sentinel elements
+    (`guard=True`) that the kernel must leave untouched."""
+
+    def __init__(self, shape, dtype=np.float32, poison=None, guard=True):
+        shape = tuple(int(s) for s in np.atleast_1d(shape))
+        n = int(np.prod(shape))
+        self.dtype = np.dtype(dtype)
+        self.poison = _poison_value(dtype) if poison is None else self.dtype.type(poison)
+        g = GUARD if guard else 0
+        host = np.empty(n + g, self.dtype)
+        host[:n] = self.poison
+        if self.dtype.kind == "f":
+            host[n:] = _GUARD_F32
+        else:
+            host.view(np.uint8)[n * self.dtype.itemsize:] = 0x5A
+        self._guard = host[n:].copy()
+        self._n, self._shape = n, shape
+        self.full = _dev(host)
+        self.dev = self.full[:n].reshape(shape) if g else self.full.reshape(shape)
+
+    def get(self):
+        """(host copy of the output, guard intact?)."""
+        host = self.full.copy_to_host()
+        ok = host[self._n:].tobytes() == self._guard.tobytes()
+        return host[:self._n].reshape(self._shape), ok
+
+
+# ------------------------------------------------------------------ comparison
+
+
+def compare(kernel, dtype, shape, got, ref, bound=0.0, tol="exact", *, bits=False,
+            guard_ok=True, poison=None, problems=()) -> Row:
+    """Compare `got` with `ref` element by element: |got - ref| <= bound (an absolute bound,
+    scalar or broadcastable per element); bound 0 demands equality (NaN matches NaN), `bits`
+    demands equal bit patterns. Counts unwritten outputs (NaN poison left in a float output
+    where the reference is a number; the `poison` value left in an integer output where the
+    reference differs). `problems` are extra failure reasons found by the caller."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    notes = [p for p in problems if p]
+    if got.shape != ref.shape:
+        return Row(kernel, dtype, shape, math.inf, math.inf, tol, math.inf, False,
+                   f"output shape {got.shape} != reference {ref.shape}")
+    g, r = got.astype(np.float64), ref.astype(np.float64)
+    same = (g == r) | (np.isnan(g) & np.isnan(r))
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(same, 0.0, np.abs(g - r))
+    err = np.where(np.isnan(err), np.inf, err)
+    if got.dtype.kind == "f":
+        unwritten = int(np.count_nonzero(np.isnan(g) & ~np.isnan(r)))
+    elif poison is not None:
+        unwritten = int(np.count_nonzero((got == poison) & (ref != poison)))
+    else:
+        unwritten = 0
+    if unwritten:
+        notes.append(f"{unwritten} of {got.size} outputs unwritten (poison left)")
+    if not guard_ok:
+        notes.append("wrote past the end of the output (guard overwritten)")
+    b = np.broadcast_to(np.asarray(bound, np.float64), err.shape)
+    if bits:
+        if got.dtype != ref.dtype:
+            notes.append(f"dtype {got.dtype} != reference {ref.dtype}")
+            ok = False
+        else:
+            mism = np.frombuffer(got.tobytes(), np.uint8) != np.frombuffer(ref.tobytes(), np.uint8)
+            ok = not mism.any()
+            if not ok:
+                notes.append(f"{int(np.count_nonzero(mism))} bytes differ")
+    else:
+        over = err > b
+        ok = not over.any()
+        if not ok:
+            worst = np.unravel_index(int(np.argmax(np.where(b > 0, err / np.where(b > 0, b, 1),
+                                                            np.where(err > 0, np.inf, 0)))),
+                                     err.shape)
+            notes.append(f"{int(np.count_nonzero(over))} of {err.size} outside the bound; worst "
+                         f"at {tuple(int(i) for i in worst)}: got {g[worst]:.7g}, "
+                         f"ref {r[worst]:.7g}")
+    max_abs = float(err.max()) if err.size else 0.0
+    finite_ref = np.abs(r[np.isfinite(r)])
+    rmax = float(finite_ref.max()) if finite_ref.size else 0.0
+    max_rel = max_abs / rmax if rmax > 0 else (0.0 if max_abs == 0 else math.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(b > 0, err / np.where(b > 0, b, 1.0), np.where(err > 0, np.inf, 0.0))
+    ratio = float(q.max()) if q.size else 0.0
+    passed = bool(ok and not notes)
+    return Row(kernel, dtype, shape, max_abs, max_rel, tol, ratio, passed, "; ".join(notes))
+
+
+def _f64(a):
+    return np.asarray(a, np.float64)
+
+
+def _shape(*dims) -> str:
+    return "x".join(str(int(d)) for d in dims)
+
+
+# ------------------------------------------------------------------ weights
+
+
+def _weight_types():
+    from .kernels.dequant import LAYOUTS
+    return list(LAYOUTS)
+
+
+def _fits(qt, K) -> bool:
+    from .quant import block_size
+    return K % block_size(qt) == 0
+
+
+def _random_weight(rng, qt, M, K):
+    from .kernels.dequant import random_weight_bytes
+    return random_weight_bytes(rng, qt, M, K)
+
+
+def _abs_weight(raw, qt, M, K):
+    """|dequantize(W)| in float64 (what rounding errors of a dot with W are proportional to)."""
+    from .quant import dequantize
+    return np.abs(dequantize(np.asarray(raw).reshape(-1), qt, (M, K)).astype(np.float64))
+
+
+def _matvec_chain(qt, K) -> int:
+    """Longest chain of float32 roundings of one output of the warp-per-row matvec (matvec.py's
+    summation order): a group's <= 8 products added left to right (8), the lane's running sum
+    over its groups (ceil(groups / 32)), the 5-level warp tree, + bias + residual (2)."""
+    from .kernels.dequant import LAYOUTS
+    lay = LAYOUTS[qt]
+    groups = (K // lay.block) * lay.groups
+    return 8 + math.ceil(groups / 32) + 5 + 2
+
+
+# ------------------------------------------------------------------ matvec, matmul, embedding
+
+
+# (label, M, K): rows x input width of real decode projections
+_MATVEC_REAL = [("0.5b.ffn_down", Q05.hidden, Q05.ffn), ("9b.ffn_up", Q9.ffn, Q9.hidden),
+                ("35b.expert_gate", MOE.expert_ffn, MOE.hidden)]
+_LM_HEAD = ("0.5b.lm_head", Q05.vocab, Q05.hidden)
+
+
+@check("matvec", "kernels.matvec.launch_matvec")
+def check_matvec(rng, size):
+    """Float-activation decode matvec, every weight type, + bias + residual (in place)."""
+    from .kernels import matvec as mv
+    from .quant import QType
+    cases = []
+    for qt in _weight_types():
+        if size == "tiny":
+            # 3 rows: one block with an idle warp; F16 instead takes 5 rows (two blocks), a
+            # width that is no multiple of 32 (dense rows may have any) and the epilogue
+            cases += [(qt, "+b+r", 5, 100, True) if qt == QType.F16 else (qt, "", 3, 256, False)]
+        else:
+            extra = [_LM_HEAD] if qt == QType.Q8_0 else []
+            cases += [(qt, label, M, K, False) for label, M, K in _MATVEC_REAL + extra
+                      if _fits(qt, K)]
+    if size == "real":
+        # bias and an in-place residual (y += W x + b), Qwen2's biased attention projection
+        cases.append((QType.Q8_0, "0.5b.attn_q+b+r", Q05.hidden, Q05.hidden, True))
+    for qt, label, M, K, epilogue in cases:
+        w = _random_weight(rng, qt, M, K)
+        x = rng.standard_normal(K).astype(np.float32)
+        bias = residual = None
+        y = Out(M)
+        if epilogue:
+            # large enough that a dropped or doubled term is far outside the bound
+            bias = (100 * rng.standard_normal(M)).astype(np.float32)
+            residual = (100 * rng.standard_normal(M)).astype(np.float32)
+            y.dev.copy_to_device(residual)
+        mv.launch_matvec(_dev(w), qt, M, K, _dev(x), y.dev,
+                         bias=None if bias is None else _dev(bias),
+                         residual=y.dev if epilogue else None)
+        got, guard_ok = y.get()
+        ref = mv.matvec_reference(w, qt, M, K, x, bias, residual)
+        mag = _abs_weight(w, qt, M, K) @ np.abs(_f64(x))
+        if epilogue:
+            mag += np.abs(bias) + np.abs(residual)
+        # chain of h roundings (see _matvec_chain) -> |y - y_exact| <= gamma_h sum|w x|
+        h = _matvec_chain(qt, K)
+        yield compare("matvec", qt.name, f"{_shape(M, K)} {label}".strip(), got, ref,
+                      MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
+                      guard_ok=guard_ok)
+
+
+# Largest |integer weight| per element in units of the f16 scale, intermediate pieces included:
+# Q4_K / Q5_K form sc*q and m separately, so (15 or 31) * 63 + 63; Q6_K is sc (int8) * q (6 bit).
+def _max_int_weight():
+    from .quant import QType
+    return {QType.Q8_0: 128, QType.Q4_0: 8, QType.Q5_0: 16, QType.Q4_K: 15 * 63 + 63,
+            QType.Q5_K: 31 * 63 + 63, QType.Q6_K: 128 * 32}
+
+
+def _min_offsets(w_raw, qt, M, K):
+    """|dmin * m| per element for Q4_K / Q5_K (the value a zero quant decodes to), else 0: the
+    dp4a path rounds (d*sc)*sum(q*qx) and (dmin*m)*sum(qx) separately."""
+    from .kernels.dequant import LAYOUTS, Q4_K_OFF_QS, Q5_K_OFF_QH
+    from .quant import QType, dequantize
+    if qt not in (QType.Q4_K, QType.Q5_K):
+        return np.zeros((M, K))
+    assert Q4_K_OFF_QS == Q5_K_OFF_QH       # quants (and Q5_K's high bits) start there
+    blocks = np.array(w_raw).reshape(-1, LAYOUTS[qt].type_size)
+    blocks[:, Q4_K_OFF_QS:] = 0
+    return np.abs(dequantize(blocks, qt, (M, K)).astype(np.float64))
+
+
+@check("matvec_q8", "kernels.matvec.launch_matvec_q8")
+def check_matvec_q8(rng, size):
+    """dp4a decode matvec: (a) the integer part is exact; (b) end to end on realistic scales."""
+    from .kernels import matvec as mv
+    from .kernels import quantize_act as qa
+    from .kernels.dequant import random_weight_bytes
+    max_int = _max_int_weight()
+    for qt in mv.MATVEC_Q8:
+        # (a) every f16 scale 2^-6, every activation scale 2^-3: each term is an integer times
+        # 2^-9 and |sum| < 2^24 units (activations bounded for that), so every float32 step of
+        # the kernel is exact and the result must equal the float64 reference bit for bit.
+        M, K = (3, 256) if size == "tiny" else (MOE.expert_ffn, MOE.hidden)
+        w = random_weight_bytes(rng, qt, M, K, f16_value=2.0 ** -6)
+        bound = min(127, (2 ** 24 - 1) // (K * max_int[qt]))
+        xq = rng.integers(-bound, bound + 1, size=K).astype(np.int8)
+        xq[:2] = [bound, -bound]
+        xd = np.full(K // 32, 2.0 ** -3, np.float32)
+        y = Out(M)
+        mv.launch_matvec_q8(_dev(w), qt, M, K, _dev(xq), _dev(xd), y.dev)
+        got, guard_ok = y.get()
+        ref = mv.matvec_q8_reference(w, qt, M, K, xq, xd)
+        exact_ref = np.array_equal(ref.astype(np.float32).astype(np.float64), ref)
+        yield compare("matvec_q8 int", qt.name, _shape(M, K), got, ref.astype(np.float32),
+                      tol="bit-exact", bits=True, guard_ok=guard_ok,
+                      problems=["" if exact_ref else "reference not exact in float32 (test bug)"])
+        # (b) random weight scales, activations quantized as the engine does (the quantizer's
+        # exact output, see quantize_act), bias and residual
+        shapes = [("", 3, 256)] if size == "tiny" else [s for s in _MATVEC_REAL if _fits(qt, s[2])]
+        for label, M, K in shapes:
+            w = _random_weight(rng, qt, M, K)
+            x = rng.standard_normal(K).astype(np.float32)
+            bias = rng.standard_normal(M).astype(np.float32)
+            residual = rng.standard_normal(M).astype(np.float32)
+            xq, xd = qa.quantize_act_q8_reference(x)
+            y = Out(M)
+            mv.launch_matvec_q8(_dev(w), qt, M, K, _dev(xq), _dev(xd), y.dev, bias=_dev(bias),
+                                residual=_dev(residual))
+            got, guard_ok = y.get()
+            ref = mv.matvec_q8_reference(w, qt, M, K, xq, xd, bias, residual)
+            # integer parts exact; per 4-value run (scale * int) rounds up to 4 times, then the
+            # float path's chain; K-quants round their two pieces separately, so the error
+            # scales with |w| + 2 |dmin m| rather than |w|.
+            xa = np.abs(qa.dequantize_act_q8(xq, xd))
+            wmag = _abs_weight(w, qt, M, K) + 2 * _min_offsets(w, qt, M, K)
+            mag = wmag @ xa + np.abs(bias) + np.abs(residual)
+            h = _matvec_chain(qt, K) + 4
+            yield compare("matvec_q8", qt.name, f"{_shape(M, K)} {label}".strip(), got, ref,
+                          MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
+                          guard_ok=guard_ok)
+
+
+@check("quantize_act", "kernels.quantize_act.launch_quantize_act")
+def check_quantize_act(rng, size):
+    """Activations -> int8 + one f32 scale per 32: bit-exact (every step is one correctly
+    rounded IEEE operation, see quantize_act.py)."""
+    from .kernels import quantize_act as qa
+    shapes = [(2, 128)] if size == "tiny" else [(1, Q9.ffn), (64, Q05.ffn)]
+    for T, K in shapes:
+        x = (rng.standard_normal((T, K)) * rng.uniform(0.01, 10, (T, 1))).astype(np.float32)
+        x[0, 32:64] = 0.0                        # an all-zero block: d = 0, q = 0
+        # amax 127 gives d = 1 and 1/d = 1: the ties +-2.5 must round away from zero
+        x[-1, :8] = [127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -126.5, 3.49999976]
+        n = T * K
+        # -128 is never produced (|q| <= 127): any element left at it was not written
+        xq = Out(n, np.int8, poison=-128)
+        xd = Out(n // 32)
+        qa.launch_quantize_act(_dev(x), xq.dev, xd.dev)
+        q_ref, d_ref = qa.quantize_act_q8_reference(x)
+        got_q, gq = xq.get()
+        got_d, gd = xd.get()
+        yield compare("quantize_act q", "int8", _shape(T, K), got_q, q_ref, tol="exact",
+                      bits=True, guard_ok=gq, poison=np.int8(-128))
+        yield compare("quantize_act d", "f32", _shape(T, K // 32), got_d, d_ref, tol="bit-exact",
+                      bits=True, guard_ok=gd)
+
+
+_MATMUL_REAL = [("0.5b.ffn_down", Q05.hidden, Q05.ffn), ("9b.attn_qkv", 8192, Q9.hidden)]
+
+
+@check("matmul", "kernels.matmul.launch_matmul")
+def check_matmul(rng, size):
+    """Prefill matmul, every weight type, partial tiles in T and M, + bias + residual."""
+    from .kernels import matmul as mm
+    from .quant import QType, block_size
+    cases = []
+    for qt in _weight_types():
+        if size == "tiny":
+            # K: one block (a K-quant super-block is 8 K-slices), or for dense types 40 = one
+            # 32-wide slice + a partial one; Q8_0 also takes a bias and an in-place residual
+            bs = block_size(qt)
+            cases.append((qt, "+b+r" if qt == QType.Q8_0 else "", 3, 5,
+                          40 if bs == 1 else max(bs, 32), qt == QType.Q8_0))
+        else:
+            cases += [(qt, label, 100, M, K, False) for label, M, K in _MATMUL_REAL if _fits(qt, K)]
+    if size == "real":
+        cases.append((QType.Q8_0, "0.5b.attn_q+b+r", 100, Q05.hidden, Q05.hidden, True))
+    for qt, label, T, M, K, epilogue in cases:
+        w = _random_weight(rng, qt, M, K)
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        bias = residual = None
+        y = Out((T, M))
+        if epilogue:
+            bias = (100 * rng.standard_normal(M)).astype(np.float32)
+            residual = (100 * rng.standard_normal((T, M))).astype(np.float32)
+            y.dev.copy_to_device(residual)
+        mm.launch_matmul(_dev(w), qt, M, K, _dev(x), y.dev,
+                         bias=None if bias is None else _dev(bias),
+                         residual=y.dev if epilogue else None)
+        got, guard_ok = y.get()
+        ref = mm.matmul_reference(w, qt, M, K, x, bias, residual)
+        mag = np.abs(_f64(x)) @ _abs_weight(w, qt, M, K).T
+        if epilogue:
+            mag += np.abs(bias) + np.abs(residual)
+        # sequential float32 sum over ascending k (K products, K - 1 adds) + bias + residual
+        h = K + 2
+        yield compare("matmul", qt.name, f"{_shape(T, M, K)} {label}".strip(), got, ref,
+                      MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
+                      guard_ok=guard_ok)
+
+
+@check("embedding", "kernels.embedding.launch_embedding")
+def check_embedding(rng, size):
+    """Embedding lookup, every table type: each value decodes exactly as the codec's, so the
+    comparison is on float32 bit patterns."""
+    from .kernels import embedding as emb
+    from .quant import block_size
+    for qt in _weight_types():
+        bs = block_size(qt)
+        if size == "tiny":
+            V, H, T = 7, max(bs, 32), 3
+        else:
+            V, T = Q05.vocab, 64
+            H = Q05.hidden if _fits(qt, Q05.hidden) else MOE.hidden
+        table = _random_weight(rng, qt, V, H)
+        # the first and the last row, a repeated id
+        ids = np.concatenate([[0, V - 1], rng.integers(0, V, T - 2)]).astype(np.int32)
+        ids[-1] = ids[-2]
+        out = Out((T, H))
+        emb.launch_embedding(_dev(table), qt, V, H, _dev(ids), out.dev)
+        got, guard_ok = out.get()
+        # The reference dequantizes the table it is given; rows are independent, so hand it
+        # only the rows looked up (a real vocabulary is 10^8 values to decode otherwise).
+        rows, inverse = np.unique(ids, return_inverse=True)
+        ref = emb.embedding_reference(np.ascontiguousarray(table[rows]), qt, len(rows), H, inverse)
+        yield compare("embedding", qt.name, _shape(T, H) + f" of {V}", got, ref,
+                      tol="bit-exact", bits=True, guard_ok=guard_ok)
+
+
+# ------------------------------------------------------------------ norms
+
+
+def _norm_bound(C, extra_u=0.0):
+    """Relative bound of the RMSNorm kernels vs ops.rms_norm (float64, rounded once).
+    Sum of squares: each thread squares (1) and adds its ceil(C / B) elements, then a
+    log2(B)-level tree: a sum of positive terms within gamma_h relative, h = ceil(C/B) +
+    log2(B) + 1. rstd = 1/sqrt(sum/C + eps) halves that and adds <= 3.5 u (divide, add,
+    sqrt, reciprocal); y = x * rstd * w adds 2 u; the reference's own rounding 1 u.
+    Returns (relative bound, label)."""
+    from .kernels.norm import _row_threads
+    B = _row_threads(C)
+    h = math.ceil(C / B) + int(math.log2(B)) + 1
+    rel = MARGIN * (gamma(h) / 2 + (6.5 + extra_u) * U)
+    return rel, f"{MARGIN:g}(γ{h}/2+{6.5 + extra_u:g}u)·|ref|"
+
+
+# silu(z) = z / (1 + exp(-z)) in float32: expf 2 ulp, add 1, divide 1 (the exp error enters
+# 1 + e scaled by e / (1 + e) <= 1), plus the product with it 1 and the reference's two extra
+# float32 roundings (rms_norm and silu are rounded before their float64 product) 2: 7 u.
+_SILU_GATE_U = 7.0
+
+
+@check("rms_norm", "kernels.norm.launch_rms_norm")
+def check_rms_norm(rng, size):
+    from .kernels import norm
+    from .reference import ops
+    shapes = [(2, 300)] if size == "tiny" else [(4, Q9.hidden), (4, Q05.hidden)]
+    for N, C in shapes:
+        x = (3 * rng.standard_normal((N, C))).astype(np.float32)
+        x[0] *= 1e-3                    # a row where eps is not negligible against mean(x^2)
+        w = rng.standard_normal(C).astype(np.float32)
+        eps = 1e-6
+        y = Out((N, C))
+        norm.launch_rms_norm(_dev(x), _dev(w), eps, y.dev)
+        got, guard_ok = y.get()
+        ref = ops.rms_norm(x, w, eps)
+        rel, label = _norm_bound(C)
+        yield compare("rms_norm", "f32", _shape(N, C), got, ref,
+                      rel * np.abs(_f64(ref)) + TINY_NORMAL, label, guard_ok=guard_ok)
+
+
+@check("add_rms_norm", "kernels.norm.launch_add_rms_norm")
+def check_add_rms_norm(rng, size):
+    """h = x + r written over r (the residual stream in place), y = rms_norm(h) * w."""
+    from .kernels import norm
+    from .reference import ops
+    N, C = (2, 160) if size == "tiny" else (4, Q9.hidden)
+    x = rng.standard_normal((N, C)).astype(np.float32)
+    r = (4 * rng.standard_normal((N, C))).astype(np.float32)
+    w = rng.standard_normal(C).astype(np.float32)
+    eps = 1e-6
+    r_dev = _dev(r)
+    y = Out((N, C))
+    norm.launch_add_rms_norm(_dev(x), r_dev, _dev(w), eps, r_dev, y.dev)
+    got, guard_ok = y.get()
+    h = x + r                               # float32 add: the same IEEE operation, bit-exact
+    yield compare("add_rms_norm h", "f32", _shape(N, C), r_dev.copy_to_host(), h,
+                  tol="bit-exact", bits=True)
+    ref = ops.rms_norm(h, w, eps)
+    rel, label = _norm_bound(C)
+    yield compare("add_rms_norm y", "f32", _shape(N, C), got, ref,
+                  rel * np.abs(_f64(ref)) + TINY_NORMAL, label, guard_ok=guard_ok)
+
+
+@check("head_rms_norm", "kernels.norm.launch_head_rms_norm")
+def check_head_rms_norm(rng, size):
+    """Qwen3 q_norm / k_norm: one weight [D] over every (token, head) vector."""
+    from .kernels import norm
+    from .reference import ops
+    shapes = [(2, 3, 16)] if size == "tiny" else [(4, Q9.n_heads, Q9.head_dim),
+                                                  (4, Q9.n_kv_heads, Q9.head_dim)]
+    for T, H, D in shapes:
+        x = (2 * rng.standard_normal((T, H, D))).astype(np.float32)
+        w = rng.standard_normal(D).astype(np.float32)
+        eps = 1e-6
+        y = Out((T, H, D))
+        norm.launch_head_rms_norm(_dev(x), _dev(w), eps, y.dev)
+        got, guard_ok = y.get()
+        ref = ops.rms_norm(x, w, eps)
+        rel, label = _norm_bound(D)
+        yield compare("head_rms_norm", "f32", _shape(T, H, D), got, ref,
+                      rel * np.abs(_f64(ref)) + TINY_NORMAL, label, guard_ok=guard_ok)
+
+
+@check("gated_rms_norm", "kernels.norm.launch_gated_rms_norm")
+def check_gated_rms_norm(rng, size):
+    """rms_norm(x) * w * silu(z) per head (the Gated DeltaNet output norm)."""
+    from .kernels import norm
+    from .reference.gated_deltanet import gated_rms_norm
+    T, H, D = (2, 3, 32) if size == "tiny" else (4, Q9.lin_v_heads, Q9.lin_dv)
+    x = rng.standard_normal((T, H, D)).astype(np.float32)
+    z = (3 * rng.standard_normal((T, H, D))).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    eps = 1e-6
+    y = Out((T, H, D))
+    norm.launch_gated_rms_norm(_dev(x), _dev(z), _dev(w), eps, y.dev)
+    got, guard_ok = y.get()
+    ref = gated_rms_norm(x, z, w, eps)
+    rel, label = _norm_bound(D, _SILU_GATE_U)
+    yield compare("gated_rms_norm", "f32", _shape(T, H, D), got, ref,
+                  rel * np.abs(_f64(ref)) + TINY_NORMAL, label, guard_ok=guard_ok)
+
+
+# ------------------------------------------------------------------ rope, q/gate split
+
+
+def _rope_bound(x, positions, inv_freq):
+    """Per-element bound of the NEOX RoPE kernel vs ops.rope (float64 angle, rounded once).
+    The kernel's angle float32(pos) * inv_freq32 carries inv_freq's float32 rounding and the
+    product's: <= 2u relative, i.e. 2u * pos * inv_freq absolute, which moves an output by at
+    most that times |a| + |b| (its pair). cosf/sinf are within 2 ulp (<= 2u absolute, |c| <= 1),
+    the multiply-subtract adds 3 roundings, the reference's rounding 1: 6u (|a| + |b|) more.
+    Dims past rotary_dim are copied: exact."""
+    half = inv_freq.shape[0]
+    rd = 2 * half
+    pair = np.abs(_f64(x[..., :half])) + np.abs(_f64(x[..., half:rd]))
+    ang = _f64(positions)[:, None, None] * _f64(inv_freq)[None, None, :]
+    b = MARGIN * (2 * U * ang + 6 * U) * pair
+    bound = np.zeros(x.shape)
+    bound[..., :half] = b
+    bound[..., half:rd] = b
+    return bound + np.where(np.arange(x.shape[-1]) < rd, TINY_NORMAL, 0.0)
+
+
+_ROPE_TOL = f"{MARGIN:g}(2u·pos·θᵢ+6u)(|a|+|b|)"
+
+
+@check("rope", "kernels.rope.launch_rope", "kernels.rope.launch_rope_qk")
+def check_rope(rng, size):
+    """NEOX RoPE in place: partial (first quarter of the head, Qwen3.5) and full (Qwen2)."""
+    from .kernels import rope
+    from .reference import ops
+    if size == "tiny":
+        single = [(5, 3, 32, 8, 1e7)]                      # T, H, D, rotary_dim, theta
+        qk = [(4, 4, 2, 16, 16, 1e4)]                      # T, Hq, Hkv, D, rotary_dim, theta
+        max_pos = 4000
+    else:
+        single = [(8, Q9.n_heads, Q9.head_dim, Q9.rotary_dim, Q9.rope_theta)]
+        qk = [(8, Q05.n_heads, Q05.n_kv_heads, Q05.head_dim, Q05.rotary_dim, Q05.rope_theta),
+              (8, Q9.n_heads, Q9.n_kv_heads, Q9.head_dim, Q9.rotary_dim, Q9.rope_theta)]
+        max_pos = 32768
+    for T, H, D, rd, theta in single:
+        x = rng.standard_normal((T, H, D)).astype(np.float32)
+        positions = rng.integers(0, max_pos, T).astype(np.int32)     # arbitrary, not consecutive
+        inv_freq = rope.rope_inv_freq(theta, rd)
+        d = _dev(x)
+        rope.launch_rope(d, _dev(positions), _dev(inv_freq))
+        ref = ops.rope(x, positions, theta, rd)
+        yield compare("rope", f"rot{rd}", _shape(T, H, D), d.copy_to_host(), ref,
+                      _rope_bound(x, positions, inv_freq), _ROPE_TOL)
+    for T, Hq, Hkv, D, rd, theta in qk:
+        q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+        k = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+        positions = (np.arange(T) + rng.integers(0, max_pos - T)).astype(np.int32)
+        inv_freq = rope.rope_inv_freq(theta, rd)
+        qd, kd = _dev(q), _dev(k)
+        rope.launch_rope_qk(qd, kd, _dev(positions), _dev(inv_freq))
+        for name, src, dev in (("q", q, qd), ("k", k, kd)):
+            yield compare(f"rope_qk {name}", f"rot{rd}", _shape(*src.shape), dev.copy_to_host(),
+                          ops.rope(src, positions, theta, rd),
+                          _rope_bound(src, positions, inv_freq), _ROPE_TOL)
+
+
+@check("split_q_gate", "kernels.rope.launch_split_q_gate")
+def check_split_q_gate(rng, size):
+    """Gated attention's q_proj output, per head [query | gate] -> q, gate: a copy, exact."""
+    from .kernels import rope
+    T, H, D = (3, 2, 16) if size == "tiny" else (4, Q9.n_heads, Q9.head_dim)
+    qg = rng.standard_normal((T, H * 2 * D)).astype(np.float32)
+    q, gate = Out((T, H, D)), Out((T, H, D))
+    rope.launch_split_q_gate(_dev(qg), q.dev, gate.dev)
+    per_head = qg.reshape(T, H, 2 * D)       # the reference: HF's view(T, -1, 2D).chunk(2, -1)
+    for name, out, ref in (("q", q, per_head[..., :D]), ("gate", gate, per_head[..., D:])):
+        got, guard_ok = out.get()
+        yield compare(f"split_q_gate {name}", "f32", _shape(T, H, D), got,
+                      np.ascontiguousarray(ref), tol="bit-exact", bits=True, guard_ok=guard_ok)
+
+
+# ------------------------------------------------------------------ elementwise
+
+# silu(g) * u / x * sigmoid(g): expf 2 ulp, 1 + e 1, divide 1, one or two multiplies, and the
+# reference's float32 rounding of its result (and of sigmoid(g) before the product): <= 7
+# roundings, each within u relative of its result. Relative bounds hold down to the smallest
+# normal float32 (below it, silu(-100) underflows to -0 on the device and to a subnormal in
+# float64), hence TINY_NORMAL absolute on top.
+_ELEMWISE_U = 7
+
+
+@check("swiglu", "kernels.activation.launch_swiglu", "kernels.activation.launch_swiglu_fused")
+def check_swiglu(rng, size):
+    from .kernels import activation as act
+    from .reference import ops
+    N, F = (3, 37) if size == "tiny" else (4, Q9.ffn)
+    tol = f"{MARGIN:g}·{_ELEMWISE_U}u·|ref|"
+    g = (4 * rng.standard_normal((N, F))).astype(np.float32)
+    g[0, :3] = [-80.0, 80.0, 0.0]            # the exp-overflow side, saturation, zero
+    u = rng.standard_normal((N, F)).astype(np.float32)
+    y = Out((N, F))
+    with np.errstate(over="ignore"):         # exp(80) overflows float32 in the simulator too
+        act.launch_swiglu(_dev(g), _dev(u), y.dev)
+    got, guard_ok = y.get()
+    ref = ops.swiglu(g, u)
+    yield compare("swiglu", "f32", _shape(N, F), got, ref,
+                  MARGIN * _ELEMWISE_U * U * np.abs(_f64(ref)) + TINY_NORMAL, tol,
+                  guard_ok=guard_ok)
+    gu = (3 * rng.standard_normal((N, 2 * F))).astype(np.float32)
+    y = Out((N, F))
+    act.launch_swiglu_fused(_dev(gu), y.dev)
+    got, guard_ok = y.get()
+    ref = ops.swiglu(gu[:, :F], gu[:, F:])
+    yield compare("swiglu_fused", "f32", _shape(N, 2 * F), got, ref,
+                  MARGIN * _ELEMWISE_U * U * np.abs(_f64(ref)) + TINY_NORMAL, tol,
+                  guard_ok=guard_ok)
+
+
+@check("sigmoid_mul", "kernels.activation.launch_sigmoid_mul")
+def check_sigmoid_mul(rng, size):
+    """x *= sigmoid(gate) in place (gated attention's output gate)."""
+    from .kernels import activation as act
+    from .reference import ops
+    T, C = (4, 48) if size == "tiny" else (4, Q9.n_heads * Q9.head_dim)
+    x = rng.standard_normal((T, C)).astype(np.float32)
+    gate = (5 * rng.standard_normal((T, C))).astype(np.float32)
+    d = _dev(x)
+    act.launch_sigmoid_mul(d, _dev(gate))
+    ref = _f64(x) * ops.sigmoid(gate)
+    yield compare("sigmoid_mul", "f32", _shape(T, C), d.copy_to_host(), ref,
+                  MARGIN * _ELEMWISE_U * U * np.abs(ref) + TINY_NORMAL,
+                  f"{MARGIN:g}·{_ELEMWISE_U}u·|ref|")
+
+
+@check("add", "kernels.activation.launch_add")
+def check_add(rng, size):
+    """out = a + b: one float32 addition, the same IEEE operation as numpy's: bit-exact."""
+    from .kernels import activation as act
+    N, C = (3, 70) if size == "tiny" else (4, Q9.hidden)
+    a = rng.standard_normal((N, C)).astype(np.float32)
+    b = rng.standard_normal((N, C)).astype(np.float32)
+    out = Out((N, C))
+    act.launch_add(_dev(a), _dev(b), out.dev)
+    got, guard_ok = out.get()
+    yield compare("add", "f32", _shape(N, C), got, a + b, tol="bit-exact", bits=True,
+                  guard_ok=guard_ok)
+
+
+# ------------------------------------------------------------------ KV cache
+
+
+def _kv_rows(rng, T, H, D):
+    """K/V rows with the quantizers' edge cases: per-row scales over 3 decades, an all-zero
+    block (d = 0), a constant block (Q5_1 d = 0), roundf ties."""
+    x = (rng.standard_normal((T, H, D)) * rng.uniform(0.01, 10, (T, H, 1))).astype(np.float32)
+    x[0, 0, :32] = 0.0
+    x[0, 0, 32:64] = 1.25
+    x[-1, -1, :8] = [0.5, -0.5, 1.5, -1.5, 2.5, 3.5, -127.0, 127.0]
+    return x
+
+
+def _q5_1_near_boundary(x):
+    """bool (..., D): the Q5_1 quant of x lies within 1e-4 of a rounding boundary (float64)."""
+    blocks = x.reshape(-1, 32).astype(np.float32)
+    lo = blocks.min(axis=1, keepdims=True)
+    d = (blocks.max(axis=1, keepdims=True) - lo) / np.float32(31)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(d > 0, (blocks - lo).astype(np.float64) / d.astype(np.float64) + 0.5, 0.0)
+    frac = v - np.floor(v)
+    return (np.minimum(frac, 1 - frac) < 1e-4).reshape(x.shape)
+
+
+@check("kv_store", "cache.kv.launch_kv_store")
+def check_kv_store(rng, size):
+    """Quantizing KV store at device positions: the bytes of bw24nb.quant.quantize. Q8_0 and
+    F16 are bit-exact everywhere; Q5_1 too in the simulator, while on a GPU NVVM contracts
+    (x - min) * id + 0.5 into one FMA, so a quant within rounding of a .5 boundary may land one
+    step away (cache/kv.py): there the scale bytes must match and every value must be equal or
+    exactly one step d apart at a near-tie. Positions not stored keep their poison."""
+    from .cache import kv
+    from .device import simulator_enabled
+    from .quant import QType, dequantize, quantize
+    T, H, D, ctx = (3, 2, 64, 16) if size == "tiny" else (32, Q9.n_kv_heads, Q9.head_dim, 4096)
+    for qt in (QType.Q8_0, QType.Q5_1, QType.F16):
+        x = _kv_rows(rng, T, H, D)
+        positions = rng.choice(ctx, T, replace=False).astype(np.int32)
+        rb = kv.kv_row_bytes(qt, D)
+        poison = np.full((H, ctx, rb), _INT_POISON_BYTE, np.uint8)
+        rows = _dev(poison)
+        kv.launch_kv_store(_dev(x), _dev(positions), qt, rows, rows.view(np.float16))
+        got = rows.copy_to_host()
+        want = quantize(x, qt)                                     # [T, H, rb]
+        untouched = np.ones(ctx, bool)
+        untouched[positions] = False
+        problems = []
+        if not np.array_equal(got[:, untouched], poison[:, untouched]):
+            problems.append("wrote positions it was not given")
+        got_rows = np.ascontiguousarray(got[:, positions].transpose(1, 0, 2))   # [T, H, rb]
+        gv = dequantize(got_rows, qt, (T, H, D))
+        wv = dequantize(want, qt, (T, H, D))
+        tol = "bit-exact"
+        if qt == QType.Q5_1 and not simulator_enabled():
+            tol = "bytes, or 1 step at a tie"
+            gb, wb = got_rows.reshape(T, H, -1, 24), want.reshape(T, H, -1, 24)
+            if not np.array_equal(gb[..., :4], wb[..., :4]):
+                problems.append("Q5_1 scale bytes differ")
+            d16 = wb[..., :2].copy().view(np.float16)[..., 0]          # each block's d
+            d = np.repeat(d16.astype(np.float64), 32, axis=-1)
+            diff = np.abs(_f64(gv) - _f64(wv))
+            bad = ~((diff == 0) | (_q5_1_near_boundary(x) & np.isclose(diff, d)))
+            if bad.any():
+                problems.append(f"{int(bad.sum())} values differ beyond a one-step tie")
+            row = compare("kv_store", qt.name, _shape(T, H, D) + f" ctx{ctx}", gv, wv,
+                          np.where(_q5_1_near_boundary(x), d * 1.0001, 0.0), tol,
+                          problems=problems)
+        else:
+            row = compare("kv_store", qt.name, _shape(T, H, D) + f" ctx{ctx}", got_rows, want,
+                          tol=tol, bits=True, problems=problems)
+            # report the error in value space too (0 when the bytes match)
+            row.max_abs = float(np.max(np.abs(_f64(gv) - _f64(wv)), initial=0.0))
+        yield row
+
+
+def _quant_error(x, qt):
+    """Per-element bound on |dequantize(quantize(x)) - x| for a KV cache type, from the block
+    the element sits in: Q8_0 rounds to half a step d = amax / 127, and d itself is stored in
+    f16 (relative 2^-11, times |q| <= 127); Q5_1 half a step d = (max - min) / 31, with d and
+    the offset min in f16; F16 rounds each value (2^-11 relative)."""
+    from .quant import QType
+    x = _f64(x)
+    if qt == QType.F16:
+        return 2.0 ** -11 * np.abs(x)
+    blocks = x.reshape(-1, 32)
+    if qt == QType.Q8_0:
+        d = np.abs(blocks).max(axis=1, keepdims=True) / 127
+        err = d * (0.5 + 127 * 2.0 ** -11)
+    else:
+        lo, hi = blocks.min(axis=1, keepdims=True), blocks.max(axis=1, keepdims=True)
+        d = (hi - lo) / 31
+        err = d * (0.5 + 31 * 2.0 ** -11) + np.abs(lo) * 2.0 ** -11
+    return np.broadcast_to(err, blocks.shape).reshape(x.shape)
+
+
+@check("kv_store_rope", "cache.kv.launch_kv_store_rope")
+def check_kv_store_rope(rng, size):
+    """A layer's K and V in one launch, K rotated (partial NEOX RoPE) on the way in. V: the
+    bytes of quantize(v) (as kv_store). K: compared in value space with the oracle
+    ops.rope(k): the rotation's bound (as `rope`) plus the codec's quantization error of the
+    block (the kernel quantizes its own float32 rotation, which may sit on the other side of a
+    rounding boundary than the float64 one; MARGIN covers the scale d moving with it)."""
+    from .cache import kv
+    from .device import simulator_enabled
+    from .kernels import rope
+    from .quant import QType, dequantize, quantize
+    from .reference import ops
+    if size == "tiny":
+        cases = [(3, 2, 32, 16, 16, 1e7, QType.Q8_0, QType.Q5_1)]  # T, H, D, ctx, rotary, theta
+    else:
+        cases = [(32, Q9.n_kv_heads, Q9.head_dim, 4096, Q9.rotary_dim, Q9.rope_theta,
+                  QType.Q8_0, QType.Q5_1),
+                 (32, Q05.n_kv_heads, Q05.head_dim, 4096, Q05.rotary_dim, Q05.rope_theta,
+                  QType.F16, QType.F16)]
+    for T, H, D, ctx, rd, theta, kt, vt in cases:
+        k, v = _kv_rows(rng, T, H, D), _kv_rows(rng, T, H, D)
+        positions = rng.choice(ctx, T, replace=False).astype(np.int32)
+        inv_freq = rope.rope_inv_freq(theta, rd)
+        caches = []
+        for qt in (kt, vt):
+            poison = np.full((H, ctx, kv.kv_row_bytes(qt, D)), _INT_POISON_BYTE, np.uint8)
+            caches.append((poison, _dev(poison)))
+        (kp, k_u8), (vp, v_u8) = caches
+        kv.launch_kv_store_rope(_dev(k), _dev(v), _dev(positions), _dev(inv_freq), kt, k_u8,
+                                k_u8.view(np.float16), vt, v_u8, v_u8.view(np.float16))
+        untouched = np.ones(ctx, bool)
+        untouched[positions] = False
+        shape = _shape(T, H, D) + f" ctx{ctx} rot{rd}"
+        got_k, got_v = k_u8.copy_to_host(), v_u8.copy_to_host()
+        problems = ["" if np.array_equal(got[:, untouched], p[:, untouched])
+                    else "wrote positions it was not given"
+                    for got, p in ((got_k, kp), (got_v, vp))]
+        k_rows = np.ascontiguousarray(got_k[:, positions].transpose(1, 0, 2))
+        k_ref = ops.rope(k, positions, theta, rd)
+        bound = MARGIN * (_rope_bound(k, positions, inv_freq) + _quant_error(k_ref, kt))
+        yield compare("kv_store_rope k", kt.name, shape, dequantize(k_rows, kt, (T, H, D)), k_ref,
+                      bound + TINY_NORMAL, f"{MARGIN:g}(rope + quantization)",
+                      problems=problems[:1])
+        v_rows = np.ascontiguousarray(got_v[:, positions].transpose(1, 0, 2))
+        want = quantize(v, vt)
+        if vt == QType.Q5_1 and not simulator_enabled():
+            # FMA contraction on the GPU: one step at a near-tie (see kv_store)
+            gv, wv = dequantize(v_rows, vt, (T, H, D)), dequantize(want, vt, (T, H, D))
+            yield compare("kv_store_rope v", vt.name, shape, gv, wv,
+                          np.where(_q5_1_near_boundary(v), _quant_error(v, vt) * 2.0001, 0.0),
+                          "bytes, or 1 step at a tie", problems=problems[1:])
+        else:
+            yield compare("kv_store_rope v", vt.name, shape, v_rows, want, tol="bit-exact",
+                          bits=True, problems=problems[1:])
+
+
+# ------------------------------------------------------------------ attention
+
+
+def _attention_bound(q, k, v, positions, scale, ref, n_splits=0):
+    """Per-output absolute bound of the flash kernels vs ops.attention (float64) on the same
+    K/V values (the cache's dequantized contents for the cache kernels).
+
+    Row (t, h) sees keys s <= positions[t]. Its scores are D-term float32 dots, then * scale:
+    absolute error E <= gamma_{D+1} * Smax with Smax = max_s scale * sum_d |q_d k_sd| (which
+    also bounds |score|). A weight e_s = exp(s_s - m) then errs relatively by
+    delta <= 2E (s and m) + 2u Smax (the subtraction, |s - m| <= 2 Smax) + 4u (expf 2 ulp, the
+    alpha rescale); with split-K the combine's exp(m_s - M) adds 2u Smax + 2u more. The output
+    (sum_s e_s v_s) / (sum_s e_s) then errs by <= 2 delta * Mv (numerator and denominator),
+    Mv = max_s |v_sd| bounding the convex combination, plus the float32 accumulation of both
+    sums: gamma_h with h = n + 2 ceil(n / ATTN_KEYS) + 2 n_splits + 4 for n visible keys
+    (one add per key, two rescales per tile, the combine), and u |ref| for the reference."""
+    from .kernels.attention import ATTN_KEYS
+    T, Hq, D = q.shape
+    S, Hkv, _ = k.shape
+    kv_head = np.arange(Hq) // (Hq // Hkv)
+    aq = np.abs(_f64(q)).transpose(1, 0, 2)                                  # [Hq, T, D]
+    ak = np.abs(_f64(k))[:, kv_head].transpose(1, 2, 0)                     # [Hq, D, S]
+    dots = np.matmul(aq, ak).transpose(1, 0, 2) * abs(scale)                # [T, Hq, S]
+    visible = np.arange(S)[None, :] <= _f64(positions)[:, None]             # [T, S]
+    smax = np.where(visible[:, None, :], dots, 0.0).max(axis=2)             # [T, Hq]
+    E = gamma(D + 1) * smax
+    delta = 2 * E + 2 * U * smax + 4 * U
+    if n_splits:
+        delta += 2 * U * smax + 2 * U
+    n = _f64(positions) + 1                                                 # [T]
+    h = n + 2 * np.ceil(n / ATTN_KEYS) + 2 * n_splits + 4
+    acc = np.array([gamma(x) for x in h])                                   # [T]
+    vmax = np.maximum.accumulate(np.abs(_f64(v)), axis=0)                   # [S, Hkv, D]
+    mv = vmax[np.asarray(positions)][:, kv_head]                            # [T, Hq, D]
+    per_row = 2 * delta + 2 * acc[:, None] + 2 * U                          # [T, Hq]
+    return MARGIN * (per_row[:, :, None] * mv + U * np.abs(_f64(ref))) + TINY_NORMAL
+
+
+_ATTN_TOL = f"{MARGIN:g}(2δ+2γn+2u)·max|v|"
+
+
+def _filled_cache(rng, S, Hkv, D, ctx, k_type, v_type):
+    """A one-slot KV cache holding S random positions (written by the store kernel)."""
+    from .cache import KVCache
+    cache = KVCache(1, Hkv, D, ctx, k_type, v_type)
+    k = (2 * rng.standard_normal((S, Hkv, D))).astype(np.float32)
+    v = rng.standard_normal((S, Hkv, D)).astype(np.float32)
+    cache.store(0, _dev(k), _dev(v), _dev(np.arange(S, dtype=np.int32)))
+    return cache
+
+
+@check("flash_attn", "kernels.attention.launch_flash_attn")
+def check_flash_attn(rng, size):
+    """Prefill attention with float32 K/V: from empty and continued (queries at an offset)."""
+    from .kernels import attention as at
+    from .reference import ops
+    if size == "tiny":
+        cases = [(6, 13, 6, 2, 16)]            # T, S, Hq, Hkv, D: n_rep 3, rows straddle tiles
+    else:
+        cases = [(273, 273, Q05.n_heads, Q05.n_kv_heads, Q05.head_dim),
+                 (100, 1100, Q9.n_heads, Q9.n_kv_heads, Q9.head_dim)]
+    for T, S, Hq, Hkv, D in cases:
+        q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+        k = rng.standard_normal((S, Hkv, D)).astype(np.float32)
+        v = rng.standard_normal((S, Hkv, D)).astype(np.float32)
+        positions = np.arange(S - T, S, dtype=np.int32)
+        out = Out((T, Hq, D))
+        at.launch_flash_attn(_dev(q), _dev(k), _dev(v), _dev(positions), out.dev)
+        got, guard_ok = out.get()
+        ref = ops.attention(q, k, v, causal_offset=S - T)
+        yield compare("flash_attn", "f32", f"T{T} S{S} H{Hq}/{Hkv} D{D}", got, ref,
+                      _attention_bound(q, k, v, positions, D ** -0.5, ref), _ATTN_TOL,
+                      guard_ok=guard_ok)
+
+
+@check("flash_attn_cache", "kernels.attention.launch_flash_attn_cache")
+def check_flash_attn_cache(rng, size):
+    """Prefill attention over one layer of the quantized KV cache (vs the reference on the
+    cache's dequantized contents, so only float32 rounding separates them)."""
+    from .kernels import attention as at
+    from .quant import QType
+    from .reference import ops
+    if size == "tiny":
+        cases = [(5, 9, 4, 2, 32, 16, QType.Q8_0, QType.Q5_1)]   # T, S, Hq, Hkv, D, ctx, types
+    else:
+        cases = [(64, 1000, Q9.n_heads, Q9.n_kv_heads, Q9.head_dim, 2048, QType.Q8_0, QType.Q5_1),
+                 (64, 1000, Q05.n_heads, Q05.n_kv_heads, Q05.head_dim, 2048, QType.F16, QType.F16)]
+    for T, S, Hq, Hkv, D, ctx, kt, vt in cases:
+        cache = _filled_cache(rng, S, Hkv, D, ctx, kt, vt)
+        q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+        positions = np.arange(S - T, S, dtype=np.int32)
+        out = Out((T, Hq, D))
+        k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+        at.launch_flash_attn_cache(_dev(q), _dev(positions), k_u8, k_f16, kt, v_u8, v_f16, vt,
+                                   out.dev)
+        got, guard_ok = out.get()
+        k, v = cache.read(0, S)
+        ref = ops.attention(q, k, v, causal_offset=S - T)
+        yield compare("flash_attn_cache", f"{kt.name}/{vt.name}", f"T{T} S{S} H{Hq}/{Hkv} D{D}",
+                      got, ref, _attention_bound(q, k, v, positions, D ** -0.5, ref), _ATTN_TOL,
+                      guard_ok=guard_ok)
+
+
+@check("flash_decode", "kernels.attention.launch_flash_decode")
+def check_flash_decode(rng, size):
+    """Split-K decode attention + combine: contexts that are not a multiple of the split (nor
+    of the key tile), a split with no visible key, a multi-token verify step."""
+    from .kernels import attention as at
+    from .quant import QType
+    from .reference import ops
+    if size == "tiny":
+        # T, n_ctx, n_splits, Hq, Hkv, D, ctx, types
+        cases = [(1, 37, 3, 4, 2, 32, 40, QType.Q8_0, QType.Q5_1),
+                 (1, 5, 4, 2, 1, 32, 8, QType.F16, QType.F16)]       # chunk 2: split 3 empty
+    else:
+        cases = [(1, 4097, at.decode_splits(4097, Q9.n_kv_heads), Q9.n_heads, Q9.n_kv_heads,
+                  Q9.head_dim, 8192, QType.Q8_0, QType.Q5_1),
+                 (4, 1000, at.decode_splits(1000, Q05.n_kv_heads), Q05.n_heads, Q05.n_kv_heads,
+                  Q05.head_dim, 2048, QType.Q8_0, QType.Q5_1),
+                 (1, 3001, 7, Q9.n_heads, Q9.n_kv_heads, Q9.head_dim, 4096, QType.F16, QType.F16)]
+    for T, n_ctx, n_splits, Hq, Hkv, D, ctx, kt, vt in cases:
+        # every position holds data, also those past n_ctx (which must stay unseen)
+        cache = _filled_cache(rng, ctx, Hkv, D, ctx, kt, vt)
+        q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+        positions = np.arange(n_ctx - T, n_ctx, dtype=np.int32)
+        part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
+        out = Out((T, Hq, D))
+        k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+        at.launch_flash_decode(_dev(q), _dev(positions), k_u8, k_f16, kt, v_u8, v_f16, vt,
+                               out.dev, part_ml, part_acc)
+        got, guard_ok = out.get()
+        k, v = cache.read(0, n_ctx)
+        ref = ops.attention(q, k, v, causal_offset=n_ctx - T)
+        yield compare("flash_decode", f"{kt.name}/{vt.name}",
+                      f"T{T} ctx{n_ctx}/{n_splits}sp H{Hq}/{Hkv} D{D}", got, ref,
+                      _attention_bound(q, k, v, positions, D ** -0.5, ref, n_splits), _ATTN_TOL,
+                      guard_ok=guard_ok)
+
+
+# ------------------------------------------------------------------ argmax, sampling, step
+
+
+@check("argmax", "kernels.sampling.launch_argmax")
+def check_argmax(rng, size):
+    """Device argmax: exact, ties to the lowest id (also across blocks), NaN never ranks."""
+    from .kernels import sampling as sm
+    V, threads = (1500, 32) if size == "tiny" else (Q05.vocab, sm.SAMPLE_THREADS)
+    work = sm.SampleWorkspace(V, threads)
+    logits = rng.standard_normal(V).astype(np.float32)
+    top = np.float32(logits.max() + 1.0)
+    logits[np.sort(rng.choice(V, 3, replace=False))] = top      # a three-way tie
+    logits[rng.integers(0, V)] = np.nan
+    out = Out(1, np.int32)
+    sm.launch_argmax(_dev(logits), out.dev, work)
+    got, guard_ok = out.get()
+    # np.argmax returns the first maximum; nanargmax the same with NaN skipped (the kernel's
+    # rule: NaN never ranks)
+    ref = np.array([np.nanargmax(logits)], np.int32)
+    yield compare("argmax", "f32", f"V{V} {work.n_blocks}blk", got, ref, tol="exact",
+                  guard_ok=guard_ok, poison=_poison_value(np.int32))
+
+
+# a draw whose u lands within this relative distance of a boundary between two tokens may pick
+# either neighbour (float32 device sums vs the float64 reference; sampling.py's docstring)
+_SAMPLE_MARGIN = 1e-5
+
+
+@check("sample", "kernels.sampling.launch_sample")
+def check_sample(rng, size):
+    """Seeded sampling: the uniform is bit-exact (reference_uniform), the token equals
+    reference_sample's for that uniform unless u sits on a knife edge."""
+    from .kernels import sampling as sm
+    # tiny: 16 threads sort 128-logit chunks; 4 blocks make a two-level merge tree
+    V, threads = (500, 16) if size == "tiny" else (Q05.vocab, sm.SAMPLE_THREADS)
+    work = sm.SampleWorkspace(V, threads)
+    seed = int(rng.integers(0, 2 ** 63))
+    state = sm.make_rng_state(seed)
+    draws = 0
+    # temperature, top_k, top_p, logit scale
+    for temperature, top_k, top_p, scale in ((0.0, 0, 1.0, 1.0), (1.0, 0, 1.0, 1.0),
+                                             (0.8, 12, 0.7, 2.0), (1.0, 0, 0.6, 4.0)):
+        logits = (rng.standard_normal(V) * scale).astype(np.float32)
+        out = Out(1, np.int32)
+        u_out = Out(1)
+        sm.launch_sample(_dev(logits), _dev(sm.sampling_params(temperature, top_p, top_k)), state,
+                         out.dev, u_out.dev, work)
+        token, g1 = out.get()
+        u, g2 = u_out.get()
+        problems = []
+        if temperature > 0:
+            u_ref = sm.reference_uniform(seed, draws)
+            draws += 1
+            if u[0] != u_ref:
+                problems.append(f"uniform {u[0]!r} != reference {u_ref!r}")
+        elif u[0] != 0:
+            problems.append(f"greedy reported u = {u[0]!r}, not 0")
+        want, margin = sm.reference_sample(logits, temperature, top_k, top_p, float(u[0]))
+        knife_edge = margin <= _SAMPLE_MARGIN and 0 <= token[0] < V
+        ref = token.copy() if knife_edge else np.array([want], np.int32)
+        label = "greedy" if temperature <= 0 else f"t{temperature:g} k{top_k} p{top_p:g}"
+        yield compare("sample", label, f"V{V} {work.n_blocks}blk", token, ref,
+                      tol="exact" + (" (u at a tie)" if knife_edge else ""),
+                      guard_ok=g1 and g2, poison=_poison_value(np.int32), problems=problems)
+    counter = int(state.copy_to_host()[1])
+    if counter != draws:
+        yield Row("sample rng", "u64", "state", float(abs(counter - draws)), math.inf, "exact",
+                  math.inf, False, f"RNG counter {counter} after {draws} draws")
+
+
+@check("advance", "kernels.step.launch_advance")
+def check_advance(rng, size):
+    """End of a decode step: token_in = token_out, position += 1. Exact."""
+    from .kernels import step
+    token_out = np.array([rng.integers(0, 151936)], np.int32)
+    position = np.array([rng.integers(0, 1 << 20)], np.int32)
+    token_in = Out(1, np.int32)
+    pos_dev = _dev(position)
+    step.launch_advance(token_in.dev, _dev(token_out), pos_dev)
+    want_in, want_pos = np.full(1, _poison_value(np.int32)), position.copy()
+    step.advance_reference(want_in, token_out, want_pos)
+    got, guard_ok = token_in.get()
+    yield compare("advance token", "i32", "1", got, want_in, tol="exact", guard_ok=guard_ok,
+                  poison=_poison_value(np.int32))
+    yield compare("advance position", "i32", "1", pos_dev.copy_to_host(), want_pos, tol="exact")
+
+
+# ------------------------------------------------------------------ Gated DeltaNet
+
+
+def _gdn_dims(size):
+    if size == "tiny":
+        return SimpleNamespace(nk=2, nv=4, dk=16, dv=16)
+    return SimpleNamespace(nk=Q9.lin_k_heads, nv=Q9.lin_v_heads, dk=Q9.lin_dk, dv=Q9.lin_dv)
+
+
+@check("gdn_conv1d", "kernels.gated_deltanet.launch_conv1d_silu")
+def check_gdn_conv1d(rng, size):
+    """Causal depthwise conv (width 4) + silu, continuing from a window; new window exact."""
+    from .kernels import gated_deltanet as gdn
+    from .reference import ops
+    from .reference.gated_deltanet import causal_conv1d
+    d = _gdn_dims(size)
+    C = 2 * d.nk * d.dk + d.nv * d.dv
+    K = gdn.CONV_KERNEL
+    for T in ((3,) if size == "tiny" else (1, 16)):
+        x = (2 * rng.standard_normal((T, C))).astype(np.float32)
+        w = (0.5 * rng.standard_normal((C, K))).astype(np.float32)
+        state = (2 * rng.standard_normal((K - 1, C))).astype(np.float32)   # mid-sequence
+        y = Out((T, C))
+        state_dev = _dev(state)
+        gdn.launch_conv1d_silu(_dev(x), _dev(w), state_dev, y.dev)
+        got, guard_ok = y.get()
+        conv, new_state = causal_conv1d(x, w, state)
+        ref = ops.silu(conv)
+        # 4 products summed in float32: <= 4 roundings of terms bounded by sum_j |w_j x_j|
+        # (silu' <= 1.1 carries them through); silu itself 4 ulps and the reference's 1
+        xp = np.concatenate([state, x]).astype(np.float64)
+        mag = sum(np.abs(_f64(w[:, j]) * xp[j:j + T]) for j in range(K))
+        bound = MARGIN * (gamma(K) * 1.1 * mag + 5 * U * np.abs(_f64(ref))) + TINY_NORMAL
+        yield compare("gdn_conv1d", "f32", _shape(T, C), got, ref, bound,
+                      f"{MARGIN:g}(1.1γ4·Σ|wx|+5u|y|)", guard_ok=guard_ok)
+        yield compare("gdn_conv1d state", "f32", _shape(K - 1, C), state_dev.copy_to_host(),
+                      new_state, tol="bit-exact", bits=True)
+
+
+@check("gdn_prep", "kernels.gated_deltanet.launch_gdn_prep")
+def check_gdn_prep(rng, size):
+    """Per-head prep: L2-normalised q (scaled) and k, v copied, g = ssm_a softplus(a + dt),
+    beta = sigmoid(b)."""
+    from .kernels import gated_deltanet as gdn
+    from .reference import ops
+    from .reference.gated_deltanet import L2NORM_EPS, l2norm, softplus
+    d = _gdn_dims(size)
+    T = 2 if size == "tiny" else 4
+    kd = d.nk * d.dk
+    qkv = (1.5 * rng.standard_normal((T, 2 * kd + d.nv * d.dv))).astype(np.float32)
+    a = rng.uniform(-30, 30, (T, d.nv)).astype(np.float32)            # both softplus tails
+    b = (3 * rng.standard_normal((T, d.nv))).astype(np.float32)
+    dt_bias = rng.standard_normal(d.nv).astype(np.float32)
+    ssm_a = (-np.exp(rng.uniform(-2, 2, d.nv))).astype(np.float32)    # = -exp(A_log)
+    q, k = Out((T, d.nk, d.dk)), Out((T, d.nk, d.dk))
+    v = Out((T, d.nv, d.dv))
+    g, beta = Out((T, d.nv)), Out((T, d.nv))
+    gdn.launch_gdn_prep(*(_dev(arr) for arr in (qkv, a, b, dt_bias, ssm_a)),
+                        q.dev, k.dev, v.dev, g.dev, beta.dev, eps=L2NORM_EPS)
+    shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{d.dv}"
+    # l2norm: dk squares summed per thread (dk/32) then block_sum's 5-level tree over 32
+    # threads: gamma_h, h = dk/32 + 6, halved by the rsqrt, + 3u (add eps, sqrt, reciprocal),
+    # + 3u (times x, times the query scale, which is itself float32(dk^-0.5)); the reference
+    # is float64 and not rounded.
+    h = math.ceil(d.dk / gdn.PREP_THREADS) + 6
+    rel = MARGIN * (gamma(h) / 2 + 6 * U)
+    label = f"{MARGIN:g}(γ{h}/2+6u)·|ref|"
+    q_ref = l2norm(qkv[:, :kd].reshape(T, d.nk, d.dk)) * d.dk ** -0.5
+    k_ref = l2norm(qkv[:, kd:2 * kd].reshape(T, d.nk, d.dk))
+    for name, out, ref in (("q", q, q_ref), ("k", k, k_ref)):
+        got, guard_ok = out.get()
+        yield compare(f"gdn_prep {name}", "f32", shape, got, ref,
+                      rel * np.abs(ref) + TINY_NORMAL, label, guard_ok=guard_ok)
+    got, guard_ok = v.get()
+    yield compare("gdn_prep v", "f32", shape, got, qkv[:, 2 * kd:].reshape(T, d.nv, d.dv),
+                  tol="bit-exact", bits=True, guard_ok=guard_ok)
+    # g: a + dt_bias rounds (u |x| absolute), which softplus carries into <= u |x| relative
+    # (softplus'/softplus <= 1); log1p, exp, max/add, the product with ssm_a: <= 6 ulps + 1
+    x = _f64(a) + _f64(dt_bias)
+    g_ref = _f64(ssm_a) * softplus(x)
+    got, guard_ok = g.get()
+    yield compare("gdn_prep g", "f32", shape, got, g_ref,
+                  MARGIN * (np.abs(x) + 7) * U * np.abs(g_ref) + TINY_NORMAL,
+                  f"{MARGIN:g}(|a+dt|+7)u·|ref|", guard_ok=guard_ok)
+    # beta = sigmoid(b): expf 2 ulp, add, divide, and ops.sigmoid's float32 rounding
+    b_ref = ops.sigmoid(b)
+    got, guard_ok = beta.get()
+    yield compare("gdn_prep beta", "f32", shape, got, b_ref,
+                  MARGIN * 5 * U * np.abs(_f64(b_ref)) + TINY_NORMAL, f"{MARGIN:g}·5u·|ref|",
+                  guard_ok=guard_ok)
+
+
+@check("gated_delta_rule", "kernels.gated_deltanet.launch_gated_delta_rule")
+def check_gated_delta_rule(rng, size):
+    """T recurrent steps of the gated delta rule from a random state (decode T = 1, prefill
+    T > 1), against the reference's recurrent form."""
+    from .kernels import gated_deltanet as gdn
+    from .models.qwen35 import value_to_key_head
+    from .reference.gated_deltanet import gated_delta_rule_recurrent, l2norm
+    d = _gdn_dims(size)
+    key_head = value_to_key_head("qwen35", d.nk, d.nv)
+    for T in ((3,) if size == "tiny" else (1, 16)):
+        qn = l2norm(rng.standard_normal((T, d.nk, d.dk)))
+        kn = l2norm(rng.standard_normal((T, d.nk, d.dk)))
+        q = (qn * d.dk ** -0.5).astype(np.float32)        # as launch_gdn_prep leaves them
+        k = kn.astype(np.float32)
+        v = rng.standard_normal((T, d.nv, d.dv)).astype(np.float32)
+        g = (-rng.uniform(0.0, 1.5, (T, d.nv))).astype(np.float32)     # log decay <= 0
+        beta = rng.uniform(0.0, 1.0, (T, d.nv)).astype(np.float32)
+        s0 = (0.5 * rng.standard_normal((d.nv, d.dk, d.dv))).astype(np.float32)
+        state = _dev(s0)
+        o = Out((T, d.nv, d.dv))
+        gdn.launch_gated_delta_rule(*(_dev(a) for a in (q, k, v, g, beta)),
+                                    _dev(key_head.astype(np.int32)), state, o.dev)
+        got, guard_ok = o.get()
+        # the reference takes q, k repeated onto the value heads and scales q itself
+        o_ref, s_ref = gated_delta_rule_recurrent(_f64(q)[:, key_head] * np.sqrt(d.dk),
+                                                  _f64(k)[:, key_head], v, g, beta, s0)
+        # per step each dot over d_k rows rounds <= d_k times and the update adds 2 roundings
+        # per entry; with |k| = 1, beta in [0, 1] and decay <= 1 the update is non-expansive in
+        # the old state, so errors add over the T steps: T (d_k + 4) u max(|S|, |o|).
+        scale = max(np.abs(o_ref).max(), np.abs(s_ref).max())
+        bound = MARGIN * T * (d.dk + 4) * U * scale
+        label = f"{MARGIN:g}·T(dk+4)u·max|S|"
+        shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{d.dv}"
+        yield compare("gated_delta_rule o", "f32", shape, got, o_ref, bound, label,
+                      guard_ok=guard_ok)
+        yield compare("gated_delta_rule S", "f32", shape, state.copy_to_host(), s_ref, bound,
+                      label)
+
+
+@check("gdn_output_norm", "kernels.gated_deltanet.launch_gdn_output_norm")
+def check_gdn_output_norm(rng, size):
+    from .kernels import gated_deltanet as gdn
+    from .reference.gated_deltanet import gated_rms_norm
+    d = _gdn_dims(size)
+    T = 2 if size == "tiny" else 4
+    o = rng.standard_normal((T, d.nv, d.dv)).astype(np.float32)
+    z = (2 * rng.standard_normal((T, d.nv, d.dv))).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(d.dv)).astype(np.float32)
+    y = Out((T, d.nv, d.dv))
+    gdn.launch_gdn_output_norm(_dev(o), _dev(z), _dev(w), 1e-6, y.dev)
+    got, guard_ok = y.get()
+    ref = gated_rms_norm(o, z, w, 1e-6)
+    rel, label = _norm_bound(d.dv, _SILU_GATE_U)
+    yield compare("gdn_output_norm", "f32", _shape(T, d.nv, d.dv), got, ref,
+                  rel * np.abs(_f64(ref)) + TINY_NORMAL, label, guard_ok=guard_ok)
+
+
+@check("recurrent_state")
+def check_recurrent_state(rng, size):
+    """The GDN state's snapshot / restore / reset kernels (cache/recurrent.py): copies and a
+    fill, bit-exact; a snapshot of some layers leaves the other slots of its buffer alone."""
+    from .cache.recurrent import RecurrentState
+    d = _gdn_dims(size)
+    cfg = SimpleNamespace(linear_num_key_heads=d.nk, linear_num_value_heads=d.nv,
+                          linear_key_head_dim=d.dk, linear_value_head_dim=d.dv,
+                          linear_conv_kernel_dim=4)
+    layers = [0, 1] if size == "tiny" else list(range(24))      # real: the 9B's 24 GDN layers
+    st = RecurrentState(cfg, layers=layers)
+    shape = f"{len(layers)}L {d.nv}x{d.dk}x{d.dv}"
+    conv0 = rng.standard_normal(st.conv_all.shape).astype(np.float32)
+    ssm0 = rng.standard_normal(st.ssm_all.shape).astype(np.float32)
+    st.conv_all.copy_to_device(conv0)
+    st.ssm_all.copy_to_device(ssm0)
+    snap = st.new_snapshot()
+    snap.conv.copy_to_device(np.full(snap.conv.shape, np.nan, np.float32))
+    snap.ssm.copy_to_device(np.full(snap.ssm.shape, np.nan, np.float32))
+    st.snapshot(into=snap)
+    yield compare("recurrent snapshot", "f32", shape, snap.ssm.copy_to_host(), ssm0,
+                  tol="bit-exact", bits=True,
+                  problems=["" if np.array_equal(snap.conv.copy_to_host(), conv0)
+                            else "conv windows not copied"])
+    st.conv_all.copy_to_device(rng.standard_normal(st.conv_all.shape).astype(np.float32))
+    st.ssm_all.copy_to_device(rng.standard_normal(st.ssm_all.shape).astype(np.float32))
+    st.restore(snap)
+    yield compare("recurrent restore", "f32", shape, st.ssm_all.copy_to_host(), ssm0,
+                  tol="bit-exact", bits=True,
+                  problems=["" if np.array_equal(st.conv_all.copy_to_host(), conv0)
+                            else "conv windows not restored"])
+    # one layer only: the other slots of the buffer keep their poison
+    part = st.new_snapshot()
+    part.ssm.copy_to_device(np.full(part.ssm.shape, np.nan, np.float32))
+    st.snapshot(into=part, layers=[layers[1]])
+    want = np.full(part.ssm.shape, np.nan, np.float32)
+    want[1] = ssm0[1]
+    yield compare("recurrent snapshot 1 layer", "f32", shape, part.ssm.copy_to_host(), want,
+                  tol="bit-exact", bits=True)
+    st.reset()
+    yield compare("recurrent reset", "f32", shape, st.ssm_all.copy_to_host(),
+                  np.zeros(st.ssm_all.shape, np.float32), tol="bit-exact", bits=True,
+                  problems=["" if not st.conv_all.copy_to_host().any() else "conv not zeroed"])
+
+
+# ------------------------------------------------------------------ MoE
+
+
+def _route_rel(E, threads, k, lmax):
+    """Relative bound of a router weight vs route() (float64 softmax, rounded once):
+    exp(l - m) with |l - m| <= lmax: the subtraction's rounding (u lmax absolute in the
+    argument, hence relative in the result) + expf's 2 ulp; the sum over E terms (block_sum:
+    ceil(E / threads) per thread + a log2(threads) tree) gamma_h; the divide 1; the
+    renormalisation: a k-term sum and a divide, which doubles the error of the numerator's;
+    the reference's rounding 1."""
+    h = math.ceil(E / threads) + int(math.log2(threads))
+    per_p = (lmax + 3) * U + gamma(h) + U
+    return MARGIN * (2 * per_p + gamma(k) + 2 * U)
+
+
+@check("moe_route", "kernels.moe.launch_moe_route")
+def check_moe_route(rng, size):
+    """Router softmax + top-k (+ renormalisation). The ids must be the reference's; at a
+    near-tie (two probabilities within the rounding bound) either order is right, so ids are
+    compared through the reference probability each one selects."""
+    from .kernels import moe
+    from .reference import ops
+    from .reference.moe import route
+    T, E, k = (2, 20, 4) if size == "tiny" else (4, MOE.n_experts, MOE.top_k)
+    for norm_topk in (True, False):
+        logits = (2 * rng.standard_normal((T, E))).astype(np.float32)
+        logits[0, :5] = logits[0].max() + 1                # a 5-way tie at the top: ids 0, 1, ..
+        ids, wts = Out((T, k), np.int32), Out((T, k))
+        moe.launch_moe_route(_dev(logits), norm_topk, ids.dev, wts.dev)
+        got_ids, g1 = ids.get()
+        got_w, g2 = wts.get()
+        # route() computes logits = linear(x, router_w): an identity router (float64 for this
+        # size) hands it our logits exactly
+        ref_ids, ref_w = route(logits, np.eye(E, dtype=np.float32), k, norm_topk)
+        probs = ops.softmax(logits).astype(np.float64)
+        rel = _route_rel(E, moe._router_threads(E), k, float(np.ptp(logits, axis=1).max()))
+        label = f"ids: p(id) within {rel:.1e}·p"
+        problems = []
+        if any(len(set(r)) != k for r in got_ids):
+            problems.append("an expert chosen twice")
+        if got_ids.min() < 0 or got_ids.max() >= E:
+            problems.append("expert id out of range")
+            got_ids = np.clip(got_ids, 0, E - 1)
+        p_got = np.take_along_axis(probs, got_ids.astype(np.int64), axis=1)
+        p_ref = np.take_along_axis(probs, ref_ids, axis=1)
+        tag = "norm" if norm_topk else "raw"
+        yield compare("moe_route ids", tag, f"T{T} E{E} k{k}", p_got, p_ref, rel * p_ref, label,
+                      guard_ok=g1, problems=problems + [
+                          "" if np.array_equal(got_ids[0, :min(k, 4)], np.arange(min(k, 4)))
+                          else f"exact ties not in id order: {got_ids[0, :min(k, 4)]}"])
+        yield compare("moe_route weights", tag, f"T{T} E{E} k{k}", got_w, ref_w,
+                      rel * np.abs(_f64(ref_w)) + TINY_NORMAL, f"{rel:.1e}·|ref|", guard_ok=g2)
+
+
+def _moe_types(size):
+    from .quant import QType
+    # tiny: one K-quant, one legacy and one dense type (the expert kernels are matvec.py's
+    # loop over dequant.py's per-type decoders, which `matvec` checks for every type); real:
+    # every block type and BF16 (a full 256-expert stack in F32 / F16 is 1 GB that no
+    # checkpoint ships, and their decoders are BF16's path's neighbours in dequant.py)
+    if size == "tiny":
+        return [QType.Q4_K, QType.Q8_0, QType.BF16]
+    return [qt for qt in _weight_types() if qt not in (QType.F32, QType.F16)]
+
+
+def _moe_dims(size):
+    """(T, E, k, hidden, expert ffn); tiny keeps one K-quant super-block per row."""
+    if size == "tiny":
+        return 2, 4, 2, 256, 256
+    return 3, MOE.n_experts, MOE.top_k, MOE.hidden, MOE.expert_ffn
+
+
+def _expert_ids(rng, T, E, k):
+    return np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+
+
+@check("expert_matvec", "kernels.moe.launch_expert_matvec")
+def check_expert_matvec(rng, size):
+    """y[t, r] = W[ids[t, r]] @ x[t] over a stacked expert weight [E, M, K]."""
+    from .kernels import matvec as mv
+    from .kernels import moe
+    for qt in _moe_types(size):
+        T, E, k, K, M = _moe_dims(size)                   # gate/up: [E, ffn, hidden]
+        M = 3 if size == "tiny" else M                    # one row block with an idle warp
+        w = _random_weight(rng, qt, E * M, K)            # expert e = rows e*M .. e*M + M - 1
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        ids = _expert_ids(rng, T, E, k)
+        ids[-1, -1] = E - 1                               # the last expert's rows too
+        y = Out((T, k, M))
+        moe.launch_expert_matvec(_dev(w), qt, E, M, K, _dev(ids), _dev(x), y.dev)
+        got, guard_ok = y.get()
+        w3 = w.reshape(E, M, -1)
+        ref = np.stack([np.stack([mv.matvec_reference(w3[e], qt, M, K, x[t]) for e in ids[t]])
+                        for t in range(T)])
+        mag = np.stack([np.stack([_abs_weight(w3[e], qt, M, K) @ np.abs(_f64(x[t]))
+                                  for e in ids[t]]) for t in range(T)])
+        h = _matvec_chain(qt, K)         # matvec.py's loop and order (moe.py's docstring)
+        yield compare("expert_matvec", qt.name, f"T{T} k{k} {E}x{M}x{K}", got, ref,
+                      MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
+                      guard_ok=guard_ok)
+
+
+@check("moe_down", "kernels.moe.launch_moe_down")
+def check_moe_down(rng, size):
+    """y[t] = sum_r w_r W_down[ids_r] @ act_r (rank order) + sigmoid(g) shared_y + residual."""
+    from .kernels import matvec as mv
+    from .kernels import moe
+    from .reference import ops
+    for qt in _moe_types(size):
+        T, E, k, M, K = _moe_dims(size)                   # down: [E, hidden, ffn]
+        M = 3 if size == "tiny" else M
+        w = _random_weight(rng, qt, E * M, K)
+        act = rng.standard_normal((T, k, K)).astype(np.float32)
+        ids = _expert_ids(rng, T, E, k)
+        wts = rng.uniform(0.05, 1.0, (T, k)).astype(np.float32)
+        shared_y = rng.standard_normal((T, M)).astype(np.float32)
+        shared_gate = (2 * rng.standard_normal(T)).astype(np.float32)
+        residual = rng.standard_normal((T, M)).astype(np.float32)
+        y = Out((T, M))
+        moe.launch_moe_down(_dev(w), qt, E, M, K, _dev(ids), _dev(wts), _dev(act), y.dev,
+                            shared_y=_dev(shared_y), shared_gate=_dev(shared_gate),
+                            residual=_dev(residual))
+        got, guard_ok = y.get()
+        w3 = w.reshape(E, M, -1)
+        sig = _f64(ops.sigmoid(shared_gate))[:, None]
+        ref = _f64(residual) + sig * shared_y
+        mag = np.abs(_f64(residual)) + sig * np.abs(shared_y)
+        for t in range(T):
+            for r in range(k):
+                e = ids[t, r]
+                ref[t] += wts[t, r] * mv.matvec_reference(w3[e], qt, M, K, act[t, r])
+                mag[t] += wts[t, r] * (_abs_weight(w3[e], qt, M, K) @ np.abs(_f64(act[t, r])))
+        # each dot: the matvec chain; the rank-order combine: 2 roundings per expert; the gate:
+        # sigmoid (4 u, relative) + a multiply and two adds
+        h = _matvec_chain(qt, K) + 2 * k + 8
+        yield compare("moe_down", qt.name, f"T{T} k{k} {E}x{M}x{K}", got, ref,
+                      MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
+                      guard_ok=guard_ok)
+
+
+def _mlp_error(x, gate, up, down, g_a):
+    """(y, bound on |Δy|) for one SwiGLU MLP `down @ (silu(gate @ x) * (up @ x))` whose dots err
+    by g_a relative to their magnitudes (first order): gate/up values err by g_a |W| |x|;
+    silu' <= 1.1 carries the gate error into the activation, the up error scales with
+    |silu(g)|, and silu * up rounds ~7 u; the down dot adds its own g_a |W| |act|."""
+    from .reference import ops
+    ax = np.abs(x)
+    g, u = gate @ x, up @ x
+    dg, du = g_a * (np.abs(gate) @ ax), g_a * (np.abs(up) @ ax)
+    s = _f64(ops.silu(g))
+    act = s * u
+    dact = 1.1 * dg * np.abs(u) + np.abs(s) * du + dg * du + 7 * U * np.abs(act)
+    y = down @ act
+    dy = np.abs(down) @ dact + g_a * (np.abs(down) @ np.abs(act))
+    return y, dy
+
+
+@check("moe_block", "kernels.moe.launch_moe_block")
+def check_moe_block(rng, size):
+    """The whole sparse MoE block (router, k experts, combine, gated shared expert) against
+    moe_forward on the dequantized weights, decode (T = 1, matvecs) and prefill (matmuls)."""
+    from .kernels import moe
+    from .quant import QType, dequantize, quantize
+    from .reference.moe import moe_forward, route
+    if size == "tiny":
+        # F16 (blocks of one value) lets the simulator run a narrow block: every projection's
+        # type path is checked on its own above, this row checks the wiring
+        E, k, H, I, Is, wt, Ts = 4, 2, 16, 8, 8, QType.F16, (1,)
+    else:
+        E, k, H, I, Is, wt, Ts = MOE.n_experts, MOE.top_k, MOE.hidden, MOE.expert_ffn, 512, \
+            QType.Q4_K, (1, 4)
+    raw, deq = {}, {}
+    for name, shape in (("gate", (E, I, H)), ("up", (E, I, H)), ("down", (E, H, I)),
+                        ("sh_gate", (Is, H)), ("sh_up", (Is, H)), ("sh_down", (H, Is))):
+        rows = int(np.prod(shape[:-1]))
+        raw[name] = _random_weight(rng, wt, rows, shape[-1])
+        deq[name] = dequantize(raw[name], wt, shape)
+    # x is drawn with this scale so that the expert pre-activations are O(1), as in a trained
+    # model (random block weights are far from unit scale; silu of a -1000 is not a test)
+    w_rms = float(np.sqrt(np.mean(np.square(deq["gate"][:2], dtype=np.float64))))
+    x_scale = 1 / (math.sqrt(H) * w_rms)
+    # router and shared-expert gate in F32, as llama.cpp stores ffn_gate_inp; logits ~N(0, 4)
+    for name, shape in (("router", (E, H)), ("sh_gate_inp", (1, H))):
+        deq[name] = (2 * w_rms * rng.standard_normal(shape)).astype(np.float32)
+        raw[name] = quantize(deq[name], QType.F32)
+    dev = {n: _dev(a) for n, a in raw.items()}
+    w = moe.ExpertWeights(
+        n_experts=E, top_k=k, hidden=H, ffn=I, norm_topk_prob=True,
+        router=dev["router"], router_type=QType.F32, gate=dev["gate"], gate_type=wt,
+        up=dev["up"], up_type=wt, down=dev["down"], down_type=wt, shared_ffn=Is,
+        sh_gate=dev["sh_gate"], sh_gate_type=wt, sh_up=dev["sh_up"], sh_up_type=wt,
+        sh_down=dev["sh_down"], sh_down_type=wt, sh_gate_inp=dev["sh_gate_inp"],
+        sh_gate_inp_type=QType.F32)
+    # float64 copies for the bound; the expert stacks are converted one expert at a time
+    d64 = {n: _f64(deq[n]) for n in ("router", "sh_gate", "sh_up", "sh_down", "sh_gate_inp")}
+    for T in Ts:
+        # Each dot errs <= g_a relative to its magnitude: the kernel's chain (matvec for T = 1,
+        # the sequential matmul for T > 1) plus the reference's own (`linear` runs float32 BLAS
+        # for big weights: gamma_K) plus its float32 rounding.
+        g_a = gamma(max(_matvec_chain(wt, max(H, I)), max(H, I) + 2)) + gamma(max(H, I)) + U
+        # Routing must not sit on a knife edge (two experts within rounding of the k-th place):
+        # redraw x until the reference's top-k boundary is clear of the logits' error.
+        for _ in range(20):
+            x = (x_scale * rng.standard_normal((T, H))).astype(np.float32)
+            logits = _f64(x) @ d64["router"].T
+            dl = g_a * (np.abs(_f64(x)) @ np.abs(d64["router"]).T)
+            srt = np.sort(logits, axis=1)[:, ::-1]
+            if np.all(srt[:, k - 1] - srt[:, k] > 8 * dl.max()):
+                break
+        y = Out((T, H))
+        launch_scratch = moe.MoEScratch(T, w)
+        moe.launch_moe_block(_dev(x), w, launch_scratch, y.dev)
+        got, guard_ok = y.get()
+        ref = moe_forward(x, deq["router"], (deq["gate"], deq["up"], deq["down"]), k, True,
+                          shared=(deq["sh_gate"], deq["sh_up"], deq["sh_down"]),
+                          shared_gate_w=deq["sh_gate_inp"])
+        # Bound: each expert's MLP (_mlp_error); router weights err relatively by
+        # _route_rel + 2 max|Δlogit| (a logit error e moves a softmax ratio by <= 2e, doubled
+        # by the renormalisation); the rank-order combine 2k roundings; the shared expert with
+        # its sigmoid gate (|sigmoid'| <= 1/4) and the final adds.
+        ref_ids, ref_w = route(x, deq["router"], k, True)
+        wrel = _route_rel(E, moe._router_threads(E), k, float(np.ptp(logits, axis=1).max())) \
+            + 4 * dl.max()
+        bound = np.zeros((T, H))
+        for t in range(T):
+            xt = _f64(x[t])
+            acc_mag = np.zeros(H)
+            for r in range(k):
+                e = ref_ids[t, r]
+                ye, dye = _mlp_error(xt, _f64(deq["gate"][e]), _f64(deq["up"][e]),
+                                     _f64(deq["down"][e]), g_a)
+                bound[t] += ref_w[t, r] * dye + wrel * ref_w[t, r] * np.abs(ye)
+                acc_mag += ref_w[t, r] * np.abs(ye)
+            ys, dys = _mlp_error(xt, d64["sh_gate"], d64["sh_up"], d64["sh_down"], g_a)
+            ls = float(d64["sh_gate_inp"][0] @ xt)
+            sg = 1 / (1 + math.exp(-ls))
+            dls = g_a * float(np.abs(d64["sh_gate_inp"][0]) @ np.abs(xt))
+            bound[t] += sg * dys + (0.25 * dls + 5 * U * sg) * np.abs(ys)
+            bound[t] += gamma(2 * k + 4) * (acc_mag + sg * np.abs(ys))
+        ids_ok = np.array_equal(launch_scratch.ids.copy_to_host(), ref_ids)
+        yield compare("moe_block", wt.name, f"T{T} E{E} k{k} H{H} I{I}", got, ref,
+                      MARGIN * bound + U * np.abs(_f64(ref)) + TINY_NORMAL,
+                      f"{MARGIN:g}·Σ stage bounds", guard_ok=guard_ok,
+                      problems=["" if ids_ok else "router picked other experts than route()"])
+
+
+# ------------------------------------------------------------------ running
+
+
+def launcher_names() -> dict[str, Callable]:
+    """Every `launch_*` function defined in a module of bw24nb.kernels or bw24nb.cache,
+    as {"kernels.norm.launch_rms_norm": function}."""
+    import importlib
+    import pkgutil
+    found = {}
+    for pkg_name in ("bw24nb.kernels", "bw24nb.cache"):
+        pkg = importlib.import_module(pkg_name)
+        for info in pkgutil.iter_modules(pkg.__path__):
+            mod = importlib.import_module(f"{pkg_name}.{info.name}")
+            for attr, obj in vars(mod).items():
+                if attr.startswith("launch_") and callable(obj) \
+                        and getattr(obj, "__module__", None) == mod.__name__:
+                    found[f"{mod.__name__.removeprefix('bw24nb.')}.{attr}"] = obj
+    return found
+
+
+def select(only: str | None) -> list[Check]:
+    """Checks selected by comma-separated glob patterns over their names: those matching any
+    plain pattern (every check if there is none), minus those matching a `!pattern`.
+    E.g. "matvec*,matmul" or "!matvec*,!matmul" (the rest)."""
+    pats = [p.strip() for p in (only or "").split(",") if p.strip()]
+    include = [p for p in pats if not p.startswith("!")]
+    exclude = [p[1:] for p in pats if p.startswith("!")]
+    return [c for c in REGISTRY.values()
+            if (not include or any(fnmatch.fnmatchcase(c.name, p) for p in include))
+            and not any(fnmatch.fnmatchcase(c.name, p) for p in exclude)]
+
+
+def _seeded(seed: int, name: str):
+    # one generator per check, from the run's seed and the check's name: `--only` replays
+    # exactly the inputs the full run drew
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def run_checks(size: str = "tiny", seed: int | None = None, only: str | None = None,
+               on_row: Callable[[Row], None] | None = None,
+               on_error: Callable[[str, str], None] | None = None) -> list[Row]:
+    """Run the selected checks at `size` ("tiny" | "real") with `seed`; returns every row
+    (`on_row` sees each as it is produced). A check that raises yields one FAIL row (and
+    `on_error(name, traceback)`), and the run goes on."""
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+    if seed is None:
+        seed = new_seed()
+    rows = []
+    for c in select(only):
+        try:
+            for row in c.fn(_seeded(seed, c.name), size):
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+        except Exception as e:            # a crash is a failure of that kernel, not of the run
+            row = Row(c.name, "-", "-", math.nan, math.nan, "-", math.nan, False,
+                      f"raised {type(e).__name__}: {e}".splitlines()[0])
+            rows.append(row)
+            if on_error:
+                on_error(c.name, traceback.format_exc())
+            if on_row:
+                on_row(row)
+    return rows
+
+
+def new_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+TABLE_HEADER = (f"{'kernel':<26} {'type':<14} {'shape':<32} {'max_abs':>9} {'max_rel':>9} "
+                f"{'tol':<28} {'err/tol':>7}  result")
+
+
+def _num(v: float) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if math.isinf(v):
+        return "inf"
+    return "0" if v == 0 else f"{v:.2e}"
+
+
+def format_row(r: Row) -> str:
+    ratio = "-" if math.isnan(r.ratio) else ("inf" if math.isinf(r.ratio) else
+                                              ("0" if r.ratio == 0 else f"{r.ratio:.3f}"))
+    line = (f"{r.kernel:<26} {r.dtype:<14} {r.shape:<32} {_num(r.max_abs):>9} {_num(r.max_rel):>9} "
+            f"{r.tol:<28} {ratio:>7}  {'PASS' if r.passed else 'FAIL'}")
+    if r.detail:
+        line += f"\n{'':<4}^ {r.detail}"
+    return line
+
+
+def main(size: str = "auto", seed: int | None = None, only: str | None = None,
+         out=None, err=None) -> int:
+    """What `bw24nb kernel-check` runs: the table, then `kernel-check: N passed, M failed`.
+    Returns the exit status (1 on any failure, 2 when nothing matched `only`)."""
+    from .device import gpu_present, simulator_enabled
+    out = out or sys.stdout
+    err = err or sys.stderr
+    gpu = gpu_present()
+    if not gpu and not simulator_enabled():
+        # No GPU: run the kernels in numba's simulator. numba.cuda reads the switch when it is
+        # first imported; if something imported it already, start afresh in a subprocess.
+        if "numba.cuda" in sys.modules:
+            import subprocess
+            argv = [sys.executable, "-m", "bw24nb.cli", "kernel-check", "--size", size]
+            argv += [] if seed is None else ["--seed", str(seed)]
+            argv += [] if only is None else ["--only", only]
+            return subprocess.call(argv, env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"})
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    if size == "auto":
+        size = "real" if gpu else "tiny"
+    if size == "real" and not gpu:
+        print("error: --size real needs a GPU (the simulator would take hours at real shapes); "
+              "use --size tiny", file=err)
+        return 2
+    checks = select(only)
+    if not checks:
+        print(f"error: no kernel check matches {only!r}; checks: {', '.join(REGISTRY)}", file=err)
+        return 2
+    seed = new_seed() if seed is None else int(seed)
+    where = "simulator" if simulator_enabled() else ("GPU" if gpu else "CPU")
+    print(f"kernel-check: size {size}, seed {seed} (replay: --seed {seed}), {len(checks)} "
+          f"checks on the {where}", file=out)
+    print(TABLE_HEADER, file=out)
+    t0 = time.perf_counter()
+
+    def show(row):
+        print(format_row(row), file=out, flush=True)
+
+    def crashed(name, tb):
+        print(f"kernel-check: {name} raised:\n{tb}", file=err, flush=True)
+
+    rows = run_checks(size, seed, only, on_row=show, on_error=crashed)
+    n_fail = sum(not r.passed for r in rows)
+    print(f"kernel-check: {len(rows)} rows in {time.perf_counter() - t0:.1f} s "
+          f"(replay: --seed {seed})", file=out)
+    print(f"kernel-check: {len(rows) - n_fail} passed, {n_fail} failed", file=out)
+    return 1 if n_fail else 0
