@@ -91,9 +91,8 @@ GDN_DK_MAX = 128
 
 # ------------------------------------------------------------------ device helpers
 
-# norm.py's block reduction (its fixed tree order), recompiled inlined: a device function that
-# is not inlined is compiled against the current device, which compile_ptx without a GPU lacks.
-block_sum = cuda.jit(device=True, inline="always")(norm.block_sum.py_func)
+# norm.py's block reduction (its fixed tree order); inlined there, so compile_ptx needs no GPU
+block_sum = norm.block_sum
 
 
 @cuda.jit(device=True, inline="always")

@@ -39,7 +39,7 @@ def _row_threads(C: int) -> int:
     return b
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def block_sum(scratch, value):
     """Sum of `value` over the block (blockDim.x a power of two <= len(scratch)), in the tree
     order described in the module docstring. Every thread gets the total; scratch is free
@@ -58,13 +58,13 @@ def block_sum(scratch, value):
     return total
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _row_rstd(scratch, sumsq, C, eps):
     total = block_sum(scratch, sumsq)
     return float32(1.0) / math.sqrt(total / float32(C) + eps)
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _silu(z):
     return z / (float32(1.0) + math.exp(-z))
 
