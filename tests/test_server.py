@@ -457,8 +457,10 @@ def test_shutdown_mid_stream_stops_the_engine(spare_model):
     app = create_app(dataclasses.replace(spare_model, backend=slow), model_name=MODEL)
     with serving(app) as url:
         client = openai_client(url)
-        stream = iter(client.completions.create(model=MODEL, prompt="Hello world",
-                                                max_tokens=200, stream=True))
+        # greedy: "Hello world" runs all 200 tokens without EOS, so the generation is still
+        # going at shutdown (at the API's default temperature 1 a sampled EOS could end it first)
+        stream = iter(client.completions.create(model=MODEL, prompt="Hello world", max_tokens=200,
+                                                temperature=0, stream=True))
         next(stream)
         t0 = time.monotonic()
     # serving() returns once uvicorn and the engine thread have stopped (2 s grace for streams)
