@@ -64,10 +64,7 @@ block_sum = norm.block_sum
 
 
 def _router_threads(E: int) -> int:
-    b = 32
-    while b < E and b < ROUTER_THREADS_MAX:
-        b *= 2
-    return b
+    return norm.pow2_block(E, ROUTER_THREADS_MAX)
 
 
 # ------------------------------------------------------------------ router

@@ -30,13 +30,17 @@ NORM_THREADS_MAX = 256
 NORM_MIN_ELEMS_PER_THREAD = 4
 
 
-def _row_threads(C: int) -> int:
-    """Power-of-two block size for rows of C elements (32 .. NORM_THREADS_MAX)."""
-    want = max(1, C // NORM_MIN_ELEMS_PER_THREAD)
+def pow2_block(want: int, cap: int) -> int:
+    """The smallest power of two >= want, clamped to [32, cap]: a block size for block_sum's tree."""
     b = 32
-    while b < want and b < NORM_THREADS_MAX:
+    while b < want and b < cap:
         b *= 2
     return b
+
+
+def _row_threads(C: int) -> int:
+    """Power-of-two block size for rows of C elements (32 .. NORM_THREADS_MAX)."""
+    return pow2_block(max(1, C // NORM_MIN_ELEMS_PER_THREAD), NORM_THREADS_MAX)
 
 
 @cuda.jit(device=True, inline="always")
