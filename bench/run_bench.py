@@ -410,7 +410,7 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
               llama_bench: str | None = None, llama_args: str = "", engine: bool = True,
               long_prompt: int = LONG_PROMPT, bw_gib: float = 4.0,
               jsonl: str | Path | None = DEFAULT_JSONL, commit: str | None = None,
-              names: list[str] | None = None) -> Recorder:
+              names: list[str] | None = None, act_quants=("q8",)) -> Recorder:
     """Benchmark every GGUF in `models`; returns the Recorder (records already written)."""
     paths = [Path(jsonl)] if jsonl else []
     if os.environ.get("OUT"):                 # the device machine: make the records come back
@@ -441,19 +441,22 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
             except ImportError as e:
                 print(f"  bw24nb engine not importable ({e}); skipping it")
             else:
-                eng = None
-                try:
-                    eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None)
-                    bench_engine(rec, name, eng, source, runs=runs, read_gb_s=read_gb_s,
-                                 long_prompt=long_prompt,
-                                 base_config=dict(base, load_s=round(getattr(eng, "load_s", 0.0), 2)))
-                except Exception as e:
-                    traceback.print_exc(limit=3)
-                    msg = f"{type(e).__name__}: {e}"[:500]
-                    rec.add(name, "engine_ok", 0, "bool", engine="bw24nb", **base, error=msg)
-                finally:
-                    del eng                 # free the engine's VRAM before torch loads
-                    _free_numba_memory()
+                for aq in act_quants:       # side by side: int8 activations vs float
+                    label = name if len(act_quants) == 1 else f"{name} [{aq}]"
+                    eng = None
+                    try:
+                        eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None, act_quant=aq)
+                        bench_engine(rec, label, eng, source, runs=runs, read_gb_s=read_gb_s,
+                                     long_prompt=long_prompt,
+                                     base_config=dict(base, act_quant=aq,
+                                                      load_s=round(getattr(eng, "load_s", 0.0), 2)))
+                    except Exception as e:
+                        traceback.print_exc(limit=3)
+                        msg = f"{type(e).__name__}: {e}"[:500]
+                        rec.add(label, "engine_ok", 0, "bool", engine="bw24nb", **base, error=msg)
+                    finally:
+                        del eng             # free the engine's VRAM before torch loads
+                        _free_numba_memory()
         hf = hf_dirs[i] if hf_dirs and i < len(hf_dirs) else None
         if torch_mode != "none" or hf:
             try:
@@ -492,6 +495,9 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-bench", help="path to a llama.cpp build's llama-bench binary")
     ap.add_argument("--llama-args", default="", help="extra llama-bench arguments")
     ap.add_argument("--no-engine", action="store_true", help="skip the bw24nb engine")
+    ap.add_argument("--act-quant", default="q8",
+                    help="comma list of engine activation paths to run side by side: q8 (int8 "
+                         "activations + dp4a, the default), f32")
     ap.add_argument("--bw-gib", type=float, default=4.0, help="read-bandwidth buffer (GiB)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="append records here ('' = nowhere)")
     ap.add_argument("--commit", help="commit id to record (default: $BW24_COMMIT, else git)")
@@ -505,7 +511,8 @@ def main(argv=None) -> int:
     run_bench(args.models, runs=args.runs, n_ctx=args.n_ctx, hf_dirs=args.hf, torch_mode=args.torch,
               torch_modes=modes, llama_bench=args.llama_bench, llama_args=args.llama_args,
               engine=not args.no_engine, long_prompt=args.long_prompt, bw_gib=args.bw_gib,
-              jsonl=args.jsonl or None, commit=args.commit, names=args.name)
+              jsonl=args.jsonl or None, commit=args.commit, names=args.name,
+              act_quants=tuple(a for a in args.act_quant.split(",") if a))
     return 0
 
 

@@ -4,7 +4,8 @@ Data path (see docs/ARCHITECTURE.md):
     formats/  -> ModelConfig + TensorSource (GGUF file or HF safetensors directory)
     models/   -> per-family layer recipe and weight naming
     reference/-> numpy oracle of every operation and whole models
-    kernels/  -> @cuda.jit kernels (run on the GPU, or in numba's CUDA simulator)
+    kernels/  -> @kernel kernels (run on the GPU, or in numba's CUDA simulator)
+    jit.py    -> @kernel: cuda.jit + the on-disk cache of compiled kernels
     engine.py -> device weights, caches, prefill/decode, graph replay
 """
 

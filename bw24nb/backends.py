@@ -42,8 +42,10 @@ def load_tokenizer(source):
     return Tokenizer.from_hf_dir(source.path)
 
 
-def load(path, n_ctx: int = 4096, which: str = "auto", log=print) -> LoadedModel:
-    """Open `path` and build a backend. which: auto (GPU if present) | gpu | cpu."""
+def load(path, n_ctx: int = 4096, which: str = "auto", log=print,
+         engine_options: dict | None = None) -> LoadedModel:
+    """Open `path` and build a backend. which: auto (GPU if present) | gpu | cpu.
+    engine_options: extra Engine(...) keyword arguments (the CPU reference ignores them)."""
     import time
 
     from .formats import open_model
@@ -55,7 +57,7 @@ def load(path, n_ctx: int = 4096, which: str = "auto", log=print) -> LoadedModel
     use_gpu = which == "gpu" or (which == "auto" and device.gpu_present())
     if use_gpu:
         from .engine import Engine
-        backend = Engine(source, n_ctx=n_ctx, log=log)
+        backend = Engine(source, n_ctx=n_ctx, log=log, **(engine_options or {}))
     else:
         from .models import load_weights
         from .reference.model import ReferenceModel

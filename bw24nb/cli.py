@@ -66,6 +66,28 @@ def inspect(model):
         click.echo(f"    {t:10s} {b / 2**20:10.1f} MiB")
 
 
+def engine_options(f):
+    """The GPU engine's options (ignored by the CPU reference): KV cache type, VRAM budget and
+    the activation path. Shared by gen and serve; `engine_kwargs` turns them into Engine(...)
+    arguments."""
+    f = click.option("--kv-cache", type=click.Choice(["q8", "f16"]), default="q8",
+                     help="KV cache: q8 = K in Q8_0 + V in Q5_1 (default), f16 = both F16.")(f)
+    f = click.option("--vram-budget", type=click.FloatRange(0.0, min_open=True), default=None,
+                     metavar="GIB", help="Refuse to load if weights + KV cache exceed this many "
+                                         "GiB (default: what the device has free).")(f)
+    f = click.option("--act-quant", type=click.Choice(["q8", "f32"]), default="q8",
+                     help="Activations of matvecs on integer weights: q8 = int8 + dp4a "
+                          "(default, llama.cpp's way), f32 = float (the reference's arithmetic).")(f)
+    return f
+
+
+def engine_kwargs(kv_cache, vram_budget, act_quant) -> dict:
+    from .quant import QType
+    kv = (QType.F16, QType.F16) if kv_cache == "f16" else (QType.Q8_0, QType.Q5_1)
+    return dict(k_type=kv[0], v_type=kv[1], act_quant=act_quant,
+                vram_budget=None if vram_budget is None else int(vram_budget * 2**30))
+
+
 @main.command()
 @click.argument("model", required=False)
 @click.option("--prompt", "-p", default="Write a Python function that reverses a string.",
@@ -83,7 +105,9 @@ def inspect(model):
 @click.option("--gate/--no-gate", default=True, help="Run the prefill-vs-decode argmax gate first.")
 @click.option("--spec-k", default=0, type=click.IntRange(0, 8),
               help="MTP speculative decoding with K drafted tokens (0: off; needs an MTP head).")
-def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, backend, gate, spec_k):
+@engine_options
+def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, backend, gate, spec_k,
+        kv_cache, vram_budget, act_quant):
     """Generate text from MODEL (default: the pulled default model), streaming it."""
     from . import backends
     from .generate import GenerationStats, argmax_gate, generate
@@ -91,7 +115,8 @@ def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, b
 
     t_start = time.perf_counter()
     path = _model_path(model)
-    lm = backends.load(path, n_ctx=ctx, which=backend, log=lambda m: click.echo(m, err=True))
+    lm = backends.load(path, n_ctx=ctx, which=backend, log=lambda m: click.echo(m, err=True),
+                       engine_options=engine_kwargs(kv_cache, vram_budget, act_quant))
     click.echo(f"backend: {lm.backend.name}; load {lm.load_s:.2f} s", err=True)
     text = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     ids = lm.tokenizer.encode(text)
@@ -131,11 +156,14 @@ def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, b
 @click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default="auto")
 @click.option("--queue-size", default=16, type=click.IntRange(1), help="Requests waiting beyond this get 429.")
 @click.option("--model-name", default=None, help="Name served in /v1/models (default: the file's stem).")
-def serve(model, host, port, api_key, ctx, backend, queue_size, model_name):
+@engine_options
+def serve(model, host, port, api_key, ctx, backend, queue_size, model_name, kv_cache, vram_budget,
+          act_quant):
     """OpenAI-compatible HTTP server (completions, chat completions, SSE streaming)."""
     from .server import run_server
     run_server(_model_path(model), host=host, port=port, api_key=api_key, n_ctx=ctx,
-               backend=backend, queue_size=queue_size, model_name=model_name)
+               backend=backend, queue_size=queue_size, model_name=model_name,
+               engine_options=engine_kwargs(kv_cache, vram_budget, act_quant))
 
 
 @main.command("kernel-check")
@@ -153,6 +181,23 @@ def kernel_check(size, seed, only):
     and shape with its max error and the rounding bound it must stay within."""
     from .kernel_check import main as run
     sys.exit(run(size=size, seed=seed, only=only))
+
+
+@main.command(context_settings=dict(ignore_unknown_options=True, allow_extra_args=True,
+                                    help_option_names=[]))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args):
+    """Side-by-side benchmark (bw24nb vs torch vs llama-bench): bench/run_bench.py's options
+    (`bw24nb bench --help` lists them). Needs the source checkout (bench/ is not installed)."""
+    import importlib
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / "run_bench.py").is_file():
+        raise click.ClickException(f"bench/run_bench.py not found beside the package ({root}); "
+                                   "run from a source checkout (pip install -e .)")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    sys.exit(importlib.import_module("bench.run_bench").main(list(args)))
 
 
 def _register_subcommands():

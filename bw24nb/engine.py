@@ -26,8 +26,8 @@ from .cache.recurrent import RecurrentState
 from .errors import ContextOverflow, OutOfDeviceMemory
 from .formats.config import LINEAR_ATTENTION
 from .graph import CudaGraph
-from .kernels import (activation, attention, embedding, gated_deltanet, matmul, matvec, moe, norm,
-                      rope, sampling, step)
+from .kernels import (activation, attention, embedding, gated_deltanet, matmul, matmul_q8, matvec,
+                      moe, norm, quantize_act, rope, sampling, step)
 from .quant import QType, quantize
 
 # Prompt tokens per prefill launch sequence: bounds the prefill workspace (T x FFN floats).
@@ -37,12 +37,26 @@ PREFILL_CHUNK = 512
 FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
 
 
+ACT_QUANT = ("q8", "f32")
+
+
+@dataclass
+class QuantizedInput:
+    """One matvec input quantized for the integer weight types: int8 values + a float32 scale
+    per 32 (decode, dp4a), or those values as floats (prefill's float matmul)."""
+    xq: object = None      # int8[T * K]        (decode; prefill on the int8 GEMM)
+    xd: object = None      # float32[T * K/32]
+    xf: object = None      # float32[T, K]      (prefill on the float matmul)
+
+
 @dataclass
 class DeviceWeight:
     """One weight on the device: its GGUF block bytes (matrices) or float32 values (vectors)."""
     buf: object            # DeviceNDArray
     qtype: QType
     shape: tuple           # numpy order: (out, in) or (E, out, in) or (n,)
+    # a copy in a decode kernel's own layout, beside `buf` (Q6_K_R: (body, d), see _repack_head)
+    q6k_r: tuple | None = None
 
     @property
     def rows(self) -> int:
@@ -162,9 +176,16 @@ class Workspace:
             self.gq = cuda.device_array((T, nk, dk), f)
             self.gk = cuda.device_array((T, nk, dk), f)
             self.gv = cuda.device_array((T, nv, dv), f)
+            self.ab = cuda.device_array(2 * nv, f) if T == 1 else None   # [beta | alpha] inputs
             self.decay = cuda.device_array((T, nv), f)
             self.beta = cuda.device_array((T, nv), f)
             self.o = cuda.device_array((T, nv, dv), f)
+        # int8 activations for the dp4a matvecs (decode) and their float stand-ins for the
+        # prefill matmul: flat, so every [T, K] view of them is contiguous
+        KQ = max(H, F, Hq * D, c.linear_num_value_heads * c.linear_value_head_dim)
+        self.xq = cuda.device_array(T * KQ, np.int8)
+        self.xd = cuda.device_array(max(1, T * KQ // 32), f)
+        self.xf = cuda.device_array(T * KQ, f) if T > 1 else None
         self.ids = cuda.device_array(T, np.int32)
         self.positions = cuda.device_array(T, np.int32)
         self.part_ml, self.part_acc = attention.alloc_decode_partials(T, Hq, D, n_splits) \
@@ -175,7 +196,20 @@ class Engine:
     """The GPU backend behind generate.Backend: reset / prefill / decode (+ a greedy fast path)."""
 
     def __init__(self, source, n_ctx: int = 4096, log=print, k_type=K_TYPE_DEFAULT,
-                 v_type=V_TYPE_DEFAULT, vram_budget: int | None = None, use_graph: bool = True):
+                 v_type=V_TYPE_DEFAULT, vram_budget: int | None = None, use_graph: bool = True,
+                 act_quant: str = "q8", prefill_gemm: str = "int8"):
+        if act_quant not in ACT_QUANT:
+            raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
+        # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
+        # scale per 32, llama.cpp's q8_1 rounding) and dp4a, and prefill rounds its activations
+        # the same way first; "f32": float activations everywhere (what the numpy reference
+        # computes; F16/BF16/F32 weights always take this path).
+        self.act_q8 = act_quant == "q8"
+        # prefill with act_quant "q8": "int8" = tensor-core GEMM on the int8 activations
+        # (kernels/matmul_q8.py); "float" = the float matmul on their float values (q * d)
+        if prefill_gemm not in ("int8", "float"):
+            raise ValueError(f"prefill_gemm must be 'int8' or 'float', not {prefill_gemm!r}")
+        self.prefill_int8 = prefill_gemm == "int8"
         self.config = c = source.config
         self._check_supported(c)
         self.n_ctx = n_ctx
@@ -185,22 +219,29 @@ class Engine:
             (", simulator)" if device.simulator_enabled() else ")")
         self.stream = cuda.stream()
         t0 = time.perf_counter()
-        self.w = DeviceWeights(source, log)
         if c.head_dim % 32 and (k_type != QType.F16 or v_type != QType.F16):
             # q8_0 / q5_1 blocks hold 32 values of one head; tiny test models have narrower heads
             log(f"engine: head_dim {c.head_dim} is not a multiple of 32; KV cache in F16")
             k_type = v_type = QType.F16
-        self.kv = KVCache.for_model(c, n_ctx, k_type, v_type)
+        self._check_budget(source, n_ctx, k_type, v_type, vram_budget)
+        self.w = DeviceWeights(source, log)
+        # MTP (nextn) blocks past the main stack get KV slots after the main layers' ones, so
+        # speculative decoding (engine_spec.py) can run the draft head; none without one
+        self.mtp_blocks = self._mtp_blocks()
+        self.kv = KVCache.for_model(c, n_ctx, k_type, v_type, extra_layers=len(self.mtp_blocks))
+        self._register_mtp_slots()
         self.rs = RecurrentState(c) if c.linear_num_value_heads else None
         if c.linear_num_value_heads:
             from .models.qwen35 import value_to_key_head
             self.key_head = cuda.to_device(np.ascontiguousarray(value_to_key_head(
                 c.family, c.linear_num_key_heads, c.linear_num_value_heads), np.int32))
-        self.experts = {i: self._expert_weights(i) for i in range(c.num_hidden_layers)
+        self.experts = {i: self._expert_weights(i)
+                        for i in [*range(c.num_hidden_layers), *self.mtp_blocks]
                         if c.is_moe_layer(i)}
         self._moe_scratch = {}
-        self._check_budget(vram_budget)
+        self.fused_ba = self._fuse_ba()
         self.output = self.w.get("output.weight") or self.w["token_embd.weight"]
+        self._repack_head()
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
@@ -242,6 +283,35 @@ class Engine:
             router_type=router.qtype, gate=gate.buf, gate_type=gate.qtype, up=up.buf,
             up_type=up.qtype, down=down.buf, down_type=down.qtype, **kw)
 
+    def _repack_head(self) -> None:
+        """A Q6_K LM head (Q4_K_M files) also gets the Q6_K_R copy its 16-byte-load decode
+        matvec reads (kernels/matvec_q6k.py): Q6_K's 210-byte blocks are only 2-byte aligned
+        in place. The GGUF bytes stay for every other reader (prefill rows, the speculative
+        verify's multi-row head): +1 copy of the head (0.8 GB at the 9B shape)."""
+        out = self.output
+        if not (self.act_q8 and out.qtype == QType.Q6_K and out.cols % 256 == 0):
+            return
+        from .kernels.matvec_q6k import repack_q6_k
+        body, d = repack_q6_k(out.buf.copy_to_host(), out.rows, out.cols)
+        out.q6k_r = (cuda.to_device(body), cuda.to_device(d))
+
+    def _fuse_ba(self) -> dict:
+        """Layer -> one [2 nv, H] weight holding ssm_beta's rows then ssm_alpha's, for decode.
+        Both are tiny (nv = 32 rows; F32 in llama.cpp's files), so two matvecs were two
+        latency-bound launches of ~15 us each on the H200; rows are independent byte ranges in
+        every block type, so the concatenation is just the two buffers back to back. Prefill
+        keeps the separate tensors (its gdn_prep reads [T, nv] arrays): +2 nv H elements a layer."""
+        fused = {}
+        for i in range(self.config.num_hidden_layers):
+            b, a = self.w.blk_opt(i, "ssm_beta.weight"), self.w.blk_opt(i, "ssm_alpha.weight")
+            if b is None or a is None or b.qtype != a.qtype or b.cols != a.cols:
+                continue
+            buf = cuda.device_array(b.buf.size + a.buf.size, b.buf.dtype)
+            buf[:b.buf.size].copy_to_device(b.buf.reshape(b.buf.size))
+            buf[b.buf.size:].copy_to_device(a.buf.reshape(a.buf.size))
+            fused[i] = DeviceWeight(buf, b.qtype, (b.rows + a.rows, b.cols))
+        return fused
+
     def _scratch(self, i, T):
         """MoE scratch for T tokens (decode: allocated at capture time; prefill: per chunk size)."""
         key = (T,)
@@ -250,21 +320,78 @@ class Engine:
             self._moe_scratch[key] = moe.MoEScratch(T, any_w)
         return self._moe_scratch[key]
 
-    def _check_budget(self, budget):
-        need = self.w.nbytes + self.kv.nbytes
+    @staticmethod
+    def _check_budget(source, n_ctx, k_type, v_type, budget):
+        """Refuse before uploading anything when weights + KV cache exceed the free device
+        memory or `budget` (bytes, --vram-budget): a clear error instead of a CUDA OOM halfway
+        through the upload. Weights are counted as stored in the file (the upload keeps GGUF
+        blocks as they are; workspaces and the LM-head repack are small next to them)."""
+        from .cache.kv import kv_cache_bytes
+        c = source.config
+        weights = sum(int(source.raw(n).nbytes) for n in source.names())
+        kv = kv_cache_bytes(c, n_ctx, k_type, v_type, extra_layers=c.mtp_num_hidden_layers or 0)
+        need = weights + kv
         free, total = cuda.current_context().get_memory_info()
         limit = min(free, budget) if budget else free
         if need > limit:
+            what = f"--vram-budget {budget / 2**30:.2f} GiB" if budget and budget < free else \
+                f"the {free / 2**30:.2f} GiB free on the device (of {total / 2**30:.2f} GiB)"
             raise OutOfDeviceMemory(
-                f"weights {self.w.nbytes / 2**30:.2f} GiB + KV cache {self.kv.nbytes / 2**30:.2f} "
-                f"GiB = {need / 2**30:.2f} GiB do not fit the {limit / 2**30:.2f} GiB available "
-                f"(device free {free / 2**30:.2f} of {total / 2**30:.2f} GiB); lower --ctx")
+                f"{source.path}: weights {weights / 2**30:.2f} GiB + KV cache {kv / 2**30:.2f} GiB "
+                f"({n_ctx} tokens) = {need / 2**30:.2f} GiB do not fit {what}; lower --ctx, "
+                f"use a smaller quantization, or raise --vram-budget")
 
     # ------------------------------------------------------------------ the recipe
 
-    def _mv(self, w: DeviceWeight, x, y, ws_T, bias=None, residual=None):
-        """y = W x (+b) (+r) for T rows: matvec when T == 1, tiled matmul otherwise."""
+    def _dp4a(self, w: DeviceWeight) -> bool:
+        return self.act_q8 and w.qtype in matvec.MATVEC_Q8 and w.cols % 32 == 0
+
+    def _quantize_input(self, ws: Workspace, x, T: int, consumers) -> tuple[list, QuantizedInput | None]:
+        """The launch that quantizes x ([T, K] rows) for those of `consumers` (weights reading x)
+        that take int8 activations, and the QuantizedInput to hand `_mv`; ([], None) when none
+        does. Quantized once, read by all of them (q/k/v, gate/up)."""
+        consumers = [w for w in consumers if w is not None and self._dp4a(w)]
+        if not consumers:
+            return [], None
+        K, s = consumers[0].cols, self.stream
+        if T == 1:
+            qx = QuantizedInput(xq=ws.xq[:K], xd=ws.xd[:K // 32])
+            xv = x.reshape(x.size)
+            return [("quant_act", lambda: quantize_act.launch_quantize_act(xv, qx.xq, qx.xd, n=K,
+                                                                           stream=s))], qx
+        contiguous = tuple(x.strides) == (K * 4, 4)
+        if self.prefill_int8 and contiguous and all(w.qtype in matmul_q8.MATMUL_Q8 for w in consumers):
+            qx = QuantizedInput(xq=ws.xq[:T * K], xd=ws.xd[:T * K // 32])
+            return [("quant_act", lambda: quantize_act.launch_quantize_act(x, qx.xq, qx.xd, n=T * K,
+                                                                           stream=s))], qx
+        qx = QuantizedInput(xf=ws.xf[:T * K].reshape(T, K))
+        return [("quant_act", lambda: quantize_act.launch_fake_quant_act(x, qx.xf, stream=s))], qx
+
+    def _mv(self, w: DeviceWeight, x, y, ws_T, bias=None, residual=None, qx=None):
+        """y = W x (+b) (+r) for T rows: matvec when T == 1, tiled matmul otherwise; with `qx`
+        (from `_quantize_input`) integer block weights read the quantized input instead."""
         s = self.stream
+        if qx is not None and self._dp4a(w):
+            if ws_T == 1 and w.q6k_r is not None:
+                from .kernels.matvec_q6k import launch_matvec_q8_q6k_r
+                launch_matvec_q8_q6k_r(w.q6k_r[0], w.q6k_r[1], w.rows, w.cols, qx.xq, qx.xd,
+                                       y.reshape(y.size),
+                                       bias=None if bias is None else bias.buf,
+                                       residual=None if residual is None else residual.reshape(residual.size),
+                                       stream=s)
+                return
+            if ws_T == 1:
+                matvec.launch_matvec_q8(w.buf, w.qtype, w.rows, w.cols, qx.xq, qx.xd, y.reshape(y.size),
+                                        bias=None if bias is None else bias.buf,
+                                        residual=None if residual is None else residual.reshape(residual.size),
+                                        stream=s)
+                return
+            if qx.xf is None:           # prefill on the int8 tensor-core GEMM
+                matmul_q8.launch_matmul_q8(w.buf, w.qtype, w.rows, w.cols, qx.xq, qx.xd, y,
+                                           bias=None if bias is None else bias.buf,
+                                           residual=residual, stream=s)
+                return
+            x = qx.xf
         if ws_T == 1:
             matvec.launch_matvec(w.buf, w.qtype, w.rows, w.cols, x.reshape(x.size), y.reshape(y.size),
                                  bias=None if bias is None else bias.buf,
@@ -277,18 +404,27 @@ class Engine:
     def _layer_launches(self, i: int, ws: Workspace, T: int) -> list:
         """The launches of decoder block i for the first T rows of `ws`, as named closures:
         h += mixer(norm(h)); h += mlp(norm(h))."""
-        c, w, s = self.config, self.w, self.stream
+        c, w = self.config, self.w
         h, x = ws.h[:T], ws.x[:T]
         post = w.blk_opt(i, "ffn_norm.weight") or w.blk(i, "post_attention_norm.weight")
-        L = [("attn_norm", lambda: norm.launch_rms_norm(h, w.blk(i, "attn_norm.weight").buf,
-                                                        c.rms_norm_eps, x, s))]
-        if c.layer_type(i) == LINEAR_ATTENTION:
-            L += self._gdn_launches(i, ws, T)
-        else:
-            L += self._attention_launches(i, ws, T)
-        L.append(("ffn_norm", lambda: norm.launch_rms_norm(h, post.buf, c.rms_norm_eps, x, s)))
-        L += self._moe_launches(i, ws, T) if c.is_moe_layer(i) else self._mlp_launches(i, ws, T)
-        return L
+        mixer = (self._gdn_launches(i, ws, T) if c.layer_type(i) == LINEAR_ATTENTION
+                 else self._attention_launches(i, ws, T))
+        L = self._norm_then(("attn_norm", w.blk(i, "attn_norm.weight")), h, x, ws, T, mixer)
+        ffn = self._moe_launches(i, ws, T) if c.is_moe_layer(i) else self._mlp_launches(i, ws, T)
+        return L + self._norm_then(("ffn_norm", post), h, x, ws, T, ffn)
+
+    def _norm_then(self, name_weight, h, x, ws: Workspace, T: int, launches: list) -> list:
+        """x = rms_norm(h) * w, then `launches`. When those begin by quantizing x for dp4a
+        matvecs (`_quantize_input`'s "quant_act" at T = 1), the norm writes the int8 copy
+        itself (norm.launch_rms_norm_q8: the same bytes, one launch fewer)."""
+        name, wn = name_weight
+        eps, s = self.config.rms_norm_eps, self.stream
+        if T == 1 and launches and launches[0][0] == "quant_act":
+            K = x.shape[len(x.shape) - 1]      # (the simulator's shape tuple has no [-1])
+            xq, xd = ws.xq[:K], ws.xd[:K // 32]          # the views _quantize_input hands out
+            return [(name + "_q8", lambda: norm.launch_rms_norm_q8(h, wn.buf, eps, x, xq, xd, s))] \
+                + launches[1:]
+        return [(name, lambda: norm.launch_rms_norm(h, wn.buf, eps, x, s))] + launches
 
     def _attention_launches(self, i: int, ws: Workspace, T: int) -> list:
         """h += o_proj(attention(rope(norm(q)), rope(norm(k)), v)) [* sigmoid(gate)]."""
@@ -300,19 +436,19 @@ class Engine:
         pos = ws.positions[:T]
         slot = self.kv.slot(i)
         k_u8, k_f16, v_u8, v_f16 = self.kv.layer(slot)
-        L = []
+        L, qx = self._quantize_input(ws, x, T, [w.blk(i, f"attn_{n}.weight") for n in "qkv"])
         add = L.append
         if c.attn_output_gate:
             qg = ws.qg[:T]
-            add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, qg, T)))
+            add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, qg, T, qx=qx)))
             add(("split_q_gate", lambda: rope.launch_split_q_gate(qg, q, ws.gate[:T], s)))
         else:
             add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, q.reshape(T, Hq * D), T,
-                                            bias=w.blk_opt(i, "attn_q.bias"))))
+                                            bias=w.blk_opt(i, "attn_q.bias"), qx=qx)))
         add(("attn_k", lambda: self._mv(w.blk(i, "attn_k.weight"), x, k.reshape(T, Hkv * D), T,
-                                        bias=w.blk_opt(i, "attn_k.bias"))))
+                                        bias=w.blk_opt(i, "attn_k.bias"), qx=qx)))
         add(("attn_v", lambda: self._mv(w.blk(i, "attn_v.weight"), x, v.reshape(T, Hkv * D), T,
-                                        bias=w.blk_opt(i, "attn_v.bias"))))
+                                        bias=w.blk_opt(i, "attn_v.bias"), qx=qx)))
         if c.qk_norm:
             add(("q_norm", lambda: norm.launch_head_rms_norm(q, w.blk(i, "attn_q_norm.weight").buf, eps, q, s)))
             add(("k_norm", lambda: norm.launch_head_rms_norm(k, w.blk(i, "attn_k_norm.weight").buf, eps, k, s)))
@@ -328,8 +464,11 @@ class Engine:
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))
         if c.attn_output_gate:
             add(("attn_gate", lambda: activation.launch_sigmoid_mul(attn, ws.gate[:T], s)))
-        add(("attn_output", lambda: self._mv(w.blk(i, "attn_output.weight"), attn.reshape(T, Hq * D),
-                                             h, T, bias=w.blk_opt(i, "attn_output.bias"), residual=h)))
+        wo, attn2 = w.blk(i, "attn_output.weight"), attn.reshape(T, Hq * D)
+        qL, qo = self._quantize_input(ws, attn2, T, [wo])
+        L += qL
+        add(("attn_output", lambda: self._mv(wo, attn2, h, T, bias=w.blk_opt(i, "attn_output.bias"),
+                                             residual=h, qx=qo)))
         return L
 
     def _gdn_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -340,11 +479,21 @@ class Engine:
         qkv, z, a, b = ws.qkv[:T], ws.z[:T], ws.a[:T], ws.b[:T]
         gq, gk, gv, g, beta, o = ws.gq[:T], ws.gk[:T], ws.gv[:T], ws.decay[:T], ws.beta[:T], ws.o[:T]
         conv_w = w.blk(i, "ssm_conv1d.weight").buf
-        return [
-            ("gdn_qkv", lambda: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T)),
-            ("gdn_z", lambda: self._mv(w.blk(i, "attn_gate.weight"), x, z.reshape(T, nv * dv), T)),
-            ("gdn_beta", lambda: self._mv(w.blk(i, "ssm_beta.weight"), x, b, T)),
-            ("gdn_alpha", lambda: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T)),
+        names = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
+        L, qx = self._quantize_input(ws, x, T, [w.blk(i, f"{n}.weight") for n in names])
+        o2, wout = o.reshape(T, nv * dv), w.blk(i, "ssm_out.weight")
+        qL, qo = self._quantize_input(ws, o2, T, [wout])
+        ba = self.fused_ba.get(i) if T == 1 else None
+        if ba is not None:      # decode: beta and alpha rows in one matvec (see _fuse_ba)
+            b, a = ws.ab[:nv].reshape(1, nv), ws.ab[nv:].reshape(1, nv)
+            gates = [("gdn_ba", lambda: self._mv(ba, x, ws.ab, T, qx=qx))]
+        else:
+            gates = [("gdn_beta", lambda: self._mv(w.blk(i, "ssm_beta.weight"), x, b, T, qx=qx)),
+                     ("gdn_alpha", lambda: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T, qx=qx))]
+        return L + [
+            ("gdn_qkv", lambda: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T, qx=qx)),
+            ("gdn_z", lambda: self._mv(w.blk(i, "attn_gate.weight"), x, z.reshape(T, nv * dv), T, qx=qx)),
+        ] + gates + [
             ("gdn_conv", lambda: gated_deltanet.launch_conv1d_silu(qkv, conv_w, self.rs.conv[i], qkv, s)),
             ("gdn_prep", lambda: gated_deltanet.launch_gdn_prep(
                 qkv, a, b, w.blk(i, "ssm_dt.bias").buf, w.blk(i, "ssm_a").buf, gq, gk, gv, g, beta,
@@ -353,21 +502,25 @@ class Engine:
                 gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s)),
             ("gdn_norm", lambda: gated_deltanet.launch_gdn_output_norm(
                 o, z, w.blk(i, "ssm_norm.weight").buf, c.rms_norm_eps, o, s)),
-            ("gdn_out", lambda: self._mv(w.blk(i, "ssm_out.weight"), o.reshape(T, nv * dv), h, T,
-                                         residual=h)),
+        ] + qL + [
+            ("gdn_out", lambda: self._mv(wout, o2, h, T, residual=h, qx=qo)),
         ]
 
     def _mlp_launches(self, i: int, ws: Workspace, T: int) -> list:
         """h += down(silu(gate(x)) * up(x))."""
         w, s = self.w, self.stream
         h, x = ws.h[:T], ws.x[:T]
-        F = w.blk(i, "ffn_gate.weight").rows
+        wg, wu, wd = (w.blk(i, f"ffn_{n}.weight") for n in ("gate", "up", "down"))
+        F = wg.rows
         g, u = (ws.g[0, :F], ws.u[0, :F]) if T == 1 else (ws.g[:T, :F], ws.u[:T, :F])
-        return [
-            ("ffn_gate", lambda: self._mv(w.blk(i, "ffn_gate.weight"), x, g, T)),
-            ("ffn_up", lambda: self._mv(w.blk(i, "ffn_up.weight"), x, u, T)),
+        L, qx = self._quantize_input(ws, x, T, [wg, wu])
+        qL, qg = self._quantize_input(ws, g, T, [wd])
+        return L + [
+            ("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx)),
+            ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx)),
             ("swiglu", lambda: activation.launch_swiglu(g, u, g, s)),
-            ("ffn_down", lambda: self._mv(w.blk(i, "ffn_down.weight"), g, h, T, residual=h)),
+        ] + qL + [
+            ("ffn_down", lambda: self._mv(wd, g, h, T, residual=h, qx=qg)),
         ]
 
     def _moe_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -379,16 +532,14 @@ class Engine:
 
     def _head_launches(self, ws: Workspace, row: int) -> list:
         """Final norm of one row + LM head into self.logits + argmax into self.next_token."""
-        c, s = self.config, self.stream
+        s = self.stream
         xr, hr = ws.x[row:row + 1], ws.h[row:row + 1]
         out = self.output
-        return [
-            ("output_norm", lambda: norm.launch_rms_norm(hr, self.w["output_norm.weight"].buf,
-                                                         c.rms_norm_eps, xr, s)),
-            ("lm_head", lambda: matvec.launch_matvec(out.buf, out.qtype, out.rows, out.cols,
-                                                     xr.reshape(xr.size), self.logits, stream=s)),
+        qL, qx = self._quantize_input(ws, xr, 1, [out])     # one row: the decode path's head
+        return self._norm_then(("output_norm", self.w["output_norm.weight"]), hr, xr, ws, 1, qL + [
+            ("lm_head", lambda: self._mv(out, xr, self.logits, 1, qx=qx)),
             ("argmax", lambda: sampling.launch_argmax(self.logits, self.next_token, self.sample_ws, s)),
-        ]
+        ])
 
     def _forward_launches(self, ws: Workspace, T: int) -> list:
         tok = self.w["token_embd.weight"]
@@ -529,3 +680,21 @@ class Engine:
             g.close()
             self._restore_step_state(saved)
         return rows
+
+    # --- speculative decoding support (bw24nb/engine_spec.py drives these)
+
+    def _mtp_blocks(self) -> list[int]:
+        """Block indices of the MTP (nextn) draft head, `blk.{num_hidden_layers + j}`, that
+        this checkpoint carries (Qwen3.5/3.6; empty for every other family). Each is a
+        full-attention decoder block run by engine_spec.EngineSpecTarget."""
+        c = self.config
+        first = c.num_hidden_layers
+        return [first + j for j in range(c.mtp_num_hidden_layers or 0)
+                if f"blk.{first + j}.nextn.eh_proj.weight" in self.w.tensors]
+
+    def _register_mtp_slots(self) -> None:
+        """Address the MTP blocks' KV slots (the cache's last ones) by block index, so
+        `_attention_launches(block, ...)` finds them like any main layer's."""
+        first = self.kv.n_slots - len(self.mtp_blocks)
+        for j, b in enumerate(self.mtp_blocks):
+            self.kv.layer_slots[b] = first + j

@@ -384,6 +384,65 @@ def check_matvec_q8(rng, size):
                           guard_ok=guard_ok)
 
 
+@check("matvec_q6k_r", "kernels.matvec_q6k.launch_matvec_q8_q6k_r")
+def check_matvec_q6k_r(rng, size):
+    """Q6_K decode matvec on the repacked Q6_K_R layout (16-byte loads, dp4a), against
+    matvec_q8_reference on the original GGUF bytes: (a) the integer part is exact; (b) end to
+    end on realistic scales, + bias + residual (in place), every split of a row over warps."""
+    from .kernels import matvec as mv
+    from .kernels import matvec_q6k as q6
+    from .kernels import quantize_act as qa
+    from .kernels.dequant import random_weight_bytes
+    from .quant import QType
+    qt = QType.Q6_K
+    # (a) every d 2^-6, every activation scale 2^-3: each term is an integer times 2^-9 and
+    # |sum| < 2^24 units (activations bounded for that): every float32 step is exact.
+    M, K = (5, 512) if size == "tiny" else (MOE.expert_ffn, MOE.hidden)
+    w = random_weight_bytes(rng, qt, M, K, f16_value=2.0 ** -6)
+    bound = min(127, (2 ** 24 - 1) // (K * _max_int_weight()[qt]))
+    xq = rng.integers(-bound, bound + 1, size=K).astype(np.int8)
+    xq[:2] = [bound, -bound]
+    xd = np.full(K // 32, 2.0 ** -3, np.float32)
+    ref = mv.matvec_q8_reference(w, qt, M, K, xq, xd)
+    exact_ref = np.array_equal(ref.astype(np.float32).astype(np.float64), ref)
+    body, d = q6.repack_q6_k(w, M, K)
+    for parts in (1, 2, 4):
+        y = Out(M)
+        q6.launch_matvec_q8_q6k_r(_dev(body), _dev(d), M, K, _dev(xq), _dev(xd), y.dev,
+                                  parts=parts)
+        got, guard_ok = y.get()
+        yield compare("matvec_q6k_r int", qt.name, f"{_shape(M, K)} parts={parts}", got,
+                      ref.astype(np.float32), tol="bit-exact", bits=True, guard_ok=guard_ok,
+                      problems=["" if exact_ref else "reference not exact in float32 (test bug)"])
+    # (b) random scales, activations as the engine quantizes them, bias and y += W x + b
+    if size == "tiny":
+        shapes = [("", 5, 512), ("", 3, 768)]
+    else:
+        shapes = [("9b.ffn_down", Q9.hidden, Q9.ffn), ("9b.lm_head[:32768]", 32768, Q9.hidden)]
+    for label, M, K in shapes:
+        w = _random_weight(rng, qt, M, K)
+        x = rng.standard_normal(K).astype(np.float32)
+        bias = rng.standard_normal(M).astype(np.float32)
+        residual = rng.standard_normal(M).astype(np.float32)
+        xq, xd = qa.quantize_act_q8_reference(x)
+        body, d = q6.repack_q6_k(w, M, K)
+        y = Out(M)
+        y.dev.copy_to_device(residual)
+        q6.launch_matvec_q8_q6k_r(_dev(body), _dev(d), M, K, _dev(xq), _dev(xd), y.dev,
+                                  bias=_dev(bias), residual=y.dev)
+        got, guard_ok = y.get()
+        ref = mv.matvec_q8_reference(w, qt, M, K, xq, xd, bias, residual)
+        # integer parts exact; each 16-value quarter term rounds twice ((d sc) xd, * isum),
+        # 3 adds in a 64-value chunk, the lane's chunks, 5 in the warp tree, <= 2 combining
+        # the row's warps, + bias + residual (matvec_q6k.py's summation order)
+        mag = _abs_weight(w, qt, M, K) @ np.abs(qa.dequantize_act_q8(xq, xd)) \
+            + np.abs(bias) + np.abs(residual)
+        h = 2 + 3 + math.ceil(K // 256 * q6.CHUNKS_PER_BLOCK / 32) + 5 + 2 + 2
+        yield compare("matvec_q6k_r", qt.name, f"{_shape(M, K)} {label}+b+r".strip(), got, ref,
+                      MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
+                      guard_ok=guard_ok)
+
+
 @check("quantize_act", "kernels.quantize_act.launch_quantize_act")
 def check_quantize_act(rng, size):
     """Activations -> int8 + one f32 scale per 32: bit-exact (every step is one correctly
@@ -407,6 +466,54 @@ def check_quantize_act(rng, size):
                       bits=True, guard_ok=gq, poison=np.int8(-128))
         yield compare("quantize_act d", "f32", _shape(T, K // 32), got_d, d_ref, tol="bit-exact",
                       bits=True, guard_ok=gd)
+
+
+@check("fake_quant_act", "kernels.quantize_act.launch_fake_quant_act")
+def check_fake_quant_act(rng, size):
+    """Prefill's activations rounded as decode's int8 path rounds them, kept as floats:
+    q * d from quantize_act's reference, bit-exact (q * d is one float32 rounding; the kernel
+    computes the same q and d, then that product)."""
+    from .kernels import quantize_act as qa
+    shapes = [(3, 64)] if size == "tiny" else [(512, Q9.hidden), (512, Q05.ffn)]
+    for T, K in shapes:
+        x = (rng.standard_normal((T, K)) * rng.uniform(0.01, 10, (T, 1))).astype(np.float32)
+        x[0, :32] = 0.0
+        xf = Out((T, K))
+        qa.launch_fake_quant_act(_dev(x), xf.dev)
+        q_ref, d_ref = qa.quantize_act_q8_reference(x)
+        ref = (q_ref.reshape(-1, 32).astype(np.float32) * d_ref.reshape(-1, 1)).reshape(T, K)
+        got, guard_ok = xf.get()
+        yield compare("fake_quant_act", "f32", _shape(T, K), got, ref, tol="bit-exact",
+                      bits=True, guard_ok=guard_ok)
+
+
+@check("rms_norm_q8", "kernels.norm.launch_rms_norm_q8")
+def check_rms_norm_q8(rng, size):
+    """Fused RMSNorm + int8 quantizer (decode): y within the rms_norm bound of the reference,
+    and xq / xd bit-exact against quantize_act's reference applied to the kernel's own y (the
+    quantizer's arithmetic must be the standalone kernel's, operation for operation)."""
+    from .kernels import norm
+    from .kernels import quantize_act as qa
+    from .reference import ops
+    shapes = [(1, 320)] if size == "tiny" else [(1, Q9.hidden), (1, Q05.hidden)]
+    for N, C in shapes:
+        x = (3 * rng.standard_normal((N, C))).astype(np.float32)
+        w = rng.standard_normal(C).astype(np.float32)
+        eps = 1e-6
+        y, xq, xd = Out((N, C)), Out(N * C, np.int8, poison=-128), Out(N * C // 32)
+        norm.launch_rms_norm_q8(_dev(x), _dev(w), eps, y.dev, xq.dev, xd.dev)
+        got, gy = y.get()
+        rel, label = _norm_bound(C)
+        ref = ops.rms_norm(x, w, eps)
+        yield compare("rms_norm_q8 y", "f32", _shape(N, C), got, ref,
+                      rel * np.abs(_f64(ref)) + TINY_NORMAL, label, guard_ok=gy)
+        q_ref, d_ref = qa.quantize_act_q8_reference(got)
+        got_q, gq = xq.get()
+        got_d, gd = xd.get()
+        yield compare("rms_norm_q8 q", "int8", _shape(N, C), got_q, q_ref, tol="exact",
+                      bits=True, guard_ok=gq, poison=np.int8(-128))
+        yield compare("rms_norm_q8 d", "f32", _shape(N, C // 32), got_d, d_ref,
+                      tol="bit-exact", bits=True, guard_ok=gd)
 
 
 _MATMUL_REAL = [("0.5b.ffn_down", Q05.hidden, Q05.ffn), ("9b.attn_qkv", 8192, Q9.hidden)]
@@ -451,6 +558,67 @@ def check_matmul(rng, size):
         yield compare("matmul", qt.name, f"{_shape(T, M, K)} {label}".strip(), got, ref,
                       MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
                       guard_ok=guard_ok)
+
+
+@check("matmul_q8", "kernels.matmul_q8.launch_matmul_q8")
+def check_matmul_q8(rng, size):
+    """Int8 tensor-core prefill matmul (mma.m16n8k32.s8), the integer weight types: (a) the
+    integer part is exact; (b) end to end on realistic scales, + bias + residual."""
+    from .kernels import matmul_q8 as mq
+    from .kernels import quantize_act as qa
+    from .kernels.dequant import random_weight_bytes
+    from .quant import QType
+    max_int = _max_int_weight()
+    for qt in mq.MATMUL_Q8:
+        kq = qt in (QType.Q4_K, QType.Q5_K, QType.Q6_K)
+        # (a) every f16 scale 2^-6, every activation scale 2^-3: each term is an integer times
+        # 2^-9 and every partial sum stays below 2^23 units (activations bounded for that), so
+        # every float32 step of the kernel is exact: bit for bit the float64 reference.
+        # T, M odd and no multiple of the 64 x 64 tile.
+        T, M, K = (5, 17, 256 if kq else 64) if size == "tiny" else (100, MOE.expert_ffn, MOE.hidden)
+        w = random_weight_bytes(rng, qt, M, K, f16_value=2.0 ** -6)
+        bound = min(127, 2 ** 23 // (K * max_int[qt]))
+        xq = rng.integers(-bound, bound + 1, size=(T, K)).astype(np.int8)
+        xq[0, :2] = [bound, -bound]
+        xd = np.full((T, K // 32), 2.0 ** -3, np.float32)
+        y = Out((T, M))
+        mq.launch_matmul_q8(_dev(w), qt, M, K, _dev(xq), _dev(xd), y.dev)
+        got, guard_ok = y.get()
+        ref = mq.matmul_q8_reference(w, qt, M, K, xq, xd)
+        exact_ref = np.array_equal(ref.astype(np.float32).astype(np.float64), ref)
+        yield compare("matmul_q8 int", qt.name, _shape(T, M, K), got, ref.astype(np.float32),
+                      tol="bit-exact", bits=True, guard_ok=guard_ok,
+                      problems=["" if exact_ref else "reference not exact in float32 (test bug)"])
+        # (b) random weight scales, activations quantized as the engine does, bias and an
+        # in-place residual (y += X W^T + b)
+        if size == "tiny":
+            shapes = [("+b+r", 3, 5, 256 if kq else 288)]   # 288: a K step of 8 + one of 1
+        else:
+            shapes = [(label + "+b+r", 100, M, K) for label, M, K in _MATMUL_REAL if _fits(qt, K)]
+        for label, T, M, K in shapes:
+            w = _random_weight(rng, qt, M, K)
+            x = rng.standard_normal((T, K)).astype(np.float32)
+            bias = rng.standard_normal(M).astype(np.float32)
+            residual = rng.standard_normal((T, M)).astype(np.float32)
+            xq, xd = qa.quantize_act_q8_reference(x)
+            xq, xd = xq.reshape(T, K), xd.reshape(T, K // 32)
+            y = Out((T, M))
+            y.dev.copy_to_device(residual)
+            mq.launch_matmul_q8(_dev(w), qt, M, K, _dev(xq), _dev(xd), y.dev, bias=_dev(bias),
+                                residual=y.dev)
+            got, guard_ok = y.get()
+            ref = mq.matmul_q8_reference(w, qt, M, K, xq, xd, bias, residual)
+            # integer dots exact; each sub-block term rounds <= 3 times before the accumulator
+            # adds it (one term per 32 values, two for Q6_K), then + bias + residual: h <=
+            # terms + 5. K-quants round (d*sc)*isum and (dmin*m)*xsum separately, so the error
+            # scales with |w| + 2 |dmin m| rather than |w| (matmul_q8.py's summation order).
+            xa = np.abs(qa.dequantize_act_q8(xq, xd)).reshape(T, K)
+            wmag = _abs_weight(w, qt, M, K) + 2 * _min_offsets(w, qt, M, K)
+            mag = xa @ wmag.T + np.abs(bias) + np.abs(residual)
+            h = (2 if qt == QType.Q6_K else 1) * (K // 32) + 5
+            yield compare("matmul_q8", qt.name, f"{_shape(T, M, K)} {label}".strip(), got, ref,
+                          MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
+                          guard_ok=guard_ok)
 
 
 @check("embedding", "kernels.embedding.launch_embedding")

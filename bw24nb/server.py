@@ -722,8 +722,10 @@ def create_app(loaded_model, api_key: str | None = None, queue_size: int = 16,
 
 def run_server(model_path, host: str = "127.0.0.1", port: int = 8080,
                api_key: str | None = None, n_ctx: int = 4096, backend: str = "auto",
-               queue_size: int = 16, model_name: str | None = None) -> None:
-    """Load the model, then serve it with uvicorn until interrupted."""
+               queue_size: int = 16, model_name: str | None = None,
+               engine_options: dict | None = None) -> None:
+    """Load the model, then serve it with uvicorn until interrupted. engine_options: extra
+    Engine(...) arguments (KV cache types, VRAM budget, activation path) for the GPU backend."""
     import ipaddress
     import sys
 
@@ -737,7 +739,8 @@ def run_server(model_path, host: str = "127.0.0.1", port: int = 8080,
     # engine failures are logged here with their traceback (clients get a generic 500)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
 
-    lm = backends.load(model_path, n_ctx=n_ctx, which=backend, log=say)
+    lm = backends.load(model_path, n_ctx=n_ctx, which=backend, log=say,
+                       engine_options=engine_options)
     app = create_app(lm, api_key=api_key, queue_size=queue_size, model_name=model_name)
     st = app.state.bw24
     say(f"backend: {lm.backend.name}; load {lm.load_s:.2f} s; context {st.n_ctx} tokens")

@@ -85,13 +85,14 @@ def test_flash_attn_over_cache(rng, k_type, v_type):
 
 
 @pytest.mark.parametrize("n_ctx,n_splits,T", [
-    (37, 3, 1),    # chunks of 13: not a multiple of the split or of the key tile
-    (37, 5, 1),    # chunks of 8, last chunk 5 keys
-    (5, 4, 1),     # more splits than needed: chunk 2, split 3 is empty (l = 0 path)
+    (37, 3, 1),    # DECODE_MIN_CHUNK (32) keys a split: 2 used, the last one 5 keys
+    (5, 4, 1),     # one used split of 5 keys, three blocks that exit at once
     (30, 4, 3),    # speculative verify: 3 queries at 27, 28, 29, causal among themselves
-], ids=["ctx37-s3", "ctx37-s5", "ctx5-s4-empty-split", "ctx30-verify3"])
+    (103, 3, 1),   # chunks of 35: not a multiple of the split or of the key tile
+    (70, 8, 2),    # 3 of 8 splits used (32 + 32 + 6 keys), a 2-query verify
+], ids=["ctx37-s3", "ctx5-s4-unused-splits", "ctx30-verify3", "ctx103-s3", "ctx70-s8-verify2"])
 def test_flash_decode_split_k(rng, n_ctx, n_splits, T):
-    Hq, Hkv, D, ctx = 8, 2, 32, 40                     # n_rep 4
+    Hq, Hkv, D, ctx = 8, 2, 32, n_ctx + 3              # n_rep 4
     # every position holds data, so reading past n_ctx would show
     cache = _filled_cache(rng, ctx, Hkv, D, ctx, QType.Q8_0, QType.Q5_1)
     q = rng.standard_normal((T, Hq, D)).astype(np.float32)
@@ -132,3 +133,21 @@ def test_decode_splits_default():
     assert decode_splits(10, 8) == 2                       # never more splits than key tiles
     assert decode_splits(32768, 8) == 264 // 8
     assert decode_splits(32768, 1) == 256                  # capped
+
+
+def test_flash_decode_many_splits_combine(rng):
+    """min_chunk 4 over 150 keys: 38 used splits of 48, so the combine's (m, l) step spans two
+    warps (warp_max / warp_sum + the ordered warp merge) and its per-dimension sum runs in
+    several thread groups (D = 32: 8 groups of 32 threads), each over its own run of splits."""
+    Hq, Hkv, D, n_ctx, n_splits = 2, 1, 32, 150, 48
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, QType.F16, QType.F16)
+    q = rng.standard_normal((1, Hq, D)).astype(np.float32)
+    part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
+    out = _poisoned((1, Hq, D))
+    k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+    launch_flash_decode(cuda.to_device(q), cuda.to_device(np.array([n_ctx - 1], np.int32)),
+                        k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16, out, part_ml, part_acc,
+                        min_chunk=4)
+    k_deq, v_deq = cache.read(0, n_ctx)
+    want = ops.attention(q, k_deq, v_deq, causal_offset=n_ctx - 1)
+    np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)

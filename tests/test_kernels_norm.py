@@ -129,3 +129,29 @@ def test_add(rng):
     out = _poisoned((3, 70))
     launch_add(cuda.to_device(a), cuda.to_device(b), out)
     np.testing.assert_array_equal(out.copy_to_host(), a + b)
+
+
+@pytest.mark.parametrize("N,C", [(1, 96), (2, 320)])
+def test_rms_norm_q8_is_norm_then_quantize(rng, N, C):
+    """The fused norm + int8 quantizer writes exactly what rms_norm followed by quantize_act
+    writes (same float32 y, same amax, d and rounding), bit for bit; C = 320 with a 128-thread
+    block leaves the last step to some warps only."""
+    from bw24nb.kernels.norm import launch_rms_norm_q8
+    from bw24nb.kernels.quantize_act import launch_quantize_act
+    x = _rand(rng, N, C, scale=3.0)
+    w = _rand(rng, C)
+    eps = 1e-6
+    y_ref = _poisoned((N, C))
+    launch_rms_norm(cuda.to_device(x), cuda.to_device(w), eps, y_ref)
+    q_ref = cuda.to_device(np.zeros(N * C, np.int8))
+    d_ref = cuda.to_device(np.zeros(N * C // 32, np.float32))
+    launch_quantize_act(y_ref, q_ref, d_ref)
+    y = _poisoned((N, C))
+    q = cuda.to_device(np.full(N * C + 8, 99, np.int8))
+    d = cuda.to_device(np.full(N * C // 32 + 2, np.nan, np.float32))
+    launch_rms_norm_q8(cuda.to_device(x), cuda.to_device(w), eps, y, q, d)
+    np.testing.assert_array_equal(y.copy_to_host(), y_ref.copy_to_host())
+    qh, dh = q.copy_to_host(), d.copy_to_host()
+    np.testing.assert_array_equal(qh[:N * C], q_ref.copy_to_host())
+    np.testing.assert_array_equal(dh[:N * C // 32], d_ref.copy_to_host())
+    assert np.all(qh[N * C:] == 99) and np.all(np.isnan(dh[N * C // 32:]))

@@ -309,3 +309,21 @@ def test_ptx_files_are_ascii():
         data = path.read_bytes()
         bad = [i for i, b in enumerate(data) if b > 127]
         assert not bad, f"{path.name}: non-ASCII byte at offset {bad[0]}"
+
+
+def test_warp_max_twin_gives_every_lane_the_maximum():
+    """warp_max (simulator twin here): every lane gets the warp's largest value, -inf included."""
+    from bw24nb.ptx import warp_max
+
+    @cuda.jit
+    def k(x, out):
+        i = cuda.grid(1)
+        out[i] = warp_max(x[i])
+
+    x = np.random.default_rng(3).standard_normal(64).astype(np.float32)
+    x[40:] = -np.inf
+    x[45] = 7.5
+    out = cuda.device_array(64, np.float32)
+    k[1, 64](cuda.to_device(x), out)
+    got = out.copy_to_host()
+    assert np.all(got[:32] == x[:32].max()) and np.all(got[32:] == np.float32(7.5))

@@ -31,8 +31,8 @@ are f16 elements 12*b and 12*b+1 (34 and 24 are even, so every block starts 2-by
 Writing: `kv_store` encodes one tensor's fresh rows at positions read from a device array;
 `kv_store_rope` (what `KVCache.store` launches) does a layer's K and V in one launch and applies
 K's RoPE on the way in, so the rotated K never round-trips through memory (attention reads K
-from the cache). Encoders are one thread per 32-value block: a decode step stores only
-n_kv_heads * head_dim / 32 blocks per tensor.
+from the cache). One block per (token, head) row, one thread per value: each thread rotates and
+quantizes its own element; the Q5_1 high bits are gathered through shared memory.
 
 Reference: `bw24nb.quant.quantize` / `dequantize` (llama.cpp's quantize_row_*_ref), which
 `kv_store` matches byte for byte when run in float32 without FMA contraction (the simulator);
@@ -44,8 +44,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int32
 
+from ..jit import kernel
 from ..formats.config import FULL_ATTENTION
 from ..quant.types import QType, row_bytes
 
@@ -63,10 +64,11 @@ F16_GROUP = 8
 K_TYPE_DEFAULT = QType.Q8_0
 V_TYPE_DEFAULT = QType.Q5_1
 
-# Store kernel: one thread quantizes one 32-value block. 64 threads = 2 warps: a decode step
-# writes n_kv_heads * head_dim / 32 blocks per tensor (e.g. 8 * 4 = 32), so larger blocks
-# would leave threads idle.
-STORE_THREADS = 64
+# Store kernels: one block per (token, KV head), one thread per value (a decode step stores only
+# n_kv_heads rows: a thread per 32-value block, as first written, left 8 threads doing 32 serial
+# RoPE + encode steps each -- 18 us a launch on the H200). Shared arrays sized for the largest
+# head.
+HEAD_DIM_MAX = 256
 
 
 # ------------------------------------------------------------------ sizes
@@ -160,52 +162,64 @@ def _round_half_away(v):
     return t
 
 
-@cuda.jit(device=True)
-def _encode_block(vals, h, pos, b, qtype, rows_u8, rows_f16):
-    """Encode the 32 values in `vals` (a per-thread local array) as block b of row (h, pos)."""
+@cuda.jit(device=True, inline="always")
+def _encode_row(vals, qs, e, D, h, pos, qtype, rows_u8, rows_f16):
+    """Thread e's part of encoding the row vals[0:D] (shared) at (h, pos). Every thread of the
+    block calls it (it holds a barrier); threads e >= D only take part in the barrier.
+    Thread e quantizes element e: the block's amax (or min/max) is re-derived by each of its
+    32 threads from shared memory (broadcast reads; max/min are exact in any order), so the
+    arithmetic per element is the host codec's, and results match it byte for byte."""
+    live = e < D
+    blk = e // QK
+    j = e - blk * QK
+    first = blk * QK
     if qtype == _Q8_0:
-        amax = float32(0.0)
-        for j in range(QK):
-            a = abs(vals[j])
-            if a > amax:
-                amax = a
-        d = amax / float32(127.0)
-        inv = float32(0.0)
-        if d != float32(0.0):
-            inv = float32(1.0) / d
-        rows_f16[h, pos, b * 17] = d              # cvt.rn.f16.f32, as numpy's astype(f16)
-        base = b * 34 + 2
-        for j in range(QK):
-            q = int32(_round_half_away(vals[j] * inv))
-            rows_u8[h, pos, base + j] = q & 255
+        if live:
+            amax = float32(0.0)
+            for i in range(QK):
+                a = abs(vals[first + i])
+                if a > amax:
+                    amax = a
+            d = amax / float32(127.0)
+            inv = float32(0.0)
+            if d != float32(0.0):
+                inv = float32(1.0) / d
+            if j == 0:
+                rows_f16[h, pos, blk * 17] = d        # cvt.rn.f16.f32, as numpy's astype(f16)
+            q = int32(_round_half_away(vals[e] * inv))
+            rows_u8[h, pos, blk * 34 + 2 + j] = q & 255
     elif qtype == _Q5_1:
-        lo = vals[0]
-        hi = lo
-        for j in range(1, QK):
-            v = vals[j]
-            if v < lo:
-                lo = v
-            if v > hi:
-                hi = v
-        d = (hi - lo) / float32(31.0)
-        inv = float32(0.0)
-        if d != float32(0.0):
-            inv = float32(1.0) / d
-        rows_f16[h, pos, b * 12] = d
-        rows_f16[h, pos, b * 12 + 1] = lo
-        base = b * 24
-        qh = uint32(0)
-        for j in range(16):
-            q0 = min(31, int32((vals[j] - lo) * inv + float32(0.5)))
-            q1 = min(31, int32((vals[j + 16] - lo) * inv + float32(0.5)))
-            rows_u8[h, pos, base + 8 + j] = (q0 & 15) | ((q1 & 15) << 4)
-            qh |= uint32((q0 >> 4) & 1) << uint32(j)
-            qh |= uint32((q1 >> 4) & 1) << uint32(j + 16)
-        for i in range(4):
-            rows_u8[h, pos, base + 4 + i] = (qh >> uint32(8 * i)) & uint32(255)
+        if live:
+            lo = vals[first]
+            hi = lo
+            for i in range(1, QK):
+                v = vals[first + i]
+                if v < lo:
+                    lo = v
+                if v > hi:
+                    hi = v
+            d = (hi - lo) / float32(31.0)
+            inv = float32(0.0)
+            if d != float32(0.0):
+                inv = float32(1.0) / d
+            qs[e] = min(31, int32((vals[e] - lo) * inv + float32(0.5)))
+            if j == 0:
+                rows_f16[h, pos, blk * 12] = d
+                rows_f16[h, pos, blk * 12 + 1] = lo
+        cuda.syncthreads()
+        if live:
+            base = blk * 24
+            if j < 16:      # byte j: element j's low nibble, element j + 16's in the high one
+                rows_u8[h, pos, base + 8 + j] = (qs[e] & 15) | ((qs[e + 16] & 15) << 4)
+            elif j < 20:    # qh byte j - 16: the fifth bits of elements 8(j-16) .. +7
+                k0 = first + 8 * (j - 16)
+                hb = int32(0)
+                for i in range(8):
+                    hb |= ((qs[k0 + i] >> 4) & 1) << i
+                rows_u8[h, pos, base + 4 + (j - 16)] = hb
     else:
-        for j in range(F16_GROUP):
-            rows_f16[h, pos, b * F16_GROUP + j] = vals[j]
+        if live:
+            rows_f16[h, pos, e] = vals[e]
 
 
 @cuda.jit(device=True)
@@ -225,69 +239,62 @@ def _roped_value(x, t, h, e, half, angle_pos, inv_freq):
 # ------------------------------------------------------------------ kernels
 
 
-@cuda.jit
+@kernel
 def kv_store(x, positions, qtype, rows_u8, rows_f16):
     """Write x[t, h, :] (float32 [T, n_kv_heads, head_dim]) at position positions[t] of head h,
-    encoded as `qtype`. One thread per (t, h, 32-value block). Positions outside
-    [0, ctx) are skipped (the engine raises ContextOverflow before that can happen)."""
-    vals = cuda.local.array(QK, float32)
-    i = cuda.grid(1)
+    encoded as `qtype`. Block (t, h), thread e = element e. Positions outside [0, ctx) are
+    skipped (the engine raises ContextOverflow before that can happen)."""
+    vals = cuda.shared.array(HEAD_DIM_MAX, float32)
+    qs = cuda.shared.array(HEAD_DIM_MAX, int32)
     T, H, D = x.shape
-    grp = _group(qtype)
-    nb = D // grp
-    if i >= T * H * nb:
-        return
-    b = i % nb
-    h = (i // nb) % H
-    t = i // (nb * H)
+    t = cuda.blockIdx.x // H
+    h = cuda.blockIdx.x - t * H
+    e = cuda.threadIdx.x
     pos = positions[t]
-    if pos < 0 or pos >= rows_u8.shape[1]:
+    if pos < 0 or pos >= rows_u8.shape[1]:      # uniform over the block: no barrier is skipped
         return
-    for j in range(grp):
-        vals[j] = x[t, h, b * grp + j]
-    _encode_block(vals, h, pos, b, qtype, rows_u8, rows_f16)
+    if e < D:
+        vals[e] = x[t, h, e]
+    cuda.syncthreads()
+    _encode_row(vals, qs, e, D, h, pos, qtype, rows_u8, rows_f16)
 
 
-@cuda.jit
+@kernel
 def kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8, v_f16):
     """One launch for a layer's fresh K and V: K gets NEOX RoPE (table `inv_freq`, rotary_dim =
     2 * len(inv_freq); an empty table means no RoPE) on the fly, then both are encoded at
     positions[t]. The rotated K exists only in the cache: attention reads K from there.
-    Threads: all (t, h, block) of K first, then those of V."""
-    vals = cuda.local.array(QK, float32)
-    i = cuda.grid(1)
+    Grid (T * H, 2): y = 0 stores K, y = 1 stores V; thread e = element e."""
+    vals = cuda.shared.array(HEAD_DIM_MAX, float32)
+    qs = cuda.shared.array(HEAD_DIM_MAX, int32)
     T, H, D = k.shape
-    k_grp = _group(k_type)
-    v_grp = _group(v_type)
-    n_k = T * H * (D // k_grp)
-    if i >= n_k + T * H * (D // v_grp):
-        return
-    is_v = i >= n_k
-    grp = k_grp
-    if is_v:
-        i -= n_k
-        grp = v_grp
-    nb = D // grp
-    b = i % nb
-    h = (i // nb) % H
-    t = i // (nb * H)
+    t = cuda.blockIdx.x // H
+    h = cuda.blockIdx.x - t * H
+    e = cuda.threadIdx.x
     pos = positions[t]
     if pos < 0 or pos >= k_u8.shape[1]:
         return
-    if is_v:
-        for j in range(grp):
-            vals[j] = v[t, h, b * grp + j]
-        _encode_block(vals, h, pos, b, v_type, v_u8, v_f16)
+    if cuda.blockIdx.y == 1:
+        if e < D:
+            vals[e] = v[t, h, e]
+        cuda.syncthreads()
+        _encode_row(vals, qs, e, D, h, pos, v_type, v_u8, v_f16)
     else:
-        half = inv_freq.shape[0]
-        angle_pos = float32(pos)
-        for j in range(grp):
-            vals[j] = _roped_value(k, t, h, b * grp + j, half, angle_pos, inv_freq)
-        _encode_block(vals, h, pos, b, k_type, k_u8, k_f16)
+        if e < D:
+            vals[e] = _roped_value(k, t, h, e, inv_freq.shape[0], float32(pos), inv_freq)
+        cuda.syncthreads()
+        _encode_row(vals, qs, e, D, h, pos, k_type, k_u8, k_f16)
+
+
+def _store_threads(D: int) -> int:
+    """One thread per value, rounded up to whole warps."""
+    return 32 * ((D + 31) // 32)
 
 
 def _check_rows(x, qtype, rows_u8):
     T, H, D = x.shape
+    if D > HEAD_DIM_MAX:
+        raise ValueError(f"head_dim {D} exceeds the store kernel's {HEAD_DIM_MAX}")
     if D % _host_group(qtype):
         raise ValueError(f"head_dim {D} must be a multiple of {_host_group(qtype)} for "
                          f"{QType(int(qtype)).name}")
@@ -301,9 +308,9 @@ def launch_kv_store(x, positions, qtype, rows_u8, rows_f16, stream=0):
     """Quantize K or V rows `x[T, Hkv, D]` into one layer's cache (`rows_u8[Hkv, ctx, RB]` and
     its f16 view) at `positions[T]` (int32 device array, read on the device so one captured
     graph serves every decode step). Reference: bw24nb.quant.quantize(x, qtype) per row."""
-    n = _check_rows(x, qtype, rows_u8)
-    grid = (n + STORE_THREADS - 1) // STORE_THREADS
-    kv_store[grid, STORE_THREADS, stream](x, positions, np.int32(qtype), rows_u8, rows_f16)
+    _check_rows(x, qtype, rows_u8)
+    T, H, D = x.shape
+    kv_store[T * H, _store_threads(D), stream](x, positions, np.int32(qtype), rows_u8, rows_f16)
 
 
 def launch_kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8, v_f16,
@@ -311,14 +318,14 @@ def launch_kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type,
     """Fused `launch_rope(k) + launch_kv_store(k) + launch_kv_store(v)` in one launch; k is
     left unrotated in memory. `inv_freq` from bw24nb.kernels.rope.rope_inv_freq (on device),
     or a zero-length float32 device array for no RoPE."""
-    n_k = _check_rows(k, k_type, k_u8)
-    n_v = _check_rows(v, v_type, v_u8)
+    _check_rows(k, k_type, k_u8)
+    _check_rows(v, v_type, v_u8)
     if tuple(k.shape) != tuple(v.shape) or v_u8.shape[1] != k_u8.shape[1]:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} / caches do not match")
     if 2 * inv_freq.shape[0] > k.shape[2]:
         raise ValueError(f"rotary_dim {2 * inv_freq.shape[0]} exceeds head_dim {k.shape[2]}")
-    grid = (n_k + n_v + STORE_THREADS - 1) // STORE_THREADS
-    kv_store_rope[grid, STORE_THREADS, stream](k, v, positions, inv_freq, np.int32(k_type), k_u8,
+    T, H, D = k.shape
+    kv_store_rope[(T * H, 2), _store_threads(D), stream](k, v, positions, inv_freq, np.int32(k_type), k_u8,
                                                k_f16, np.int32(v_type), v_u8, v_f16)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
+from ..jit import kernel
 from ..formats.config import LINEAR_ATTENTION
 
 # Grid-stride copy/fill, COPY_UNROLL independent elements per thread per iteration (the array
@@ -38,7 +39,7 @@ COPY_UNROLL = 4
 COPY_BLOCKS_MAX = 1056
 
 
-@cuda.jit
+@kernel
 def copy_f32(src, dst):
     """dst[i] = src[i] for i < len(dst) (flat float32 arrays)."""
     n = dst.shape[0]
@@ -51,7 +52,7 @@ def copy_f32(src, dst):
                 dst[j] = src[j]
 
 
-@cuda.jit
+@kernel
 def fill_f32(dst, value):
     """dst[i] = value (flat float32 array)."""
     n = dst.shape[0]

@@ -13,6 +13,8 @@ import math
 
 from numba import cuda, float32
 
+from ..jit import kernel
+
 # 256 threads, at most ELEMWISE_BLOCKS_MAX blocks, grid-stride beyond: enough to fill an H200
 # (132 SMs x 8 resident blocks of 256 at 2048 threads/SM) without a launch per element.
 ELEMWISE_THREADS = 256
@@ -29,7 +31,7 @@ def sigmoid(g):
     return float32(1.0) / (float32(1.0) + math.exp(-g))
 
 
-@cuda.jit
+@kernel
 def swiglu(g, u, y):
     """y = silu(g) * u (1-D, same length)."""
     start, step = cuda.grid(1), cuda.gridsize(1)
@@ -37,7 +39,7 @@ def swiglu(g, u, y):
         y[i] = silu(g[i]) * u[i]
 
 
-@cuda.jit
+@kernel
 def swiglu_fused(gu, y):
     """gu[N, 2F] holds [gate | up] per row (one matmul with the gate and up weights stacked);
     y[N, F] = silu(gate) * up."""
@@ -49,7 +51,7 @@ def swiglu_fused(gu, y):
         y[r, c] = silu(gu[r, c]) * gu[r, F + c]
 
 
-@cuda.jit
+@kernel
 def sigmoid_mul(x, gate):
     """x *= sigmoid(gate) in place (1-D): the gated-attention output gate."""
     start, step = cuda.grid(1), cuda.gridsize(1)
@@ -57,7 +59,7 @@ def sigmoid_mul(x, gate):
         x[i] = x[i] * sigmoid(gate[i])
 
 
-@cuda.jit
+@kernel
 def add(a, b, out):
     """out = a + b (1-D): the residual add where it is not fused into a norm."""
     start, step = cuda.grid(1), cuda.gridsize(1)

@@ -28,12 +28,13 @@ Prefill writes out = acc / l. Shared memory: ~41 KB at HEAD_DIM_MAX = 256 (under
 static limit); head_dim is a runtime value <= HEAD_DIM_MAX.
 
 Decode (split-K). The context 0 .. n_ctx-1 (n_ctx = max(positions) + 1, read on the device so
-a captured graph replays at every length) is cut into `n_splits` contiguous chunks of
-ceil(n_ctx / n_splits) keys; block (split, kvh, row tile) runs steps 1-5 over its chunk and
-writes the unnormalized partial (m, l, acc[D]). `flash_decode_combine` merges the partials of
+a captured graph replays at every length) is cut into contiguous chunks of
+max(DECODE_MIN_CHUNK, ceil(n_ctx / n_splits)) keys, `used` <= n_splits of them; block
+(split, kvh, row tile) runs steps 1-5 over its chunk and writes the unnormalized partial
+(m, l, acc[D]); blocks past `used` exit at once. `flash_decode_combine` merges the partials of
 each (t, head) in split order 0, 1, ..., with M = max m_s, w_s = exp(m_s - M),
 out = (sum_s w_s acc_s) / (sum_s w_s l_s); splits with no visible key (l = 0) are skipped. No
-atomics: the result depends only on n_splits, which the launcher fixes per engine.
+atomics: the result depends only on n_splits and the context length.
 Note the decode and prefill paths sum in different orders (chunked vs. one pass), so their
 outputs agree to float32 rounding, not bit for bit.
 """
@@ -44,7 +45,9 @@ import math
 import numpy as np
 from numba import cuda, float32, int32
 
+from ..jit import kernel
 from ..cache.kv import kv_load
+from ..ptx import warp_max, warp_sum
 
 # 128 threads: scores are ATTN_ROWS x ATTN_KEYS = 128 dot products, one per thread.
 ATTN_THREADS = 128
@@ -59,6 +62,20 @@ HEAD_DIM_MAX = 256
 # batch 1; more splits only lengthen the combine.
 DECODE_TARGET_BLOCKS = 264
 DECODE_SPLITS_MAX = 256
+# Fewest keys a split takes (4 tiles): at 512 tokens of context 132 splits of 4 keys each
+# spent 67 us a layer on the H200, mostly in a combine walking 132 partials per output.
+DECODE_MIN_CHUNK = 32
+# Decode split kernel tiles: 32 keys (one per lane in the softmax), 16 when head_dim > 128
+# so the K/V tile (keys x (D + 1) floats) fits beside the q rows in 48 KB of shared memory.
+DECODE_KT = 32
+DECODE_KT_WIDE_D = 128
+_DEC_KV_SH = DECODE_KT * (DECODE_KT_WIDE_D + 1)     # >= 16 * (256 + 1) too
+_DEC_S_SH = ATTN_ROWS * DECODE_KT                   # p of every row for one tile
+_DEC_ACC = 2 * ATTN_ROWS                            # a thread's acc: d and d + 128, all rows
+# The combine: one split per thread for (m, l) (so DECODE_SPLITS_MAX <= COMBINE_THREADS), and
+# COMBINE_THREADS / D thread groups sharing the per-dimension sums over the splits.
+COMBINE_THREADS = 256
+_COMBINE_WARPS = COMBINE_THREADS // 32
 
 _NEG_INF = np.float32(-np.inf)
 # shared-array sizes (numba wants each size as one constant)
@@ -81,15 +98,38 @@ def _load_tile_f32(kv_sh, src, unused_half, unused_type, kvh, key0, nk, D):
         kv_sh[p * DP + d] = src[key0 + p, kvh, d]
 
 
+@cuda.jit(device=True, inline="always")
+def _tile_value(rows_u8, rows_f16, qtype, kvh, key0, i, n, D):
+    """Element i of the tile (key i // D, dim i % D), 0 past n (a clamped, in-bounds read)."""
+    j = min(i, n - 1)
+    p = j // D
+    v = kv_load(rows_u8, rows_f16, qtype, kvh, key0 + p, j - p * D)
+    return v if i < n else float32(0.0)
+
+
+@cuda.jit(device=True, inline="always")
+def _store_tile(kv_sh, i, n, D, v):
+    if i < n:
+        p = i // D
+        kv_sh[p * (D + 1) + i - p * D] = v
+
+
 @cuda.jit(device=True)
 def _load_tile_cache(kv_sh, rows_u8, rows_f16, qtype, kvh, key0, nk, D):
     """As _load_tile_f32, from a quantized cache layer (consecutive threads read consecutive
-    bytes of one contiguous (head, position) range)."""
-    DP = D + 1
-    for i in range(cuda.threadIdx.x, nk * D, cuda.blockDim.x):
-        p = i // D
-        d = i - p * D
-        kv_sh[p * DP + d] = kv_load(rows_u8, rows_f16, qtype, kvh, key0 + p, d)
+    bytes of one contiguous (head, position) range). Four elements a thread per step, all four
+    loads issued before the first store: a step costs one memory latency, not four."""
+    n = nk * D
+    nt = cuda.blockDim.x
+    for i in range(cuda.threadIdx.x, n, 4 * nt):
+        v0 = _tile_value(rows_u8, rows_f16, qtype, kvh, key0, i, n, D)
+        v1 = _tile_value(rows_u8, rows_f16, qtype, kvh, key0, i + nt, n, D)
+        v2 = _tile_value(rows_u8, rows_f16, qtype, kvh, key0, i + 2 * nt, n, D)
+        v3 = _tile_value(rows_u8, rows_f16, qtype, kvh, key0, i + 3 * nt, n, D)
+        _store_tile(kv_sh, i, n, D, v0)
+        _store_tile(kv_sh, i + nt, n, D, v1)
+        _store_tile(kv_sh, i + 2 * nt, n, D, v2)
+        _store_tile(kv_sh, i + 3 * nt, n, D, v3)
 
 
 # ------------------------------------------------------------------ the shared core
@@ -210,7 +250,7 @@ def _write_out(out, acc_sh, l_sh, kvh, n_rep, row0, n_rows, D):
 # ------------------------------------------------------------------ kernels
 
 
-@cuda.jit
+@kernel
 def flash_attn_f32(q, k, v, positions, scale, out):
     """Causal GQA attention with float32 K/V [S, Hkv, D]. Grid (row tiles, Hkv)."""
     q_sh = cuda.shared.array(_Q_SH, float32)
@@ -233,7 +273,7 @@ def flash_attn_f32(q, k, v, positions, scale, out):
     _write_out(out, acc_sh, l_sh, kvh, n_rep, row0, n_rows, D)
 
 
-@cuda.jit
+@kernel
 def flash_attn_cache(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, scale, out):
     """Causal GQA attention over one layer of the quantized KV cache. Grid (row tiles, Hkv)."""
     q_sh = cuda.shared.array(_Q_SH, float32)
@@ -256,20 +296,53 @@ def flash_attn_cache(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, sca
     _write_out(out, acc_sh, l_sh, kvh, n_rep, row0, n_rows, D)
 
 
-@cuda.jit
+@cuda.jit(device=True, inline="always")
+def _context_len(positions, T, ctx):
+    """Keys visible to the step: max(positions) + 1, capped at the cache's length."""
+    n_ctx = int32(0)
+    for t in range(T):
+        n_ctx = max(n_ctx, positions[t] + 1)
+    return min(n_ctx, ctx)
+
+
+@cuda.jit(device=True, inline="always")
+def _split_plan(positions, T, ctx, n_splits, min_chunk):
+    """(chunk, used): keys per split -- ceil(n_ctx / n_splits), but at least DECODE_MIN_CHUNK,
+    so a short context runs on a few well-filled blocks instead of n_splits nearly empty ones --
+    and how many splits that takes. Both the split pass and the combine derive it from the
+    same device-side positions, so one captured graph serves every length."""
+    n_ctx = _context_len(positions, T, ctx)
+    chunk = max(min_chunk, (n_ctx + n_splits - 1) // n_splits)
+    return chunk, (n_ctx + chunk - 1) // chunk
+
+
+@kernel
 def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, scale,
-                       part_ml, part_acc):
-    """Split-K pass over the quantized cache. Grid (n_splits, Hkv, row tiles).
+                       min_chunk, part_ml, part_acc):
+    """Split-K pass over the quantized cache. Grid (n_splits, Hkv, row tiles), 128 threads.
     part_ml[T, Hq, n_splits, 2] gets (m, l), part_acc[T, Hq, n_splits, D] the unnormalized
-    accumulator of this block's chunk."""
+    accumulator of this block's chunk.
+
+    Decode has few rows (T * n_rep <= 16) and a short chunk, so this is built for latency: per
+    tile of KT keys (32, or 16 when D > 128, so the tile fits beside q in shared memory)
+      1. the K tile -> shared, four loads in flight per thread (`_load_tile_cache`);
+      2. warp w takes rows w, w + 4, ...; lane j is key j of the tile: its score
+         (q . k, d ascending, times scale; -inf past the chunk or the row's causal limit), then
+         m' = max(m, warp_max(s)), p = exp(s - m'), l = l exp(m - m') + warp_sum(p) -- the
+         online softmax with no per-row serial loop and no barrier between scores and softmax;
+      3. the V tile -> shared (over K);
+      4. thread d (and d + 128) updates acc[r, d] = acc[r, d] alpha_r + sum_j p[r, j] v[j, d]
+         for every row, keys ascending (acc in per-thread local memory).
+    Four barriers a tile (the first version, 8-key tiles with a thread per row doing the
+    softmax serially, spent ~56 us a launch at 512 tokens on the H200)."""
     q_sh = cuda.shared.array(_Q_SH, float32)
-    acc_sh = cuda.shared.array(_ACC_SH, float32)
-    kv_sh = cuda.shared.array(_KV_SH, float32)
-    s_sh = cuda.shared.array(_S_SH, float32)
+    kv_sh = cuda.shared.array(_DEC_KV_SH, float32)
+    s_sh = cuda.shared.array(_DEC_S_SH, float32)
     m_sh = cuda.shared.array(ATTN_ROWS, float32)
     l_sh = cuda.shared.array(ATTN_ROWS, float32)
     alpha_sh = cuda.shared.array(ATTN_ROWS, float32)
     lim_sh = cuda.shared.array(ATTN_ROWS, int32)
+    acc = cuda.local.array(_DEC_ACC, float32)
     split = cuda.blockIdx.x
     n_splits = cuda.gridDim.x
     kvh = cuda.blockIdx.y
@@ -277,24 +350,68 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
     T = q.shape[0]
     n_rep = q.shape[1] // k_u8.shape[0]
     D = q.shape[2]
-    n_ctx = int32(0)
-    for t in range(T):
-        n_ctx = max(n_ctx, positions[t] + 1)
-    n_ctx = min(n_ctx, k_u8.shape[1])
-    chunk = (n_ctx + n_splits - 1) // n_splits
+    DP = D + 1
+    chunk, used = _split_plan(positions, T, k_u8.shape[1], n_splits, min_chunk)
+    if split >= used:
+        return                      # past the context: the combine never reads this split
     key_begin = split * chunk
-    key_end = min(n_ctx, key_begin + chunk)
-    n_rows = _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh)
-    cuda.syncthreads()
-    _attend_cache(k_u8, k_f16, k_type, v_u8, v_f16, v_type, kvh, n_rows, key_begin, key_end,
-                  D, scale, q_sh, acc_sh, kv_sh, s_sh, m_sh, l_sh, alpha_sh, lim_sh)
-    for i in range(cuda.threadIdx.x, n_rows * D, cuda.blockDim.x):
-        r = i // D
-        d = i - r * D
-        g = row0 + r
-        t = g // n_rep
-        part_acc[t, kvh * n_rep + (g - t * n_rep), split, d] = acc_sh[i]
+    key_end = min(key_begin + chunk, _context_len(positions, T, k_u8.shape[1]))
     tid = cuda.threadIdx.x
+    lane = tid & 31
+    warp = tid >> 5
+    n_warps = cuda.blockDim.x >> 5
+    n_rows = _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh)
+    if tid < n_rows:
+        m_sh[tid] = _NEG_INF
+        l_sh[tid] = float32(0.0)
+    for j in range(2 * ATTN_ROWS):
+        acc[j] = float32(0.0)
+    KT = DECODE_KT if D <= DECODE_KT_WIDE_D else DECODE_KT // 2
+    cuda.syncthreads()
+    for key0 in range(key_begin, key_end, KT):
+        nk = min(KT, key_end - key0)
+        _load_tile_cache(kv_sh, k_u8, k_f16, k_type, kvh, key0, nk, D)
+        cuda.syncthreads()
+        for r in range(warp, n_rows, n_warps):
+            s = _NEG_INF
+            if lane < nk and key0 + lane <= lim_sh[r]:
+                dot = float32(0.0)
+                for d in range(D):
+                    dot += q_sh[r * DP + d] * kv_sh[lane * DP + d]
+                s = dot * scale
+            m_old = m_sh[r]
+            m_new = max(m_old, warp_max(s))
+            p = float32(0.0)
+            alpha = float32(1.0)
+            if m_new != _NEG_INF:
+                p = math.exp(s - m_new)
+                alpha = math.exp(m_old - m_new)
+            tile_sum = warp_sum(p)
+            if lane < KT:
+                s_sh[r * DECODE_KT + lane] = p
+            if lane == 0:
+                m_sh[r] = m_new
+                l_sh[r] = l_sh[r] * alpha + tile_sum
+                alpha_sh[r] = alpha
+        cuda.syncthreads()          # K no longer read: V may overwrite it
+        _load_tile_cache(kv_sh, v_u8, v_f16, v_type, kvh, key0, nk, D)
+        cuda.syncthreads()
+        for j in range(2):
+            d = tid + j * cuda.blockDim.x
+            if d < D:
+                for r in range(n_rows):
+                    a = acc[j * ATTN_ROWS + r] * alpha_sh[r]
+                    for kk in range(nk):
+                        a += s_sh[r * DECODE_KT + kk] * kv_sh[kk * DP + d]
+                    acc[j * ATTN_ROWS + r] = a
+        cuda.syncthreads()          # the next tile overwrites kv_sh and s_sh
+    for j in range(2):
+        d = tid + j * cuda.blockDim.x
+        if d < D:
+            for r in range(n_rows):
+                g = row0 + r
+                t = g // n_rep
+                part_acc[t, kvh * n_rep + (g - t * n_rep), split, d] = acc[j * ATTN_ROWS + r]
     if tid < n_rows:
         g = row0 + tid
         t = g // n_rep
@@ -303,28 +420,89 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
         part_ml[t, h, split, 1] = l_sh[tid]
 
 
-@cuda.jit
-def flash_decode_combine(part_ml, part_acc, out):
-    """Merge the split-K partials in split order. Grid T * Hq, threads over D."""
+@kernel
+def flash_decode_combine(positions, ctx, min_chunk, part_ml, part_acc, out):
+    """Merge the split-K partials of one (t, head). Grid T * Hq, COMBINE_THREADS threads.
+
+    Every step is parallel, with a fixed order (so the result is deterministic):
+      1. thread s < used reads (m_s, l_s); M = max over the visible splits (l_s > 0) by
+         warp_max, then the 8 warp maxima (max is exact in any order);
+      2. w_s = exp(m_s - M) (0 for an empty split) into shared; L = sum_s l_s w_s by warp_sum's
+         tree within each warp of 32 splits, then the warps' sums in warp order;
+      3. the D outputs: G = COMBINE_THREADS / Dp groups of Dp threads (Dp = D rounded up to a
+         power of two); group g sums splits [g * per, (g + 1) * per) ascending, four loads in
+         flight per step; the groups' sums are added in group order; out = that / L.
+    Walking the partials one dependent global load at a time (the first version) cost tens of
+    microseconds a launch."""
+    w_sh = cuda.shared.array(DECODE_SPLITS_MAX, float32)
+    red_sh = cuda.shared.array(_COMBINE_WARPS, float32)
+    acc_sh = cuda.shared.array(COMBINE_THREADS, float32)
     T, Hq, S, D = part_acc.shape
     t = cuda.blockIdx.x // Hq
     h = cuda.blockIdx.x - t * Hq
-    # every thread derives M and L itself (same loads, same order): no sync, no shared
-    M = _NEG_INF
-    for s in range(S):
-        if part_ml[t, h, s, 1] > float32(0.0):
-            M = max(M, part_ml[t, h, s, 0])
-    L = float32(0.0)
-    for s in range(S):
-        l_s = part_ml[t, h, s, 1]
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    warp = tid >> 5
+    n_warps = cuda.blockDim.x >> 5
+    _, used = _split_plan(positions, T, ctx, S, min_chunk)
+    m = _NEG_INF
+    l_s = float32(0.0)
+    if tid < used:
+        l_s = part_ml[t, h, tid, 1]
         if l_s > float32(0.0):
-            L += l_s * math.exp(part_ml[t, h, s, 0] - M)
-    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        a = float32(0.0)
-        for s in range(S):
-            if part_ml[t, h, s, 1] > float32(0.0):
-                a += part_acc[t, h, s, d] * math.exp(part_ml[t, h, s, 0] - M)
-        out[t, h, d] = a / L
+            m = part_ml[t, h, tid, 0]
+    wm = warp_max(m)
+    if lane == 0:
+        red_sh[warp] = wm
+    cuda.syncthreads()
+    M = red_sh[0]
+    for j in range(1, n_warps):
+        M = max(M, red_sh[j])
+    w = float32(0.0)
+    if m != _NEG_INF:
+        w = math.exp(m - M)
+    if tid < S:
+        w_sh[tid] = w
+    ls = warp_sum(l_s * w)
+    cuda.syncthreads()                      # every thread has read red_sh (the maxima)
+    if lane == 0:
+        red_sh[warp] = ls
+    cuda.syncthreads()
+    L = red_sh[0]
+    for j in range(1, n_warps):
+        L += red_sh[j]
+    # 3. groups of Dp threads over the splits
+    Dp = 32
+    while Dp < D:
+        Dp *= 2
+    G = cuda.blockDim.x // Dp
+    g = tid // Dp
+    d = tid - g * Dp
+    per = (used + G - 1) // G
+    s0 = g * per
+    s1 = min(used, s0 + per)
+    a = float32(0.0)
+    if d < D and s0 < s1:
+        last = s1 - 1
+        for s in range(s0, s1, 4):
+            x0 = part_acc[t, h, s, d]
+            x1 = part_acc[t, h, min(s + 1, last), d]
+            x2 = part_acc[t, h, min(s + 2, last), d]
+            x3 = part_acc[t, h, min(s + 3, last), d]
+            a += x0 * w_sh[s]
+            if s + 1 < s1:
+                a += x1 * w_sh[s + 1]
+            if s + 2 < s1:
+                a += x2 * w_sh[s + 2]
+            if s + 3 < s1:
+                a += x3 * w_sh[s + 3]
+    acc_sh[tid] = a
+    cuda.syncthreads()
+    if g == 0 and d < D:
+        total = acc_sh[d]
+        for j in range(1, G):
+            total += acc_sh[j * Dp + d]
+        out[t, h, d] = total / L
 
 
 # ------------------------------------------------------------------ launchers
@@ -385,10 +563,14 @@ def alloc_decode_partials(T: int, n_heads: int, head_dim: int, n_splits: int):
 
 
 def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
-                        part_ml, part_acc, scale=None, stream=0):
+                        part_ml, part_acc, scale=None, stream=0, min_chunk=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     count is `part_ml.shape[2]` (see `decode_splits`, `alloc_decode_partials`); q[T, Hq, D]
-    with small T (1 for plain decode, K+1 for a speculative verify)."""
+    with small T (1 for plain decode, K+1 for a speculative verify). min_chunk: fewest keys a
+    split takes (default DECODE_MIN_CHUNK; a runtime argument, so bench/ can sweep it)."""
+    min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
+    if min_chunk < 1:
+        raise ValueError(f"min_chunk must be >= 1, not {min_chunk}")
     T, Hq, D = _check_shapes(q, k_u8.shape[0])
     Hkv = k_u8.shape[0]
     n_splits = part_ml.shape[2]
@@ -399,9 +581,10 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     grid = (n_splits, Hkv, _row_tiles(T, Hq // Hkv))
     flash_decode_split[grid, ATTN_THREADS, stream](q, positions, k_u8, k_f16, np.int32(k_type),
                                                    v_u8, v_f16, np.int32(v_type),
-                                                   _scale(scale, D), part_ml, part_acc)
-    combine_threads = min(256, max(32, D))
-    flash_decode_combine[T * Hq, combine_threads, stream](part_ml, part_acc, out)
+                                                   _scale(scale, D), np.int32(min_chunk),
+                                                   part_ml, part_acc)
+    flash_decode_combine[T * Hq, COMBINE_THREADS, stream](positions, np.int32(k_u8.shape[1]),
+                                                          np.int32(min_chunk), part_ml, part_acc, out)
 
 
 _A3 = "float32[:, :, ::1]"
@@ -410,6 +593,6 @@ _C = "uint8[:, :, ::1], float16[:, :, ::1], int32"
 PTX_SIGNATURES = {
     "flash_attn_f32": [f"void({_A3}, {_A3}, {_A3}, int32[::1], float32, {_A3})"],
     "flash_attn_cache": [f"void({_A3}, int32[::1], {_C}, {_C}, float32, {_A3})"],
-    "flash_decode_split": [f"void({_A3}, int32[::1], {_C}, {_C}, float32, {_A4}, {_A4})"],
-    "flash_decode_combine": [f"void({_A4}, {_A4}, {_A3})"],
+    "flash_decode_split": [f"void({_A3}, int32[::1], {_C}, {_C}, float32, int32, {_A4}, {_A4})"],
+    "flash_decode_combine": [f"void(int32[::1], int32, int32, {_A4}, {_A4}, {_A3})"],
 }

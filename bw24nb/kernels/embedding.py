@@ -15,6 +15,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from ..jit import kernel
 from ..quant.types import QType, row_bytes
 from .dequant import LAYOUTS, layout, weight_views
 
@@ -35,7 +36,7 @@ def _make_embedding(lay):
                 out[t, h] = np.float32(math.nan)
 
     embedding.__name__ = embedding.__qualname__ = f"embedding_{lay.name}"
-    return cuda.jit(embedding)
+    return kernel(embedding)
 
 
 EMBEDDING = {qt: _make_embedding(lay) for qt, lay in LAYOUTS.items()}

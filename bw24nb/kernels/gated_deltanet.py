@@ -64,6 +64,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from ..jit import kernel
 from ..reference.gated_deltanet import L2NORM_EPS
 from . import norm
 from .norm import NORM_THREADS_MAX, launch_gated_rms_norm
@@ -114,7 +115,7 @@ def _softplus(x):
 # ------------------------------------------------------------------ (a) conv
 
 
-@cuda.jit
+@kernel
 def conv1d_silu(x, w, state, y):
     """y[t, c] = silu(sum_j w[c, j] * window_c[t + j]), window_c = (state[:, c], x[:, c]);
     state[:, c] <- the last K-1 inputs. x, y [T, C] (y may be x); w [C, 4]; state [3, C]."""
@@ -151,7 +152,7 @@ def _l2norm_head(scratch, src, t, off, dk, scale, eps, dst, h):
         dst[t, h, i] = src[t, off + i] * r * scale
 
 
-@cuda.jit
+@kernel
 def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
     """Split the conv output qkv[T, 2*nk*dk + nv*dv] into q, k [T, nk, dk] (L2-normalised, q
     times q_scale) and v [T, nv, dv]; g, beta [T, nv] from a, b [T, nv]. Grid (T, nk)."""
@@ -177,7 +178,7 @@ def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
 # ------------------------------------------------------------------ (c, d) delta rule
 
 
-@cuda.jit
+@kernel
 def gated_delta_rule(q, k, v, g, beta, key_head, state, o):
     """T recurrent steps of the gated delta rule, state [nv, dk, dv] updated in place.
     q, k [T, nk, dk] (q already scaled); v, o [T, nv, dv]; g, beta [T, nv];

@@ -14,6 +14,7 @@ numpy reference: `matmul_reference`.
 import numpy as np
 from numba import cuda
 
+from ..jit import kernel
 from ..quant.types import QType, row_bytes
 from .dequant import LAYOUTS, layout, weight_views
 
@@ -80,7 +81,7 @@ def _make_matmul(lay):
         _store(y, bias, residual, has_bias, has_residual, T, M, t0 + ty + 16, m0 + tx + 16, a11)
 
     matmul.__name__ = matmul.__qualname__ = f"matmul_{lay.name}"
-    return cuda.jit(matmul)
+    return kernel(matmul)
 
 
 @cuda.jit(device=True, inline="always")

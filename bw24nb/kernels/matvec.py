@@ -1,9 +1,12 @@
 """Decode matvec: y[M] = W[M, K] @ x[K] (+ bias[M]) (+ residual[M]) with W in its GGUF blocks.
 
-Batch-1 decode reads every weight byte once, so this kernel is bandwidth-bound: one warp per
-output row walks the row's blocks, lane l taking the row's "groups" l, l + 32, l + 64, ...
-(a group is 4 bytes of quants plus their high bits -- kernels/dequant.py defines each type's
-groups), so a warp's 32 lanes read consecutive bytes of the row at every step.
+Batch-1 decode reads every weight byte once, so this kernel is bandwidth-bound: `parts` warps
+(1, 2 or 4, chosen per shape by `warps_per_row`) share one output row; warp w of the row takes
+the row's "groups" 32w + l, 32w + l + 32 parts, ... at lane l (a group is 4 bytes of quants plus
+their high bits -- kernels/dequant.py defines each type's groups), so a warp's 32 lanes read
+consecutive bytes of the row at every step. Splitting a row over warps is what keeps short-M,
+long-K shapes (Gated DeltaNet's 32 x 4096 alpha/beta, ffn_down with M = 896) from running on a
+handful of warps each walking a long row one DRAM round trip at a time.
 
 Why it is fast (docs/decisions/0004-decode-matvec.md has the measurements):
   * no block barrier anywhere: the lane partials meet in `warp_sum` (bw24nb/ptx/warp.py, five
@@ -26,9 +29,11 @@ what the tolerance covers, and what the argmax gate sees):
      clamped slot past the row's end adds +0.0, which changes nothing but the sign of a zero);
   3. warp sum: tree over lanes with offsets 16, 8, 4, 2, 1 -- s_l += s_{l+off} for l < off --
      which is what warp_sum's xor butterfly computes (every lane ends with s_0);
-  4. y = (sum + bias) + residual.
-This is the same order as the first (shared-memory, 6-barrier) kernel, so results are bit for
-bit what it gave. The GPU may fuse a multiply and the following add into one FMA (one rounding
+  4. parts: ((w_0 + w_1) + w_2) + w_3 over the row's warps in order (one shared-memory hop and
+     one block barrier, only when parts > 1);
+  5. y = (sum + bias) + residual.
+With parts = 1 this is the order of the first (shared-memory, 6-barrier) kernel, bit for bit.
+The GPU may fuse a multiply and the following add into one FMA (one rounding
 instead of two); the simulator does not. Both stay inside the tolerance the tests justify.
 
 Two paths:
@@ -36,13 +41,15 @@ Two paths:
   launch_matvec_q8  int8 activations (quantize_act.py: one f32 scale per 32 values) and dp4a
                     for the integer block types (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K); the
                     integer part of each 32-value block dot is exact, the scales multiply in
-                    float32 (dequant.py, <type>_group_dot_q8). For the decode performance work.
+                    float32 (dequant.py, <type>_group_dot_q8). Q4_K goes to matvec_q4k.py's
+                    16-byte-load kernel. The engine's decode default for these types.
 
 numpy references: `matvec_reference` (float path) and `matvec_q8_reference` (dp4a path) below.
 """
 import numpy as np
 from numba import cuda
 
+from ..jit import kernel
 from ..quant.types import QType, row_bytes
 from ..ptx import warp_sum
 from .dequant import LAYOUTS, layout, weight_views
@@ -74,6 +81,23 @@ def keep(p, g, ngroups):
     return p if g < ngroups else np.float32(0.0)
 
 
+@cuda.jit(device=True, inline="always")
+def combine_parts(part_sh, parts, part, lane, total):
+    """Sum of the row's `parts` warp totals, in warp order, in lane 0 of part 0 (returned
+    there; other lanes get their own total back). Every thread of the block calls it: the
+    barrier is block-wide (parts is the same for the whole launch)."""
+    if parts == 1:
+        return total
+    if lane == 0:
+        part_sh[cuda.threadIdx.x >> 5] = total
+    cuda.syncthreads()
+    if part == 0 and lane == 0:
+        w0 = cuda.threadIdx.x >> 5
+        for k in range(1, parts):
+            total += part_sh[w0 + k]
+    return total
+
+
 def _make_matvec(lay):
     qk, ts, gpb, group_dot = lay.block, lay.type_size, lay.groups, lay.group_dot
 
@@ -82,32 +106,38 @@ def _make_matvec(lay):
         b = g // gpb
         return group_dot(w8, w16, wh, row_off + b * ts, g - b * gpb, x, b * qk)
 
-    def matvec(w8, w16, wh, M, K, x, y, bias, residual, has_bias, has_residual):
+    def matvec(w8, w16, wh, M, K, x, y, bias, residual, has_bias, has_residual, parts):
+        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
         lane = cuda.threadIdx.x & 31
-        row = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        if row >= M:                  # the whole warp leaves: warp_sum stays full-warp
+        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        row = warp // parts
+        part = warp - row * parts
+        if parts == 1 and row >= M:   # the whole warp leaves: warp_sum stays full-warp
             return
         nblk = K // qk
         ngroups = nblk * gpb
         last = ngroups - 1
+        if row >= M:                  # split rows: stay for the block barrier, load nothing
+            ngroups = 0
         row_off = np.int64(row) * (nblk * ts)
+        stride = 32 * parts
         acc = np.float32(0.0)
-        for g in range(lane, ngroups, 32 * UNROLL):
+        for g in range(32 * part + lane, ngroups, stride * UNROLL):
             # UNROLL = 4 slots; all loads unconditional (clamped), products kept in order
             p0 = term(w8, w16, wh, row_off, g, x)
-            p1 = term(w8, w16, wh, row_off, min(g + 32, last), x)
-            p2 = term(w8, w16, wh, row_off, min(g + 64, last), x)
-            p3 = term(w8, w16, wh, row_off, min(g + 96, last), x)
+            p1 = term(w8, w16, wh, row_off, min(g + stride, last), x)
+            p2 = term(w8, w16, wh, row_off, min(g + 2 * stride, last), x)
+            p3 = term(w8, w16, wh, row_off, min(g + 3 * stride, last), x)
             acc += p0
-            acc += keep(p1, g + 32, ngroups)
-            acc += keep(p2, g + 64, ngroups)
-            acc += keep(p3, g + 96, ngroups)
-        total = warp_sum(acc)
-        if lane == 0:
+            acc += keep(p1, g + stride, ngroups)
+            acc += keep(p2, g + 2 * stride, ngroups)
+            acc += keep(p3, g + 3 * stride, ngroups)
+        total = combine_parts(part_sh, parts, part, lane, warp_sum(acc))
+        if lane == 0 and part == 0 and row < M:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
     matvec.__name__ = matvec.__qualname__ = f"matvec_{lay.name}"
-    return cuda.jit(matvec)
+    return kernel(matvec)
 
 
 def _make_matvec_q8(lay):
@@ -118,31 +148,37 @@ def _make_matvec_q8(lay):
         b = g // gpb
         return group_dot_q8(w8, w16, wh, row_off + b * ts, g - b * gpb, xq32, xd, b * qk)
 
-    def matvec_q8(w8, w16, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual):
+    def matvec_q8(w8, w16, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual, parts):
+        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
         lane = cuda.threadIdx.x & 31
-        row = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        if row >= M:
+        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        row = warp // parts
+        part = warp - row * parts
+        if parts == 1 and row >= M:
             return
         nblk = K // qk
         ngroups = nblk * gpb
         last = ngroups - 1
+        if row >= M:
+            ngroups = 0
         row_off = np.int64(row) * (nblk * ts)
+        stride = 32 * parts
         acc = np.float32(0.0)
-        for g in range(lane, ngroups, 32 * UNROLL):
+        for g in range(32 * part + lane, ngroups, stride * UNROLL):
             p0 = term(w8, w16, wh, row_off, g, xq32, xd)
-            p1 = term(w8, w16, wh, row_off, min(g + 32, last), xq32, xd)
-            p2 = term(w8, w16, wh, row_off, min(g + 64, last), xq32, xd)
-            p3 = term(w8, w16, wh, row_off, min(g + 96, last), xq32, xd)
+            p1 = term(w8, w16, wh, row_off, min(g + stride, last), xq32, xd)
+            p2 = term(w8, w16, wh, row_off, min(g + 2 * stride, last), xq32, xd)
+            p3 = term(w8, w16, wh, row_off, min(g + 3 * stride, last), xq32, xd)
             acc += p0
-            acc += keep(p1, g + 32, ngroups)
-            acc += keep(p2, g + 64, ngroups)
-            acc += keep(p3, g + 96, ngroups)
-        total = warp_sum(acc)
-        if lane == 0:
+            acc += keep(p1, g + stride, ngroups)
+            acc += keep(p2, g + 2 * stride, ngroups)
+            acc += keep(p3, g + 3 * stride, ngroups)
+        total = combine_parts(part_sh, parts, part, lane, warp_sum(acc))
+        if lane == 0 and part == 0 and row < M:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
     matvec_q8.__name__ = matvec_q8.__qualname__ = f"matvec_q8_{lay.name}"
-    return cuda.jit(matvec_q8)
+    return kernel(matvec_q8)
 
 
 # kernel objects by weight type; also module attributes matvec_<type> / matvec_q8_<type>
@@ -154,23 +190,39 @@ for _qt, _k in MATVEC_Q8.items():
     globals()[f"matvec_q8_{LAYOUTS[_qt].name}"] = _k
 
 _SIG = "void(uint8[::1], uint16[::1], float16[::1], int32, int32, float32[::1], float32[::1], " \
-       "float32[::1], float32[::1], int32, int32)"
+       "float32[::1], float32[::1], int32, int32, int32)"
 _SIG_Q8 = "void(uint8[::1], uint16[::1], float16[::1], int32, int32, int32[::1], float32[::1], " \
-          "float32[::1], float32[::1], float32[::1], int32, int32)"
+          "float32[::1], float32[::1], float32[::1], int32, int32, int32)"
 PTX_SIGNATURES = {
     **{f"matvec_{LAYOUTS[qt].name}": [_SIG] for qt in MATVEC},
     **{f"matvec_q8_{LAYOUTS[qt].name}": [_SIG_Q8] for qt in MATVEC_Q8},
 }
-# the warp sum must be the shuffle butterfly (tests/test_compile_ptx.py checks the text; the
-# absence of bar.sync is checked by tests/test_kernels_matvec.py)
+# the warp sum must be the shuffle butterfly (tests/test_compile_ptx.py checks the text; that
+# the only block barrier is the split-row combine's is checked by tests/test_kernels_matvec.py)
 EXPECTED_PTX = {name: ["shfl.sync.bfly.b32"] for name in PTX_SIGNATURES}
 
 
 # ---------------------------------------------------------------- launchers
 
 
-def _grid(M):
-    return (M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
+# Split a row over more warps while the launch has fewer than this many warps: ~16 a SM on a
+# 132-SM H200 is what it takes to keep enough loads in flight (decision 0004).
+SPLIT_BELOW_WARPS = 132 * 16
+MAX_PARTS = WARPS_PER_BLOCK
+
+
+def warps_per_row(M: int, K: int) -> int:
+    """1, 2 or 4 warps per output row: the fewest that give the launch SPLIT_BELOW_WARPS warps,
+    and only while each warp keeps >= 512 of the row's K values (a warp step covers 128 groups
+    of >= 1 value; splitting shorter rows only adds the barrier)."""
+    parts = 1
+    while parts < MAX_PARTS and M * parts < SPLIT_BELOW_WARPS and K >= 512 * parts:
+        parts *= 2
+    return parts
+
+
+def _grid(M, parts=1):
+    return (M * parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
 
 
 def _check_common(w_dev, qt, M, K, y_dev, bias, residual):
@@ -186,25 +238,34 @@ def _check_common(w_dev, qt, M, K, y_dev, bias, residual):
     return lay
 
 
-def launch_matvec(w_dev, qtype, M, K, x_dev, y_dev, bias=None, residual=None, stream=0):
+def launch_matvec(w_dev, qtype, M, K, x_dev, y_dev, bias=None, residual=None, stream=0,
+                  parts=None):
     """y = W @ x (+ bias) (+ residual), float32 activations, every weight type.
 
     w_dev: device buffer of the GGUF rows (M * row_bytes(qtype, K) bytes, any dtype/shape,
     C-contiguous); x_dev float32[K]; y_dev float32[M]; bias, residual float32[M] or None.
     residual may be y_dev itself (in-place y += W @ x); x_dev must not alias y_dev.
-    Reference: `matvec_reference`."""
+    parts: warps per row (default `warps_per_row(M, K)`). Reference: `matvec_reference`."""
     lay = _check_common(w_dev, qtype, M, K, y_dev, bias, residual)
     if x_dev.dtype != np.float32 or x_dev.size < K:
         raise ValueError(f"matvec: x must be float32 with at least K={K} elements")
     w8, w16, wh = weight_views(w_dev)
-    MATVEC[lay.qtype][_grid(M), THREADS, stream](
+    parts = _parts(M, K, parts)
+    MATVEC[lay.qtype][_grid(M, parts), THREADS, stream](
         w8, w16, wh, np.int32(M), np.int32(K), x_dev, y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
-        np.int32(bias is not None), np.int32(residual is not None))
+        np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
+
+
+def _parts(M, K, parts):
+    parts = warps_per_row(M, K) if parts is None else int(parts)
+    if parts not in (1, 2, 4):
+        raise ValueError(f"matvec: parts (warps per row) must be 1, 2 or 4, not {parts}")
+    return parts
 
 
 def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, residual=None,
-                     stream=0):
+                     stream=0, parts=None):
     """y = W @ dequant(xq, xd) (+ bias) (+ residual) with dp4a, for Q8_0, Q4_0, Q5_0, Q4_K,
     Q5_K, Q6_K weights. xq_dev int8[K] and xd_dev float32[K / 32] come from
     `quantize_act.launch_quantize_act`. Reference: `matvec_q8_reference`."""
@@ -215,11 +276,17 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
     if xq_dev.dtype != np.int8 or xq_dev.size < K or xd_dev.dtype != np.float32 or xd_dev.size < K // 32:
         raise ValueError(f"matvec_q8: xq must be int8[{K}] and xd float32[{K // 32}]")
     w8, w16, wh = weight_views(w_dev)
+    parts = _parts(M, K, parts)
+    if lay.qtype == QType.Q4_K:               # 16-byte loads straight from the GGUF blocks
+        from . import matvec_q4k
+        matvec_q4k.launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts,
+                          _grid(M, parts), THREADS, stream)
+        return
     xq32 = xq_dev.reshape(xq_dev.size)[:K].view(np.int32)      # 4 int8 per dp4a operand
-    MATVEC_Q8[lay.qtype][_grid(M), THREADS, stream](
+    MATVEC_Q8[lay.qtype][_grid(M, parts), THREADS, stream](
         w8, w16, wh, np.int32(M), np.int32(K), xq32, xd_dev, y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
-        np.int32(bias is not None), np.int32(residual is not None))
+        np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
 
 
 # ---------------------------------------------------------------- numpy references

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, int32
 
+from ..jit import kernel
 from ..quant.types import row_bytes
 from . import norm
 from .activation import launch_swiglu
@@ -109,7 +110,7 @@ def _block_argmax(vals, idxs, v, i):
     return bv, bi
 
 
-@cuda.jit
+@kernel
 def moe_route(logits, norm_topk, ids, wts):
     """logits [T, E] -> ids int32[T, k], wts float32[T, k]: softmax, top-k (ties to the lower
     id), optionally renormalised. One block per token; k = ids.shape[1]."""
@@ -183,7 +184,7 @@ def _make_expert_matvec(lay):
             y[t, r, row] = total
 
     expert_matvec.__name__ = expert_matvec.__qualname__ = f"expert_matvec_{lay.name}"
-    return cuda.jit(expert_matvec)
+    return kernel(expert_matvec)
 
 
 def _make_moe_down(lay):
@@ -221,7 +222,7 @@ def _make_moe_down(lay):
             y[t, row] = out
 
     moe_down.__name__ = moe_down.__qualname__ = f"moe_down_{lay.name}"
-    return cuda.jit(moe_down)
+    return kernel(moe_down)
 
 
 # kernel objects by weight type; also module attributes expert_matvec_<type> / moe_down_<type>

@@ -22,6 +22,10 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from ..jit import kernel
+from ..ptx import warp_max
+from .quantize_act import round_half_away
+
 # Largest block; the scratch array is sized by it. 256 threads (8 warps) cover a 4096-wide
 # hidden row with 16 elements each; wider blocks only lengthen the tree.
 NORM_THREADS_MAX = 256
@@ -73,7 +77,7 @@ def _silu(z):
     return z / (float32(1.0) + math.exp(-z))
 
 
-@cuda.jit
+@kernel
 def rms_norm_rows(x, w, eps, y):
     """y[r, :] = rms_norm(x[r, :]) * w; x, y [N, C], w [C]; one block per row."""
     scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
@@ -88,7 +92,7 @@ def rms_norm_rows(x, w, eps, y):
         y[row, i] = x[row, i] * rstd * w[i]
 
 
-@cuda.jit
+@kernel
 def add_rms_norm_rows(x, r, w, eps, h, y):
     """h = x + r (the new residual stream), y = rms_norm(h) * w; all [N, C] but w [C]."""
     scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
@@ -104,7 +108,7 @@ def add_rms_norm_rows(x, r, w, eps, h, y):
         y[row, i] = h[row, i] * rstd * w[i]
 
 
-@cuda.jit
+@kernel
 def gated_rms_norm_rows(x, z, w, eps, y):
     """y = (rms_norm(x) * w) * silu(z) per row; x, z, y [N, C], w [C]."""
     scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
@@ -119,7 +123,48 @@ def gated_rms_norm_rows(x, z, w, eps, y):
         y[row, i] = x[row, i] * rstd * w[i] * _silu(z[row, i])
 
 
+@kernel
+def rms_norm_q8_rows(x, w, eps, y, xq, xd):
+    """rms_norm_rows + quantize_act_q8 of its output in one launch (decode: the norm's output is
+    the next matvecs' int8 input): y as rms_norm_rows writes it, and xq[r, :], xd[r, :] exactly
+    as quantize_act_q8 would from y. C % 32 == 0 and the block a multiple of 32, so at every
+    step of the element loop warp w holds one whole 32-value block (elements 32w .. 32w + 31 +
+    k * blockDim): its amax is a warp_max, with no extra barrier."""
+    scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
+    row = cuda.blockIdx.x
+    C = x.shape[1]
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        v = x[row, i]
+        acc += v * v
+    rstd = _row_rstd(scratch, acc, C, eps)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        v = x[row, i] * rstd * w[i]
+        y[row, i] = v
+        d = warp_max(abs(v)) / float32(127.0)
+        inv = float32(1.0) / d if d != float32(0.0) else float32(0.0)
+        xq[row, i] = round_half_away(v * inv)
+        if (i & 31) == 0:
+            xd[row, i >> 5] = d
+
+
 # ------------------------------------------------------------------ launchers
+
+
+def launch_rms_norm_q8(x, w, eps: float, y, xq, xd, stream=0):
+    """`launch_rms_norm` + `quantize_act.launch_quantize_act(y, xq, xd)` in one launch: rows of
+    C = len(w) (a multiple of 32); xq int8 and xd float32 hold >= rows * C and rows * C / 32
+    values (flat or shaped). Reference: ops.rms_norm, then quantize_act_q8_reference."""
+    C = w.shape[0]
+    if C % 32:
+        raise ValueError(f"rms_norm_q8: row length {C} is not a multiple of 32")
+    xr, yr = _rows(x, C), _rows(y, C)
+    N = xr.shape[0]
+    flat = (lambda a: a if a.ndim == 1 else a.reshape(a.size))
+    q = flat(xq)[:N * C].reshape(N, C)
+    d = flat(xd)[:N * C // 32].reshape(N, C // 32)
+    rms_norm_q8_rows[N, _row_threads(C), stream](xr, w, np.float32(eps), yr, q, d)
+
 
 
 def _rows(a, C: int):
@@ -162,4 +207,5 @@ PTX_SIGNATURES = {
     "rms_norm_rows": [f"void({_A2}, float32[::1], float32, {_A2})"],
     "add_rms_norm_rows": [f"void({_A2}, {_A2}, float32[::1], float32, {_A2}, {_A2})"],
     "gated_rms_norm_rows": [f"void({_A2}, {_A2}, float32[::1], float32, {_A2})"],
+    "rms_norm_q8_rows": [f"void({_A2}, float32[::1], float32, {_A2}, int8[:, ::1], {_A2})"],
 }

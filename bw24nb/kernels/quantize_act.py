@@ -17,6 +17,8 @@ import math
 import numpy as np
 from numba import cuda
 
+from ..jit import kernel
+
 QBLOCK = 32
 # 4 activation blocks (one warp each) per 128-thread block.
 BLOCKS_PER_CTA = 4
@@ -33,7 +35,7 @@ def round_half_away(v):
     return -r if v < 0 else r
 
 
-@cuda.jit
+@kernel
 def quantize_act_q8(x, xq, xd, n):
     """x float32[n] -> xq int8[n], xd float32[n / 32]; one thread per value, one warp per block."""
     amax = cuda.shared.array(THREADS, np.float32)
@@ -59,8 +61,38 @@ def quantize_act_q8(x, xq, xd, n):
             xd[i >> 5] = d
 
 
+@kernel
+def fake_quant_act_q8(x, xf):
+    """x float32[T, K] (rows may be strided) -> xf float32[T, K] = q * d: the values
+    quantize_act_q8's int8 output stands for, as floats (the same amax tree and rounding, so the
+    same q and d; K % 32 == 0, so a warp is one block of one row). Prefill's float matmul runs
+    on these, so it sees the activations decode's dp4a matvec sees."""
+    amax = cuda.shared.array(THREADS, np.float32)
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    T, K = x.shape
+    i = cuda.blockIdx.x * THREADS + tid
+    t = i // K
+    k = i - t * K
+    v = x[t, k] if t < T else np.float32(0.0)
+    amax[tid] = abs(v)
+    cuda.syncthreads()
+    off = 16
+    while off > 0:
+        if lane < off:
+            amax[tid] = max(amax[tid], amax[tid + off])
+        cuda.syncthreads()
+        off >>= 1
+    m = amax[tid - lane]
+    d = m / np.float32(127.0)
+    inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+    if t < T:
+        xf[t, k] = np.float32(round_half_away(v * inv)) * d
+
+
 PTX_SIGNATURES = {
     "quantize_act_q8": ["void(float32[::1], int8[::1], float32[::1], int32)"],
+    "fake_quant_act_q8": ["void(float32[:, :], float32[:, ::1])"],
 }
 
 
@@ -78,6 +110,17 @@ def launch_quantize_act(x_dev, xq_dev, xd_dev, n=None, stream=0):
     flat = (lambda a: a if a.ndim == 1 else a.reshape(a.size))
     grid = (n + THREADS - 1) // THREADS
     quantize_act_q8[grid, THREADS, stream](flat(x_dev), flat(xq_dev), flat(xd_dev), np.int32(n))
+
+
+def launch_fake_quant_act(x_dev, xf_dev, stream=0):
+    """xf = dequantize(quantize(x)) row-wise, x float32 [T, K] (a strided row slice is fine),
+    xf float32 [T, K] contiguous, K % 32 == 0, xf not aliasing x. Reference:
+    `dequantize_act_q8(*quantize_act_q8_reference(x))` (to float32 rounding of q * d)."""
+    T, K = x_dev.shape
+    if K % QBLOCK or tuple(xf_dev.shape) != (T, K):
+        raise ValueError(f"fake_quant_act: x {tuple(x_dev.shape)} -> xf {tuple(xf_dev.shape)} "
+                         f"needs equal shapes and K a multiple of {QBLOCK}")
+    fake_quant_act_q8[(T * K + THREADS - 1) // THREADS, THREADS, stream](x_dev, xf_dev)
 
 
 def quantize_act_q8_reference(x):

@@ -26,6 +26,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from ..jit import kernel
+
 # Elementwise over (token, head, pair): 128 threads per block, a common choice for
 # latency-bound small kernels (a decode step has only (Hq + Hkv) * rotary_dim/2 pairs).
 ROPE_THREADS = 128
@@ -49,7 +51,7 @@ def _rotate_pair(x, t, h, i, half, angle):
     x[t, h, i + half] = b * c + a * s
 
 
-@cuda.jit
+@kernel
 def rope_neox(x, positions, inv_freq):
     """In place on x[T, H, D]; rotary_dim = 2 * len(inv_freq). One thread per (t, h, pair)."""
     half = inv_freq.shape[0]
@@ -63,7 +65,7 @@ def rope_neox(x, positions, inv_freq):
     _rotate_pair(x, t, h, i, half, float32(positions[t]) * inv_freq[i])
 
 
-@cuda.jit
+@kernel
 def rope_neox_qk(q, k, positions, inv_freq):
     """`rope_neox` on q[T, Hq, D] and k[T, Hkv, D] in one launch (threads for q first)."""
     half = inv_freq.shape[0]
@@ -84,7 +86,7 @@ def rope_neox_qk(q, k, positions, inv_freq):
         _rotate_pair(k, t, h, i, half, float32(positions[t]) * inv_freq[i])
 
 
-@cuda.jit
+@kernel
 def split_q_gate(qg, q, gate):
     """Qwen3-Next/3.5 gated attention: q_proj yields per head [query(D) | gate(D)].
     qg[T, H, 2D] -> q[T, H, D], gate[T, H, D]. One thread per (t, h, d)."""

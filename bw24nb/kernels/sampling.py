@@ -48,6 +48,8 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint64
 
+from ..jit import kernel
+
 # One block = 256 threads covering up to 8 logits per thread (SAMPLE_ELEMS_PER_THREAD): a
 # chunk of <= 2048 logits, which is what one block can sort in 16 KB of shared memory. Qwen's
 # 152k-248k vocabularies give 75-122 blocks, roughly one wave on 132 SMs.
@@ -252,7 +254,7 @@ def _rank_in(list_v, list_i, row, k, v, i, ties_before):
 # ------------------------------------------------------------------ kernels
 
 
-@cuda.jit
+@kernel
 def argmax_partial(logits, part_val, part_idx):
     """Block b: best (logit, id) of its vocabulary chunk -> part_val[b], part_idx[b]."""
     sv = cuda.shared.array(SAMPLE_THREADS, float32)
@@ -277,7 +279,7 @@ def _reduce_partials(sv, si, part_val, part_idx):
     return _block_best(sv, si, bv, bi)
 
 
-@cuda.jit
+@kernel
 def argmax_final(part_val, part_idx, out_token):
     """One block: the best of the per-block pairs -> out_token[0] (-1 if all logits are NaN)."""
     sv = cuda.shared.array(SAMPLE_THREADS, float32)
@@ -287,7 +289,7 @@ def argmax_final(part_val, part_idx, out_token):
         out_token[0] = -1 if bi == _NO_TOKEN else bi
 
 
-@cuda.jit
+@kernel
 def sample_partial(logits, params, part_val, part_idx, part_sum, cand_val, cand_idx):
     """Per vocabulary chunk: max pair (part_val/idx), S_b (part_sum) and, in top-k mode, the
     chunk's k best pairs in rank order (cand_val/idx[b, :k]; _NO_TOKEN pads short chunks).
@@ -345,7 +347,7 @@ def sample_partial(logits, params, part_val, part_idx, part_sum, cand_val, cand_
             cand_idx[b, r] = _NO_TOKEN
 
 
-@cuda.jit
+@kernel
 def sample_pick(logits, params, part_val, part_idx, part_sum, cand_val, cand_idx, cand2_val,
                 cand2_idx, rng_state, out_token, out_u):
     """One block (same blockDim as sample_partial): draw u and pick the token (see module doc).

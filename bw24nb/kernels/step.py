@@ -9,8 +9,10 @@ numpy reference: `advance_reference`.
 """
 from numba import cuda
 
+from ..jit import kernel
 
-@cuda.jit
+
+@kernel
 def advance(token_in, token_out, position):
     if cuda.threadIdx.x == 0 and cuda.blockIdx.x == 0:
         token_in[0] = token_out[0]

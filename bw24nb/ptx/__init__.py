@@ -11,9 +11,14 @@
     ld_nc_v4_u32(array_u32, index) -> (uint32, uint32, uint32, uint32)
         ``array[index:index+4]`` in one 16-byte read-only load (``ld.global.nc.v4.u32``).
         ``index`` a multiple of 4; the array not written during the kernel.
+    f32_from_bits(i) -> float32
+        The float32 with the bit pattern of integer ``i``'s low 32 bits (a bit cast, no
+        instruction): e.g. the exact int -> float trick f32_from_bits(0x4B400000 + i) - 1.5 * 2^23
+        = i for |i| < 2^22, one add instead of a 16-per-clock cvt (kernels/matmul_q8.py).
     fp4x2_to_f16x2(byte) -> uint32      two FP4 E2M1 codes -> packed f16x2 bits (low nibble low)
     fp4x2_to_f32x2(byte) -> (float32, float32)   (low nibble's value, high nibble's value)
     fp4_e2m1_to_f32(nibble) -> float32           value of code ``nibble & 0xF``
+    warp_max(v) -> float32   the largest float32 over the warp's lanes, to every lane
     warp_sum(v) -> float32
         Sum of a float32 over the 32 lanes of a converged warp, to every lane (``shfl.sync``
         butterfly over offsets 16..1; its order and its simulator twin: ``warp.py``).
@@ -36,6 +41,7 @@ if simulator_enabled():
     from bw24nb.ptx.twins import (  # noqa: F401
         dp4a,
         dp4a_linked,
+        f32_from_bits,
         fp4_e2m1_to_f32,
         fp4x2_to_f16x2,
         fp4x2_to_f16x2_bits_linked,
@@ -44,21 +50,29 @@ if simulator_enabled():
         mma_s8_m16n8k32,
         mma_s8_m16n8k32_linked,
     )
+    from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
     from bw24nb.ptx.warp import warp_sum_twin as warp_sum  # noqa: F401
 else:
-    from bw24nb.ptx.asm import FP4_BITS, FP4_CVT, dp4a, ld_nc_v4_u32, mma_s8_m16n8k32  # noqa: F401
+    from bw24nb.ptx.asm import (  # noqa: F401
+        FP4_BITS,
+        FP4_CVT,
+        dp4a,
+        f32_from_bits,
+        ld_nc_v4_u32,
+        mma_s8_m16n8k32,
+    )
     from bw24nb.ptx.linked import (  # noqa: F401
         dp4a_linked,
         fp4x2_to_f16x2_bits_linked,
         mma_s8_m16n8k32_linked,
     )
-    from bw24nb.ptx.warp import warp_sum  # noqa: F401
+    from bw24nb.ptx.warp import warp_max, warp_sum  # noqa: F401
 
     fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32 = (
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
 
 __all__ = [
-    "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32", "warp_sum",
+    "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32", "warp_sum", "warp_max", "f32_from_bits",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
 ]

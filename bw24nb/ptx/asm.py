@@ -85,6 +85,21 @@ def mma_s8_m16n8k32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return _I32X4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
 
 
+# --- bit casts ----------------------------------------------------------------------------------
+
+
+@intrinsic
+def f32_from_bits(typingctx, bits):
+    """The float32 whose IEEE bit pattern is the low 32 bits of the integer ``bits`` (an LLVM
+    bitcast: no instruction of its own)."""
+    _require_integers("f32_from_bits", bits)
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(_as_i32(context, builder, args[0], sig.args[0]), ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
 # --- FP4 E2M1 decode ------------------------------------------------------------------------------
 
 _F16X2_TO_F32X2 = snippet("f16x2_to_f32x2")

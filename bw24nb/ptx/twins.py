@@ -81,6 +81,14 @@ def fp4x2_to_f16x2(byte) -> np.uint32:
 fp4x2_to_f16x2_bits_linked = fp4x2_to_f16x2
 
 
+# --- bit casts ----------------------------------------------------------------------------------
+
+
+def f32_from_bits(bits) -> np.float32:
+    """The float32 whose bit pattern is the low 32 bits of ``bits``."""
+    return np.array([_u32(bits)], np.uint32).view(np.float32)[0]
+
+
 # --- ld.global.nc.v4.u32 -------------------------------------------------------------------------
 
 

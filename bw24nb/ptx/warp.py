@@ -46,6 +46,19 @@ def warp_sum(v):
     return s
 
 
+@cuda.jit(device=True, inline="always")
+def warp_max(v):
+    """GPU: the largest float32 over the warp's 32 lanes, to every lane (max is exact in any
+    order, so only the result matters: no order contract). Same calling rules as warp_sum."""
+    s = np.float32(v)
+    s = max(s, cuda.shfl_xor_sync(FULL_MASK, s, 16))
+    s = max(s, cuda.shfl_xor_sync(FULL_MASK, s, 8))
+    s = max(s, cuda.shfl_xor_sync(FULL_MASK, s, 4))
+    s = max(s, cuda.shfl_xor_sync(FULL_MASK, s, 2))
+    s = max(s, cuda.shfl_xor_sync(FULL_MASK, s, 1))
+    return s
+
+
 def warp_tree_sum_host(values) -> np.float32:
     """The reference order on the host: float32[32] -> the butterfly's (= shfl_down tree's)
     result. Also what the simulator twin computes for each warp."""
@@ -56,12 +69,14 @@ def warp_tree_sum_host(values) -> np.float32:
 
 
 class _SumExchange(twins._WarpExchange):
-    """Rendezvous of one warp for `warp_sum_twin` (reuses the mma exchange's waiting and its
-    partial-warp / parked-in-syncthreads detection)."""
+    """Rendezvous of one warp for `warp_sum_twin` / `warp_max_twin` (reuses the mma exchange's
+    waiting and its partial-warp / parked-in-syncthreads detection); `reduce` maps the 32 lanes'
+    float32 values to the one result."""
 
-    def __init__(self, warp: int, lanes: int):
+    def __init__(self, warp: int, lanes: int, reduce=None):
         super().__init__(warp, lanes)
         self.vals = np.zeros(32, np.float32)
+        self.reduce = reduce or warp_tree_sum_host
 
     def sum(self, lane: int, thread, v) -> np.float32:
         with self.cond:
@@ -71,7 +86,7 @@ class _SumExchange(twins._WarpExchange):
             self.present[lane] = True
             self.vals[lane] = v
             if self.present.all():
-                self.results[gen] = [warp_tree_sum_host(self.vals), 32]
+                self.results[gen] = [self.reduce(self.vals), 32]
                 self.present[:] = False
                 self.parked_since.clear()
                 self.generation += 1
@@ -91,6 +106,16 @@ _exchanges: "weakref.WeakKeyDictionary[object, dict[int, _SumExchange]]" = weakr
 
 def warp_sum_twin(v) -> np.float32:
     """Simulator twin of `warp_sum`: one lane's call; bit-identical to the GPU butterfly."""
+    return _meet_warp("sum", warp_tree_sum_host, v)
+
+
+def warp_max_twin(v) -> np.float32:
+    """Simulator twin of `warp_max`."""
+    return _meet_warp("max", lambda vals: np.float32(np.max(vals)), v)
+
+
+def _meet_warp(op: str, reduce, v) -> np.float32:
+    """This lane's value into its warp's `op` rendezvous; the warp's reduced value out."""
     thread = threading.current_thread()
     manager = getattr(thread, "_manager", None)
     tid = getattr(thread, "thread_id", None)
@@ -107,7 +132,7 @@ def warp_sum_twin(v) -> np.float32:
             "must be a multiple of 32")
     with _lock:
         per_block = _exchanges.setdefault(manager, {})
-        ex = per_block.get(warp)
+        ex = per_block.get((op, warp))
         if ex is None:
-            ex = per_block[warp] = _SumExchange(warp, lanes)
+            ex = per_block[(op, warp)] = _SumExchange(warp, lanes, reduce)
     return ex.sum(tid % 32, thread, np.float32(v))

@@ -1,0 +1,295 @@
+"""`@kernel`: ``cuda.jit`` for kernels, with every compiled kernel kept on disk.
+
+Numba compiles a kernel (typing, NVVM, ptxas) at its first launch in every process; with ~40
+kernels that made `bw24nb gen`'s first token 17.5 s late on an H200. A kernel defined with
+``@kernel`` instead of ``@cuda.jit`` stores its cubin the first time and, in later processes,
+loads it (no typing, no NVVM, no ptxas)::
+
+    from ..jit import kernel
+
+    @kernel                       # or @kernel(fastmath=True): any cuda.jit option
+    def add(x, y, out): ...
+
+    add[grid, block, stream](x, y, out)    # it *is* a numba CUDADispatcher: launches,
+                                           # compiles and captures into graphs as before
+
+Device functions stay ``@cuda.jit(device=True)``: they are compiled into their callers.
+
+Where: ``$BW24_KERNEL_CACHE`` (default ``~/.cache/bw24nb/kernels``), one folder per kernel
+module; ``BW24_KERNEL_CACHE=off`` (or ``0``) turns the cache off. Both are read when a kernel
+is defined, i.e. when its module is imported. Deleting the folder is always safe.
+
+A stored kernel is used only when all of these match (anything else compiles afresh):
+  * the sources: the kernel's module and every bw24nb module it imports, transitively, plus
+    the .ptx files beside them (``sources_hash``) -- a kernel inlines device functions from
+    other modules, so its own file's timestamp (what numba's ``cache=True`` checks) is not
+    enough;
+  * the kernel itself: its bytecode, the values it closes over (a factory's weight layout,
+    device functions, constants) and its cuda.jit options (``code_key``);
+  * the argument types, the GPU's compute capability, the CUDA runtime version, and the
+    numba-cuda / numba / Python versions.
+So a kernel's module-level constants must come from its source and the GPU only (not from
+environment variables read at import). A cache entry that cannot be read or loaded is
+dropped and the kernel compiled again. Why this and not plain ``cache=True``:
+docs/decisions/0007-kernel-disk-cache.md.
+
+Under numba's CUDA simulator ``@kernel`` is plain ``cuda.jit`` (nothing is compiled).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import os
+import re
+import types as pytypes
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+from .device import simulator_enabled
+
+ENV = "BW24_KERNEL_CACHE"
+DEFAULT_DIR = Path("~/.cache/bw24nb/kernels")
+_OFF = {"0", "off", "false", "no"}
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+KERNELS: list = []      # every dispatcher made by `kernel` in this process (for `cache_stats`)
+
+
+def cache_dir() -> Path | None:
+    """The kernel cache folder from $BW24_KERNEL_CACHE, or None when the cache is off."""
+    value = os.environ.get(ENV, "").strip()
+    if value.lower() in _OFF:
+        return None
+    return Path(value or DEFAULT_DIR).expanduser()
+
+
+def kernel(fn=None, **options):
+    """``cuda.jit(fn, **options)`` for a kernel, with the on-disk cache attached."""
+    if fn is None:                                  # used as @kernel(...)
+        return lambda f: kernel(f, **options)
+    if options.get("device"):
+        raise TypeError("@kernel is for kernels; keep device functions @cuda.jit(device=True)")
+    dispatcher = cuda.jit(fn, **options)
+    if simulator_enabled():
+        return dispatcher
+    KERNELS.append(dispatcher)
+    root = cache_dir()
+    if root is not None:
+        try:
+            dispatcher._cache = DiskCache(dispatcher.py_func, dispatcher.targetoptions)
+        except Exception as e:   # an unwritable folder must not stop the engine: just compile
+            _warn_once(f"bw24nb: kernel cache at {root} unusable ({type(e).__name__}: {e}); "
+                       f"kernels will be compiled in every process")
+    return dispatcher
+
+
+def cache_stats() -> dict:
+    """Disk-cache hits and misses (= compilations) of this process's kernels so far."""
+    hits = sum(sum(d.stats.cache_hits.values()) for d in KERNELS)
+    misses = sum(sum(d.stats.cache_misses.values()) for d in KERNELS)
+    return {"hits": hits, "misses": misses, "dir": str(cache_dir()), "kernels": len(KERNELS)}
+
+
+# ---------------------------------------------------------------- what a kernel depends on
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of bw24nb module `name` (a package's __init__.py), if there is one."""
+    parts = name.split(".")
+    if parts[0] != _PACKAGE_DIR.name:
+        return None
+    base = _PACKAGE_DIR.joinpath(*parts[1:])
+    candidates = [base / "__init__.py"] if len(parts) == 1 else [base.with_suffix(".py"),
+                                                                  base / "__init__.py"]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+# `from .x import (a, b)` / `import x.y as z` at the start of a line (a regex, not ast: this
+# runs on the way to the first token, and an extra match, e.g. in a docstring, only adds a file)
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)"
+                     r"|import[ \t]+([^\n#]+))", re.M)
+
+
+@lru_cache(maxsize=None)
+def _imports(path: Path, module: str) -> tuple[str, ...]:
+    """The modules that `path` (module `module`) imports anywhere in its text, relative imports
+    resolved. ``from P import a`` counts as importing P.a where that is a module, else P."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = []
+    for dots, mod, imported, plain in _IMPORT.findall(path.read_text()):
+        if plain:
+            names += [n.split()[0] for n in plain.split(",") if n.strip()]
+            continue
+        if dots:
+            parts = package.split(".")
+            base = ".".join(parts[:len(parts) - len(dots) + 1])
+            mod = f"{base}.{mod}" if mod else base
+        subs = [f"{mod}.{n.split()[0]}" for n in imported.strip("()").split(",") if n.strip()]
+        modules = [m for m in subs if _module_file(m)]
+        names += modules if len(modules) == len(subs) else modules + [mod]
+    return tuple(names)
+
+
+def dependency_files(module: str, path: Path | None = None) -> list[Path]:
+    """`module`'s file (or `path`), every bw24nb module it imports, transitively, and the
+    .ptx files in those modules' folders (bw24nb/ptx reads its snippets from them)."""
+    start = _module_file(module) or path
+    files, todo = {}, [(module, start)]
+    while todo:
+        name, file = todo.pop()
+        if file is None or file in files:
+            continue
+        files[file] = name
+        todo += [(n, _module_file(n)) for n in _imports(file, name)]
+    for folder in {f.parent for f in files}:
+        files.update((p, "") for p in folder.glob("*.ptx"))
+    return sorted(files)
+
+
+@lru_cache(maxsize=None)
+def sources_hash(module: str, path: Path | None = None) -> str:
+    """sha256 over the files of `dependency_files` (their paths inside bw24nb and bytes)."""
+    h = hashlib.sha256()
+    for f in dependency_files(module, path):
+        name = f.relative_to(_PACKAGE_DIR) if f.is_relative_to(_PACKAGE_DIR) else f.name
+        data = f.read_bytes()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def _describe(v, path: tuple = ()) -> str:
+    """A text that is the same in every process for the same value, and differs between the
+    values a kernel can close over (numbers, enums, layouts, device functions, intrinsics).
+    Object addresses never enter it: an unknown object gives its type and repr, and if that
+    repr holds an address the key changes each run -- a cache miss, never a wrong hit."""
+    if v is None or isinstance(v, (bool, int, float, complex, str, bytes, np.generic, enum.Enum)):
+        return repr(v)
+    if isinstance(v, np.ndarray):
+        return f"ndarray({v.dtype}, {v.shape}, {hashlib.sha256(v.tobytes()).hexdigest()})"
+    if isinstance(v, pytypes.ModuleType):
+        return f"module {v.__name__}"
+    if id(v) in path:                                   # a function reaching itself
+        return f"<recursive {type(v).__qualname__}>"
+    path = path + (id(v),)
+    if isinstance(v, (tuple, list, set, frozenset)):
+        items = [_describe(x, path) for x in v]
+        if isinstance(v, (set, frozenset)):
+            items.sort()
+        return f"{type(v).__name__}({', '.join(items)})"
+    if isinstance(v, dict):
+        items = sorted(f"{_describe(k, path)}: {_describe(x, path)}" for k, x in v.items())
+        return "{" + ", ".join(items) + "}"
+    if isinstance(v, pytypes.CodeType):
+        consts = ", ".join(_describe(c, path) for c in v.co_consts)
+        return f"code({v.co_code.hex()}, [{consts}], {v.co_names})"
+    if isinstance(v, pytypes.FunctionType):
+        cells = ", ".join(_describe(c.cell_contents, path) for c in v.__closure__ or ())
+        return f"fn {v.__module__}.{v.__qualname__}({_describe(v.__code__, path)}, [{cells}])"
+    inner = getattr(v, "__wrapped__", None)    # numba dispatchers and @intrinsics wrap a function
+    if isinstance(inner, pytypes.FunctionType):
+        return f"{type(v).__name__}[{_describe(inner, path)}]"
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        fields = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
+        return f"{type(v).__qualname__}{_describe(fields, path)}"
+    if type(v).__repr__ is object.__repr__ and hasattr(v, "__dict__"):   # plain object: Layout
+        return f"{type(v).__qualname__}{_describe(vars(v), path)}"
+    return f"{type(v).__module__}.{type(v).__qualname__}:{v!r}"
+
+
+def code_key(py_func, options: dict | None = None) -> str:
+    """sha256 of the kernel function (bytecode, closed-over values) and its cuda.jit options."""
+    text = _describe(py_func) + "|" + _describe(dict(options or {}))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+_warned: set = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------- numba's cache, keyed our way
+
+if not simulator_enabled():
+    import numba
+    import numba_cuda
+    from numba.cuda.core import sigutils
+    from numba.cuda.core.caching import _CacheLocator
+    from numba.cuda.dispatcher import CUDACache, CUDACacheImpl
+
+    class _Locator(_CacheLocator):
+        """<cache_dir()>/<kernel's module>/; an entry is fresh while sources_hash is unchanged."""
+
+        def __init__(self, py_func, py_file):
+            self._dir = cache_dir() / py_func.__module__
+            self._lineno = py_func.__code__.co_firstlineno
+            self._stamp = sources_hash(py_func.__module__, Path(py_file).resolve())
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            locator = cls(py_func, py_file)
+            locator.ensure_cache_path()         # raises OSError if it cannot write there
+            return locator
+
+        def get_cache_path(self):
+            return str(self._dir)
+
+        def get_source_stamp(self):
+            return self._stamp
+
+        def get_disambiguator(self):
+            return str(self._lineno)
+
+    class _Impl(CUDACacheImpl):
+        _locator_classes = [_Locator]
+
+    class DiskCache(CUDACache):
+        """numba-cuda's kernel cache (an index file and data files of pickled kernels holding
+        their cubins, written atomically) with our folder, freshness stamp and key, and with
+        an entry that cannot be read or loaded treated as a miss instead of an error."""
+
+        _impl_class = _Impl
+
+        def __init__(self, py_func, targetoptions: dict):
+            self._code_key = code_key(py_func, targetoptions)
+            self._qualname = py_func.__qualname__
+            super().__init__(py_func)
+
+        def _index_key(self, sig, codegen):
+            argtypes = sigutils.normalize_signature(sig)[0]
+            key = (repr(tuple(argtypes)), codegen.magic_tuple(),   # (CUDA runtime, cc)
+                   numba_cuda.__version__, numba.__version__, self._code_key)
+            if self._launch_config_key is not None:              # as CUDACache._index_key
+                key += (("launch_config", self._launch_config_key),)
+            return key
+
+        def load_overload(self, sig, target_context):
+            try:
+                kernel = super().load_overload(sig, target_context)
+                if kernel is not None:
+                    kernel.bind()        # load the cubin now: a bad one is a miss, not a crash
+                return kernel
+            except Exception as e:
+                _warn_once(f"bw24nb: kernel cache entry of {self._qualname} unusable "
+                           f"({type(e).__name__}: {e}); compiling it again")
+                try:
+                    self.flush()         # a fresh index, so that the recompiled kernel is stored
+                except OSError:
+                    pass
+                return None
+
+        def save_overload(self, sig, data):
+            try:
+                super().save_overload(sig, data)
+            except Exception as e:       # e.g. a kernel linking a .ptx file: numba can't pickle it
+                _warn_once(f"bw24nb: kernel {self._qualname} not stored in the kernel cache "
+                           f"({type(e).__name__}: {e})")

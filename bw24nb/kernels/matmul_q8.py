@@ -1,0 +1,543 @@
+"""Prefill int8 tensor-core matmul: Y[T, M] = dequant(Xq, Xd)[T, K] @ dequant(W)[M, K]^T
+(+ bias[M]) (+ R[T, M]), W in GGUF blocks, for the weight types with an integer path:
+Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (the others keep using matmul.py).
+
+The activations come from quantize_act.py: int8 Xq[T, K] with one float32 scale Xd[t, b] per
+32 values ("sub-block" b). Every weight row is cut into the same 32-wide sub-blocks, each
+decoded to 32 int8 (the quant with its offset applied: Q4_0 q-8, Q5_0 q-16, Q6_K q-32; Q4_K /
+Q5_K keep q >= 0 and carry their min separately) plus its float32 scale(s). The integer dot of
+a sub-block, isum = sum_k qw_k * qx_k over its 32 k, is one ``mma.sync.m16n8k32.s8`` term,
+exact in int32 (|isum| <= 32 * 128 * 127 < 2^19); the scales are applied to it in float32.
+
+Tiles. A 128-thread block (4 warps) owns a TILE_T x TILE_M = 64 x 64 tile of Y; warp w owns the
+32 x 32 quarter (weight rows 32 (w & 1) .., activation rows 32 (w >> 1) ..): 2 x 4 mma tiles of
+16 (weight rows, the mma's A) x 8 (activation rows, the mma's B). K advances in steps of
+STEP_SUBS = 8 sub-blocks (256 values, one K-quant super-block): the block decodes the step's
+weight sub-blocks to int8 words + scales in shared memory (each weight byte read once per
+T-tile; Q4_K / Q5_K blocks are 16-byte aligned and read with 16-byte ``ld.global.nc``, the
+2-byte aligned types with 2-byte loads), copies the activations' int8 words (16-byte loads:
+a row of K int8 is 16-byte aligned because K % 32 == 0) and scales, then every warp runs its
+mma tiles sub-block by sub-block and scales each int32 result into its float32 accumulators.
+The shared rows are PITCH = 68 words: a fragment load (lanes g = 0..7 on 8 rows, t = 0..3 on
+4 words) hits bank (4 g + t) mod 32, all different.
+
+Summation order (exactness contract): for every output y[t, m], with b running over the 32-wide
+sub-blocks of K in ascending order, xd = Xd[t, b], x_sum = sum_k Xq[t, 32 b + k] (int), and
+the weight sub-block's int8 dot isum (exact int32), the float32 accumulator is
+
+    acc = +0.0;  for b = 0, 1, ...:  acc += term_b
+      Q8_0, Q4_0, Q5_0:  term_b = (d * xd) * f32(isum)                  d the block's f16 scale
+      Q4_K, Q5_K:        term_b = xd * ((d*sc_b) * f32(isum) - (dmin*m_b) * f32(x_sum))
+      Q6_K:              two terms per b, low 16 k then high 16 k, each (d*sc) * xd * f32(isum_half):
+                         acc += (d*sc_lo * xd) * f32(isum_lo);  acc += (d*sc_hi * xd) * f32(isum_hi)
+    y = (acc + bias[m]) + R[t, m]
+
+(d*sc and dmin*m are exact float32 products, as in dequant.py; these are the terms of
+dequant.py's <type>_group_dot_q8, per 32 values instead of per 4.) The GPU may contract a
+multiply and the following add into one FMA; the simulator rounds both. Every output is
+computed in this order whatever its position in the tile, so Y does not depend on the tiling.
+
+numpy reference: `matmul_q8_reference` (float64 of the dequantized operands).
+"""
+import numpy as np
+from numba import cuda
+
+from ..jit import kernel
+from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32, mma_s8_m16n8k32
+from ..quant.types import QType, block_size, row_bytes
+from .dequant import (
+    Q4_0_BYTES,
+    Q4_0_OFF_D,
+    Q4_0_OFF_QS,
+    Q4_K_BYTES,
+    Q4_K_OFF_QS,
+    Q5_0_BYTES,
+    Q5_0_OFF_D,
+    Q5_0_OFF_QH,
+    Q5_0_OFF_QS,
+    Q5_K_BYTES,
+    Q5_K_OFF_QH,
+    Q5_K_OFF_QS,
+    Q6_K_BYTES,
+    Q6_K_OFF_QH,
+    Q6_K_OFF_QL,
+    Q8_0_BYTES,
+    Q8_0_OFF_D,
+    Q8_0_OFF_QS,
+    _k_sub_scales,
+    layout,
+    q6_k_scale,
+    read_f16,
+    read_u32,
+    weight_views,
+)
+
+# 64 x 64 outputs per 128-thread block, 32 x 32 per warp (2 x 4 mma tiles, 32 float32
+# accumulators a lane): each staged weight sub-block is used by 64 activation rows and each
+# staged activation sub-block by 64 weight rows, and the ~44 KB of shared memory per block
+# still lets 5 blocks (20 warps) share an SM. Untuned: bench/matmul_q8_bench.py measures it.
+TILE_T = 64
+TILE_M = 64
+THREADS = 128
+SUB = 32                          # values per sub-block: one mma k-step, one activation scale
+STEP_SUBS = 8                     # sub-blocks staged per K step (one K-quant super-block)
+STEP_WORDS = STEP_SUBS * SUB // 4  # int8x4 words per staged row and step
+PITCH = STEP_WORDS + 4            # words per shared row: conflict-free fragment loads (above)
+SPITCH = STEP_SUBS + 1            # floats per shared scale row: 8 lanes' rows on 8 banks
+
+_LOW_NIBBLES = np.uint32(0x0F0F0F0F)
+_BYTE_SIGN = np.uint32(0x80808080)
+_BYTE_ONES = np.uint32(0x01010101)
+_TWO_BITS = np.uint32(0x03030303)
+_ONES = np.int32(0x01010101)      # dp4a(_ONES, x) = sum of x's 4 signed bytes
+_U4 = np.uint32(4)
+_ZERO_U = np.uint32(0)
+
+# int32 -> float32 without cvt (16 per clock per SM on sm_80/sm_90, a quarter of the FP32 rate,
+# and 32 of them per lane per sub-block): every mma starts from C = MAGIC_I32, the bits of
+# 1.5 * 2^23, so it returns the bits of the float32 1.5 * 2^23 + isum (exact: |isum| < 2^22 and
+# that binade's ulp is 1), and one subtraction of MAGIC_F32 leaves f32(isum) exactly -- the same
+# value as a cvt. bench/matmul_q8_bench.py times it against the plain cvt (magic_cvt=False).
+MAGIC_CVT = True
+MAGIC_I32 = np.int32(0x4B400000)
+MAGIC_F32 = np.float32(12582912.0)
+
+# how a weight type's sub-blocks are scaled (see the module docstring)
+_SCALE = 0       # one scale per sub-block
+_SCALE_MIN = 1   # scale and min per sub-block (Q4_K, Q5_K): needs the activation sums
+_SCALE_16 = 2    # one scale per 16 values (Q6_K): two half-width mma per sub-block
+
+
+def _device(fn):
+    return cuda.jit(device=True, inline="always")(fn)
+
+
+# ---------------------------------------------------------------- int8 words from GGUF blocks
+# A "unit" is the smallest piece of a weight row that reads each of its bytes once: one block
+# of Q8_0 / Q4_0 / Q5_0 (1 sub-block), a 32-byte run of Q4_K / Q5_K quants (2 sub-blocks: low
+# and high nibbles), half a Q6_K super-block (4 sub-blocks sharing ql and qh bytes).
+# unit(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j) decodes unit u of the row at byte
+# row_off into sub-block slots j, j + 1, ... of shared row r: ws[r, 8 j' + i] = int8 values
+# 4i .. 4i + 3 of sub-block j' packed lowest first; wsa[r, j'] its scale (Q6_K: of values
+# 0..15), wsb[r, j'] its min (Q4_K / Q5_K) or the scale of values 16..31 (Q6_K).
+# Field offsets come from dequant.py, the one place that defines the block layouts.
+
+
+@_device
+def _offset_bytes(v, bias):
+    """Four unsigned bytes q (each q + 128 - bias < 256) -> the int8 bytes q - bias: adding
+    128 - bias cannot carry into the next byte, and flipping bit 7 subtracts 128 mod 256."""
+    return (v + np.uint32((128 - bias) * 0x01010101)) ^ _BYTE_SIGN
+
+
+@_device
+def _spread4(h4):
+    """4 bits -> bit 4 of each of 4 bytes (the fifth bit of 4 packed 5-bit values), uint32."""
+    h = np.uint32(h4)
+    return ((h & np.uint32(1)) << _U4) | ((h & np.uint32(2)) << np.uint32(11)) | \
+        ((h & np.uint32(4)) << np.uint32(18)) | ((h & np.uint32(8)) << np.uint32(25))
+
+
+@_device
+def _unit_q8_0(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j):
+    off = row_off + u * Q8_0_BYTES
+    wsa[r, j] = read_f16(wh, off + Q8_0_OFF_D)
+    c = 8 * j
+    for i in range(8):
+        ws[r, c + i] = read_u32(w16, off + Q8_0_OFF_QS + 4 * i)
+
+
+@_device
+def _unit_q4_0(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j):
+    # qs byte i: low nibble = value i, high nibble = value 16 + i
+    off = row_off + u * Q4_0_BYTES
+    wsa[r, j] = read_f16(wh, off + Q4_0_OFF_D)
+    c = 8 * j
+    for i in range(4):
+        qs = read_u32(w16, off + Q4_0_OFF_QS + 4 * i)
+        ws[r, c + i] = _offset_bytes(qs & _LOW_NIBBLES, 8)
+        ws[r, c + 4 + i] = _offset_bytes((qs >> _U4) & _LOW_NIBBLES, 8)
+
+
+@_device
+def _unit_q5_0(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j):
+    # as Q4_0, plus bit v of qh = bit 4 of value v
+    off = row_off + u * Q5_0_BYTES
+    wsa[r, j] = read_f16(wh, off + Q5_0_OFF_D)
+    qh = read_u32(w16, off + Q5_0_OFF_QH)
+    c = 8 * j
+    for i in range(4):
+        qs = read_u32(w16, off + Q5_0_OFF_QS + 4 * i)
+        lo = (qs & _LOW_NIBBLES) | _spread4((qh >> np.uint32(4 * i)) & np.uint32(15))
+        hi = ((qs >> _U4) & _LOW_NIBBLES) | _spread4((qh >> np.uint32(16 + 4 * i)) & np.uint32(15))
+        ws[r, c + i] = _offset_bytes(lo, 16)
+        ws[r, c + 4 + i] = _offset_bytes(hi, 16)
+
+
+@_device
+def _k_scales(w8, wh, blk, p, wsa, wsb, r, j):
+    """(d*sc, dmin*m) of sub-blocks 2p and 2p + 1 into slots j, j + 1."""
+    ds, dm = _k_sub_scales(w8, wh, blk, 2 * p)
+    wsa[r, j] = ds
+    wsb[r, j] = dm
+    ds, dm = _k_sub_scales(w8, wh, blk, 2 * p + 1)
+    wsa[r, j + 1] = ds
+    wsb[r, j + 1] = dm
+
+
+@_device
+def _unit_q4_k(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j):
+    # unit u = super-block u // 4, quant run p = u % 4: qs bytes 32p .. 32p + 31 hold values
+    # 64p + l (low nibble, sub-block 2p) and 64p + 32 + l (high nibble, sub-block 2p + 1)
+    blk = row_off + (u >> 2) * Q4_K_BYTES
+    p = u & 3
+    _k_scales(w8, wh, blk, p, wsa, wsb, r, j)
+    q = (blk + Q4_K_OFF_QS + 32 * p) >> 2       # Q4_K blocks are 16-byte aligned (144 B)
+    c = 8 * j
+    for h in range(2):
+        v0, v1, v2, v3 = ld_nc_v4_u32(w32, q + 4 * h)
+        ws[r, c + 4 * h] = v0 & _LOW_NIBBLES
+        ws[r, c + 4 * h + 1] = v1 & _LOW_NIBBLES
+        ws[r, c + 4 * h + 2] = v2 & _LOW_NIBBLES
+        ws[r, c + 4 * h + 3] = v3 & _LOW_NIBBLES
+        ws[r, c + 8 + 4 * h] = (v0 >> _U4) & _LOW_NIBBLES
+        ws[r, c + 8 + 4 * h + 1] = (v1 >> _U4) & _LOW_NIBBLES
+        ws[r, c + 8 + 4 * h + 2] = (v2 >> _U4) & _LOW_NIBBLES
+        ws[r, c + 8 + 4 * h + 3] = (v3 >> _U4) & _LOW_NIBBLES
+
+
+@_device
+def _k5_high(h, s):
+    """Bit s of each byte of h moved to bit 4 (the fifth bit of Q5_K sub-block s)."""
+    return ((h >> np.uint32(s)) & _BYTE_ONES) << _U4
+
+
+@_device
+def _k5_words(ws, r, c, h, v0, v1, v2, v3, g0, g1, g2, g3, s):
+    """4 words of sub-block 2p (c) and 2p + 1 (c + 8) from 4 qs words and their qh words."""
+    ws[r, c + h] = (v0 & _LOW_NIBBLES) | _k5_high(g0, s)
+    ws[r, c + h + 1] = (v1 & _LOW_NIBBLES) | _k5_high(g1, s)
+    ws[r, c + h + 2] = (v2 & _LOW_NIBBLES) | _k5_high(g2, s)
+    ws[r, c + h + 3] = (v3 & _LOW_NIBBLES) | _k5_high(g3, s)
+    ws[r, c + 8 + h] = ((v0 >> _U4) & _LOW_NIBBLES) | _k5_high(g0, s + 1)
+    ws[r, c + 8 + h + 1] = ((v1 >> _U4) & _LOW_NIBBLES) | _k5_high(g1, s + 1)
+    ws[r, c + 8 + h + 2] = ((v2 >> _U4) & _LOW_NIBBLES) | _k5_high(g2, s + 1)
+    ws[r, c + 8 + h + 3] = ((v3 >> _U4) & _LOW_NIBBLES) | _k5_high(g3, s + 1)
+
+
+@_device
+def _unit_q5_k(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j):
+    # as Q4_K, plus qh byte l: bit s = bit 4 of value l of sub-block s (176-byte blocks,
+    # 16-byte aligned; qh at 16, qs at 48)
+    blk = row_off + (u >> 2) * Q5_K_BYTES
+    p = u & 3
+    _k_scales(w8, wh, blk, p, wsa, wsb, r, j)
+    q = (blk + Q5_K_OFF_QS + 32 * p) >> 2
+    qh = (blk + Q5_K_OFF_QH) >> 2
+    c = 8 * j
+    for h in range(2):
+        v0, v1, v2, v3 = ld_nc_v4_u32(w32, q + 4 * h)
+        g0, g1, g2, g3 = ld_nc_v4_u32(w32, qh + 4 * h)
+        _k5_words(ws, r, c, 4 * h, v0, v1, v2, v3, g0, g1, g2, g3, 2 * p)
+
+
+@_device
+def _q6_word(nib, h, s):
+    """Low 4 bits `nib` | 2 high bits (bits s, s + 1 of each byte of h) << 4, minus 32."""
+    return _offset_bytes(nib | (((h >> np.uint32(s)) & _TWO_BITS) << _U4), 32)
+
+
+@_device
+def _unit_q6_k(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j):
+    # unit u = half n = u % 2 of super-block u // 2: value 128n + 32c + l (c = 0..3) has its
+    # low 4 bits in ql byte 64n + 32 (c & 1) + l (low nibble for c < 2, else high), its high 2
+    # bits in qh byte 32n + l (bits 2c, 2c + 1), its scale at 8n + 2c + (l >= 16)
+    blk = row_off + (u >> 1) * Q6_K_BYTES
+    n = u & 1
+    for cc in range(4):
+        wsa[r, j + cc] = q6_k_scale(w8, wh, blk, 8 * n + 2 * cc)
+        wsb[r, j + cc] = q6_k_scale(w8, wh, blk, 8 * n + 2 * cc + 1)
+    ql = blk + Q6_K_OFF_QL + 64 * n
+    qh = blk + Q6_K_OFF_QH + 32 * n
+    c = 8 * j
+    for i in range(8):
+        la = read_u32(w16, ql + 4 * i)           # c = 0 (low nibbles), c = 2 (high)
+        lb = read_u32(w16, ql + 32 + 4 * i)      # c = 1, c = 3
+        h = read_u32(w16, qh + 4 * i)
+        ws[r, c + i] = _q6_word(la & _LOW_NIBBLES, h, 0)
+        ws[r, c + 8 + i] = _q6_word(lb & _LOW_NIBBLES, h, 2)
+        ws[r, c + 16 + i] = _q6_word((la >> _U4) & _LOW_NIBBLES, h, 4)
+        ws[r, c + 24 + i] = _q6_word((lb >> _U4) & _LOW_NIBBLES, h, 6)
+
+
+# weight type -> (unit decoder, sub-blocks per unit, how its sub-blocks are scaled)
+_UNITS = {
+    QType.Q8_0: (_unit_q8_0, 1, _SCALE),
+    QType.Q4_0: (_unit_q4_0, 1, _SCALE),
+    QType.Q5_0: (_unit_q5_0, 1, _SCALE),
+    QType.Q4_K: (_unit_q4_k, 2, _SCALE_MIN),
+    QType.Q5_K: (_unit_q5_k, 2, _SCALE_MIN),
+    QType.Q6_K: (_unit_q6_k, 4, _SCALE_16),
+}
+
+
+# ---------------------------------------------------------------- the kernel
+
+
+@_device
+def _store(y, bias, residual, has_bias, has_residual, T, M, t, m, v):
+    if t < T and m < M:
+        if has_bias:
+            v += bias[m]
+        if has_residual:
+            v += residual[t, m]
+        y[t, m] = v
+
+
+def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT):
+    lay = layout(qt)
+    unit, subs_per_unit, scaling = _UNITS[lay.qtype]
+    units_per_step = STEP_SUBS // subs_per_unit
+    qk, ts = lay.block, lay.type_size
+    mins = scaling == _SCALE_MIN
+    split16 = scaling == _SCALE_16
+
+    c_init = MAGIC_I32 if magic_cvt else np.int32(0)
+
+    @cuda.jit(device=True, inline="always")
+    def _mma(a0, a1, a2, a3, b0, b1):
+        return mma_s8_m16n8k32(a0, a1, a2, a3, b0, b1, c_init, c_init, c_init, c_init)
+
+    @cuda.jit(device=True, inline="always")
+    def to_f32(d):
+        """f32(isum) of an mma result that started from c_init (exact either way)."""
+        if magic_cvt:
+            return f32_from_bits(d) - MAGIC_F32
+        return np.float32(d)
+
+    @cuda.jit(device=True, inline="always")
+    def scaled(acc, i, sa, sb, xd, xsum, d, e):
+        """acc[i] += this sub-block's term (module docstring); d, e: the full / low-half and
+        (Q6_K) high-half dots as the mma returned them."""
+        if mins:
+            acc[i] += xd * (sa * to_f32(d) - sb * xsum)
+        elif split16:
+            acc[i] += (sa * xd) * to_f32(d)
+            acc[i] += (sb * xd) * to_f32(e)
+        else:
+            acc[i] += (sa * xd) * to_f32(d)
+
+    @cuda.jit(device=True, inline="always")
+    def tile_terms(acc, i, a0, a1, a2, a3, b0, b1, s0a, s0b, s1a, s1b, xd0, xd1, xs0, xs1):
+        """One 16 x 8 mma tile of one sub-block into acc[i .. i + 3]: rows (weights) g, g + 8
+        with scales s0*, s1*; columns (activations) 2t, 2t + 1 with xd0, xd1 (sums xs0, xs1)."""
+        if split16:
+            lo = _mma(a0, a1, a2, a3, b0, _ZERO_U)      # k 0..15: the B words 4..7 zeroed
+            hi = _mma(a0, a1, a2, a3, _ZERO_U, b1)      # k 16..31
+        else:
+            lo = _mma(a0, a1, a2, a3, b0, b1)
+            hi = lo
+        scaled(acc, i, s0a, s0b, xd0, xs0, lo[0], hi[0])
+        scaled(acc, i + 1, s0a, s0b, xd1, xs1, lo[1], hi[1])
+        scaled(acc, i + 2, s1a, s1b, xd0, xs0, lo[2], hi[2])
+        scaled(acc, i + 3, s1a, s1b, xd1, xs1, lo[3], hi[3])
+
+    def matmul_q8(w8, w16, w32, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual):
+        ws = cuda.shared.array((TILE_M, PITCH), np.uint32)     # weight int8 words
+        xs = cuda.shared.array((TILE_T, PITCH), np.uint32)     # activation int8 words
+        wsa = cuda.shared.array((TILE_M, SPITCH), np.float32)  # weight scales
+        wsb = cuda.shared.array((TILE_M, SPITCH), np.float32)  # mins / Q6_K high-half scales
+        xds = cuda.shared.array((TILE_T, SPITCH), np.float32)  # activation scales
+        xss = cuda.shared.array((TILE_T, SPITCH), np.float32)  # activation sums (Q4_K/Q5_K)
+        acc = cuda.local.array(32, np.float32)                 # [ni][mi][c0..c3], registers
+        for i in range(32):
+            acc[i] = np.float32(0.0)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t4 = lane & 3
+        m0 = cuda.blockIdx.x * TILE_M
+        t0 = cuda.blockIdx.y * TILE_T
+        T = y.shape[0]
+        nsub = K // SUB
+        rb = np.int64(K // qk) * ts                 # bytes per weight row
+        xrow = np.int64(K // 4)                     # words per activation row
+        rm = 32 * (warp & 1) + g                    # this lane's first weight row in the tile
+        rt = 32 * (warp >> 1)                       # the warp's first activation row
+        for s0 in range(0, nsub, STEP_SUBS):
+            nsb = min(STEP_SUBS, nsub - s0)
+            cuda.syncthreads()                      # every warp is done with the last step
+            # --- weights: unit by unit, rows past M zero
+            for item in range(tid, TILE_M * units_per_step, THREADS):
+                r = item // units_per_step
+                uj = (item - r * units_per_step) * subs_per_unit
+                if uj < nsb:
+                    m = m0 + r
+                    if m < M:
+                        unit(w8, w16, w32, wh, np.int64(m) * rb, (s0 + uj) // subs_per_unit,
+                             ws, wsa, wsb, r, uj)
+                    else:
+                        for s in range(subs_per_unit):
+                            wsa[r, uj + s] = np.float32(0.0)
+                            wsb[r, uj + s] = np.float32(0.0)
+                            for i in range(8):
+                                ws[r, 8 * (uj + s) + i] = _ZERO_U
+            # --- activations: one sub-block (two 16-byte loads) per item, rows past T zero
+            for item in range(tid, TILE_T * STEP_SUBS, THREADS):
+                r = item // STEP_SUBS
+                j = item - r * STEP_SUBS
+                if j < nsb:
+                    t = t0 + r
+                    c = 8 * j
+                    if t < T:
+                        base = t * xrow + 8 * (s0 + j)
+                        v0, v1, v2, v3 = ld_nc_v4_u32(xq32, base)
+                        v4, v5, v6, v7 = ld_nc_v4_u32(xq32, base + 4)
+                        xs[r, c] = v0
+                        xs[r, c + 1] = v1
+                        xs[r, c + 2] = v2
+                        xs[r, c + 3] = v3
+                        xs[r, c + 4] = v4
+                        xs[r, c + 5] = v5
+                        xs[r, c + 6] = v6
+                        xs[r, c + 7] = v7
+                        xds[r, j] = xd[t * nsub + s0 + j]
+                        if mins:
+                            sx = dp4a(_ONES, v0, dp4a(_ONES, v1, dp4a(_ONES, v2, dp4a(_ONES, v3, 0))))
+                            sx = dp4a(_ONES, v4, dp4a(_ONES, v5, dp4a(_ONES, v6, dp4a(_ONES, v7, sx))))
+                            xss[r, j] = np.float32(sx)
+                    else:
+                        for i in range(8):
+                            xs[r, c + i] = _ZERO_U
+                        xds[r, j] = np.float32(0.0)
+                        xss[r, j] = np.float32(0.0)
+            cuda.syncthreads()
+            # --- tensor cores, sub-block by sub-block (ascending: the summation order)
+            for j in range(nsb):
+                c = 8 * j + t4
+                # A fragments of the two 16-row tiles: rows rm, rm + 8 and rm + 16, rm + 24
+                a00 = ws[rm, c]
+                a01 = ws[rm + 8, c]
+                a02 = ws[rm, c + 4]
+                a03 = ws[rm + 8, c + 4]
+                a10 = ws[rm + 16, c]
+                a11 = ws[rm + 24, c]
+                a12 = ws[rm + 16, c + 4]
+                a13 = ws[rm + 24, c + 4]
+                s0a = wsa[rm, j]
+                s1a = wsa[rm + 8, j]
+                s2a = wsa[rm + 16, j]
+                s3a = wsa[rm + 24, j]
+                s0b = wsb[rm, j]
+                s1b = wsb[rm + 8, j]
+                s2b = wsb[rm + 16, j]
+                s3b = wsb[rm + 24, j]
+                for ni in range(4):
+                    rx = rt + 8 * ni
+                    b0 = xs[rx + g, c]
+                    b1 = xs[rx + g, c + 4]
+                    xd0 = xds[rx + 2 * t4, j]
+                    xd1 = xds[rx + 2 * t4 + 1, j]
+                    xs0 = xss[rx + 2 * t4, j]
+                    xs1 = xss[rx + 2 * t4 + 1, j]
+                    tile_terms(acc, 8 * ni, a00, a01, a02, a03, b0, b1,
+                               s0a, s0b, s1a, s1b, xd0, xd1, xs0, xs1)
+                    tile_terms(acc, 8 * ni + 4, a10, a11, a12, a13, b0, b1,
+                               s2a, s2b, s3a, s3b, xd0, xd1, xs0, xs1)
+        # --- epilogue: acc[8 ni + 4 mi + e] is row rm + 16 mi + 8 (e >> 1), column
+        # rt + 8 ni + 2 t4 + (e & 1)
+        for ni in range(4):
+            t = t0 + rt + 8 * ni + 2 * t4
+            for mi in range(2):
+                m = m0 + rm + 16 * mi
+                i = 8 * ni + 4 * mi
+                _store(y, bias, residual, has_bias, has_residual, T, M, t, m, acc[i])
+                _store(y, bias, residual, has_bias, has_residual, T, M, t + 1, m, acc[i + 1])
+                _store(y, bias, residual, has_bias, has_residual, T, M, t, m + 8, acc[i + 2])
+                _store(y, bias, residual, has_bias, has_residual, T, M, t + 1, m + 8, acc[i + 3])
+
+    matmul_q8.__name__ = matmul_q8.__qualname__ = \
+        f"matmul_q8_{lay.name}" + ("" if magic_cvt else "_cvt")
+    return kernel(matmul_q8)
+
+
+# kernel objects by weight type; also module attributes matmul_q8_<type>
+MATMUL_Q8 = {qt: _make_matmul_q8(qt) for qt in _UNITS}
+for _qt, _k in MATMUL_Q8.items():
+    globals()[f"matmul_q8_{_qt.name.lower()}"] = _k
+
+_SIG = "void(uint8[::1], uint16[::1], uint32[::1], float16[::1], int32, int32, uint32[::1], " \
+       "float32[::1], float32[:, ::1], float32[::1], float32[:, ::1], int32, int32)"
+PTX_SIGNATURES = {f"matmul_q8_{qt.name.lower()}": [_SIG] for qt in MATMUL_Q8}
+# the tensor-core instruction must be there (tests/test_compile_ptx.py checks the text)
+EXPECTED_PTX = {name: ["mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"] for name in PTX_SIGNATURES}
+
+
+# ---------------------------------------------------------------- launcher
+
+
+def launch_matmul_q8(w_dev, qtype, M, K, xq, xd, y, bias=None, residual=None, stream=0):
+    """Y = dequant(xq, xd) @ W^T (+ bias) (+ residual) on int8 tensor cores, for Q8_0, Q4_0,
+    Q5_0, Q4_K, Q5_K, Q6_K weights.
+
+    w_dev: device buffer of the GGUF rows (M * row_bytes(qtype, K) bytes); xq int8[T, K] and
+    xd float32[T, K / 32] (or flat, T * K and T * K / 32) from `quantize_act.launch_quantize_act`
+    on X[T, K]; y float32[T, M]; bias float32[M] or None; residual float32[T, M] or None (may
+    be y). Reference: `matmul_q8_reference`."""
+    lay = layout(qtype)
+    qt = lay.qtype
+    if qt not in MATMUL_Q8:
+        raise ValueError(f"matmul_q8: no int8 path for {qt.name}; use matmul.launch_matmul "
+                         f"(int8 types: {[q.name for q in MATMUL_Q8]})")
+    if K % block_size(qt) or K % SUB:
+        raise ValueError(f"matmul_q8: K = {K} is not a multiple of {qt.name}'s block "
+                         f"({block_size(qt)}) and of {SUB}")
+    need = M * row_bytes(qt, K)
+    if w_dev.size * w_dev.dtype.itemsize != need:
+        raise ValueError(f"matmul_q8: a {qt.name} weight of {M} x {K} is {need} bytes; "
+                         f"the device buffer holds {w_dev.size * w_dev.dtype.itemsize}")
+    if y.ndim != 2 or y.shape[1] != M or y.dtype != np.float32:
+        raise ValueError(f"matmul_q8: y must be float32[T, {M}], got {y.dtype}{tuple(y.shape)}")
+    T = y.shape[0]
+    if xq.dtype != np.int8 or xq.size != T * K:
+        raise ValueError(f"matmul_q8: xq must be int8[{T}, {K}], got {xq.dtype}{tuple(xq.shape)}")
+    if xd.dtype != np.float32 or xd.size != T * (K // SUB):
+        raise ValueError(f"matmul_q8: xd must be float32[{T}, {K // SUB}], "
+                         f"got {xd.dtype}{tuple(xd.shape)}")
+    if residual is not None and (tuple(residual.shape) != (T, M) or residual.dtype != np.float32):
+        raise ValueError(f"matmul_q8: residual must be float32[{T}, {M}]")
+    if bias is not None and (bias.size < M or bias.dtype != np.float32):
+        raise ValueError(f"matmul_q8: bias must be float32[{M}]")
+    if T == 0 or M == 0:
+        return
+    _launch(MATMUL_Q8[qt], w_dev, M, K, T, xq, xd, y, bias, residual, stream)
+
+
+def _launch(kern, w_dev, M, K, T, xq, xd, y, bias, residual, stream):
+    """The grid and the argument views (inputs already checked by launch_matmul_q8)."""
+    w8, w16, wh = weight_views(w_dev)
+    # 16-byte loads read Q4_K / Q5_K blocks (sizes 144, 176: every block 16-byte aligned);
+    # the other types leave this view unused (their buffer need not be a multiple of 4 bytes)
+    w32 = w8[:w8.size - w8.size % 4].view(np.uint32)
+    xq32 = xq.reshape(T * K).view(np.uint32)                  # 4 int8 per mma register
+    grid = ((M + TILE_M - 1) // TILE_M, (T + TILE_T - 1) // TILE_T)
+    kern[grid, THREADS, stream](
+        w8, w16, w32, wh, np.int32(M), np.int32(K), xq32, xd.reshape(xd.size), y,
+        y[0] if bias is None else bias.reshape(bias.size), y if residual is None else residual,
+        np.int32(bias is not None), np.int32(residual is not None))
+
+
+# ---------------------------------------------------------------- numpy reference
+
+
+def matmul_q8_reference(w_raw, qtype, M, K, xq, xd, bias=None, residual=None):
+    """The int8 path's value: float64 (xq * xd per 32-block) @ dequantize(W)^T (+ bias)
+    (+ residual), as float64[T, M]. Exact when all scales are powers of two and the sums stay
+    below 2^24 units (see tests/test_kernels_matmul_q8.py)."""
+    from .matmul import matmul_reference
+    from .quantize_act import dequantize_act_q8
+    xq = np.asarray(xq, dtype=np.int8)
+    T = xq.size // K
+    x = dequantize_act_q8(xq.reshape(-1), xd).reshape(T, K)
+    return matmul_reference(w_raw, qtype, M, K, x, bias, residual)

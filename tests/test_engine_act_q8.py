@@ -1,0 +1,80 @@
+"""The engine's int8-activation path (act_quant="q8", the default) on integer block weights.
+
+The checked-in fixtures hold F16 weights, which always take the float path; here the Qwen3
+fixture is re-encoded with Q8_0 / Q5_0 / Q4_0 matrices (every matrix's K is a multiple of 32),
+so decode runs quantize_act + the dp4a matvec and prefill the fake-quantized float matmul.
+
+What must hold:
+  * prefill and decode agree (the argmax gate's premise): both see the same int8 activations,
+    so they differ only by float32 summation order -> 1e-4 of the largest |logit|;
+  * against the numpy reference (float activations): activation rounding is <= 1/254 of each
+    32-block's max per value, i.e. ~2^-8 relative per matvec input, compounded over 2 layers
+    and the head -> 3e-2 of the largest |logit|;
+(act_quant="f32" is the path tests/test_engine.py checks against the reference. Decode runs
+eagerly here -- use_graph=False -- since the graph path is the same launches, and the simulator
+is slow.)
+"""
+import numpy as np
+import pytest
+
+from bw24nb.formats import open_model
+from bw24nb.formats.gguf_writer import QuantizedTensor, write_gguf
+from bw24nb.quant import QType, quantize
+from bw24nb.reference import load_reference
+
+FIXTURE = "tests/fixtures/qwen3/model.gguf"
+TYPES = (QType.Q8_0, QType.Q5_0, QType.Q4_0)
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def quantized_gguf(tmp_path_factory):
+    src = open_model(FIXTURE)
+    tensors = {}
+    for j, name in enumerate(src.names()):
+        x = np.ascontiguousarray(src.dequantize(name), np.float32)
+        if x.ndim == 2 and x.shape[1] % 32 == 0:
+            qt = TYPES[j % len(TYPES)]
+            tensors[name] = QuantizedTensor(quantize(x, qt), int(qt), x.shape)
+        else:
+            tensors[name] = x
+    path = tmp_path_factory.mktemp("q8") / "qwen3-q.gguf"
+    return write_gguf(path, src.config, tensors)
+
+
+@pytest.fixture(scope="module")
+def engine(quantized_gguf):
+    from bw24nb.engine import Engine
+    return Engine(open_model(quantized_gguf), n_ctx=16, k_type=QType.F16, v_type=QType.F16,
+                  log=lambda m: None, act_quant="q8", use_graph=False)
+
+
+def test_file_has_integer_weights(quantized_gguf):
+    src = open_model(quantized_gguf)
+    kinds = {QType(src.info(n).qtype) for n in src.names()}
+    assert set(TYPES) <= kinds
+
+
+def test_q8_prefill_and_decode_agree_and_track_the_reference(engine, quantized_gguf):
+    q8 = engine
+    ref, _ = load_reference(quantized_gguf)
+    prompt = [7, 200, 31]
+    q8.reset()
+    ref.reset()
+    want = ref.prefill(prompt)
+    full = q8.prefill(prompt)                      # prefill: fake-quantized float matmul
+    assert rel(full, want[-1]) <= 3e-2
+    q8.reset()
+    q8.prefill(prompt[:-1])
+    stepped = q8.decode(prompt[-1])                # decode: quantize_act + dp4a matvec
+    assert rel(stepped, full) <= 1e-4
+    assert stepped.argmax() == full.argmax()
+
+
+def test_act_quant_is_checked(quantized_gguf):
+    from bw24nb.engine import Engine
+    with pytest.raises(ValueError, match="act_quant"):
+        Engine(open_model(quantized_gguf), n_ctx=16, act_quant="int4", log=lambda m: None)
