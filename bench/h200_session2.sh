@@ -10,31 +10,31 @@ export PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; L=$OUT/logs; mkdir -p "$L"
 export BW24_KERNEL_CACHE=/tmp/bw24-kernels
 C=${BW24_COMMIT:-unknown}
-stages=${1:-check,attn,bench,cache}
+stages=${1:-check,bench,attn,cache,spec}
 on() { case ,$stages, in *,$1,*) return 0;; esac; return 1; }
 run() { local t=$1 name=$2; shift 2; local s=$(date +%s); timeout $t "$@" > "$L/$name.log" 2>&1; local rc=$?
         echo "== $name rc=$rc $(( $(date +%s) - s ))s"; }
 ( python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none
   python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none ) > "$L/factory.log" 2>&1 &
 FACT=$!
-on check && { run 110 check python3 -m bw24nb.cli kernel-check --size real \
-  --only "matvec*,rms_norm_q8,fake_quant_act,quantize_act,kv_store*,flash_decode,matmul_q8"
+on check && { run 80 check python3 -m bw24nb.cli kernel-check --size real \
+  --only "matvec_q8,matvec_q6k_r,rms_norm_q8,fake_quant_act,flash_decode,matmul_q8"
   grep -E "FAIL|passed" "$L/check.log" | tail -6; }
-on attn && { run 60 attention python3 bench/attention_bench.py --chunks 8,32,128 --jsonl "$OUT/attention.jsonl"
-  cat "$L/attention.log" | tail -22; }
-on gemm && { run 200 matmul_q8 python3 bench/matmul_q8_bench.py --commit $C --jsonl "$OUT/matmul_q8.jsonl"
-  tail -22 "$L/matmul_q8.log"; }
 wait $FACT
-on bench && { run 90 bench_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c05-random --runs 3 \
+on bench && { run 75 bench_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c05-random --runs 3 \
     --torch none --long-prompt 6144 --act-quant q8 --commit $C --jsonl "$OUT/bench.jsonl"
   grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager" "$L/bench_c05.log" | tail -8
-  run 120 bench_q9 python3 bench/run_bench.py /tmp/q9.gguf --name q9-random --runs 3 \
+  grep kernel_ms "$L/bench_c05.log" | head -8
+  run 100 bench_q9 python3 bench/run_bench.py /tmp/q9.gguf --name q9-random --runs 3 \
     --torch none --long-prompt 0 --act-quant q8 --commit $C --jsonl "$OUT/bench.jsonl"
   grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager" "$L/bench_q9.log" | tail -8
-  grep kernel_ms "$L/bench_q9.log" | head -14; }
-on cache && { run 90 kernel_cache python3 bench/kernel_cache_check.py /tmp/c05.gguf --no-fixture --timeout 40
-  tail -12 "$L/kernel_cache.log"; }
-on spec && { run 150 spec python3 bench/spec_bench.py /tmp/q9.gguf --ks 1,3,8 --runs 3 --n 64 \
-    --prompt-len 128 --commit $C --jsonl "$OUT/spec.jsonl"
-  tail -16 "$L/spec.log"; }
+  grep kernel_ms "$L/bench_q9.log" | head -12; }
+on attn && { run 40 attention python3 bench/attention_bench.py --chunks 16,32,64 --jsonl "$OUT/attention.jsonl"
+  tail -14 "$L/attention.log"; }
+on cache && { run 50 kernel_cache python3 bench/kernel_cache_check.py /tmp/c05.gguf --no-fixture \
+    --runs warm,warm --cache-dir $BW24_KERNEL_CACHE --timeout 24
+  tail -10 "$L/kernel_cache.log"; }
+on spec && { run 50 spec python3 bench/spec_bench.py /tmp/q9.gguf --ks 1,3 --runs 3 --n 32 \
+    --prompt-len 64 --modes mtp --commit $C --jsonl "$OUT/spec.jsonl"
+  tail -14 "$L/spec.log"; }
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"

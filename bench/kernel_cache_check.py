@@ -134,6 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gen", action="store_true", help="also time `bw24nb gen` cold and warm")
     ap.add_argument("--timeout", type=int, default=280, help="seconds per run")
     ap.add_argument("--no-fixture", action="store_true", help="only the MODEL arguments")
+    ap.add_argument("--cache-dir", default=None,
+                    help="use this (already filled) cache folder instead of a new empty one, "
+                         "and keep it: e.g. --runs warm after a benchmark filled it")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -145,7 +148,7 @@ def main(argv=None) -> int:
     out_path = Path(os.environ["OUT"]) / "kernel_cache.jsonl" if os.environ.get("OUT") else None
     rows, failures = [], []
     for model in models:
-        cache = tempfile.mkdtemp(prefix="bw24_kernel_cache_")
+        cache = args.cache_dir or tempfile.mkdtemp(prefix="bw24_kernel_cache_")
         results = {}
         for run in args.runs.split(","):
             r = run_job(model, "off" if run == "off" else cache, args.timeout)
@@ -180,7 +183,8 @@ def main(argv=None) -> int:
                 if "error" in r:
                     failures.append(f"{_label(model)} gen {run}: {r['error'][-400:]}")
             shutil.rmtree(gen_cache, ignore_errors=True)
-        shutil.rmtree(cache, ignore_errors=True)
+        if not args.cache_dir:
+            shutil.rmtree(cache, ignore_errors=True)
 
     print()
     print(f"{'model':32s} {'run':6s} {'1st tok':>8s} {'import':>8s} {'engine':>8s} {'total':>8s} "
