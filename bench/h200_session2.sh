@@ -18,7 +18,7 @@ run() { local t=$1 name=$2; shift 2; local s=$(date +%s); timeout $t "$@" > "$L/
   python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none ) > "$L/factory.log" 2>&1 &
 FACT=$!
 on check && { run 80 check python3 -m bw24nb.cli kernel-check --size real \
-  --only "matvec_q8,matvec_q6k_r,rms_norm_q8,fake_quant_act,flash_decode,matmul_q8"
+  --only "${ONLY:-matvec_q8,matvec_q6k_r,rms_norm_q8,fake_quant_act,flash_decode,matmul_q8}"
   grep -E "FAIL|passed" "$L/check.log" | tail -6; }
 wait $FACT
 on bench && { run 75 bench_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c05-random --runs 3 \
@@ -29,7 +29,7 @@ on bench && { run 75 bench_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c
     --torch none --long-prompt 0 --act-quant q8 --commit $C --jsonl "$OUT/bench.jsonl"
   grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager" "$L/bench_q9.log" | tail -8
   grep kernel_ms "$L/bench_q9.log" | head -12; }
-on attn && { run 40 attention python3 bench/attention_bench.py --chunks 16,32,64 --jsonl "$OUT/attention.jsonl"
+on attn && { run 40 attention python3 bench/attention_bench.py --chunks ${CHUNKS:-16,32,64} --jsonl "$OUT/attention.jsonl"
   tail -14 "$L/attention.log"; }
 on cache && { run 50 kernel_cache python3 bench/kernel_cache_check.py /tmp/c05.gguf --no-fixture \
     --runs warm,warm --cache-dir $BW24_KERNEL_CACHE --timeout 24

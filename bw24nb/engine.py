@@ -483,7 +483,7 @@ class Engine:
         L, qx = self._quantize_input(ws, x, T, [w.blk(i, f"{n}.weight") for n in names])
         o2, wout = o.reshape(T, nv * dv), w.blk(i, "ssm_out.weight")
         qL, qo = self._quantize_input(ws, o2, T, [wout])
-        ba = self.fused_ba.get(i) if T == 1 else None
+        ba = self.fused_ba.get(i) if ws.ab is not None else None      # decode workspace only
         if ba is not None:      # decode: beta and alpha rows in one matvec (see _fuse_ba)
             b, a = ws.ab[:nv].reshape(1, nv), ws.ab[nv:].reshape(1, nv)
             gates = [("gdn_ba", lambda: self._mv(ba, x, ws.ab, T, qx=qx))]
@@ -515,11 +515,14 @@ class Engine:
         g, u = (ws.g[0, :F], ws.u[0, :F]) if T == 1 else (ws.g[:T, :F], ws.u[:T, :F])
         L, qx = self._quantize_input(ws, x, T, [wg, wu])
         qL, qg = self._quantize_input(ws, g, T, [wd])
+        if T == 1 and qL:        # decode: swiglu writes ffn_down's int8 input itself
+            act = [("swiglu_q8", lambda: activation.launch_swiglu_q8(g, u, g, qg.xq, qg.xd, s))]
+        else:
+            act = [("swiglu", lambda: activation.launch_swiglu(g, u, g, s))] + qL
         return L + [
             ("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx)),
             ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx)),
-            ("swiglu", lambda: activation.launch_swiglu(g, u, g, s)),
-        ] + qL + [
+        ] + act + [
             ("ffn_down", lambda: self._mv(wd, g, h, T, residual=h, qx=qg)),
         ]
 

@@ -478,6 +478,7 @@ def check_fake_quant_act(rng, size):
     for T, K in shapes:
         x = (rng.standard_normal((T, K)) * rng.uniform(0.01, 10, (T, 1))).astype(np.float32)
         x[0, :32] = 0.0
+        x[-1, 1] = -1e-6 * np.abs(x[-1, :32]).max()     # rounds to q = 0 from below: +0.0, not -0.0
         xf = Out((T, K))
         qa.launch_fake_quant_act(_dev(x), xf.dev)
         q_ref, d_ref = qa.quantize_act_q8_reference(x)
@@ -485,6 +486,32 @@ def check_fake_quant_act(rng, size):
         got, guard_ok = xf.get()
         yield compare("fake_quant_act", "f32", _shape(T, K), got, ref, tol="bit-exact",
                       bits=True, guard_ok=guard_ok)
+
+
+@check("swiglu_q8", "kernels.activation.launch_swiglu_q8")
+def check_swiglu_q8(rng, size):
+    """Fused swiglu + int8 quantizer (decode, ffn_down's input): y within swiglu's bound, xq / xd
+    bit-exact against quantize_act's reference applied to the kernel's own y."""
+    from .kernels import activation
+    from .kernels import quantize_act as qa
+    from .reference import ops
+    for n in ([96] if size == "tiny" else [Q05.ffn, Q9.ffn]):
+        g = (2 * rng.standard_normal(n)).astype(np.float32)
+        u = (2 * rng.standard_normal(n)).astype(np.float32)
+        y, xq, xd = Out(n), Out(n, np.int8, poison=-128), Out(n // 32)
+        activation.launch_swiglu_q8(_dev(g), _dev(u), y.dev, xq.dev, xd.dev)
+        got, gy = y.get()
+        ref = ops.swiglu(g, u)
+        yield compare("swiglu_q8 y", "f32", _shape(n), got, ref,
+                      MARGIN * _ELEMWISE_U * U * np.abs(_f64(ref)) + TINY_NORMAL,
+                      f"{MARGIN:g}·{_ELEMWISE_U}u·|ref|", guard_ok=gy)
+        q_ref, d_ref = qa.quantize_act_q8_reference(got)
+        got_q, gq = xq.get()
+        got_d, gd = xd.get()
+        yield compare("swiglu_q8 q", "int8", _shape(n), got_q, q_ref, tol="exact", bits=True,
+                      guard_ok=gq, poison=np.int8(-128))
+        yield compare("swiglu_q8 d", "f32", _shape(n // 32), got_d, d_ref, tol="bit-exact",
+                      bits=True, guard_ok=gd)
 
 
 @check("rms_norm_q8", "kernels.norm.launch_rms_norm_q8")

@@ -14,6 +14,8 @@ import math
 from numba import cuda, float32
 
 from ..jit import kernel
+from ..ptx import warp_max
+from .quantize_act import q8_code
 
 # 256 threads, at most ELEMWISE_BLOCKS_MAX blocks, grid-stride beyond: enough to fill an H200
 # (132 SMs x 8 resident blocks of 256 at 2048 threads/SM) without a launch per element.
@@ -37,6 +39,21 @@ def swiglu(g, u, y):
     start, step = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, y.shape[0], step):
         y[i] = silu(g[i]) * u[i]
+
+
+@kernel
+def swiglu_q8(g, u, y, xq, xd):
+    """swiglu, and its output quantized as quantize_act_q8 would (decode: ffn_down's int8 input,
+    one launch instead of two). n % 32 == 0 and the launch's blocks are whole warps, so every
+    warp step covers one 32-value block: its amax is a warp_max."""
+    start, step = cuda.grid(1), cuda.gridsize(1)
+    for i in range(start, y.shape[0], step):
+        v = silu(g[i]) * u[i]
+        y[i] = v
+        q, d = q8_code(v, warp_max(abs(v)))
+        xq[i] = q
+        if (i & 31) == 0:
+            xd[i >> 5] = d
 
 
 @kernel
@@ -83,6 +100,16 @@ def launch_swiglu(g, u, y, stream=0):
     swiglu[_grid(y.size), ELEMWISE_THREADS, stream](_flat(g), _flat(u), _flat(y))
 
 
+def launch_swiglu_q8(g, u, y, xq, xd, stream=0):
+    """launch_swiglu + quantize_act.launch_quantize_act(y, xq, xd) in one launch (1-D, length a
+    multiple of 32). Reference: ops.swiglu, then quantize_act_q8_reference."""
+    n = y.size
+    if n % 32 or xq.size < n or xd.size < n // 32:
+        raise ValueError(f"swiglu_q8: {n} values must be whole 32-blocks with xq >= {n}, xd >= {n // 32}")
+    swiglu_q8[_grid(n), ELEMWISE_THREADS, stream](_flat(g), _flat(u), _flat(y), _flat(xq)[:n],
+                                                 _flat(xd)[:n // 32])
+
+
 def launch_swiglu_fused(gu, y, stream=0):
     """y[..., F] = silu(gu[..., :F]) * gu[..., F:] for gu[..., 2F]."""
     F = y.shape[len(y.shape) - 1]        # (device shapes take no negative index)
@@ -109,6 +136,7 @@ _A2 = "float32[:, ::1]"
 PTX_SIGNATURES = {
     "swiglu": [f"void({_A1}, {_A1}, {_A1})"],
     "swiglu_fused": [f"void({_A2}, {_A2})"],
+    "swiglu_q8": [f"void({_A1}, {_A1}, {_A1}, int8[::1], {_A1})"],
     "sigmoid_mul": [f"void({_A1}, {_A1})"],
     "add": [f"void({_A1}, {_A1}, {_A1})"],
 }

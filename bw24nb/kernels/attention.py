@@ -71,7 +71,7 @@ DECODE_KT = 32
 DECODE_KT_WIDE_D = 128
 _DEC_KV_SH = DECODE_KT * (DECODE_KT_WIDE_D + 1)     # >= 16 * (256 + 1) too
 _DEC_S_SH = ATTN_ROWS * DECODE_KT                   # p of every row for one tile
-_DEC_ACC = 2 * ATTN_ROWS                            # a thread's acc: d and d + 128, all rows
+DECODE_THREADS = 256                                # 8 warps: rows and PV groups spread wider
 # The combine: one split per thread for (m, l) (so DECODE_SPLITS_MAX <= COMBINE_THREADS), and
 # COMBINE_THREADS / D thread groups sharing the per-dimension sums over the splits.
 COMBINE_THREADS = 256
@@ -319,22 +319,25 @@ def _split_plan(positions, T, ctx, n_splits, min_chunk):
 @kernel
 def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, scale,
                        min_chunk, part_ml, part_acc):
-    """Split-K pass over the quantized cache. Grid (n_splits, Hkv, row tiles), 128 threads.
+    """Split-K pass over the quantized cache. Grid (n_splits, Hkv, row tiles), DECODE_THREADS.
     part_ml[T, Hq, n_splits, 2] gets (m, l), part_acc[T, Hq, n_splits, D] the unnormalized
     accumulator of this block's chunk.
 
-    Decode has few rows (T * n_rep <= 16) and a short chunk, so this is built for latency: per
-    tile of KT keys (32, or 16 when D > 128, so the tile fits beside q in shared memory)
+    Decode has few rows (T * n_rep <= 16) and a short chunk, and a split runs as one block on
+    an otherwise idle SM: the time is latency, so every inner loop keeps four independent
+    chains in flight. Per tile of KT keys (32, or 16 when D > 128, so the tile fits beside q
+    in shared memory):
       1. the K tile -> shared, four loads in flight per thread (`_load_tile_cache`);
-      2. warp w takes rows w, w + 4, ...; lane j is key j of the tile: its score
-         (q . k, d ascending, times scale; -inf past the chunk or the row's causal limit), then
-         m' = max(m, warp_max(s)), p = exp(s - m'), l = l exp(m - m') + warp_sum(p) -- the
-         online softmax with no per-row serial loop and no barrier between scores and softmax;
+      2. warp w takes rows w, w + 8, ...; lane j is key j of the tile: its score q . k as four
+         interleaved partial sums over d (d = 4i + c into sum c, then (s0 + s1) + (s2 + s3)),
+         times scale, -inf past the chunk or the row's causal limit; then the online softmax
+         m' = max(m, warp_max(s)), p = exp(s - m'), l = l exp(m - m') + warp_sum(p);
       3. the V tile -> shared (over K);
-      4. thread d (and d + 128) updates acc[r, d] = acc[r, d] alpha_r + sum_j p[r, j] v[j, d]
-         for every row, keys ascending (acc in per-thread local memory).
-    Four barriers a tile (the first version, 8-key tiles with a thread per row doing the
-    softmax serially, spent ~56 us a launch at 512 tokens on the H200)."""
+      4. thread (d, group g) of G = DECODE_THREADS // D groups updates rows g, g + G, ...:
+         acc[r, d] = acc[r, d] alpha_r + sum_j p[r, j] v[j, d], the sum again as four
+         interleaved partial sums over the tile's keys (j = 4i + c into sum c).
+    The first version (8-key tiles, one thread per row doing the softmax serially, one
+    dependent shared load per step of every dot) spent ~13 us per 32-key tile on the H200."""
     q_sh = cuda.shared.array(_Q_SH, float32)
     kv_sh = cuda.shared.array(_DEC_KV_SH, float32)
     s_sh = cuda.shared.array(_DEC_S_SH, float32)
@@ -342,7 +345,7 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
     l_sh = cuda.shared.array(ATTN_ROWS, float32)
     alpha_sh = cuda.shared.array(ATTN_ROWS, float32)
     lim_sh = cuda.shared.array(ATTN_ROWS, int32)
-    acc = cuda.local.array(_DEC_ACC, float32)
+    acc = cuda.local.array(ATTN_ROWS, float32)
     split = cuda.blockIdx.x
     n_splits = cuda.gridDim.x
     kvh = cuda.blockIdx.y
@@ -360,13 +363,17 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
     lane = tid & 31
     warp = tid >> 5
     n_warps = cuda.blockDim.x >> 5
+    G = cuda.blockDim.x // D        # PV thread groups; thread (d, g) with g < G works
+    g = tid // D
+    d = tid - g * D
     n_rows = _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh)
     if tid < n_rows:
         m_sh[tid] = _NEG_INF
         l_sh[tid] = float32(0.0)
-    for j in range(2 * ATTN_ROWS):
+    for j in range(ATTN_ROWS):
         acc[j] = float32(0.0)
     KT = DECODE_KT if D <= DECODE_KT_WIDE_D else DECODE_KT // 2
+    D4 = D - (D & 3)
     cuda.syncthreads()
     for key0 in range(key_begin, key_end, KT):
         nk = min(KT, key_end - key0)
@@ -375,10 +382,20 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
         for r in range(warp, n_rows, n_warps):
             s = _NEG_INF
             if lane < nk and key0 + lane <= lim_sh[r]:
-                dot = float32(0.0)
-                for d in range(D):
-                    dot += q_sh[r * DP + d] * kv_sh[lane * DP + d]
-                s = dot * scale
+                qb = r * DP
+                kb = lane * DP
+                s0 = float32(0.0)
+                s1 = float32(0.0)
+                s2 = float32(0.0)
+                s3 = float32(0.0)
+                for e in range(0, D4, 4):
+                    s0 += q_sh[qb + e] * kv_sh[kb + e]
+                    s1 += q_sh[qb + e + 1] * kv_sh[kb + e + 1]
+                    s2 += q_sh[qb + e + 2] * kv_sh[kb + e + 2]
+                    s3 += q_sh[qb + e + 3] * kv_sh[kb + e + 3]
+                for e in range(D4, D):
+                    s0 += q_sh[qb + e] * kv_sh[kb + e]
+                s = ((s0 + s1) + (s2 + s3)) * scale
             m_old = m_sh[r]
             m_new = max(m_old, warp_max(s))
             p = float32(0.0)
@@ -396,26 +413,36 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
         cuda.syncthreads()          # K no longer read: V may overwrite it
         _load_tile_cache(kv_sh, v_u8, v_f16, v_type, kvh, key0, nk, D)
         cuda.syncthreads()
-        for j in range(2):
-            d = tid + j * cuda.blockDim.x
-            if d < D:
-                for r in range(n_rows):
-                    a = acc[j * ATTN_ROWS + r] * alpha_sh[r]
-                    for kk in range(nk):
-                        a += s_sh[r * DECODE_KT + kk] * kv_sh[kk * DP + d]
-                    acc[j * ATTN_ROWS + r] = a
+        if g < G:
+            nk4 = nk - (nk & 3)
+            ri = 0
+            for r in range(g, n_rows, G):
+                pb = r * DECODE_KT
+                a0 = float32(0.0)
+                a1 = float32(0.0)
+                a2 = float32(0.0)
+                a3 = float32(0.0)
+                for kk in range(0, nk4, 4):
+                    a0 += s_sh[pb + kk] * kv_sh[kk * DP + d]
+                    a1 += s_sh[pb + kk + 1] * kv_sh[(kk + 1) * DP + d]
+                    a2 += s_sh[pb + kk + 2] * kv_sh[(kk + 2) * DP + d]
+                    a3 += s_sh[pb + kk + 3] * kv_sh[(kk + 3) * DP + d]
+                for kk in range(nk4, nk):
+                    a0 += s_sh[pb + kk] * kv_sh[kk * DP + d]
+                acc[ri] = acc[ri] * alpha_sh[r] + ((a0 + a1) + (a2 + a3))
+                ri += 1
         cuda.syncthreads()          # the next tile overwrites kv_sh and s_sh
-    for j in range(2):
-        d = tid + j * cuda.blockDim.x
-        if d < D:
-            for r in range(n_rows):
-                g = row0 + r
-                t = g // n_rep
-                part_acc[t, kvh * n_rep + (g - t * n_rep), split, d] = acc[j * ATTN_ROWS + r]
+    if g < G:
+        ri = 0
+        for r in range(g, n_rows, G):
+            gr = row0 + r
+            t = gr // n_rep
+            part_acc[t, kvh * n_rep + (gr - t * n_rep), split, d] = acc[ri]
+            ri += 1
     if tid < n_rows:
-        g = row0 + tid
-        t = g // n_rep
-        h = kvh * n_rep + (g - t * n_rep)
+        gr = row0 + tid
+        t = gr // n_rep
+        h = kvh * n_rep + (gr - t * n_rep)
         part_ml[t, h, split, 0] = m_sh[tid]
         part_ml[t, h, split, 1] = l_sh[tid]
 
@@ -579,7 +606,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
         raise ValueError(f"partials {tuple(part_ml.shape)}, {tuple(part_acc.shape)} do not fit "
                          f"q {tuple(q.shape)}")
     grid = (n_splits, Hkv, _row_tiles(T, Hq // Hkv))
-    flash_decode_split[grid, ATTN_THREADS, stream](q, positions, k_u8, k_f16, np.int32(k_type),
+    flash_decode_split[grid, DECODE_THREADS, stream](q, positions, k_u8, k_f16, np.int32(k_type),
                                                    v_u8, v_f16, np.int32(v_type),
                                                    _scale(scale, D), np.int32(min_chunk),
                                                    part_ml, part_acc)

@@ -24,7 +24,7 @@ from numba import cuda, float32
 
 from ..jit import kernel
 from ..ptx import warp_max
-from .quantize_act import round_half_away
+from .quantize_act import q8_code
 
 # Largest block; the scratch array is sized by it. 256 threads (8 warps) cover a 4096-wide
 # hidden row with 16 elements each; wider blocks only lengthen the tree.
@@ -67,6 +67,30 @@ def block_sum(scratch, value):
 
 
 @cuda.jit(device=True, inline="always")
+def _sum_squares(x, row, C):
+    """This thread's x[row, j]^2 + x[row, j+B]^2 + ... (j = threadIdx, B = blockDim), added in
+    that order (step 1 of the module docstring), with four loads in flight per step: the adds
+    keep their order, only the loads are issued ahead (a 4096-wide row is 16 loads a thread,
+    which one at a time made the norm a chain of 16 memory latencies)."""
+    B = cuda.blockDim.x
+    last = C - 1
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, C, 4 * B):
+        v0 = x[row, i]
+        v1 = x[row, min(i + B, last)]
+        v2 = x[row, min(i + 2 * B, last)]
+        v3 = x[row, min(i + 3 * B, last)]
+        acc += v0 * v0
+        if i + B < C:
+            acc += v1 * v1
+        if i + 2 * B < C:
+            acc += v2 * v2
+        if i + 3 * B < C:
+            acc += v3 * v3
+    return acc
+
+
+@cuda.jit(device=True, inline="always")
 def _row_rstd(scratch, sumsq, C, eps):
     total = block_sum(scratch, sumsq)
     return float32(1.0) / math.sqrt(total / float32(C) + eps)
@@ -83,11 +107,7 @@ def rms_norm_rows(x, w, eps, y):
     scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
-    acc = float32(0.0)
-    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
-        v = x[row, i]
-        acc += v * v
-    rstd = _row_rstd(scratch, acc, C, eps)
+    rstd = _row_rstd(scratch, _sum_squares(x, row, C), C, eps)
     for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
         y[row, i] = x[row, i] * rstd * w[i]
 
@@ -123,6 +143,16 @@ def gated_rms_norm_rows(x, z, w, eps, y):
         y[row, i] = x[row, i] * rstd * w[i] * _silu(z[row, i])
 
 
+@cuda.jit(device=True, inline="always")
+def _store_q8(y, xq, xd, row, i, v, amax):
+    """y[row, i] = v and its int8 code with the block's amax (quantize_act_q8's arithmetic)."""
+    y[row, i] = v
+    q, d = q8_code(v, amax)
+    xq[row, i] = q
+    if (i & 31) == 0:
+        xd[row, i >> 5] = d
+
+
 @kernel
 def rms_norm_q8_rows(x, w, eps, y, xq, xd):
     """rms_norm_rows + quantize_act_q8 of its output in one launch (decode: the norm's output is
@@ -133,19 +163,17 @@ def rms_norm_q8_rows(x, w, eps, y, xq, xd):
     scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
-    acc = float32(0.0)
-    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
-        v = x[row, i]
-        acc += v * v
-    rstd = _row_rstd(scratch, acc, C, eps)
-    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
-        v = x[row, i] * rstd * w[i]
-        y[row, i] = v
-        d = warp_max(abs(v)) / float32(127.0)
-        inv = float32(1.0) / d if d != float32(0.0) else float32(0.0)
-        xq[row, i] = round_half_away(v * inv)
-        if (i & 31) == 0:
-            xd[row, i >> 5] = d
+    B = cuda.blockDim.x
+    rstd = _row_rstd(scratch, _sum_squares(x, row, C), C, eps)
+    # two elements a step (their loads and warp_max chains interleave); i + B < C is the same
+    # for the whole warp, since C and B are multiples of 32
+    for i in range(cuda.threadIdx.x, C, 2 * B):
+        v0 = x[row, i] * rstd * w[i]
+        j = min(i + B, C - 1)
+        v1 = x[row, j] * rstd * w[j]
+        _store_q8(y, xq, xd, row, i, v0, warp_max(abs(v0)))
+        if i + B < C:
+            _store_q8(y, xq, xd, row, i + B, v1, warp_max(abs(v1)))
 
 
 # ------------------------------------------------------------------ launchers

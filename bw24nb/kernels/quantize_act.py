@@ -35,6 +35,16 @@ def round_half_away(v):
     return -r if v < 0 else r
 
 
+@cuda.jit(device=True, inline="always")
+def q8_code(v, amax):
+    """(q, d): value v's int8 code in a 32-block whose max |x| is amax, and the block's scale --
+    quantize_act_q8's arithmetic, for kernels that produce activations and quantize them on
+    the way out (the fused norm, swiglu_q8): one warp = one block there, amax a warp_max."""
+    d = amax / np.float32(127.0)
+    inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+    return round_half_away(v * inv), d
+
+
 @kernel
 def quantize_act_q8(x, xq, xd, n):
     """x float32[n] -> xq int8[n], xd float32[n / 32]; one thread per value, one warp per block."""
@@ -87,7 +97,9 @@ def fake_quant_act_q8(x, xf):
     d = m / np.float32(127.0)
     inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
     if t < T:
-        xf[t, k] = np.float32(round_half_away(v * inv)) * d
+        # through an integer, as the int8 path stores it: a negative value rounding to zero
+        # gives +0.0 (the float rounding alone would keep -0.0, which the int8 q cannot hold)
+        xf[t, k] = np.float32(np.int32(round_half_away(v * inv))) * d
 
 
 PTX_SIGNATURES = {
