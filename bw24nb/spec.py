@@ -53,7 +53,7 @@ Speed levers, each exact by construction (only the draft changes):
   depth table          the draft depth per content class (code / math / prose), `DepthTable`.
 
 A target is anything that implements `SpecTarget` (below): the numpy reference through
-`ReferenceSpecTarget`, the GPU engine natively.
+`ReferenceSpecTarget`, the GPU engine through `engine_spec.EngineSpecTarget`.
 """
 from __future__ import annotations
 
@@ -116,7 +116,9 @@ class SpecTarget(Protocol):
     the token after each (`hidden` of those rows = the head's normed output, which chains:
     `mtp_feed(rows.hidden[-1:], [d])` drafts the token after d); `mtp_truncate(n)` keeps n
     pairs. `vocab`: draft LM head over these ids only (FR-Spec): logits are over the subset,
-    argmax already mapped back to vocabulary ids."""
+    argmax already mapped back to vocabulary ids. The loop reads only the last row of a
+    prefill's argmax / logits and of an `mtp_feed`'s Rows, so a target may return just that
+    row there (the GPU target does: a prompt's worth of [T, V] logits does not fit)."""
     name: str
     vocab_size: int
     n_ctx: int
@@ -326,6 +328,12 @@ class Drafter:
     def sampling(self) -> bool:
         return self.params.temperature > 0.0
 
+    @property
+    def want_logits(self) -> bool:
+        """Ask the target for logits: sampling draws from them, and confidence gating reads
+        `top_prob`, which a GPU target computes from them (it returns argmax only otherwise)."""
+        return self.sampling or self.confidence is not None
+
     def begin(self, prompt: list[int], hidden, x: int) -> None:
         pass
 
@@ -382,7 +390,7 @@ class MTPDrafter(Drafter):
         self.gated = False
         if k == 0:
             return [], []
-        t, want = self.target, self.sampling
+        t, want = self.target, self.want_logits
         t.mtp_truncate(self.base)                     # drop last round's chained drafts
         for hidden, tokens in self.pending:           # usually one chunk; the last row drafts d_1
             rows = t.mtp_feed(hidden, tokens, self.vocab, want)
@@ -417,7 +425,7 @@ class OracleDrafter(Drafter):
         snap = t.snapshot()
         drafts, qs, tok = [], [], x
         for i in range(k):
-            rows = t.decode(tok, self.sampling)
+            rows = t.decode(tok, self.want_logits)
             if self._unsure(i, rows):
                 break
             tok, q = self._choose(rows)
@@ -888,11 +896,16 @@ class DepthTable:
 # ============================================================================ loading, CLI
 
 def spec_target_for(backend, n_ctx: int | None = None, rollback: str = "recompute"):
-    """A `SpecTarget` for a `generate.Backend`: the reference backend's model wrapped, or the
-    backend itself when it implements the protocol (the GPU engine)."""
+    """A `SpecTarget` for a `generate.Backend`: the reference backend's model or the GPU
+    engine wrapped (`EngineSpecTarget`), or the backend itself when it implements the
+    protocol."""
     from .backends import ReferenceBackend
     if isinstance(backend, ReferenceBackend):
         return ReferenceSpecTarget(backend.model, n_ctx or backend.n_ctx, rollback)
+    from .engine import Engine
+    if isinstance(backend, Engine):
+        from .engine_spec import EngineSpecTarget
+        return EngineSpecTarget(backend, rollback)
     if all(hasattr(backend, a) for a in ("verify", "commit", "mtp_feed", "snapshot")):
         return backend
     raise UnsupportedArchitecture(f"{backend.name} does not implement speculative decoding "

@@ -62,9 +62,12 @@ HEAD_DIM_MAX = 256
 # batch 1; more splits only lengthen the combine.
 DECODE_TARGET_BLOCKS = 264
 DECODE_SPLITS_MAX = 256
-# Fewest keys a split takes (4 tiles): at 512 tokens of context 132 splits of 4 keys each
-# spent 67 us a layer on the H200, mostly in a combine walking 132 partials per output.
-DECODE_MIN_CHUNK = 32
+# Fewest keys a split takes. Measured on the H200 (bench/attention_bench.py,
+# research/tune-data/attention.jsonl, commit a9e71dd): at 512 tokens of context min_chunk 16
+# took 20.6 us (0.5B heads) / 42.9 us (9B heads) a launch pair, 32 took 25.1 / 65.9 us; at 6144
+# both are the same (ceil(ctx / n_splits) > 32 there). Before the min chunk existed, 132 splits
+# of 4 keys each cost 67 us a layer, mostly in the combine.
+DECODE_MIN_CHUNK = 16
 # Decode split kernel tiles: 32 keys (one per lane in the softmax), 16 when head_dim > 128
 # so the K/V tile (keys x (D + 1) floats) fits beside the q rows in 48 KB of shared memory.
 DECODE_KT = 32

@@ -1,0 +1,211 @@
+"""Speculative decoding on the GPU engine: what a round costs, per draft depth K.
+
+    python3 bench/spec_bench.py MODEL.gguf [--ks 1-8] [--runs 5] [--warmup 1] [--n 128]
+        [--prompt-len 512] [--ctx 4096] [--modes mtp,scripted] [--jsonl PATH] [--commit SHA]
+
+e.g. on a 9B-shape random model (`python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf`).
+Every time is host wall clock around a call that ends in a device synchronize (each
+EngineSpecTarget call reads its result back), median of `--runs` after `--warmup`:
+
+    decode_step_ms            one graph decode step (the plain greedy path), the unit below
+    spec_verify_ms@K          one verify of K+1 tokens (prefill path at T = K+1, LM head rows,
+                              argmax per row, hidden rows read back)
+    spec_verify_rel_decode@K  the above / decode_step_ms: the round's cost in decode steps
+    spec_rollback_ms@K        commit(1) after that verify: state restore + a 1-token recompute
+                              (the "recompute" rollback's price when the first draft fails)
+    spec_draft_ms_per_token@K K chained MTP head calls (one pair each) / K
+    greedy_tok_s              plain greedy decode (Engine.generate_greedy: graph replays)
+    spec_tok_s@K:<mode>       speculative_generate's generated tokens after the first / time
+                              after prefill; mode "mtp" (the model's head: on random weights
+                              its drafts are random, acceptance ~0) or "scripted" (drafts read
+                              off the greedy output: 100% acceptance at no draft cost -- the
+                              upper bound the verify cost allows)
+    spec_acceptance@K:<mode>  accepted / drafted of that run
+    spec_gate@K:<mode>        1 when its tokens equal plain greedy's (timings of a 0 do not count)
+
+Records are appended as JSON lines (research/tune-data/README.md's schema plus a top-level
+`k`) to --jsonl (default research/tune-data/spec.jsonl) and, when $OUT is set (the device
+machine), to $OUT/spec.jsonl. Under the CUDA simulator it runs too, slowly: use a fixture with
+tiny settings (`--ks 1 --runs 1 --warmup 0 --n 3 --prompt-len 3 --ctx 16`) to check it works.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))     # run as a script on the device: PYTHONPATH is not reliable
+
+import numpy as np  # noqa: E402
+
+from bench.run_bench import Recorder, git_commit, gpu_name, median, prompt_ids  # noqa: E402
+
+DEFAULT_JSONL = ROOT / "research" / "tune-data" / "spec.jsonl"
+
+
+def parse_ks(text: str) -> list[int]:
+    """"1-8" or "1,3,8" -> [1, ..]."""
+    ks = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        ks += list(range(int(a), int(b or a) + 1))
+    return ks
+
+
+def _sync():
+    from numba import cuda
+    cuda.synchronize()
+
+
+def timed(fn, runs: int, warmup: int, before=None, after=None) -> list[float]:
+    """Seconds of `fn()` per run (synchronized), `before` / `after` untimed around each."""
+    out = []
+    for i in range(warmup + runs):
+        if before is not None:
+            before()
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        dt = time.perf_counter() - t0
+        if after is not None:
+            after()
+        if i >= warmup:
+            out.append(dt)
+    return out
+
+
+def bench_rounds(rec: Recorder, model: str, target, prompt: list[int], ks, runs: int, warmup: int,
+                 cfg: dict) -> None:
+    """decode / verify / rollback / draft costs, each from the state after the prompt."""
+    target.reset()
+    rows = target.prefill(prompt)
+    x = int(rows.argmax[-1])
+    if target.has_mtp:                             # the prompt's pairs, fed once
+        target.mtp_feed(rows.hidden, prompt[1:] + [x])
+    mtp_base = target.mtp_position
+    base = target.snapshot()                       # every measurement starts from here
+    restore = lambda: target.restore(base)         # noqa: E731
+    dec = timed(lambda: target.decode(x), runs, warmup, after=restore)
+    dec_ms = 1e3 * median(dec)
+    rec.add(model, "decode_step_ms", dec_ms, "ms", samples=[1e3 * s for s in dec], **cfg)
+
+    rng = np.random.default_rng(0)
+    for k in ks:
+        ids = [x] + [int(t) for t in rng.integers(0, target.vocab_size, k)]
+        ver = timed(lambda: target.verify(ids), runs, warmup,
+                    after=lambda: (target.commit(len(ids)), restore()))
+        v_ms = 1e3 * median(ver)
+        rec.add(model, f"spec_verify_ms@{k}", v_ms, "ms", samples=[1e3 * s for s in ver],
+                **cfg)["k"] = k
+        rec.add(model, f"spec_verify_rel_decode@{k}", v_ms / dec_ms, "x", **cfg)["k"] = k
+        rb = timed(lambda: target.commit(1), runs, warmup, before=lambda: target.verify(ids),
+                   after=restore)
+        rec.add(model, f"spec_rollback_ms@{k}", 1e3 * median(rb), "ms",
+                samples=[1e3 * s for s in rb], **cfg)["k"] = k
+        if target.has_mtp:
+            def chain():
+                r = target.mtp_feed(rows.hidden[-1:], [x])
+                for _ in range(k - 1):
+                    r = target.mtp_feed(r.hidden[-1:], [int(r.argmax[-1])])
+            dr = timed(chain, runs, warmup, after=lambda: target.mtp_truncate(mtp_base))
+            rec.add(model, f"spec_draft_ms_per_token@{k}", 1e3 * median(dr) / k, "ms",
+                    samples=[1e3 * s / k for s in dr], **cfg)["k"] = k
+
+
+def bench_end_to_end(rec: Recorder, model: str, target, prompt: list[int], ks, n: int,
+                     modes, runs: int, warmup: int, cfg: dict) -> None:
+    """tokens/s of plain greedy (the engine's graph fast path) and of speculative_generate."""
+    from bw24nb.sampling import SamplingParams
+    from bw24nb.spec import ScriptedDrafter, first_difference, speculative_generate
+
+    eng = target.engine
+    greedy, rates = None, []
+    for i in range(warmup + runs):
+        eng.reset()
+        toks, t = eng.generate_greedy(prompt, n)
+        greedy = toks
+        if i >= warmup and t["decode_tokens"]:
+            rates.append(t["decode_tokens"] / t["decode_s"])
+    g_rate = median(rates) if rates else None
+    rec.add(model, "greedy_tok_s", g_rate, "tok/s", samples=rates, n_gen=n, **cfg)
+
+    for mode in modes:
+        if mode == "mtp" and not target.has_mtp:
+            continue
+        for k in ks:
+            rates, stats, toks = [], None, None
+            for i in range(warmup + runs):
+                drafter = mode if mode == "mtp" else ScriptedDrafter(
+                    target, SamplingParams(), None, greedy, len(prompt), "oracle")
+                _sync()
+                t0 = time.perf_counter()
+                toks, stats = speculative_generate(target, prompt, n, k, draft_mode=drafter)
+                _sync()
+                wall = time.perf_counter() - t0 - stats.prefill_s
+                if i >= warmup and stats.generated > 1:
+                    rates.append((stats.generated - 1) / wall)
+            rate = median(rates) if rates else None
+            extra = dict(n_gen=n, mode=mode, **cfg)
+            rec.add(model, f"spec_tok_s@{k}:{mode}", rate, "tok/s", samples=rates,
+                    speedup=None if not (rate and g_rate) else rate / g_rate, **extra)["k"] = k
+            rec.add(model, f"spec_acceptance@{k}:{mode}", 100 * stats.acceptance_rate, "%",
+                    summary=stats.summary(), **extra)["k"] = k
+            rec.add(model, f"spec_gate@{k}:{mode}", int(first_difference(toks, greedy) is None),
+                    "match", **extra)["k"] = k
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="bench/spec_bench.py", description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--ks", default="1-8", help="draft depths, e.g. 1-8 or 1,3,8")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--n", type=int, default=128, help="tokens per end-to-end run")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--modes", default="mtp,scripted", help="end-to-end draft modes: mtp, scripted")
+    ap.add_argument("--name", default=None, help="model label (default: the file name)")
+    ap.add_argument("--jsonl", default=str(DEFAULT_JSONL))
+    ap.add_argument("--commit", default=None)
+    a = ap.parse_args(argv)
+
+    from bw24nb.engine import Engine
+    from bw24nb.engine_spec import EngineSpecTarget
+    from bw24nb.formats import open_model
+    from bw24nb.quant import QType
+
+    source = open_model(a.model)
+    c = source.config
+    ctx = min(a.ctx, c.max_position_embeddings or a.ctx)
+    kw = {}
+    if c.head_dim % 32:                          # tiny fixtures: no q8_0 blocks per head
+        kw = dict(k_type=QType.F16, v_type=QType.F16)
+    engine = Engine(source, n_ctx=ctx, log=lambda m: print(m, file=sys.stderr), **kw)
+    target = EngineSpecTarget(engine)
+    ks = parse_ks(a.ks)
+    if max(ks) + a.prompt_len + a.n + 1 > ctx:
+        ap.error(f"--prompt-len {a.prompt_len} + --n {a.n} + K {max(ks)} exceed --ctx {ctx}")
+    paths = [Path(a.jsonl)] + ([Path(os.environ["OUT"]) / "spec.jsonl"] if os.environ.get("OUT") else [])
+    rec = Recorder(gpu_name(), git_commit(a.commit), paths)
+    model = a.name or os.path.basename(a.model.rstrip("/"))
+    prompt = prompt_ids(a.prompt_len, target.vocab_size)
+    cfg = dict(engine="bw24nb", file=a.model, n_ctx=ctx, runs=a.runs, warmup=a.warmup,
+               prompt=a.prompt_len, rollback=target.rollback, has_mtp=target.has_mtp)
+    print(f"{model}: {engine.name}; K in {ks}; MTP head: {target.has_mtp}", flush=True)
+    try:
+        bench_rounds(rec, model, target, prompt, ks, a.runs, a.warmup, cfg)
+        bench_end_to_end(rec, model, target, prompt, ks, a.n, a.modes.split(","), a.runs,
+                         a.warmup, cfg)
+    finally:
+        rec.write()
+    print(rec.table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

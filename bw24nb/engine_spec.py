@@ -1,0 +1,431 @@
+"""Speculative decoding on the GPU engine: `EngineSpecTarget`, spec.py's `SpecTarget` over `Engine`.
+
+What each call of the protocol launches (all on the engine's stream, eagerly; the decode step
+alone replays the engine's CUDA graph):
+
+    prefill(ids)   the engine's prefill recipe chunk by chunk (embedding, every decoder block),
+                   then the output norm of *every* row (the MTP head consumes them all) and the
+                   LM head + argmax of the last row only.
+    decode(t)      the engine's captured decode step: argmax and the normed hidden row are what
+                   the graph leaves in `next_token` and `ws1.x` (4 + 4H bytes read back).
+    verify(ids)    one prefill-path forward at T = K+1 (matmul, not matvec: the K+1 weight rows
+                   are read once), output norm of all rows, LM head into a [K+1, V] buffer
+                   (`launch_matmul`), one device argmax per row.
+    commit(n)      rollback (below), then the decode graph's position is set to the new length.
+    mtp_feed       the MTP head (reference/mtp.py's recipe, `ReferenceModel.mtp_forward`):
+                       cat = [rms_norm(embed[t]) * enorm | rms_norm(h) * hnorm]     [T, 2H]
+                       y   = decoder_block_n(eh_proj @ cat)     engine launch builders, own KV slot
+                       out = rms_norm(y) * shared_head_norm;  logits = head @ out
+                   T = 1 (a chained draft) runs in its own one-row workspace with split-K decode
+                   attention; more rows (the prompt's pairs, a round's accepted pairs) in the
+                   prefill workspace.
+
+Hidden rows (`Rows.hidden`) come back to the host as float32 [T, H]: the loop holds a round's
+rows until the next round feeds them to the MTP head, by which time verify has overwritten the
+device workspace they lived in; a prompt's rows outlive its chunks. That is (K+1) x H floats a
+round (36 KB at H = 4096), read back with the argmax anyway.
+
+Rows with one LM-head row: `prefill` and `mtp_feed` evaluate the LM head for their last
+position only (argmax / logits / top_prob have one row; `mtp_feed`'s hidden too, prefill's has
+every row). The loop reads nothing else, and a prompt's worth of [T, V] logits would not fit
+(512 x 248k floats = 0.5 GB a chunk).
+
+Rollback of the Gated DeltaNet state after a partial acceptance (KV rows simply truncate: the
+position is the length):
+  "recompute"  snapshot the recurrent state before verify into a buffer allocated once
+               (cache/recurrent.py, two copy kernels); on commit(n < K+1) restore it and run
+               the n kept tokens through the same prefill path again. Bit-exact: every kernel
+               of that path computes row t from rows <= t only, in an order that does not
+               depend on T, so the re-run reproduces the states the kept rows had.
+  "states"     verify token by token (K+1 one-row forwards), copying the state after each into
+               its own buffer; commit(n) restores copy n. This is the numpy reference's
+               method; on a GPU it reads the weights K+1 times -- the fast form needs a delta-
+               rule kernel that writes the state of every step (see spec.py's module doc).
+
+Top probability (`Rows.top_prob`, for confidence gating) is computed on the host from the
+logits, so it comes with `want_logits` (spec.py's drafters ask for logits when gating).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from .cache.recurrent import RecurrentSnapshot
+from .engine import DeviceWeight, Engine, Workspace
+from .errors import ContextOverflow, UnsupportedArchitecture
+from .kernels import attention, embedding, norm, sampling
+from .quant.types import row_bytes
+from .spec import MAX_SPEC_K, ROLLBACKS, Rows
+
+# LM-head rows one call evaluates: verify's K+1 at the deepest draft.
+LOGIT_ROWS = MAX_SPEC_K + 1
+
+
+def _top_prob(logits: np.ndarray) -> np.ndarray:
+    """max softmax per row at temperature 1 (float64, as Rows.from_logits computes it)."""
+    z = np.atleast_2d(logits).astype(np.float64)
+    return 1.0 / np.exp(z - z.max(axis=-1, keepdims=True)).sum(axis=-1)
+
+
+def _concat(rows: list[Rows]) -> Rows:
+    """One `Rows` from consecutive ones (fields left None stay None)."""
+    def cat(name):
+        parts = [getattr(r, name) for r in rows]
+        return None if parts[0] is None else np.concatenate(parts)
+    return Rows(cat("argmax"), cat("hidden"), cat("logits"), cat("top_prob"))
+
+
+class _HeadRows:
+    """An LM head (full or FR-Spec trimmed) with its [LOGIT_ROWS, V] logits and argmax buffers."""
+
+    def __init__(self, weight: DeviceWeight, vocab: np.ndarray | None = None):
+        self.weight = weight
+        self.vocab = vocab                     # row r of the weight is token vocab[r] (None: r)
+        V = weight.rows
+        self.logits = cuda.device_array((LOGIT_ROWS, V), np.float32)
+        self.tokens = cuda.device_array(LOGIT_ROWS, np.int32)
+        self.sample_ws = sampling.SampleWorkspace(V)
+
+    def launch(self, engine: Engine, x, n: int) -> None:
+        """logits[:n] = weight @ x[:n] (matvec for one row, matmul for more), then the device
+        argmax of each row (ties to the lowest id, as the decode graph's)."""
+        s = engine.stream
+        # the engine's head reads int8 activations (act_quant "q8"): so must this one, or the
+        # verify rows and plain decode would see different logits (prefill-workspace buffers)
+        quantize, qx = engine._quantize_input(engine.wsp, x, n, [self.weight])
+        engine._run(quantize)
+        engine._mv(self.weight, x, self.logits[:n], n, qx=qx)
+        for r in range(n):
+            sampling.launch_argmax(self.logits[r], self.tokens[r:r + 1], self.sample_ws, s)
+
+    def rows(self, engine: Engine, n: int, hidden: np.ndarray, want_logits: bool) -> Rows:
+        """Read back the n rows' argmax (and logits): the `Rows` of one call. Synchronizes."""
+        s = engine.stream
+        ids = self.tokens[:n].copy_to_host(stream=s).astype(np.int64)
+        logits = self.logits[:n].copy_to_host(stream=s) if want_logits else None
+        s.synchronize()
+        if self.vocab is not None:
+            ids = self.vocab[ids]
+        return Rows(ids, hidden, logits, None if logits is None else _top_prob(logits))
+
+
+@dataclass
+class EngineSnapshot:
+    """`EngineSpecTarget.snapshot()`: enough to return to a point of the current sequence."""
+    sequence: int                      # resets of the target when taken
+    n_rewinds: int                     # rewinds recorded when taken (later ones may stale it)
+    position: int                      # tokens consumed = KV length of every attention layer
+    mtp_position: int                  # MTP pairs fed
+    states: RecurrentSnapshot | None   # device copy of every conv window and SSM state
+
+
+class GpuMTPHead:
+    """The MTP (nextn) draft head on the device: embedding + two norms + eh_proj, then decoder
+    block `num_hidden_layers` through the engine's own launch builders (its KV slot follows the
+    main layers', Engine._register_mtp_slots), then its norm and LM head. The numpy reference:
+    `ReferenceModel.mtp_forward` (inputs are the main model's *normed* hidden rows)."""
+
+    def __init__(self, engine: Engine):
+        e, c, w = engine, engine.config, engine.w
+        self.engine = e
+        self.block = b = e.mtp_blocks[0]
+        self.eh_proj = w.blk(b, "nextn.eh_proj.weight")
+        self.enorm = w.blk(b, "nextn.enorm.weight")
+        self.hnorm = w.blk(b, "nextn.hnorm.weight")
+        self.attn_norm = w.blk(b, "attn_norm.weight")
+        self.post_norm = w.blk_opt(b, "ffn_norm.weight") or w.blk(b, "post_attention_norm.weight")
+        # the optional nextn tensors fall back to the main model's, as in reference/mtp.py
+        self.head_norm = w.blk_opt(b, "nextn.shared_head_norm.weight") or w["output_norm.weight"]
+        self.embed = w.blk_opt(b, "nextn.embed_tokens.weight") or w["token_embd.weight"]
+        self.head = _HeadRows(w.blk_opt(b, "nextn.shared_head_head.weight") or e.output)
+        self._trimmed: tuple[bytes, _HeadRows] | None = None
+        # one-row workspace for chained drafts (the engine's ws1 belongs to its decode graph:
+        # its `positions` is the graph's position counter)
+        self.ws1 = Workspace(c, 1, attention.decode_splits(e.n_ctx, c.num_key_value_heads))
+        self.cat = cuda.device_array((e.wsp.T, 2 * c.hidden_size), np.float32)
+        self.position = 0                                   # pairs in the head's KV cache
+
+    def _head_for(self, vocab) -> _HeadRows:
+        """The full LM head, or its rows `vocab` gathered into a weight of their own (FR-Spec;
+        built once per subset: the quantized rows are copied, not re-encoded)."""
+        if vocab is None:
+            return self.head
+        vocab = np.asarray(vocab, dtype=np.int64)
+        key = vocab.tobytes()
+        if self._trimmed is None or self._trimmed[0] != key:
+            full = self.head.weight
+            rb = row_bytes(full.qtype, full.cols)
+            rows = full.buf.copy_to_host().view(np.uint8).reshape(full.rows, rb)[vocab]
+            w = DeviceWeight(cuda.to_device(np.ascontiguousarray(rows).reshape(-1)), full.qtype,
+                             (vocab.size, full.cols))
+            self._trimmed = (key, _HeadRows(w, vocab))
+        return self._trimmed[1]
+
+    def _launches(self, ws: Workspace, T: int) -> list:
+        """The head over the first T rows of `ws` (ids, positions and the input hidden rows in
+        ws.h already there); leaves the normed output rows in ws.x."""
+        e, c, s = self.engine, self.engine.config, self.engine.stream
+        eps, H, b = c.rms_norm_eps, c.hidden_size, self.block
+        h, x, cat = ws.h[:T], ws.x[:T], self.cat[:T]
+        emb = self.embed
+        L = [
+            ("mtp_embed", lambda: embedding.launch_embedding(emb.buf, emb.qtype, emb.rows, emb.cols,
+                                                             ws.ids[:T], x, s)),
+            # ORDER: embedding first, hidden second (vLLM torch.cat, llama.cpp ggml_concat); each
+            # norm writes its half of the concat buffer in place (a strided [T, H] view)
+            ("mtp_enorm", lambda: norm.launch_rms_norm(x, self.enorm.buf, eps, cat[:, :H], s)),
+            ("mtp_hnorm", lambda: norm.launch_rms_norm(h, self.hnorm.buf, eps, cat[:, H:], s)),
+            ("mtp_eh_proj", lambda: e._mv(self.eh_proj, cat, h, T)),
+            ("attn_norm", lambda: norm.launch_rms_norm(h, self.attn_norm.buf, eps, x, s)),
+        ]
+        L += e._attention_launches(b, ws, T)
+        L.append(("ffn_norm", lambda: norm.launch_rms_norm(h, self.post_norm.buf, eps, x, s)))
+        L += e._moe_launches(b, ws, T) if c.is_moe_layer(b) else e._mlp_launches(b, ws, T)
+        L.append(("mtp_head_norm", lambda: norm.launch_rms_norm(h, self.head_norm.buf, eps, x, s)))
+        return L
+
+    def feed(self, hidden, tokens, vocab=None, want_logits: bool = False) -> Rows:
+        """Append T pairs (normed hidden rows [T, H], next tokens [T]); the `Rows` of the last
+        pair (argmax, logits, the normed output row that chains)."""
+        e = self.engine
+        hidden = np.ascontiguousarray(np.atleast_2d(np.asarray(hidden, dtype=np.float32)))
+        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if tokens.size == 0 or hidden.shape != (tokens.size, e.config.hidden_size):
+            raise ValueError(f"mtp_feed: {hidden.shape} hidden rows for {tokens.size} tokens "
+                             f"(hidden size {e.config.hidden_size})")
+        if self.position + tokens.size > e.n_ctx:
+            raise ContextOverflow(f"MTP head: {self.position} + {tokens.size} pairs exceed the "
+                                  f"context of {e.n_ctx}")
+        s = e.stream
+        ws = self.ws1 if tokens.size == 1 else e.wsp
+        for start in range(0, tokens.size, ws.T):
+            T = min(ws.T, tokens.size - start)
+            ws.ids[:T].copy_to_device(tokens[start:start + T], stream=s)
+            ws.positions[:T].copy_to_device(
+                np.arange(self.position, self.position + T, dtype=np.int32), stream=s)
+            ws.h[:T].copy_to_device(hidden[start:start + T], stream=s)
+            e._run(self._launches(ws, T))
+            self.position += T
+        head = self._head_for(vocab)
+        last = ws.x[T - 1:T]
+        head.launch(e, last, 1)
+        out = last.copy_to_host(stream=s)
+        return head.rows(e, 1, out, want_logits)
+
+
+class EngineSpecTarget:
+    """`SpecTarget` (bw24nb/spec.py) over the GPU `Engine`. See the module doc for what each
+    call launches and the rollback strategies."""
+
+    def __init__(self, engine: Engine, rollback: str = "recompute"):
+        if rollback not in ROLLBACKS:
+            raise ValueError(f"rollback must be one of {ROLLBACKS}, got {rollback!r}")
+        self.engine = e = engine
+        self.rollback = rollback
+        self.name = e.name
+        self.n_ctx = e.n_ctx
+        self.vocab_size = e.output.rows
+        self.head = _HeadRows(e.output)
+        self.mtp = GpuMTPHead(e) if e.mtp_blocks else None
+        # rollback buffers, allocated once: one state copy ("recompute"), or one per verified
+        # position ("states", allocated on first use: K+1 copies of the whole state)
+        self._before_verify = e.rs.new_snapshot() if e.rs is not None else None
+        self._after_token: list[RecurrentSnapshot] = []
+        self._pending = None            # what commit() needs after a verify
+        self._sequence = 0              # reset count (a snapshot is valid within one sequence)
+        self._rewinds: list[int] = []   # positions restored to since the reset
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def position(self) -> int:
+        return self.engine.position
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.mtp is not None
+
+    def reset(self) -> None:
+        self.engine.reset()
+        if self.mtp is not None:
+            self.mtp.position = 0
+        self._pending = None
+        self._sequence += 1
+        self._rewinds = []
+
+    def _set_position(self, pos: int) -> None:
+        """The sequence length is the engine's position; its decode graph reads its own copy
+        from device memory."""
+        e = self.engine
+        e.position = pos
+        e.ws1.positions.copy_to_device(np.array([pos], np.int32), stream=e.stream)
+
+    # ------------------------------------------------------------------ forwards
+
+    def _stack(self, ids: np.ndarray) -> np.ndarray:
+        """Run `ids` through the main stack on the prefill path (chunks of the prefill
+        workspace), appending to the sequence; the normed final hidden rows [T, H] (host)."""
+        e = self.engine
+        c, s, ws = e.config, e.stream, e.wsp
+        if e.position + ids.size > e.n_ctx:
+            raise ContextOverflow(f"{e.position} + {ids.size} tokens exceed the context of "
+                                  f"{e.n_ctx}; raise --ctx")
+        tok, out_norm = e.w["token_embd.weight"], e.w["output_norm.weight"]
+        hidden = np.empty((ids.size, c.hidden_size), np.float32)
+        for start in range(0, ids.size, ws.T):
+            T = min(ws.T, ids.size - start)
+            ws.ids[:T].copy_to_device(ids[start:start + T], stream=s)
+            ws.positions[:T].copy_to_device(
+                np.arange(e.position, e.position + T, dtype=np.int32), stream=s)
+            L = [("embedding", lambda: embedding.launch_embedding(
+                tok.buf, tok.qtype, tok.rows, tok.cols, ws.ids[:T], ws.h[:T], s))]
+            for i in range(c.num_hidden_layers):
+                L += e._layer_launches(i, ws, T)
+            # every row's output norm (the engine's head norms only the last): the LM head's
+            # input and what the MTP head consumes
+            L.append(("output_norm", lambda: norm.launch_rms_norm(ws.h[:T], out_norm.buf,
+                                                                  c.rms_norm_eps, ws.x[:T], s)))
+            e._run(L)
+            ws.x[:T].copy_to_host(hidden[start:start + T], stream=s)
+            e.position += T
+        self._set_position(e.position)
+        return hidden
+
+    def prefill(self, ids, want_logits: bool = False) -> Rows:
+        """Append the prompt; argmax/logits of the last position, hidden rows of all of them."""
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("prefill needs at least one token")
+        hidden = self._stack(ids)
+        last = (ids.size - 1) % self.engine.wsp.T         # the last row of the last chunk
+        self.head.launch(self.engine, self.engine.wsp.x[last:last + 1], 1)
+        return self.head.rows(self.engine, 1, hidden, want_logits)
+
+    def decode(self, token: int, want_logits: bool = False) -> Rows:
+        """One token through the engine's decode step (the CUDA graph when enabled)."""
+        e = self.engine
+        if e.position >= e.n_ctx:
+            raise ContextOverflow(f"the context of {e.n_ctx} tokens is full")
+        s = e.stream
+        e.ws1.ids.copy_to_device(np.array([token], np.int32), stream=s)
+        e._replay_decode()
+        e.position += 1
+        tok = e.next_token.copy_to_host(stream=s).astype(np.int64)
+        hidden = e.ws1.x.copy_to_host(stream=s)          # output norm of the step's row
+        logits = e.logits.copy_to_host(stream=s)[None, :] if want_logits else None
+        s.synchronize()
+        return Rows(tok, hidden, logits, None if logits is None else _top_prob(logits))
+
+    def _verify_rows(self, ids: np.ndarray, want_logits: bool) -> Rows:
+        hidden = self._stack(ids)
+        T = ids.size
+        self.head.launch(self.engine, self.engine.wsp.x[:T], T)
+        return self.head.rows(self.engine, T, hidden, want_logits)
+
+    def verify(self, ids, want_logits: bool = False) -> Rows:
+        """[x, d_1 .. d_K] in one forward (T = K+1): a row per position."""
+        e = self.engine
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        if not 1 <= ids.size <= LOGIT_ROWS:
+            raise ValueError(f"verify takes 1..{LOGIT_ROWS} tokens (K <= {MAX_SPEC_K}), got {ids.size}")
+        start = e.position
+        if self.rollback == "recompute":
+            if e.rs is not None:
+                e.rs.snapshot(into=self._before_verify, stream=e.stream)
+            self._pending = (start, ids)
+            return self._verify_rows(ids, want_logits)
+        # "states": one row at a time, keeping the state after each
+        while len(self._after_token) < ids.size and e.rs is not None:
+            self._after_token.append(e.rs.new_snapshot())
+        rows = []
+        for j in range(ids.size):
+            rows.append(self._verify_rows(ids[j:j + 1], want_logits))
+            if e.rs is not None:
+                e.rs.snapshot(into=self._after_token[j], stream=e.stream)
+        self._pending = (start, ids)
+        return _concat(rows)
+
+    def commit(self, n: int) -> None:
+        """Keep the first n verified tokens: KV rows past them are dead by position; the
+        recurrent state is rolled back (module doc)."""
+        if self._pending is None:
+            raise RuntimeError("commit() without a verify() before it")
+        (start, ids), self._pending = self._pending, None
+        if not 1 <= n <= ids.size:
+            raise ValueError(f"commit({n}) after verifying {ids.size} tokens")
+        if n == ids.size:
+            return
+        e = self.engine
+        if self.rollback == "recompute":
+            if e.rs is not None:
+                e.rs.restore(self._before_verify, stream=e.stream)
+            self._set_position(start)
+            if e.rs is not None:                         # attention-only models just truncate
+                self._stack(ids[:n])
+            else:
+                self._set_position(start + n)
+        else:
+            if e.rs is not None:
+                e.rs.restore(self._after_token[n - 1], stream=e.stream)
+            self._set_position(start + n)
+        e.stream.synchronize()
+
+    # ------------------------------------------------------------------ snapshots
+
+    def snapshot(self) -> EngineSnapshot:
+        """A copy of the recurrent state (allocated here: the live test drafters' decode-ahead
+        path, not the speculative loop's) plus the lengths."""
+        e = self.engine
+        states = e.rs.snapshot(stream=e.stream) if e.rs is not None else None
+        return EngineSnapshot(self._sequence, len(self._rewinds), e.position, self.mtp_position,
+                              states)
+
+    def restore(self, snap: EngineSnapshot) -> None:
+        """Back to `snap` (same validity rules as ReferenceModel.restore: same sequence, no
+        rewind below it since, the MTP head not truncated below its length)."""
+        e = self.engine
+        if snap.sequence != self._sequence:
+            raise ValueError("snapshot is from an earlier sequence (the target was reset since)")
+        if snap.position > e.position or any(p < snap.position for p in self._rewinds[snap.n_rewinds:]):
+            raise ValueError(f"snapshot at position {snap.position} is stale: the sequence was "
+                             f"rewound below it since it was taken")
+        if self.mtp is not None:
+            if self.mtp.position < snap.mtp_position:
+                raise ValueError(f"snapshot's MTP length {snap.mtp_position} > the head's "
+                                 f"{self.mtp.position}: the head was truncated since")
+            self.mtp.position = snap.mtp_position
+        if snap.states is not None:
+            e.rs.restore(snap.states, stream=e.stream)
+        if snap.position < e.position:
+            self._rewinds.append(snap.position)
+        self._set_position(snap.position)
+        self._pending = None
+        e.stream.synchronize()
+
+    # ------------------------------------------------------------------ the MTP head
+
+    def _need_mtp(self) -> GpuMTPHead:
+        if self.mtp is None:
+            raise UnsupportedArchitecture(
+                f"{self.name}: this checkpoint has no MTP head (nextn tensors); use "
+                f"--draft-mode oracle/adversarial/mixed, or a Qwen3.5/3.6 checkpoint with MTP")
+        return self.mtp
+
+    @property
+    def mtp_position(self) -> int:
+        return 0 if self.mtp is None else self.mtp.position
+
+    def mtp_truncate(self, n: int) -> None:
+        """Keep n pairs: the head's KV rows past n are dead by position."""
+        head = self._need_mtp()
+        if not 0 <= n <= head.position:
+            raise ValueError(f"mtp_truncate({n}) with {head.position} pairs fed")
+        head.position = n
+
+    def mtp_feed(self, hidden, tokens, vocab=None, want_logits: bool = False) -> Rows:
+        return self._need_mtp().feed(hidden, tokens, vocab, want_logits)
+
+
+__all__ = ["EngineSnapshot", "EngineSpecTarget", "GpuMTPHead", "LOGIT_ROWS"]
