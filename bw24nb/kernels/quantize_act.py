@@ -45,15 +45,12 @@ def q8_code(v, amax):
     return round_half_away(v * inv), d
 
 
-@kernel
-def quantize_act_q8(x, xq, xd, n):
-    """x float32[n] -> xq int8[n], xd float32[n / 32]; one thread per value, one warp per block."""
-    amax = cuda.shared.array(THREADS, np.float32)
+@cuda.jit(device=True, inline="always")
+def _block_amax(amax, v):
+    """max |v| over this thread's warp (= its 32-value block), by a tree in shared memory (max
+    is exact in any order); every thread of the block calls it (it holds barriers)."""
     tid = cuda.threadIdx.x
     lane = tid & 31
-    i = cuda.blockIdx.x * THREADS + tid
-    v = x[i] if i < n else np.float32(0.0)
-    # block max |x| by a tree in shared memory (max is exact in any order)
     amax[tid] = abs(v)
     cuda.syncthreads()
     off = 16
@@ -62,12 +59,19 @@ def quantize_act_q8(x, xq, xd, n):
             amax[tid] = max(amax[tid], amax[tid + off])
         cuda.syncthreads()
         off >>= 1
-    m = amax[tid - lane]
-    d = m / np.float32(127.0)
-    inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+    return amax[tid - lane]
+
+
+@kernel
+def quantize_act_q8(x, xq, xd, n):
+    """x float32[n] -> xq int8[n], xd float32[n / 32]; one thread per value, one warp per block."""
+    amax = cuda.shared.array(THREADS, np.float32)
+    i = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
+    v = x[i] if i < n else np.float32(0.0)
+    q, d = q8_code(v, _block_amax(amax, v))
     if i < n:
-        xq[i] = round_half_away(v * inv)
-        if lane == 0:
+        xq[i] = q
+        if (cuda.threadIdx.x & 31) == 0:
             xd[i >> 5] = d
 
 
@@ -78,28 +82,16 @@ def fake_quant_act_q8(x, xf):
     same q and d; K % 32 == 0, so a warp is one block of one row). Prefill's float matmul runs
     on these, so it sees the activations decode's dp4a matvec sees."""
     amax = cuda.shared.array(THREADS, np.float32)
-    tid = cuda.threadIdx.x
-    lane = tid & 31
     T, K = x.shape
-    i = cuda.blockIdx.x * THREADS + tid
+    i = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
     t = i // K
     k = i - t * K
     v = x[t, k] if t < T else np.float32(0.0)
-    amax[tid] = abs(v)
-    cuda.syncthreads()
-    off = 16
-    while off > 0:
-        if lane < off:
-            amax[tid] = max(amax[tid], amax[tid + off])
-        cuda.syncthreads()
-        off >>= 1
-    m = amax[tid - lane]
-    d = m / np.float32(127.0)
-    inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+    q, d = q8_code(v, _block_amax(amax, v))
     if t < T:
         # through an integer, as the int8 path stores it: a negative value rounding to zero
         # gives +0.0 (the float rounding alone would keep -0.0, which the int8 q cannot hold)
-        xf[t, k] = np.float32(np.int32(round_half_away(v * inv))) * d
+        xf[t, k] = np.float32(np.int32(q)) * d
 
 
 PTX_SIGNATURES = {
