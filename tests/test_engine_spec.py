@@ -26,6 +26,12 @@ from bw24nb.formats import open_model
 from bw24nb.quant import QType
 from bw24nb.spec import ReferenceSpecTarget, plain_greedy, spec_check
 
+# The simulator spends ~50 s of CPU on one forward of this fixture, and the fast set below needs
+# a few dozen forwards: 30-60 min on a 2-core CI box, too long for every run. The whole file is
+# `-m slow` (`python3 -m pytest -m slow tests/test_engine_spec.py`); the numpy-reference spec
+# loop (tests/test_spec.py) stays in the default suite.
+pytestmark = pytest.mark.slow
+
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "qwen35", "model.gguf")
 PROMPT = [7, 200, 31, 99]
 N_GATE = 6                  # greedy tokens the fast gate checks (12 under -m slow)
