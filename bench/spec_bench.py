@@ -1,27 +1,32 @@
 """Speculative decoding on the GPU engine: what a round costs, per draft depth K.
 
     python3 bench/spec_bench.py MODEL.gguf [--ks 1-8] [--runs 5] [--warmup 1] [--n 128]
-        [--prompt-len 512] [--ctx 4096] [--modes mtp,scripted] [--jsonl PATH] [--commit SHA]
+        [--prompt-len 512] [--ctx 4096] [--modes mtp,scripted,adversarial]
+        [--rollback recompute,states] [--jsonl PATH] [--commit SHA]
 
 e.g. on a 9B-shape random model (`python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf`).
 Every time is host wall clock around a call that ends in a device synchronize (each
 EngineSpecTarget call reads its result back), median of `--runs` after `--warmup`:
 
     decode_step_ms            one graph decode step (the plain greedy path), the unit below
-    spec_verify_ms@K          one verify of K+1 tokens (prefill path at T = K+1, LM head rows,
-                              argmax per row, hidden rows read back)
+    spec_verify_ms@K          one verify of K+1 tokens (a captured graph of the decode kernels
+                              at T = K+1 rows, LM head rows, argmax per row, hidden rows read back)
     spec_verify_rel_decode@K  the above / decode_step_ms: the round's cost in decode steps
-    spec_rollback_ms@K        commit(1) after that verify: state restore + a 1-token recompute
-                              (the "recompute" rollback's price when the first draft fails)
-    spec_draft_ms_per_token@K K chained MTP head calls (one pair each) / K
+    spec_rollback_ms@K        commit(1) after that verify: "recompute": state restore + a
+                              1-token forward; "states": one copy of the kept step's state
+    spec_draft_ms_per_token@K one round's drafting (mtp_draft: the feed graph + K-1 chain
+                              graph replays, the drafts read back once) / K
     greedy_tok_s              plain greedy decode (Engine.generate_greedy: graph replays)
     spec_tok_s@K:<mode>       speculative_generate's generated tokens after the first / time
                               after prefill; mode "mtp" (the model's head: on random weights
                               its drafts are random, acceptance ~0) or "scripted" (drafts read
                               off the greedy output: 100% acceptance at no draft cost -- the
-                              upper bound the verify cost allows)
+                              upper bound the verify cost allows) or "adversarial" (drafts that
+                              always differ from greedy: acceptance 0, every round rolls back)
     spec_acceptance@K:<mode>  accepted / drafted of that run
     spec_gate@K:<mode>        1 when its tokens equal plain greedy's (timings of a 0 do not count)
+    verify_kernel_ms@K:<name> device time of a verify's launches of that name (--profile-k),
+                              with the decode step's as `decode_ms`
 
 Records are appended as JSON lines (research/tune-data/README.md's schema plus a top-level
 `k`) to --jsonl (default research/tune-data/spec.jsonl) and, when $OUT is set (the device
@@ -107,14 +112,31 @@ def bench_rounds(rec: Recorder, model: str, target, prompt: list[int], ks, runs:
                    after=restore)
         rec.add(model, f"spec_rollback_ms@{k}", 1e3 * median(rb), "ms",
                 samples=[1e3 * s for s in rb], **cfg)["k"] = k
-        if target.has_mtp:
-            def chain():
-                r = target.mtp_feed(rows.hidden[-1:], [x])
-                for _ in range(k - 1):
-                    r = target.mtp_feed(r.hidden[-1:], [int(r.argmax[-1])])
+        if target.has_mtp:             # the greedy loop's path: mtp_draft's captured graphs
+            chain = lambda: target.mtp_draft([(rows.hidden[-1:], [x])], k)      # noqa: E731
             dr = timed(chain, runs, warmup, after=lambda: target.mtp_truncate(mtp_base))
             rec.add(model, f"spec_draft_ms_per_token@{k}", 1e3 * median(dr) / k, "ms",
                     samples=[1e3 * s / k for s in dr], **cfg)["k"] = k
+
+
+def profile_verify(rec: Recorder, model: str, target, prompt: list[int], k: int, cfg: dict) -> None:
+    """Per-kernel device time of a verify of k+1 rows against one decode step, by launch name
+    (`EngineSpecTarget.profile_verify`, `Engine.profile_decode_step`): where the verify's cost
+    over a decode step goes."""
+    target.reset()
+    rows = target.prefill(prompt)
+    x = int(rows.argmax[-1])
+    ids = [x] + [(x + 1 + i) % target.vocab_size for i in range(k)]
+    by_name: dict[str, list[float]] = {}
+    for name, ms in target.profile_verify(ids):
+        by_name.setdefault(name, [0.0, 0.0])[0] += ms
+    for name, ms in target.engine.profile_decode_step():
+        by_name.setdefault(name, [0.0, 0.0])[1] += ms
+    tv, td = (sum(v[i] for v in by_name.values()) for i in (0, 1))
+    print(f"  verify of {k + 1} rows vs one decode step, per launch name: {tv:.3f} vs {td:.3f} ms")
+    for name, (v, d) in sorted(by_name.items(), key=lambda kv: -kv[1][0]):
+        print(f"    {name:<16} {v:8.4f} {d:8.4f}  x{v / d if d else float('nan'):.2f}")
+        rec.add(model, f"verify_kernel_ms@{k}:{name}", v, "ms", decode_ms=d, **cfg)["k"] = k
 
 
 def bench_end_to_end(rec: Recorder, model: str, target, prompt: list[int], ks, n: int,
@@ -141,7 +163,8 @@ def bench_end_to_end(rec: Recorder, model: str, target, prompt: list[int], ks, n
             rates, stats, toks = [], None, None
             for i in range(warmup + runs):
                 drafter = mode if mode == "mtp" else ScriptedDrafter(
-                    target, SamplingParams(), None, greedy, len(prompt), "oracle")
+                    target, SamplingParams(), None, greedy, len(prompt),
+                    "adversarial" if mode == "adversarial" else "oracle")
                 _sync()
                 t0 = time.perf_counter()
                 toks, stats = speculative_generate(target, prompt, n, k, draft_mode=drafter)
@@ -168,7 +191,12 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=128, help="tokens per end-to-end run")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--modes", default="mtp,scripted", help="end-to-end draft modes: mtp, scripted")
+    ap.add_argument("--modes", default="mtp,scripted,adversarial",
+                    help="end-to-end draft modes: mtp, scripted, adversarial")
+    ap.add_argument("--profile-k", type=int, default=3,
+                    help="per-kernel breakdown of a verify at this K (0: none)")
+    ap.add_argument("--rollback", default="recompute,states",
+                    help="rollback strategies to measure, each a target of its own")
     ap.add_argument("--name", default=None, help="model label (default: the file name)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL))
     ap.add_argument("--commit", default=None)
@@ -186,21 +214,26 @@ def main(argv=None) -> int:
     if c.head_dim % 32:                          # tiny fixtures: no q8_0 blocks per head
         kw = dict(k_type=QType.F16, v_type=QType.F16)
     engine = Engine(source, n_ctx=ctx, log=lambda m: print(m, file=sys.stderr), **kw)
-    target = EngineSpecTarget(engine)
     ks = parse_ks(a.ks)
     if max(ks) + a.prompt_len + a.n + 1 > ctx:
         ap.error(f"--prompt-len {a.prompt_len} + --n {a.n} + K {max(ks)} exceed --ctx {ctx}")
     paths = [Path(a.jsonl)] + ([Path(os.environ["OUT"]) / "spec.jsonl"] if os.environ.get("OUT") else [])
     rec = Recorder(gpu_name(), git_commit(a.commit), paths)
     model = a.name or os.path.basename(a.model.rstrip("/"))
-    prompt = prompt_ids(a.prompt_len, target.vocab_size)
-    cfg = dict(engine="bw24nb", file=a.model, n_ctx=ctx, runs=a.runs, warmup=a.warmup,
-               prompt=a.prompt_len, rollback=target.rollback, has_mtp=target.has_mtp)
-    print(f"{model}: {engine.name}; K in {ks}; MTP head: {target.has_mtp}", flush=True)
     try:
-        bench_rounds(rec, model, target, prompt, ks, a.runs, a.warmup, cfg)
-        bench_end_to_end(rec, model, target, prompt, ks, a.n, a.modes.split(","), a.runs,
-                         a.warmup, cfg)
+        for rollback in a.rollback.split(","):
+            target = EngineSpecTarget(engine, rollback=rollback)
+            prompt = prompt_ids(a.prompt_len, target.vocab_size)
+            cfg = dict(engine="bw24nb", file=a.model, n_ctx=ctx, runs=a.runs, warmup=a.warmup,
+                       prompt=a.prompt_len, rollback=rollback, has_mtp=target.has_mtp)
+            print(f"{model}: {engine.name}; K in {ks}; MTP head: {target.has_mtp}; "
+                  f"rollback {rollback}", flush=True)
+            bench_rounds(rec, model, target, prompt, ks, a.runs, a.warmup, cfg)
+            if a.profile_k:
+                profile_verify(rec, model, target, prompt, a.profile_k, cfg)
+            bench_end_to_end(rec, model, target, prompt, ks, a.n, a.modes.split(","), a.runs,
+                             a.warmup, cfg)
+            del target
     finally:
         rec.write()
     print(rec.table())

@@ -32,6 +32,8 @@ from .quant import QType, quantize
 
 # Prompt tokens per prefill launch sequence: bounds the prefill workspace (T x FFN floats).
 PREFILL_CHUNK = 512
+# Rows a rowwise (decode-kernel) workspace takes: a speculative verify of K <= 8 drafts + 1.
+VERIFY_ROWS = 9
 
 # 2-D tensors a kernel reads as plain float32 arrays (not through a matvec): the depthwise conv.
 FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
@@ -55,7 +57,7 @@ class DeviceWeight:
     buf: object            # DeviceNDArray
     qtype: QType
     shape: tuple           # numpy order: (out, in) or (E, out, in) or (n,)
-    # a copy in a decode kernel's own layout, beside `buf` (Q6_K_R: (body, d), see _repack_head)
+    # a copy in a decode kernel's own layout, beside `buf` (Q6_K_R: (body, d), see _repack_q6k)
     q6k_r: tuple | None = None
 
     @property
@@ -147,10 +149,19 @@ class DeviceWeights:
 
 
 class Workspace:
-    """Activations for T tokens at once (T = 1: decode; T = PREFILL_CHUNK: prefill)."""
+    """Activations for T tokens at once (T = 1: decode; T = PREFILL_CHUNK: prefill).
 
-    def __init__(self, config, T: int, n_splits: int):
+    `rowwise` (always for T = 1): the T rows run on the decode kernels -- multi-row matvecs
+    that read each weight once for all rows, split-K attention planned per token -- so every
+    row is bit-identical to decoding that token alone. A speculative verify (T = K + 1 <=
+    VERIFY_ROWS) runs on such a workspace; prefill's big T runs on the GEMM path instead."""
+
+    def __init__(self, config, T: int, n_splits: int, rowwise: bool | None = None):
         c = config
+        self.rowwise = T == 1 if rowwise is None else bool(rowwise)
+        # cache.recurrent.StepStates: the GDN kernels also keep the state after every row
+        # (a speculative verify's rollback; set by engine_spec.EngineSpecTarget)
+        self.step_states = None
         f = np.float32
         H, D, Hq, Hkv = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
         F = max(c.intermediate_size, c.moe_intermediate_size, c.shared_expert_intermediate_size, 1)
@@ -176,7 +187,8 @@ class Workspace:
             self.gq = cuda.device_array((T, nk, dk), f)
             self.gk = cuda.device_array((T, nk, dk), f)
             self.gv = cuda.device_array((T, nv, dv), f)
-            self.ab = cuda.device_array(2 * nv, f) if T == 1 else None   # [beta | alpha] inputs
+            # [beta | alpha] rows of the fused matvec (rowwise only, see Engine._fuse_ba)
+            self.ab = cuda.device_array((T, 2 * nv), f) if self.rowwise else None
             self.decay = cuda.device_array((T, nv), f)
             self.beta = cuda.device_array((T, nv), f)
             self.o = cuda.device_array((T, nv, dv), f)
@@ -189,7 +201,7 @@ class Workspace:
         self.ids = cuda.device_array(T, np.int32)
         self.positions = cuda.device_array(T, np.int32)
         self.part_ml, self.part_acc = attention.alloc_decode_partials(T, Hq, D, n_splits) \
-            if T == 1 else (None, None)
+            if self.rowwise else (None, None)
 
 
 class Engine:
@@ -223,7 +235,7 @@ class Engine:
             # q8_0 / q5_1 blocks hold 32 values of one head; tiny test models have narrower heads
             log(f"engine: head_dim {c.head_dim} is not a multiple of 32; KV cache in F16")
             k_type = v_type = QType.F16
-        self._check_budget(source, n_ctx, k_type, v_type, vram_budget)
+        self._check_budget(source, n_ctx, k_type, v_type, vram_budget, self.act_q8)
         self.w = DeviceWeights(source, log)
         # MTP (nextn) blocks past the main stack get KV slots after the main layers' ones, so
         # speculative decoding (engine_spec.py) can run the draft head; none without one
@@ -241,7 +253,7 @@ class Engine:
         self._moe_scratch = {}
         self.fused_ba = self._fuse_ba()
         self.output = self.w.get("output.weight") or self.w["token_embd.weight"]
-        self._repack_head()
+        self._repack_q6k()
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
@@ -283,24 +295,28 @@ class Engine:
             router_type=router.qtype, gate=gate.buf, gate_type=gate.qtype, up=up.buf,
             up_type=up.qtype, down=down.buf, down_type=down.qtype, **kw)
 
-    def _repack_head(self) -> None:
-        """A Q6_K LM head (Q4_K_M files) also gets the Q6_K_R copy its 16-byte-load decode
-        matvec reads (kernels/matvec_q6k.py): Q6_K's 210-byte blocks are only 2-byte aligned
-        in place. The GGUF bytes stay for every other reader (prefill rows, the speculative
-        verify's multi-row head): +1 copy of the head (0.8 GB at the 9B shape)."""
-        out = self.output
-        if not (self.act_q8 and out.qtype == QType.Q6_K and out.cols % 256 == 0):
+    def _repack_q6k(self) -> None:
+        """Every Q6_K matrix a decode matvec reads (the LM head of Q4_K_M files, ffn_down and
+        attn_v of its "more bits" layers) also gets the Q6_K_R copy its 16-byte-load kernel
+        reads (kernels/matvec_q6k.py): Q6_K's 210-byte blocks are only 2-byte aligned in
+        place, and the generic dp4a kernel reading them ran at ~1 TB/s on the H200 against
+        ~3.6 TB/s for Q6_K_R (the 9B head: 1.33 -> 0.23 ms). The GGUF bytes stay for the
+        prefill GEMM: +1 copy of each (0.8 GB head + ~0.7 GB of layers at the 9B shape)."""
+        if not self.act_q8:
             return
         from .kernels.matvec_q6k import repack_q6_k
-        body, d = repack_q6_k(out.buf.copy_to_host(), out.rows, out.cols)
-        out.q6k_r = (cuda.to_device(body), cuda.to_device(d))
+        for name, w in self.w.tensors.items():
+            if w.qtype == QType.Q6_K and len(w.shape) == 2 and w.cols % 256 == 0:
+                body, d = repack_q6_k(w.buf.copy_to_host(), w.rows, w.cols)
+                w.q6k_r = (cuda.to_device(body), cuda.to_device(d))
 
     def _fuse_ba(self) -> dict:
         """Layer -> one [2 nv, H] weight holding ssm_beta's rows then ssm_alpha's, for decode.
         Both are tiny (nv = 32 rows; F32 in llama.cpp's files), so two matvecs were two
         latency-bound launches of ~15 us each on the H200; rows are independent byte ranges in
-        every block type, so the concatenation is just the two buffers back to back. Prefill
-        keeps the separate tensors (its gdn_prep reads [T, nv] arrays): +2 nv H elements a layer."""
+        every block type, so the concatenation is just the two buffers back to back. Rowwise
+        workspaces (decode, verify) use it; prefill keeps the separate tensors: +2 nv H
+        elements a layer."""
         fused = {}
         for i in range(self.config.num_hidden_layers):
             b, a = self.w.blk_opt(i, "ssm_beta.weight"), self.w.blk_opt(i, "ssm_alpha.weight")
@@ -321,14 +337,20 @@ class Engine:
         return self._moe_scratch[key]
 
     @staticmethod
-    def _check_budget(source, n_ctx, k_type, v_type, budget):
+    def _check_budget(source, n_ctx, k_type, v_type, budget, act_q8=True):
         """Refuse before uploading anything when weights + KV cache exceed the free device
         memory or `budget` (bytes, --vram-budget): a clear error instead of a CUDA OOM halfway
         through the upload. Weights are counted as stored in the file (the upload keeps GGUF
-        blocks as they are; workspaces and the LM-head repack are small next to them)."""
+        blocks as they are), plus the Q6_K_R copies `_repack_q6k` adds (the same size as their
+        Q6_K originals); workspaces are small next to them."""
         from .cache.kv import kv_cache_bytes
         c = source.config
-        weights = sum(int(source.raw(n).nbytes) for n in source.names())
+        weights = 0
+        for n in source.names():
+            info, nbytes = source.info(n), int(source.raw(n).nbytes)
+            repacked = act_q8 and QType(int(info.qtype)) == QType.Q6_K and len(info.shape) == 2 \
+                and info.shape[-1] % 256 == 0
+            weights += nbytes * (2 if repacked else 1)
         kv = kv_cache_bytes(c, n_ctx, k_type, v_type, extra_layers=c.mtp_num_hidden_layers or 0)
         need = weights + kv
         free, total = cuda.current_context().get_memory_info()
@@ -354,10 +376,10 @@ class Engine:
         if not consumers:
             return [], None
         K, s = consumers[0].cols, self.stream
-        if T == 1:
-            qx = QuantizedInput(xq=ws.xq[:K], xd=ws.xd[:K // 32])
+        if ws.rowwise or T == 1:    # T rows of K, contiguous: per-row 32-blocks = the flat ones
+            qx = QuantizedInput(xq=ws.xq[:T * K], xd=ws.xd[:T * K // 32])
             xv = x.reshape(x.size)
-            return [("quant_act", lambda: quantize_act.launch_quantize_act(xv, qx.xq, qx.xd, n=K,
+            return [("quant_act", lambda: quantize_act.launch_quantize_act(xv, qx.xq, qx.xd, n=T * K,
                                                                            stream=s))], qx
         contiguous = tuple(x.strides) == (K * 4, 4)
         if self.prefill_int8 and contiguous and all(w.qtype in matmul_q8.MATMUL_Q8 for w in consumers):
@@ -367,39 +389,37 @@ class Engine:
         qx = QuantizedInput(xf=ws.xf[:T * K].reshape(T, K))
         return [("quant_act", lambda: quantize_act.launch_fake_quant_act(x, qx.xf, stream=s))], qx
 
-    def _mv(self, w: DeviceWeight, x, y, ws_T, bias=None, residual=None, qx=None):
-        """y = W x (+b) (+r) for T rows: matvec when T == 1, tiled matmul otherwise; with `qx`
-        (from `_quantize_input`) integer block weights read the quantized input instead."""
+    def _mv(self, w: DeviceWeight, x, y, T, bias=None, residual=None, qx=None, rowwise=None):
+        """y = W x (+b) (+r) for T rows: matvec (`rowwise`, default T == 1: each weight read
+        once for all rows, every row in the one-row kernel's summation order) or the tiled
+        matmul; with `qx` (from `_quantize_input`) integer block weights read the quantized
+        input instead."""
         s = self.stream
+        rowwise = T == 1 if rowwise is None else rowwise
+        b = None if bias is None else bias.buf
+        r = None if residual is None else residual.reshape(residual.size)
+        if rowwise:
+            yv = y.reshape(y.size)
+            if qx is not None and self._dp4a(w):
+                if w.q6k_r is not None:
+                    from .kernels.matvec_q6k import launch_matvec_q8_q6k_r
+                    launch_matvec_q8_q6k_r(w.q6k_r[0], w.q6k_r[1], w.rows, w.cols, qx.xq, qx.xd,
+                                           yv, bias=b, residual=r, stream=s, rows=T)
+                else:
+                    matvec.launch_matvec_q8(w.buf, w.qtype, w.rows, w.cols, qx.xq, qx.xd, yv,
+                                            bias=b, residual=r, stream=s, rows=T)
+            else:
+                matvec.launch_matvec(w.buf, w.qtype, w.rows, w.cols, x.reshape(x.size), yv,
+                                     bias=b, residual=r, stream=s, rows=T)
+            return
         if qx is not None and self._dp4a(w):
-            if ws_T == 1 and w.q6k_r is not None:
-                from .kernels.matvec_q6k import launch_matvec_q8_q6k_r
-                launch_matvec_q8_q6k_r(w.q6k_r[0], w.q6k_r[1], w.rows, w.cols, qx.xq, qx.xd,
-                                       y.reshape(y.size),
-                                       bias=None if bias is None else bias.buf,
-                                       residual=None if residual is None else residual.reshape(residual.size),
-                                       stream=s)
-                return
-            if ws_T == 1:
-                matvec.launch_matvec_q8(w.buf, w.qtype, w.rows, w.cols, qx.xq, qx.xd, y.reshape(y.size),
-                                        bias=None if bias is None else bias.buf,
-                                        residual=None if residual is None else residual.reshape(residual.size),
-                                        stream=s)
-                return
             if qx.xf is None:           # prefill on the int8 tensor-core GEMM
                 matmul_q8.launch_matmul_q8(w.buf, w.qtype, w.rows, w.cols, qx.xq, qx.xd, y,
-                                           bias=None if bias is None else bias.buf,
-                                           residual=residual, stream=s)
+                                           bias=b, residual=residual, stream=s)
                 return
             x = qx.xf
-        if ws_T == 1:
-            matvec.launch_matvec(w.buf, w.qtype, w.rows, w.cols, x.reshape(x.size), y.reshape(y.size),
-                                 bias=None if bias is None else bias.buf,
-                                 residual=None if residual is None else residual.reshape(residual.size),
-                                 stream=s)
-        else:
-            matmul.launch_matmul(w.buf, w.qtype, w.rows, w.cols, x, y,
-                                 bias=None if bias is None else bias.buf, residual=residual, stream=s)
+        matmul.launch_matmul(w.buf, w.qtype, w.rows, w.cols, x, y, bias=b, residual=residual,
+                             stream=s)
 
     def _layer_launches(self, i: int, ws: Workspace, T: int) -> list:
         """The launches of decoder block i for the first T rows of `ws`, as named closures:
@@ -419,9 +439,9 @@ class Engine:
         itself (norm.launch_rms_norm_q8: the same bytes, one launch fewer)."""
         name, wn = name_weight
         eps, s = self.config.rms_norm_eps, self.stream
-        if T == 1 and launches and launches[0][0] == "quant_act":
+        if (ws.rowwise or T == 1) and launches and launches[0][0] == "quant_act":
             K = x.shape[len(x.shape) - 1]      # (the simulator's shape tuple has no [-1])
-            xq, xd = ws.xq[:K], ws.xd[:K // 32]          # the views _quantize_input hands out
+            xq, xd = ws.xq[:T * K], ws.xd[:T * K // 32]  # the views _quantize_input hands out
             return [(name + "_q8", lambda: norm.launch_rms_norm_q8(h, wn.buf, eps, x, xq, xd, s))] \
                 + launches[1:]
         return [(name, lambda: norm.launch_rms_norm(h, wn.buf, eps, x, s))] + launches
@@ -440,25 +460,29 @@ class Engine:
         add = L.append
         if c.attn_output_gate:
             qg = ws.qg[:T]
-            add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, qg, T, qx=qx)))
+            add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, qg, T, qx=qx,
+                rowwise=ws.rowwise)))
             add(("split_q_gate", lambda: rope.launch_split_q_gate(qg, q, ws.gate[:T], s)))
         else:
             add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, q.reshape(T, Hq * D), T,
-                                            bias=w.blk_opt(i, "attn_q.bias"), qx=qx)))
+                                            bias=w.blk_opt(i, "attn_q.bias"), qx=qx,
+                                                rowwise=ws.rowwise)))
         add(("attn_k", lambda: self._mv(w.blk(i, "attn_k.weight"), x, k.reshape(T, Hkv * D), T,
-                                        bias=w.blk_opt(i, "attn_k.bias"), qx=qx)))
+                                        bias=w.blk_opt(i, "attn_k.bias"), qx=qx,
+                                            rowwise=ws.rowwise)))
         add(("attn_v", lambda: self._mv(w.blk(i, "attn_v.weight"), x, v.reshape(T, Hkv * D), T,
-                                        bias=w.blk_opt(i, "attn_v.bias"), qx=qx)))
+                                        bias=w.blk_opt(i, "attn_v.bias"), qx=qx,
+                                            rowwise=ws.rowwise)))
         if c.qk_norm:
             add(("q_norm", lambda: norm.launch_head_rms_norm(q, w.blk(i, "attn_q_norm.weight").buf, eps, q, s)))
             add(("k_norm", lambda: norm.launch_head_rms_norm(k, w.blk(i, "attn_k_norm.weight").buf, eps, k, s)))
         # RoPE: q in place; k on its way into the cache (one fused store of K and V)
         add(("rope_q", lambda: rope.launch_rope(q, pos, self.inv_freq, s)))
         add(("kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq, stream=s)))
-        if T == 1 and ws.part_ml is not None:      # the decode workspace: split-K attention
+        if ws.rowwise:      # decode / verify: split-K attention, planned per token
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
-                ws.part_ml, ws.part_acc, stream=s)))
+                ws.part_ml[:T], ws.part_acc[:T], stream=s)))
         else:
             add(("attention", lambda: attention.launch_flash_attn_cache(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))
@@ -468,7 +492,7 @@ class Engine:
         qL, qo = self._quantize_input(ws, attn2, T, [wo])
         L += qL
         add(("attn_output", lambda: self._mv(wo, attn2, h, T, bias=w.blk_opt(i, "attn_output.bias"),
-                                             residual=h, qx=qo)))
+                                             residual=h, qx=qo, rowwise=ws.rowwise)))
         return L
 
     def _gdn_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -482,28 +506,35 @@ class Engine:
         names = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
         L, qx = self._quantize_input(ws, x, T, [w.blk(i, f"{n}.weight") for n in names])
         o2, wout = o.reshape(T, nv * dv), w.blk(i, "ssm_out.weight")
+        conv_steps, ssm_steps = (None, None) if ws.step_states is None else ws.step_states.layer(i)
         qL, qo = self._quantize_input(ws, o2, T, [wout])
-        ba = self.fused_ba.get(i) if ws.ab is not None else None      # decode workspace only
-        if ba is not None:      # decode: beta and alpha rows in one matvec (see _fuse_ba)
-            b, a = ws.ab[:nv].reshape(1, nv), ws.ab[nv:].reshape(1, nv)
-            gates = [("gdn_ba", lambda: self._mv(ba, x, ws.ab, T, qx=qx))]
+        ba = self.fused_ba.get(i) if ws.ab is not None else None      # rowwise workspaces only
+        if ba is not None:      # beta and alpha rows in one matvec (see _fuse_ba)
+            ab = ws.ab[:T]
+            b, a = ab[:, :nv], ab[:, nv:]        # row-strided views (gdn_prep reads [:, ::1])
+            gates = [("gdn_ba", lambda: self._mv(ba, x, ab, T, qx=qx, rowwise=ws.rowwise))]
         else:
-            gates = [("gdn_beta", lambda: self._mv(w.blk(i, "ssm_beta.weight"), x, b, T, qx=qx)),
-                     ("gdn_alpha", lambda: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T, qx=qx))]
+            gates = [("gdn_beta", lambda: self._mv(w.blk(i, "ssm_beta.weight"), x, b, T, qx=qx,
+                rowwise=ws.rowwise)),
+                     ("gdn_alpha", lambda: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T, qx=qx,
+                         rowwise=ws.rowwise))]
         return L + [
-            ("gdn_qkv", lambda: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T, qx=qx)),
-            ("gdn_z", lambda: self._mv(w.blk(i, "attn_gate.weight"), x, z.reshape(T, nv * dv), T, qx=qx)),
+            ("gdn_qkv", lambda: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T, qx=qx,
+                rowwise=ws.rowwise)),
+            ("gdn_z", lambda: self._mv(w.blk(i, "attn_gate.weight"), x, z.reshape(T, nv * dv), T, qx=qx,
+                rowwise=ws.rowwise)),
         ] + gates + [
-            ("gdn_conv", lambda: gated_deltanet.launch_conv1d_silu(qkv, conv_w, self.rs.conv[i], qkv, s)),
+            ("gdn_conv", lambda: gated_deltanet.launch_conv1d_silu(qkv, conv_w, self.rs.conv[i], qkv,
+                                                                   s, steps=conv_steps)),
             ("gdn_prep", lambda: gated_deltanet.launch_gdn_prep(
                 qkv, a, b, w.blk(i, "ssm_dt.bias").buf, w.blk(i, "ssm_a").buf, gq, gk, gv, g, beta,
                 stream=s)),
             ("gdn_rule", lambda: gated_deltanet.launch_gated_delta_rule(
-                gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s)),
+                gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s, steps=ssm_steps)),
             ("gdn_norm", lambda: gated_deltanet.launch_gdn_output_norm(
                 o, z, w.blk(i, "ssm_norm.weight").buf, c.rms_norm_eps, o, s)),
         ] + qL + [
-            ("gdn_out", lambda: self._mv(wout, o2, h, T, residual=h, qx=qo)),
+            ("gdn_out", lambda: self._mv(wout, o2, h, T, residual=h, qx=qo, rowwise=ws.rowwise)),
         ]
 
     def _mlp_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -512,18 +543,21 @@ class Engine:
         h, x = ws.h[:T], ws.x[:T]
         wg, wu, wd = (w.blk(i, f"ffn_{n}.weight") for n in ("gate", "up", "down"))
         F = wg.rows
-        g, u = (ws.g[0, :F], ws.u[0, :F]) if T == 1 else (ws.g[:T, :F], ws.u[:T, :F])
+        if ws.rowwise:          # contiguous [T, F] (the matvecs and swiglu_q8 read flat rows)
+            g, u = (a.reshape(a.size)[:T * F].reshape(T, F) for a in (ws.g, ws.u))
+        else:
+            g, u = ws.g[:T, :F], ws.u[:T, :F]
         L, qx = self._quantize_input(ws, x, T, [wg, wu])
         qL, qg = self._quantize_input(ws, g, T, [wd])
-        if T == 1 and qL:        # decode: swiglu writes ffn_down's int8 input itself
+        if ws.rowwise and qL:    # decode / verify: swiglu writes ffn_down's int8 input itself
             act = [("swiglu_q8", lambda: activation.launch_swiglu_q8(g, u, g, qg.xq, qg.xd, s))]
         else:
             act = [("swiglu", lambda: activation.launch_swiglu(g, u, g, s))] + qL
         return L + [
-            ("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx)),
-            ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx)),
+            ("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
+            ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise)),
         ] + act + [
-            ("ffn_down", lambda: self._mv(wd, g, h, T, residual=h, qx=qg)),
+            ("ffn_down", lambda: self._mv(wd, g, h, T, residual=h, qx=qg, rowwise=ws.rowwise)),
         ]
 
     def _moe_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -662,15 +696,22 @@ class Engine:
         return out, {"prefill_s": t1 - t0, "decode_s": t2 - t1, "decode_tokens": len(out) - 1}
 
     def profile_decode_step(self, replays: int = 20) -> list[tuple[str, float]]:
-        """Device time (ms) of each launch of one decode step: every launch is captured alone
-        into a CUDA graph and replayed `replays` times between CUDA events, so host launch cost
-        (~16 us per eager Numba launch) stays out of the numbers. Leaves the sequence state as
-        it was (launches that advance state are replayed on a saved copy)."""
+        """Device time (ms) of each launch of one decode step (`time_launches`). Leaves the
+        sequence state as it was (launches that advance state are replayed on a saved copy)."""
         saved = self._save_step_state()
         self._run(self._decode_step())               # compile + load every kernel first
         self._restore_step_state(saved)
+        return self.time_launches(self._decode_step(), replays,
+                                  lambda: self._restore_step_state(saved))
+
+    def time_launches(self, launches, replays: int = 20, restore=None) -> list[tuple[str, float]]:
+        """(name, ms) per launch: every launch is captured alone into a CUDA graph and replayed
+        `replays` times between CUDA events, so host launch cost (~16 us per eager Numba launch)
+        stays out of the numbers (a graph launch of one node still adds ~2 us: small kernels
+        read high). Each kernel must have run once already; `restore()` after each launch puts
+        back whatever state it advanced."""
         rows = []
-        for name, fn in self._decode_step():
+        for name, fn in launches:
             with CudaGraph.capture(self.stream) as g:
                 fn()
             a, b = cuda.event(), cuda.event()
@@ -681,7 +722,8 @@ class Engine:
             b.synchronize()
             rows.append((name, cuda.event_elapsed_time(a, b) / replays))
             g.close()
-            self._restore_step_state(saved)
+            if restore is not None:
+                restore()
         return rows
 
     # --- speculative decoding support (bw24nb/engine_spec.py drives these)

@@ -1,16 +1,20 @@
 """Speculative decoding on the GPU engine: `EngineSpecTarget`, spec.py's `SpecTarget` over `Engine`.
 
-What each call of the protocol launches (all on the engine's stream, eagerly; the decode step
-alone replays the engine's CUDA graph):
+What each call of the protocol launches (all on the engine's stream):
 
     prefill(ids)   the engine's prefill recipe chunk by chunk (embedding, every decoder block),
                    then the output norm of *every* row (the MTP head consumes them all) and the
-                   LM head + argmax of the last row only.
+                   LM head + argmax of the last row only. Eager, GEMM path.
     decode(t)      the engine's captured decode step: argmax and the normed hidden row are what
                    the graph leaves in `next_token` and `ws1.x` (4 + 4H bytes read back).
-    verify(ids)    one prefill-path forward at T = K+1 (matmul, not matvec: the K+1 weight rows
-                   are read once), output norm of all rows, LM head into a [K+1, V] buffer
-                   (`launch_matmul`), one device argmax per row.
+    verify(ids)    one forward over T = K+1 rows on the *decode* kernels (a rowwise
+                   Workspace: multi-row matvecs that read each weight once for all rows,
+                   split-K attention planned per token, the GDN kernels' T-step loops), output
+                   norm + LM head + argmax of every row. Each row is bit-identical to the
+                   decode step of that token, so speculative output equals plain decode by
+                   construction, not just up to near-ties. One CUDA graph per T, captured on
+                   first use (`_Graphs`); the host writes T ids + positions and reads back T
+                   argmaxes and T hidden rows.
     commit(n)      rollback (below), then the decode graph's position is set to the new length.
     mtp_feed       the MTP head (reference/mtp.py's recipe, `ReferenceModel.mtp_forward`):
                        cat = [rms_norm(embed[t]) * enorm | rms_norm(h) * hnorm]     [T, 2H]
@@ -18,12 +22,17 @@ alone replays the engine's CUDA graph):
                        out = rms_norm(y) * shared_head_norm;  logits = head @ out
                    T = 1 (a chained draft) runs in its own one-row workspace with split-K decode
                    attention; more rows (the prompt's pairs, a round's accepted pairs) in the
-                   prefill workspace.
+                   prefill workspace. Eager: the sampling / confidence-gated drafters' path.
+    mtp_draft      greedy drafting of a whole round (`GpuMTPHead.draft`): the round's true
+                   pairs (<= K+1) as one captured graph on the decode kernels, then K-1 replays
+                   of a one-step graph whose input is the previous step's argmax and output row
+                   (kernels/step.py `mtp_chain`); the host reads the K drafts back once.
 
-Hidden rows (`Rows.hidden`) come back to the host as float32 [T, H]: the loop holds a round's
-rows until the next round feeds them to the MTP head, by which time verify has overwritten the
-device workspace they lived in; a prompt's rows outlive its chunks. That is (K+1) x H floats a
-round (36 KB at H = 4096), read back with the argmax anyway.
+Hidden rows (`Rows.hidden`): a verify's stay on the device (`hidden_rows`, copied out of the
+verify workspace), valid until the next verify -- the loop only slices them and hands them to
+the next round's MTP feed, which copies them device to device, so a round's host traffic is
+the ids in and the argmaxes out. Prefill's rows (a whole prompt's, which outlive its chunks)
+and decode's row come back to the host.
 
 Rows with one LM-head row: `prefill` and `mtp_feed` evaluate the LM head for their last
 position only (argmax / logits / top_prob have one row; `mtp_feed`'s hidden too, prefill's has
@@ -34,13 +43,14 @@ Rollback of the Gated DeltaNet state after a partial acceptance (KV rows simply 
 position is the length):
   "recompute"  snapshot the recurrent state before verify into a buffer allocated once
                (cache/recurrent.py, two copy kernels); on commit(n < K+1) restore it and run
-               the n kept tokens through the same prefill path again. Bit-exact: every kernel
-               of that path computes row t from rows <= t only, in an order that does not
-               depend on T, so the re-run reproduces the states the kept rows had.
-  "states"     verify token by token (K+1 one-row forwards), copying the state after each into
-               its own buffer; commit(n) restores copy n. This is the numpy reference's
-               method; on a GPU it reads the weights K+1 times -- the fast form needs a delta-
-               rule kernel that writes the state of every step (see spec.py's module doc).
+               the n kept tokens through the verify path again (a graph per n, no LM head):
+               about one more decode step of weight reads.
+  "states"     the conv and delta-rule kernels of the verify also write the state after every
+               row (`Workspace.step_states`, K+1 copies of the whole state: 48 MiB a row at
+               the 9B shape, ~10 us of writes each); commit(n) copies row n-1's back (two
+               copy kernels). No second forward.
+Both are bit-exact (the rows are the decode step's); bench/spec_bench.py measures both, and
+"states" is the default (0.5-0.9 ms a rollback against ~7 ms on the 9B shape).
 
 Top probability (`Rows.top_prob`, for confidence gating) is computed on the host from the
 logits, so it comes with `want_logits` (spec.py's drafters ask for logits when gating).
@@ -53,9 +63,10 @@ import numpy as np
 from numba import cuda
 
 from .cache.recurrent import RecurrentSnapshot
-from .engine import DeviceWeight, Engine, Workspace
+from .engine import VERIFY_ROWS, DeviceWeight, Engine, Workspace
 from .errors import ContextOverflow, UnsupportedArchitecture
-from .kernels import attention, embedding, norm, sampling
+from .graph import CudaGraph
+from .kernels import attention, embedding, norm, sampling, step
 from .quant.types import row_bytes
 from .spec import MAX_SPEC_K, ROLLBACKS, Rows
 
@@ -69,12 +80,33 @@ def _top_prob(logits: np.ndarray) -> np.ndarray:
     return 1.0 / np.exp(z - z.max(axis=-1, keepdims=True)).sum(axis=-1)
 
 
-def _concat(rows: list[Rows]) -> Rows:
-    """One `Rows` from consecutive ones (fields left None stay None)."""
-    def cat(name):
-        parts = [getattr(r, name) for r in rows]
-        return None if parts[0] is None else np.concatenate(parts)
-    return Rows(cat("argmax"), cat("hidden"), cat("logits"), cat("top_prob"))
+class _Graphs:
+    """Launch lists replayed as CUDA graphs, one per key (e.g. ("verify", T)). The first call
+    of a key runs the launches eagerly -- a real call, which also compiles and loads every
+    kernel, as capture requires -- and then captures them; later calls replay the graph. Every
+    input is device memory the caller fills first (ids, positions, hidden rows), so one graph
+    serves every position."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.graphs: dict = {}
+
+    def run(self, key, build) -> None:
+        e = self.engine
+        g = self.graphs.get(key)
+        if g is not None:
+            g.replay(e.stream)
+            return
+        launches = build()
+        e._run(launches)
+        if e.use_graph:
+            with CudaGraph.capture(e.stream) as g:
+                e._run(launches)
+            self.graphs[key] = g
+
+    def clear(self, prefix) -> None:
+        for key in [k for k in self.graphs if k[0] == prefix]:
+            self.graphs.pop(key).close()
 
 
 class _HeadRows:
@@ -87,6 +119,18 @@ class _HeadRows:
         self.logits = cuda.device_array((LOGIT_ROWS, V), np.float32)
         self.tokens = cuda.device_array(LOGIT_ROWS, np.int32)
         self.sample_ws = sampling.SampleWorkspace(V)
+
+    def launches(self, engine: Engine, ws: Workspace, T: int) -> list:
+        """logits[:T] = weight @ ws.x[:T] on the decode kernels (int8 rows of `ws`, a rowwise
+        workspace; one weight read for all rows) + one argmax per row: row t bit-identical to
+        the decode step's head on that row. Starts with "quant_act", so `Engine._norm_then`
+        fuses it into the output norm exactly as the decode step does."""
+        s, x = engine.stream, ws.x[:T]
+        qL, qx = engine._quantize_input(ws, x, T, [self.weight])
+        return qL + [
+            ("lm_head", lambda: engine._mv(self.weight, x, self.logits[:T], T, qx=qx, rowwise=True)),
+        ] + [("argmax", lambda r=r: sampling.launch_argmax(self.logits[r], self.tokens[r:r + 1],
+                                                           self.sample_ws, s)) for r in range(T)]
 
     def launch(self, engine: Engine, x, n: int) -> None:
         """logits[:n] = weight @ x[:n] (matvec for one row, matmul for more), then the device
@@ -143,8 +187,14 @@ class GpuMTPHead:
         self._trimmed: tuple[bytes, _HeadRows] | None = None
         # one-row workspace for chained drafts (the engine's ws1 belongs to its decode graph:
         # its `positions` is the graph's position counter)
-        self.ws1 = Workspace(c, 1, attention.decode_splits(e.n_ctx, c.num_key_value_heads))
+        n_splits = attention.decode_splits(e.n_ctx, c.num_key_value_heads)
+        self.ws1 = Workspace(c, 1, n_splits)
+        # a round's true pairs (<= K+1) on the decode kernels, then the chain in ws1: `draft`
+        self.wsm = Workspace(c, VERIFY_ROWS, n_splits, rowwise=True)
         self.cat = cuda.device_array((e.wsp.T, 2 * c.hidden_size), np.float32)
+        self.drafts = cuda.device_array(LOGIT_ROWS, np.int32)       # a round's drafts
+        self.n_drafts = cuda.device_array(1, np.int32)
+        self.graphs = _Graphs(e)
         self.position = 0                                   # pairs in the head's KV cache
 
     def _head_for(self, vocab) -> _HeadRows:
@@ -161,6 +211,7 @@ class GpuMTPHead:
             w = DeviceWeight(cuda.to_device(np.ascontiguousarray(rows).reshape(-1)), full.qtype,
                              (vocab.size, full.cols))
             self._trimmed = (key, _HeadRows(w, vocab))
+            self.graphs.clear("draft")          # graphs of an earlier subset's head
         return self._trimmed[1]
 
     def _launches(self, ws: Workspace, T: int) -> list:
@@ -177,7 +228,7 @@ class GpuMTPHead:
             # norm writes its half of the concat buffer in place (a strided [T, H] view)
             ("mtp_enorm", lambda: norm.launch_rms_norm(x, self.enorm.buf, eps, cat[:, :H], s)),
             ("mtp_hnorm", lambda: norm.launch_rms_norm(h, self.hnorm.buf, eps, cat[:, H:], s)),
-            ("mtp_eh_proj", lambda: e._mv(self.eh_proj, cat, h, T)),
+            ("mtp_eh_proj", lambda: e._mv(self.eh_proj, cat, h, T, rowwise=ws.rowwise)),
             ("attn_norm", lambda: norm.launch_rms_norm(h, self.attn_norm.buf, eps, x, s)),
         ]
         L += e._attention_launches(b, ws, T)
@@ -186,40 +237,111 @@ class GpuMTPHead:
         L.append(("mtp_head_norm", lambda: norm.launch_rms_norm(h, self.head_norm.buf, eps, x, s)))
         return L
 
-    def feed(self, hidden, tokens, vocab=None, want_logits: bool = False) -> Rows:
-        """Append T pairs (normed hidden rows [T, H], next tokens [T]); the `Rows` of the last
-        pair (argmax, logits, the normed output row that chains)."""
+    def _check_pairs(self, hidden, tokens):
         e = self.engine
-        hidden = np.ascontiguousarray(np.atleast_2d(np.asarray(hidden, dtype=np.float32)))
+        if not cuda.is_cuda_array(hidden):       # verify's rows stay on the device
+            hidden = np.ascontiguousarray(np.atleast_2d(np.asarray(hidden, dtype=np.float32)))
         tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
-        if tokens.size == 0 or hidden.shape != (tokens.size, e.config.hidden_size):
+        if tokens.size == 0 or tuple(hidden.shape) != (tokens.size, e.config.hidden_size):
             raise ValueError(f"mtp_feed: {hidden.shape} hidden rows for {tokens.size} tokens "
                              f"(hidden size {e.config.hidden_size})")
         if self.position + tokens.size > e.n_ctx:
             raise ContextOverflow(f"MTP head: {self.position} + {tokens.size} pairs exceed the "
                                   f"context of {e.n_ctx}")
-        s = e.stream
+        return hidden, tokens
+
+    def _fill(self, ws, hidden, tokens, start: int, T: int) -> None:
+        s = self.engine.stream
+        ws.ids[:T].copy_to_device(tokens[start:start + T], stream=s)
+        ws.positions[:T].copy_to_device(
+            np.arange(self.position, self.position + T, dtype=np.int32), stream=s)
+        ws.h[:T].copy_to_device(hidden[start:start + T], stream=s)
+
+    def _feed_eager(self, hidden, tokens):
+        """Append the pairs eagerly (one-row workspace, or prefill chunks); (ws, T): where the
+        last pair's normed output row is, ws.x[T - 1]."""
+        e = self.engine
         ws = self.ws1 if tokens.size == 1 else e.wsp
         for start in range(0, tokens.size, ws.T):
             T = min(ws.T, tokens.size - start)
-            ws.ids[:T].copy_to_device(tokens[start:start + T], stream=s)
-            ws.positions[:T].copy_to_device(
-                np.arange(self.position, self.position + T, dtype=np.int32), stream=s)
-            ws.h[:T].copy_to_device(hidden[start:start + T], stream=s)
+            self._fill(ws, hidden, tokens, start, T)
             e._run(self._launches(ws, T))
             self.position += T
+        return ws, T
+
+    def feed(self, hidden, tokens, vocab=None, want_logits: bool = False) -> Rows:
+        """Append T pairs (normed hidden rows [T, H], next tokens [T]); the `Rows` of the last
+        pair (argmax, logits, the normed output row that chains)."""
+        e = self.engine
+        hidden, tokens = self._check_pairs(hidden, tokens)
+        ws, T = self._feed_eager(hidden, tokens)
         head = self._head_for(vocab)
         last = ws.x[T - 1:T]
         head.launch(e, last, 1)
-        out = last.copy_to_host(stream=s)
+        out = last.copy_to_host(stream=e.stream)
         return head.rows(e, 1, out, want_logits)
+
+    def _head_row(self, head: "_HeadRows", ws: Workspace, row: int) -> list:
+        """The LM head + argmax of row `row` of ws (the decode step's head launches)."""
+        e = self.engine
+        x = ws.x[row:row + 1]
+        qL, qx = e._quantize_input(ws, x, 1, [head.weight])
+        return qL + [
+            ("mtp_lm_head", lambda: e._mv(head.weight, x, head.logits[:1], 1, qx=qx)),
+            ("mtp_argmax", lambda: sampling.launch_argmax(head.logits[0], head.tokens[:1],
+                                                          head.sample_ws, e.stream))]
+
+    def _chain(self, head: "_HeadRows", ws: Workspace, row: int, first: bool) -> tuple:
+        """The launch that makes row `row`'s draft the next chain step's input (step.mtp_chain)."""
+        c1, s = self.ws1, self.engine.stream
+        return ("mtp_chain", lambda: step.launch_mtp_chain(
+            head.tokens, ws.x[row], c1.ids, c1.h, c1.positions, ws.positions, row, self.drafts,
+            self.n_drafts, first, s))
+
+    def draft(self, chunks, k: int, vocab=None) -> list[int]:
+        """Greedy drafts on the device: append the true pairs of `chunks` ([(hidden [n, H],
+        tokens [n])], the last one of <= VERIFY_ROWS pairs runs as a captured graph on the
+        decode kernels), draft d_1 from the last of them, then chain k - 1 more, each step a
+        replay of one captured graph whose inputs are the previous step's outputs on the device
+        (step.mtp_chain). The host reads the k drafts back once: 4k bytes a round."""
+        e = self.engine
+        head = self._head_for(vocab)
+        hkey = None if self._trimmed is None or head is self.head else hash(self._trimmed[0])
+        pairs = [self._check_pairs(h, t) for h, t in chunks]
+        if not pairs:
+            raise ValueError("mtp draft: no pairs to feed")
+        for hidden, tokens in pairs[:-1]:
+            self._feed_eager(hidden, tokens)
+        hidden, tokens = pairs[-1]
+        n = tokens.size
+        if n <= VERIFY_ROWS:
+            self._fill(self.wsm, hidden, tokens, 0, n)
+            self.graphs.run(("draft", "feed", n, hkey), lambda: (
+                self._launches(self.wsm, n) + self._head_row(head, self.wsm, n - 1)
+                + [self._chain(head, self.wsm, n - 1, True)]))
+            self.position += n
+        else:                                   # a prompt's pairs: prefill chunks, eagerly
+            ws, T = self._feed_eager(hidden, tokens)
+            e._run(self._head_row(head, ws, T - 1) + [self._chain(head, ws, T - 1, True)])
+        for _ in range(k - 1):
+            if self.position + 1 > e.n_ctx:
+                raise ContextOverflow(f"MTP head: {self.position} + 1 pairs exceed the context "
+                                      f"of {e.n_ctx}")
+            self.graphs.run(("draft", "chain", hkey), lambda: (
+                self._launches(self.ws1, 1) + self._head_row(head, self.ws1, 0)
+                + [self._chain(head, self.ws1, 0, False)]))
+            self.position += 1
+        ids = self.drafts[:k].copy_to_host(stream=e.stream)
+        e.stream.synchronize()
+        ids = ids.astype(np.int64)
+        return [int(t) for t in (ids if head.vocab is None else head.vocab[ids])]
 
 
 class EngineSpecTarget:
     """`SpecTarget` (bw24nb/spec.py) over the GPU `Engine`. See the module doc for what each
     call launches and the rollback strategies."""
 
-    def __init__(self, engine: Engine, rollback: str = "recompute"):
+    def __init__(self, engine: Engine, rollback: str = "states"):
         if rollback not in ROLLBACKS:
             raise ValueError(f"rollback must be one of {ROLLBACKS}, got {rollback!r}")
         self.engine = e = engine
@@ -228,11 +350,19 @@ class EngineSpecTarget:
         self.n_ctx = e.n_ctx
         self.vocab_size = e.output.rows
         self.head = _HeadRows(e.output)
+        # verify / recompute: up to K+1 rows on the decode kernels (row t = decoding token t
+        # alone, bit for bit), each row count's launches a CUDA graph of its own
+        self.wsv = Workspace(e.config, VERIFY_ROWS, e.ws1.part_ml.shape[2], rowwise=True)
+        # a verify's normed hidden rows, kept on the device for the next round's MTP feed
+        self.hidden_rows = cuda.device_array((VERIFY_ROWS, e.config.hidden_size), np.float32)
+        self.graphs = _Graphs(e)
+        if rollback == "states" and e.rs is not None:
+            self.wsv.step_states = e.rs.new_step_states(VERIFY_ROWS)
         self.mtp = GpuMTPHead(e) if e.mtp_blocks else None
-        # rollback buffers, allocated once: one state copy ("recompute"), or one per verified
-        # position ("states", allocated on first use: K+1 copies of the whole state)
-        self._before_verify = e.rs.new_snapshot() if e.rs is not None else None
-        self._after_token: list[RecurrentSnapshot] = []
+        # rollback buffers, allocated once: one state copy ("recompute"), or the verify
+        # workspace's step states ("states", above: K+1 copies of the whole state)
+        self._before_verify = e.rs.new_snapshot() if e.rs is not None and rollback == "recompute" \
+            else None
         self._pending = None            # what commit() needs after a verify
         self._sequence = 0              # reset count (a snapshot is valid within one sequence)
         self._rewinds: list[int] = []   # positions restored to since the reset
@@ -318,10 +448,58 @@ class EngineSpecTarget:
         s.synchronize()
         return Rows(tok, hidden, logits, None if logits is None else _top_prob(logits))
 
-    def _verify_rows(self, ids: np.ndarray, want_logits: bool) -> Rows:
-        hidden = self._stack(ids)
+    def _rows_launches(self, T: int, head: bool) -> list:
+        """The main stack over the first T rows of the verify workspace (ids and positions
+        already there) on the decode kernels; with `head`, the output norm of every row
+        (fused with its int8 copy, as in the decode step), LM head and per-row argmax."""
+        e, ws = self.engine, self.wsv
+        tok = e.w["token_embd.weight"]
+        L = [("embedding", lambda: embedding.launch_embedding(
+            tok.buf, tok.qtype, tok.rows, tok.cols, ws.ids[:T], ws.h[:T], e.stream))]
+        for i in range(e.config.num_hidden_layers):
+            L += e._layer_launches(i, ws, T)
+        if head:
+            L += e._norm_then(("output_norm", e.w["output_norm.weight"]), ws.h[:T], ws.x[:T],
+                              ws, T, self.head.launches(e, ws, T))
+        return L
+
+    def _run_rows(self, ids: np.ndarray, head: bool) -> None:
+        """ids (<= VERIFY_ROWS) through the stack at the current position, appending them
+        (the captured graph of this row count; the first call of a count runs eagerly)."""
+        e, ws, s = self.engine, self.wsv, self.engine.stream
         T = ids.size
-        self.head.launch(self.engine, self.engine.wsp.x[:T], T)
+        if e.position + T > e.n_ctx:
+            raise ContextOverflow(f"{e.position} + {T} tokens exceed the context of {e.n_ctx}; "
+                                  f"raise --ctx")
+        ws.ids[:T].copy_to_device(ids, stream=s)
+        ws.positions[:T].copy_to_device(np.arange(e.position, e.position + T, dtype=np.int32),
+                                        stream=s)
+        self.graphs.run(("rows", T, head), lambda: self._rows_launches(T, head))
+        self._set_position(e.position + T)
+
+    def profile_verify(self, ids, replays: int = 20) -> list[tuple[str, float]]:
+        """Device time (ms) of each launch of a verify over `ids` at the current position
+        (Engine.time_launches); the sequence is left as it was."""
+        e, ws = self.engine, self.wsv
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        T = ids.size
+        snap = self.snapshot()
+        self.verify(ids)                           # compiles, loads and captures every kernel
+        self.restore(snap)
+        ws.ids[:T].copy_to_device(ids, stream=e.stream)
+        ws.positions[:T].copy_to_device(np.arange(e.position, e.position + T, dtype=np.int32),
+                                        stream=e.stream)
+        rows = e.time_launches(self._rows_launches(T, head=True), replays)
+        self.restore(snap)
+        return rows
+
+    def _verify_rows(self, ids: np.ndarray, want_logits: bool) -> Rows:
+        """Rows of a verify; their `hidden` is a device array (the loop only slices it and
+        hands it to mtp_draft / mtp_feed), valid until the next verify."""
+        self._run_rows(ids, head=True)
+        T = ids.size
+        hidden = self.hidden_rows[:T]
+        hidden.copy_to_device(self.wsv.x[:T], stream=self.engine.stream)
         return self.head.rows(self.engine, T, hidden, want_logits)
 
     def verify(self, ids, want_logits: bool = False) -> Rows:
@@ -330,22 +508,10 @@ class EngineSpecTarget:
         ids = np.asarray(ids, np.int32).reshape(-1)
         if not 1 <= ids.size <= LOGIT_ROWS:
             raise ValueError(f"verify takes 1..{LOGIT_ROWS} tokens (K <= {MAX_SPEC_K}), got {ids.size}")
-        start = e.position
-        if self.rollback == "recompute":
-            if e.rs is not None:
-                e.rs.snapshot(into=self._before_verify, stream=e.stream)
-            self._pending = (start, ids)
-            return self._verify_rows(ids, want_logits)
-        # "states": one row at a time, keeping the state after each
-        while len(self._after_token) < ids.size and e.rs is not None:
-            self._after_token.append(e.rs.new_snapshot())
-        rows = []
-        for j in range(ids.size):
-            rows.append(self._verify_rows(ids[j:j + 1], want_logits))
-            if e.rs is not None:
-                e.rs.snapshot(into=self._after_token[j], stream=e.stream)
-        self._pending = (start, ids)
-        return _concat(rows)
+        if self.rollback == "recompute" and e.rs is not None:
+            e.rs.snapshot(into=self._before_verify, stream=e.stream)
+        self._pending = (e.position, ids)
+        return self._verify_rows(ids, want_logits)
 
     def commit(self, n: int) -> None:
         """Keep the first n verified tokens: KV rows past them are dead by position; the
@@ -358,17 +524,14 @@ class EngineSpecTarget:
         if n == ids.size:
             return
         e = self.engine
-        if self.rollback == "recompute":
-            if e.rs is not None:
-                e.rs.restore(self._before_verify, stream=e.stream)
+        if e.rs is None:                                 # attention-only models just truncate
+            self._set_position(start + n)
+        elif self.rollback == "recompute":
+            e.rs.restore(self._before_verify, stream=e.stream)
             self._set_position(start)
-            if e.rs is not None:                         # attention-only models just truncate
-                self._stack(ids[:n])
-            else:
-                self._set_position(start + n)
-        else:
-            if e.rs is not None:
-                e.rs.restore(self._after_token[n - 1], stream=e.stream)
+            self._run_rows(ids[:n], head=False)
+        else:                                            # "states": the kernels kept them
+            e.rs.restore_step(self.wsv.step_states, n - 1, stream=e.stream)
             self._set_position(start + n)
         e.stream.synchronize()
 
@@ -426,6 +589,11 @@ class EngineSpecTarget:
 
     def mtp_feed(self, hidden, tokens, vocab=None, want_logits: bool = False) -> Rows:
         return self._need_mtp().feed(hidden, tokens, vocab, want_logits)
+
+    def mtp_draft(self, chunks, k: int, vocab=None) -> list[int]:
+        """k greedy drafts after feeding the true pairs `chunks` (spec.MTPDrafter's fast path:
+        the draft chain runs as captured graphs, GpuMTPHead.draft)."""
+        return self._need_mtp().draft(chunks, k, vocab)
 
 
 __all__ = ["EngineSnapshot", "EngineSpecTarget", "GpuMTPHead", "LOGIT_ROWS"]

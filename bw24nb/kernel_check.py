@@ -443,6 +443,91 @@ def check_matvec_q6k_r(rng, size):
                       guard_ok=guard_ok)
 
 
+@check("matvec_rows", "kernels.matvec.launch_matvec", "kernels.matvec.launch_matvec_q8",
+       "kernels.matvec_q6k.launch_matvec_q8_q6k_r")
+def check_matvec_rows(rng, size):
+    """rows = 4 launches of the three decode matvecs (speculative decoding's verify: the
+    weights read once for 4 activation rows): (a) every row bit for bit the rows = 1 launch on
+    that row's inputs -- the verified tokens must be plain decode's, so the tolerance is 0;
+    (b) every row within the one-row bound of the reference. + bias + residual (in place)."""
+    from .kernels import matvec as mv
+    from .kernels import matvec_q6k as q6
+    from .kernels import quantize_act as qa
+    from .quant import QType
+    T = 4
+    if size == "tiny":
+        # one block of 4 warps (3 rows and an idle warp); Q4_K's K = 512 splits rows over 2
+        cases = [("float", QType.F16, 3, 256), ("q8", QType.Q4_K, 3, 512),
+                 ("q8", QType.Q6_K, 3, 256), ("q6k_r", QType.Q6_K, 3, 256)]
+    else:
+        cases = [("float", QType.Q8_0, Q9.hidden, Q9.hidden),
+                 ("q8", QType.Q4_K, Q9.hidden, Q9.hidden),
+                 ("q8", QType.Q6_K, Q9.ffn, Q9.hidden), ("q6k_r", QType.Q6_K, Q9.ffn, Q9.hidden)]
+    for path, qt, M, K in cases:
+        w = _random_weight(rng, qt, M, K)
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        bias = rng.standard_normal(M).astype(np.float32)
+        residual = rng.standard_normal((T, M)).astype(np.float32)
+        xq, xd = qa.quantize_act_q8_reference(x)
+        body, d = q6.repack_q6_k(w, M, K) if path == "q6k_r" else (None, None)
+        dev = {"w": _dev(w), "bias": _dev(bias)}
+        if path == "q6k_r":
+            dev["body"], dev["d"] = _dev(body), _dev(d)
+
+        def launch(y, t0, rows):
+            """rows activation rows from row t0 into y (holding their residual: y += W x + b)."""
+            xs = slice(t0 * K, (t0 + rows) * K)
+            ds = slice(t0 * K // 32, (t0 + rows) * K // 32)
+            y.dev.copy_to_device(residual[t0:t0 + rows].reshape(-1))
+            if path == "float":
+                mv.launch_matvec(dev["w"], qt, M, K, _dev(x.reshape(-1)[xs]), y.dev,
+                                 bias=dev["bias"], residual=y.dev, rows=rows)
+            elif path == "q8":
+                mv.launch_matvec_q8(dev["w"], qt, M, K, _dev(xq[xs]), _dev(xd[ds]), y.dev,
+                                    bias=dev["bias"], residual=y.dev, rows=rows)
+            else:
+                q6.launch_matvec_q8_q6k_r(dev["body"], dev["d"], M, K, _dev(xq[xs]), _dev(xd[ds]),
+                                          y.dev, bias=dev["bias"], residual=y.dev, rows=rows)
+            return y.get()
+
+        got, guard_ok = launch(Out(T * M), 0, T)
+        got = got.reshape(T, M)
+        # each row's rounding bound is the one-row launcher's (the chains of check_matvec,
+        # check_matvec_q8 and check_matvec_q6k_r): a row is summed in exactly that order
+        wmag = _abs_weight(w, qt, M, K)
+        if path == "float":
+            h = _matvec_chain(qt, K)
+        elif path == "q8":
+            h = _matvec_chain(qt, K) + 4
+            wmag += 2 * _min_offsets(w, qt, M, K)
+        else:
+            h = 2 + 3 + math.ceil(K // 256 * q6.CHUNKS_PER_BLOCK / 32) + 5 + 2 + 2
+        ones, refs, bounds = [], [], []
+        for t in range(T):
+            one, one_guard = launch(Out(M), t, 1)
+            guard_ok = guard_ok and one_guard
+            ones.append(one)
+            xq_t, xd_t = xq[t * K:(t + 1) * K], xd[t * K // 32:(t + 1) * K // 32]
+            if path == "float":
+                refs.append(mv.matvec_reference(w, qt, M, K, x[t], bias, residual[t]))
+                mag = wmag @ np.abs(_f64(x[t]))
+            else:
+                refs.append(mv.matvec_q8_reference(w, qt, M, K, xq_t, xd_t, bias, residual[t])
+                            if path == "q8" else
+                            q6.matvec_q8_q6k_r_reference(body, d, M, K, xq_t, xd_t, bias,
+                                                         residual[t]))
+                mag = wmag @ np.abs(qa.dequantize_act_q8(xq_t, xd_t))
+            bounds.append(MARGIN * gamma(h) * (mag + np.abs(bias) + np.abs(residual[t]))
+                          + TINY_NORMAL)
+        tol = f"{MARGIN:g}γ{h}·Σ|wx|"
+        name = {"float": "matvec", "q8": "matvec_q8", "q6k_r": "matvec_q6k_r"}[path]
+        shape = f"T{T} {_shape(M, K)}+b+r"
+        yield compare(f"{name} rows4==rows1", qt.name, shape, got, np.stack(ones),
+                      tol="bit-exact", bits=True, guard_ok=guard_ok)
+        yield compare(f"{name} rows4", qt.name, shape, got, np.stack(refs), np.stack(bounds),
+                      tol, guard_ok=guard_ok)
+
+
 @check("quantize_act", "kernels.quantize_act.launch_quantize_act")
 def check_quantize_act(rng, size):
     """Activations -> int8 + one f32 scale per 32: bit-exact (every step is one correctly
@@ -1297,6 +1382,44 @@ def check_advance(rng, size):
     yield compare("advance token", "i32", "1", got, want_in, tol="exact", guard_ok=guard_ok,
                   poison=_poison_value(np.int32))
     yield compare("advance position", "i32", "1", pos_dev.copy_to_host(), want_pos, tol="exact")
+
+
+@check("mtp_chain", "kernels.step.launch_mtp_chain")
+def check_mtp_chain(rng, size):
+    """One MTP draft step into the next (speculative decoding's device-side draft chain): the
+    argmax becomes draft `counter` and the next input token, the output row the next hidden
+    row, the position source + 1. A round's first step (first = 1) restarts the count. Exact."""
+    from .kernels import step
+    H = 64 if size == "tiny" else Q9.hidden
+    x_row = rng.standard_normal(H).astype(np.float32)
+    token = np.array([rng.integers(0, 248320)], np.int32)
+    pos_src = rng.integers(0, 1 << 20, 9).astype(np.int32)
+    for first, idx in ((1, 8), (0, 0)):
+        drafts0 = np.full(9, -1, np.int32)
+        counter0 = np.array([3], np.int32)
+        h, ids = Out((1, H)), Out(1, np.int32)
+        positions, drafts, counter = _dev(np.zeros(1, np.int32)), _dev(drafts0), _dev(counter0)
+        src = positions if not first else _dev(pos_src)
+        if not first:
+            positions.copy_to_device(pos_src[:1])
+        step.launch_mtp_chain(_dev(token), _dev(x_row), ids.dev, h.dev, positions, src, idx,
+                              drafts, counter, bool(first))
+        want = dict(h=np.zeros((1, H), np.float32), ids=np.zeros(1, np.int32),
+                    pos=np.zeros(1, np.int32), drafts=drafts0.copy(), counter=counter0.copy())
+        step.mtp_chain_reference(token, x_row, want["ids"], want["h"], want["pos"],
+                                 pos_src if first else pos_src[:1].copy(), idx, want["drafts"],
+                                 want["counter"], first)
+        label = "first" if first else "chained"
+        got_h, ok_h = h.get()
+        got_ids, ok_ids = ids.get()
+        yield compare(f"mtp_chain {label} row", "f32", f"1x{H}", got_h, want["h"], tol="exact",
+                      bits=True, guard_ok=ok_h)
+        yield compare(f"mtp_chain {label} ids/pos", "i32", "3",
+                      np.concatenate([got_ids, positions.copy_to_host(), counter.copy_to_host()]),
+                      np.concatenate([want["ids"], want["pos"], want["counter"]]), tol="exact",
+                      guard_ok=ok_ids)
+        yield compare(f"mtp_chain {label} drafts", "i32", "9", drafts.copy_to_host(),
+                      want["drafts"], tol="exact")
 
 
 # ------------------------------------------------------------------ Gated DeltaNet

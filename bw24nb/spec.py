@@ -141,6 +141,9 @@ class SpecTarget(Protocol):
     def mtp_truncate(self, n: int) -> None: ...
     def mtp_feed(self, hidden, tokens: Sequence[int], vocab: np.ndarray | None = None,
                  want_logits: bool = False) -> Rows: ...
+    # optional, greedy ungated drafting in one call (a GPU target chains the draft steps on
+    # the device): `mtp_draft([(hidden, tokens), ...], k, vocab) -> [d_1 .. d_k]` = feeding
+    # those pairs, then k - 1 chained `mtp_feed`s of the argmax (MTPDrafter.propose)
 
 
 class ReferenceSpecTarget:
@@ -392,6 +395,11 @@ class MTPDrafter(Drafter):
             return [], []
         t, want = self.target, self.want_logits
         t.mtp_truncate(self.base)                     # drop last round's chained drafts
+        if not want and hasattr(t, "mtp_draft"):      # greedy, ungated: the device chain
+            drafts = t.mtp_draft(self.pending, k, self.vocab)
+            self.base += sum(len(tokens) for _, tokens in self.pending)
+            self.pending = []
+            return drafts, [None] * len(drafts)
         for hidden, tokens in self.pending:           # usually one chunk; the last row drafts d_1
             rows = t.mtp_feed(hidden, tokens, self.vocab, want)
             self.base += len(tokens)
@@ -895,24 +903,27 @@ class DepthTable:
 
 # ============================================================================ loading, CLI
 
-def spec_target_for(backend, n_ctx: int | None = None, rollback: str = "recompute"):
+def spec_target_for(backend, n_ctx: int | None = None, rollback: str | None = None):
     """A `SpecTarget` for a `generate.Backend`: the reference backend's model or the GPU
     engine wrapped (`EngineSpecTarget`), or the backend itself when it implements the
-    protocol."""
+    protocol. `rollback` None: the target's own default -- "recompute" on the numpy reference
+    (its "states" runs K+1 one-row forwards), "states" on the GPU (its kernels keep every
+    verified row's state: ~0.7 ms a rollback against ~7 ms for "recompute" on the 9B shape,
+    research/tune-data/spec.jsonl)."""
     from .backends import ReferenceBackend
     if isinstance(backend, ReferenceBackend):
-        return ReferenceSpecTarget(backend.model, n_ctx or backend.n_ctx, rollback)
+        return ReferenceSpecTarget(backend.model, n_ctx or backend.n_ctx, rollback or "recompute")
     from .engine import Engine
     if isinstance(backend, Engine):
         from .engine_spec import EngineSpecTarget
-        return EngineSpecTarget(backend, rollback)
+        return EngineSpecTarget(backend, rollback or "states")
     if all(hasattr(backend, a) for a in ("verify", "commit", "mtp_feed", "snapshot")):
         return backend
     raise UnsupportedArchitecture(f"{backend.name} does not implement speculative decoding "
                                   f"(SpecTarget) yet; use --backend cpu")
 
 
-def load_spec_target(path, n_ctx: int = 4096, which: str = "auto", rollback: str = "recompute",
+def load_spec_target(path, n_ctx: int = 4096, which: str = "auto", rollback: str | None = None,
                      log=print):
     """Open `path` -> (SpecTarget, source, tokenizer or None). The tokenizer is optional here
     (tiny test checkpoints have none; prompts then come as ids)."""
@@ -935,7 +946,7 @@ def load_spec_target(path, n_ctx: int = 4096, which: str = "auto", rollback: str
     from .models import load_weights
     from .reference.model import ReferenceModel
     model = ReferenceModel(source.config, load_weights(source))
-    return ReferenceSpecTarget(model, n_ctx, rollback), source, tokenizer
+    return ReferenceSpecTarget(model, n_ctx, rollback or "recompute"), source, tokenizer
 
 
 def resolve_draft_vocab(size: int, file=None, corpus=None, tokenizer=None,
@@ -1017,8 +1028,9 @@ def register_cli(main) -> None:
                   help="round: decide once per round from the first draft; step: per draft.")
     @click.option("--depth-table", default=None,
                   help="Draft depth per content class, e.g. 'code=6,math=4,prose=2' (overrides --spec-k).")
-    @click.option("--rollback", type=click.Choice(ROLLBACKS), default="recompute",
-                  help="How rejected drafts leave the recurrent (Gated DeltaNet) state.")
+    @click.option("--rollback", type=click.Choice(ROLLBACKS), default=None,
+                  help="How rejected drafts leave the recurrent (Gated DeltaNet) state "
+                       "(default: states on the GPU, recompute on the CPU reference).")
     @click.option("--ctx", default=4096, type=click.IntRange(16), help="Context length (tokens).")
     @click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default="auto")
     def spec(model, prompt, prompt_ids, chat, spec_k, check, max_tokens, draft_mode, temperature,
@@ -1029,7 +1041,7 @@ def register_cli(main) -> None:
 
         log = lambda m: click.echo(m, err=True)   # noqa: E731
         target, source, tok = load_spec_target(_model_path(model), ctx, backend, rollback, log)
-        log(f"backend: {target.name}; rollback: {rollback}; draft: {draft_mode}")
+        log(f"backend: {target.name}; rollback: {target.rollback}; draft: {draft_mode}")
         if prompt_ids:
             ids = _parse_ids(prompt_ids)
             text = tok.decode(ids) if tok is not None else ""

@@ -99,7 +99,7 @@ def test_verify_rows_equal_token_by_token_decode(case):
 
 
 def test_rollback_restores_deltanet_state_bit_exact(case):
-    """4 forwards. snapshot -> verify -> commit(2) (restore + recompute of 2 tokens) -> restore
+    """4 forwards. snapshot -> verify -> commit(2) (the default "states" rollback) -> restore
     gives the prefill's states back exactly; a verify of just the 2 kept tokens then gives the
     states the rolled-back commit had, exactly."""
     target, ref = case
@@ -207,3 +207,56 @@ def test_mtp_head_matches_the_reference():
     # the same dot products, but a matvec may split a row's sum by the row count M: float32
     # reassociation only (~1e-6 of the largest |logit|)
     np.testing.assert_allclose(t_gpu.logits[0], c_gpu.logits[0][vocab], rtol=0, atol=1e-5 * scale)
+
+
+def test_verify_rows_are_the_decode_steps_bit_for_bit(case):
+    """The verify runs the decode kernels over K+1 rows: each row's normed hidden state and
+    logits equal decoding that token alone, bit for bit (not just its argmax)."""
+    target, ref = case
+    target.reset()
+    target.prefill(PROMPT)
+    dec = [target.decode(t, want_logits=True) for t in ref[:3]]
+    target.reset()
+    target.prefill(PROMPT)
+    v = target.verify(ref[:3], want_logits=True)
+    hidden = v.hidden.copy_to_host()                  # a verify's rows stay on the device
+    for i, d in enumerate(dec):
+        np.testing.assert_array_equal(hidden[i], d.hidden.reshape(-1))
+        np.testing.assert_array_equal(v.logits[i], d.logits[0])
+    target.commit(3)
+
+
+def test_states_rollback_equals_recompute(case):
+    """commit(2) after a 4-row verify: the "states" rollback (the kernels' per-row copies)
+    leaves the same recurrent state, bit for bit, as "recompute" (restore + 2-row forward)."""
+    target, ref = case
+    ids = [ref[0], (ref[1] + 1) % target.vocab_size, 5, 9]
+    out = {}
+    for rollback in ("recompute", "states"):
+        from bw24nb.engine_spec import EngineSpecTarget
+        t = EngineSpecTarget(target.engine, rollback=rollback)
+        t.reset()
+        t.prefill(PROMPT)
+        t.verify(ids)
+        t.commit(2)
+        assert t.position == len(PROMPT) + 2
+        out[rollback] = _states(t)
+    for a, b in zip(out["recompute"], out["states"]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_mtp_draft_equals_chained_feeds(case):
+    """mtp_draft (the feed graph + chain-graph replays, drafts read back once) proposes what
+    chained eager mtp_feed calls propose."""
+    target, ref = case
+    target.reset()
+    rows = target.prefill(PROMPT)
+    pairs = [(rows.hidden[-1:], [ref[0]])]      # one pair: one-row kernels both ways
+    eager = []
+    r = target.mtp_feed(*pairs[0])
+    for _ in range(3):
+        eager.append(int(r.argmax[-1]))
+        r = target.mtp_feed(r.hidden[-1:], [eager[-1]])
+    target.mtp_truncate(0)
+    assert target.mtp_draft(pairs, 3) == eager
+    assert target.mtp_position == 3                 # the pair + 2 chained drafts

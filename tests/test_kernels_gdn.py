@@ -389,3 +389,47 @@ def test_recurrent_rollback_replays_from_a_graph(rng):
     o_ref, _ = _reference_rule(gated_delta_rule_recurrent, q, k, v, g, beta, start[0][1],
                                value_to_key_head("qwen35", NK, NV))
     assert np.max(np.abs(o_first - o_ref)) <= RULE_REL * np.max(np.abs(o_ref))
+
+
+def test_step_states_equal_one_token_launches_and_restore(rng):
+    """A speculative verify runs T tokens in one launch of each GDN kernel with `steps`: the
+    state after token t must be bit-identical to t + 1 one-token launches (the decode steps),
+    and RecurrentState.restore_step must put exactly that back."""
+    from bw24nb.cache.recurrent import RecurrentState
+    T = 3
+    cfg = _hybrid_config()
+    rs = RecurrentState(cfg)
+    layer = rs.layers[1]
+    key_head = cuda.to_device(value_to_key_head("qwen35", NK, NV).astype(np.int32))
+    q, k, v, g, beta, s0 = _rule_inputs(rng, T)
+    C = rs.conv_shape[1]
+    x = _rand(rng, T, C)
+    w = _rand(rng, C, CONV_KERNEL)
+    c0 = _rand(rng, *rs.conv_shape)
+    # one-token launches: the decode steps' states
+    conv1, ssm1 = cuda.to_device(c0), cuda.to_device(s0)
+    want = []
+    for t in range(T):
+        launch_conv1d_silu(cuda.to_device(x[t:t + 1]), cuda.to_device(w), conv1, _poisoned(1, C))
+        launch_gated_delta_rule(*(cuda.to_device(a[t:t + 1]) for a in (q, k, v, g, beta)),
+                                key_head, ssm1, _poisoned(1, NV, DV))
+        want.append((conv1.copy_to_host(), ssm1.copy_to_host()))
+    # one launch over T tokens, keeping every step, into the layer's slot of the whole state
+    steps = rs.new_step_states(T + 1)                  # more rows than used is fine
+    rs.conv[layer].copy_to_device(c0)
+    rs.ssm[layer].copy_to_device(s0)
+    conv_steps, ssm_steps = steps.layer(layer)
+    launch_conv1d_silu(cuda.to_device(x), cuda.to_device(w), rs.conv[layer], _poisoned(T, C),
+                       steps=conv_steps)
+    launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head,
+                            rs.ssm[layer], _poisoned(T, NV, DV), steps=ssm_steps)
+    for t in range(T):
+        np.testing.assert_array_equal(steps.conv[t, rs.slot(layer)].copy_to_host(), want[t][0])
+        np.testing.assert_array_equal(steps.ssm[t, rs.slot(layer)].copy_to_host(), want[t][1])
+    rs.restore_step(steps, 0)
+    conv, ssm = rs.read(layer)
+    np.testing.assert_array_equal(conv, want[0][0])
+    np.testing.assert_array_equal(ssm, want[0][1])
+    with pytest.raises(ValueError, match="steps"):
+        launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head,
+                                rs.ssm[layer], _poisoned(T, NV, DV), steps=ssm_steps[:2])

@@ -329,3 +329,107 @@ def test_warps_per_row_policy():
     assert warps_per_row(32, 4096) == 4             # GDN alpha/beta: 32 rows, long K
     assert warps_per_row(896, 4864) == 4            # 0.5B ffn_down
     assert warps_per_row(4096, 512) == 1            # short rows are never split
+
+
+# ---------------------------------------------------------------- several rows (rows = T)
+
+
+def _launch_rows(w, qt, M, K, x, q8, T, bias=None, residual=None, in_place=False, parts=None):
+    """One launch with `rows=T` (x: float32[T, K]; residual: float32[T, M]) on the float path, or
+    with x quantized as the engine does on the dp4a path; returns y[T, M] (guard checked)."""
+    y_full = _guarded(T * M)
+    y = y_full[:T * M]
+    if in_place:
+        y.copy_to_device(residual.reshape(-1))
+    kw = dict(bias=None if bias is None else cuda.to_device(bias),
+              residual=None if residual is None else (y if in_place else cuda.to_device(residual)),
+              parts=parts, rows=T)
+    if q8:
+        xq, xd = quantize_act_q8_reference(x)
+        launch_matvec_q8(cuda.to_device(w), qt, M, K, cuda.to_device(xq), cuda.to_device(xd), y,
+                         **kw)
+    else:
+        launch_matvec(cuda.to_device(w), qt, M, K, cuda.to_device(x), y, **kw)
+    out = y_full.copy_to_host()
+    assert np.all(out[T * M:] == np.float32(1234.5)), "kernel wrote past the end of y"
+    return out[:T * M].reshape(T, M)
+
+
+@pytest.mark.parametrize("qt,q8,T,K,in_place", [
+    (QType.Q4_K, True, 4, 512, False),       # matvec_q4k.py's kernel; K = 512: 2 warps a row
+    (QType.Q6_K, True, 3, 256, True),        # generic dp4a kernel, y += W x in place
+    (QType.Q8_0, True, 2, 256, False),
+    (QType.F32, False, 3, 512, True),        # float path
+    (QType.F16, False, 4, 256, False),
+], ids=lambda v: v.name if isinstance(v, QType) else str(v))
+def test_matvec_rows_equal_one_row_launches(rng, qt, q8, T, K, in_place):
+    """rows = T: row t of the output is bit for bit what a rows = 1 launch on row t's inputs
+    gives (speculative decoding's verify must reproduce plain decode exactly, so exact
+    equality is the specification here, not a tolerance), and it is inside the one-row
+    bound of the reference. M = 5 rows: the last block has warps without a row."""
+    M = 5
+    w = random_weight_bytes(rng, qt, M, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    bias = (10 * rng.standard_normal(M)).astype(np.float32)
+    residual = (10 * rng.standard_normal((T, M))).astype(np.float32)
+    y = _launch_rows(w, qt, M, K, x, q8, T, bias, residual, in_place)
+    for t in range(T):
+        one = _launch_rows(w, qt, M, K, x[t], q8, 1, bias, residual[t:t + 1], in_place)[0]
+        np.testing.assert_array_equal(y[t].view(np.uint32), one.view(np.uint32), err_msg=f"row {t}")
+        if q8:
+            xq, xd = quantize_act_q8_reference(x[t])
+            ref = matvec_q8_reference(w, qt, M, K, xq, xd, bias, residual[t])
+            # the bound of test_matvec_q8_end_to_end
+            wmag = np.abs(dequantize(w, qt, (M, K)).astype(np.float64)) \
+                + 2 * _min_offsets(w, qt, M, K)
+            scale = wmag @ np.abs(dequantize_act_q8(xq, xd)) + np.abs(bias) + np.abs(residual[t])
+        else:
+            ref = matvec_reference(w, qt, M, K, x[t], bias, residual[t])
+            scale = _scale(w, qt, M, K, x[t], bias, residual[t])
+        np.testing.assert_array_less(np.abs(y[t] - ref), FLOAT_PATH_REL * scale, err_msg=f"row {t}")
+
+
+def test_matvec_rows_split_over_four_warps_exact(rng):
+    """rows = 3 with every row split over 4 warps (the shared combine holds one total per row
+    and warp): on exact-arithmetic inputs (test_matvec_q8_integer_part_exact) every row equals
+    the float64 reference bit for bit."""
+    qt, M, K, T = QType.Q8_0, 5, 512, 3
+    w = random_weight_bytes(rng, qt, M, K, f16_value=2.0 ** -6)
+    bound = min(127, (2 ** 24 - 1) // (K * _MAX_INT_W[qt]))
+    xq = rng.integers(-bound, bound + 1, size=T * K).astype(np.int8)
+    xd = np.full(T * K // 32, 2.0 ** -3, np.float32)
+    y_full = _guarded(T * M)
+    launch_matvec_q8(cuda.to_device(w), qt, M, K, cuda.to_device(xq), cuda.to_device(xd),
+                     y_full[:T * M], parts=4, rows=T)
+    out = y_full.copy_to_host()
+    for t in range(T):
+        ref = matvec_q8_reference(w, qt, M, K, xq[t * K:(t + 1) * K],
+                                  xd[t * K // 32:(t + 1) * K // 32])
+        np.testing.assert_array_equal(out[t * M:(t + 1) * M], ref.astype(np.float32),
+                                      err_msg=f"row {t}")
+    assert np.all(out[T * M:] == np.float32(1234.5))
+
+
+def test_matvec_rows_rejects_bad_rows_and_short_buffers():
+    from bw24nb.kernels.matvec import MAX_ROWS
+    M, K = 3, 256
+    w = cuda.to_device(np.zeros(M * 144, np.uint8))                 # Q4_K, 3 x 256
+    x = cuda.to_device(np.zeros(2 * K, np.float32))
+    xq = cuda.to_device(np.zeros(2 * K, np.int8))
+    xd = cuda.to_device(np.zeros(2 * K // 32, np.float32))
+    y = cuda.to_device(np.zeros(2 * M, np.float32))
+    for rows in (0, MAX_ROWS + 1):
+        with pytest.raises(ValueError, match="rows"):
+            launch_matvec(w, QType.Q4_K, M, K, x, y, rows=rows)
+        with pytest.raises(ValueError, match="rows"):
+            launch_matvec_q8(w, QType.Q4_K, M, K, xq, xd, y, rows=rows)
+    with pytest.raises(ValueError, match=r"x must be float32 with at least rows x K = 3 x 256"):
+        launch_matvec(w, QType.Q4_K, M, K, x, cuda.to_device(np.zeros(3 * M, np.float32)), rows=3)
+    with pytest.raises(ValueError, match=r"y must be float32 with at least rows x M = 3 x 3 = 9"):
+        launch_matvec(w, QType.Q4_K, M, K, cuda.to_device(np.zeros(3 * K, np.float32)), y, rows=3)
+    with pytest.raises(ValueError, match=r"residual must be float32 with at least rows x M"):
+        launch_matvec_q8(w, QType.Q4_K, M, K, xq, xd, y,
+                         residual=cuda.to_device(np.zeros(M, np.float32)), rows=2)
+    with pytest.raises(ValueError, match=r"xq must be int8\[768\] and xd float32\[24\]"):
+        launch_matvec_q8(w, QType.Q4_K, M, K, xq, xd, cuda.to_device(np.zeros(3 * M, np.float32)),
+                         rows=3)

@@ -215,3 +215,67 @@ def test_launcher_rejects_bad_inputs():
         launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, parts=3)
     with pytest.raises(ValueError, match="whole blocks"):
         launch_matvec_q8_q6k_r(body, d, M, 300, xq, xd, y)
+
+
+# ---------------------------------------------------------------- several rows (rows = T)
+
+
+def _run_rows(w_raw, xq, xd, T, bias=None, residual=None, in_place=False, parts=None):
+    """One rows=T launch (xq int8[T*K], xd float32[T*K/32], residual float32[T, M]); returns
+    y[T, M] (the guard checked)."""
+    body, d = repack_q6_k(w_raw, M, K)
+    y_full = _guarded(T * M)
+    y = y_full[:T * M]
+    if in_place:
+        y.copy_to_device(residual.reshape(-1))
+    launch_matvec_q8_q6k_r(cuda.to_device(body), cuda.to_device(d), M, K, cuda.to_device(xq),
+                           cuda.to_device(xd), y,
+                           bias=None if bias is None else cuda.to_device(bias),
+                           residual=None if residual is None else
+                           (y if in_place else cuda.to_device(residual)),
+                           parts=parts, rows=T)
+    out = y_full.copy_to_host()
+    assert np.all(out[T * M:] == np.float32(GUARD)), "kernel wrote past the end of y"
+    return out[:T * M].reshape(T, M)
+
+
+@pytest.mark.parametrize("T,in_place,parts", [(4, False, None), (3, True, 4)])
+def test_rows_equal_one_row_launches(rng, T, in_place, parts):
+    """rows = T: row t is bit for bit the rows = 1 launch on row t's inputs (speculative
+    decoding's verify must reproduce plain decode exactly), and inside the one-row bound of the
+    reference; with the default split (2 warps a row at K = 512) and with 4 warps a row."""
+    w = random_weight_bytes(rng, Q6, M, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    xq, xd = quantize_act_q8_reference(x)
+    bias = rng.standard_normal(M).astype(np.float32)
+    residual = (10 * rng.standard_normal((T, M))).astype(np.float32)
+    y = _run_rows(w, xq, xd, T, bias, residual, in_place, parts)
+    for t in range(T):
+        xq_t, xd_t = xq[t * K:(t + 1) * K], xd[t * K // 32:(t + 1) * K // 32]
+        one = _run(w, xq_t, xd_t, bias=bias, residual=residual[t], parts=parts, in_place=in_place)
+        np.testing.assert_array_equal(y[t].view(np.uint32), one.view(np.uint32), err_msg=f"row {t}")
+        ref = matvec_q8_reference(w, Q6, M, K, xq_t, xd_t, bias, residual[t])
+        np.testing.assert_array_less(np.abs(y[t] - ref), _bound(w, xq_t, xd_t, bias, residual[t]),
+                                     err_msg=f"row {t}")
+
+
+def test_rows_launcher_rejects_bad_rows_and_short_buffers():
+    nblk = K // 256
+    body = cuda.to_device(np.zeros(M * nblk * 208, np.uint8))
+    d = cuda.to_device(np.zeros(M * nblk, np.float16))
+    xq = cuda.to_device(np.zeros(2 * K, np.int8))
+    xd = cuda.to_device(np.zeros(2 * K // 32, np.float32))
+    y = cuda.to_device(np.zeros(2 * M, np.float32))
+    with pytest.raises(ValueError, match="rows"):
+        launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, rows=0)
+    with pytest.raises(ValueError, match="rows"):
+        launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, rows=10)
+    with pytest.raises(ValueError, match=r"xq must be int8\[1536\] and xd float32\[48\]"):
+        launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, cuda.to_device(np.zeros(3 * M, np.float32)),
+                               rows=3)
+    with pytest.raises(ValueError, match=r"y must be float32 with at least rows x M = 3 x 5 = 15"):
+        launch_matvec_q8_q6k_r(body, d, M, K, cuda.to_device(np.zeros(3 * K, np.int8)),
+                               cuda.to_device(np.zeros(3 * K // 32, np.float32)), y, rows=3)
+    with pytest.raises(ValueError, match=r"residual must be float32 with at least rows x M"):
+        launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y,
+                               residual=cuda.to_device(np.zeros(M, np.float32)), rows=2)

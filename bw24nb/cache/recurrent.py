@@ -126,6 +126,20 @@ class RecurrentSnapshot:
     slots: tuple          # which slots hold a copy (all, unless snapshot(layers=...) was used)
 
 
+@dataclass
+class StepStates:
+    """Per-token copies of the whole state, [T, n_slots, ...] (RecurrentState.new_step_states)."""
+    conv: object          # device float32 [T, n_slots, K-1, conv_dim]
+    ssm: object           # device float32 [T, n_slots, n_v, d_k, d_v]
+    slots: dict           # model layer -> slot
+
+    def layer(self, layer: int) -> tuple:
+        """(conv [T, K-1, conv_dim], ssm [T, n_v, d_k, d_v]) views of one layer, for the
+        kernels' `steps` arguments."""
+        s = self.slots[layer]
+        return self.conv[:, s], self.ssm[:, s]
+
+
 class RecurrentState:
     """Conv windows and SSM states of the linear-attention layers, on the device, zeroed.
 
@@ -204,6 +218,21 @@ class RecurrentState:
                 _launch_copy(snap.conv[s], self.conv_all[s], stream)
                 _launch_copy(snap.ssm[s], self.ssm_all[s], stream)
 
+    def new_step_states(self, T: int) -> "StepStates":
+        """Buffers for the state after each of T tokens of one launch sequence (a speculative
+        verify): the GDN kernels write them (`StepStates.layer`), `restore_step` puts one back.
+        T x the whole state (9 x 48 MiB at the Qwen3.5-9B shape); allocate before capture."""
+        return StepStates(
+            conv=cuda.device_array((T, self.n_slots, *self.conv_shape), np.float32),
+            ssm=cuda.device_array((T, self.n_slots, *self.ssm_shape), np.float32),
+            slots=self.layer_slots)
+
+    def restore_step(self, steps: "StepStates", t: int, stream=0) -> None:
+        """The state as it was after token t of the launches that wrote `steps`: two copies
+        (each step's states of every layer are one contiguous block)."""
+        _launch_copy(steps.conv[t], self.conv_all, stream)
+        _launch_copy(steps.ssm[t], self.ssm_all, stream)
+
     def read(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copies (conv, ssm) of one layer's state, for tests and debugging."""
         return self.conv[layer].copy_to_host(), self.ssm[layer].copy_to_host()
@@ -214,5 +243,5 @@ PTX_SIGNATURES = {
     "fill_f32": ["void(float32[::1], float32)"],
 }
 
-__all__ = ["RecurrentSnapshot", "RecurrentState", "conv_state_shape", "linear_attention_layers",
-           "recurrent_state_bytes", "ssm_state_shape"]
+__all__ = ["RecurrentSnapshot", "RecurrentState", "StepStates", "conv_state_shape",
+           "linear_attention_layers", "recurrent_state_bytes", "ssm_state_shape"]

@@ -27,14 +27,15 @@ Everything is float32; every sum above has a fixed order, so results are determi
 Prefill writes out = acc / l. Shared memory: ~41 KB at HEAD_DIM_MAX = 256 (under the 48 KB
 static limit); head_dim is a runtime value <= HEAD_DIM_MAX.
 
-Decode (split-K). The context 0 .. n_ctx-1 (n_ctx = max(positions) + 1, read on the device so
-a captured graph replays at every length) is cut into contiguous chunks of
+Decode (split-K). A query token's context 0 .. n_ctx-1 (n_ctx = its position + 1, read on the
+device so a captured graph replays at every length) is cut into contiguous chunks of
 max(DECODE_MIN_CHUNK, ceil(n_ctx / n_splits)) keys, `used` <= n_splits of them; block
-(split, kvh, row tile) runs steps 1-5 over its chunk and writes the unnormalized partial
+(split, kvh, row tile of one token) runs steps 1-5 over its chunk and writes the unnormalized partial
 (m, l, acc[D]); blocks past `used` exit at once. `flash_decode_combine` merges the partials of
 each (t, head) in split order 0, 1, ..., with M = max m_s, w_s = exp(m_s - M),
 out = (sum_s w_s acc_s) / (sum_s w_s l_s); splits with no visible key (l = 0) are skipped. No
-atomics: the result depends only on n_splits and the context length.
+atomics: a row's result depends only on n_splits and its own position, so a speculative
+verify over K+1 tokens (T = K+1) reproduces each token's decode step bit for bit.
 Note the decode and prefill paths sum in different orders (chunked vs. one pass), so their
 outputs agree to float32 rounding, not bit for bit.
 """
@@ -139,12 +140,12 @@ def _load_tile_cache(kv_sh, rows_u8, rows_f16, qtype, kvh, key0, nk, D):
 
 
 @cuda.jit(device=True)
-def _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh):
-    """Stage query rows row0 .. row0 + n_rows - 1 of KV head kvh into q_sh (stride D + 1) and
-    their causal limits into lim_sh; returns n_rows. Caller syncs."""
+def _load_rows(q, positions, kvh, n_rep, row0, row_end, q_sh, lim_sh):
+    """Stage query rows row0 .. row0 + n_rows - 1 (< row_end) of KV head kvh into q_sh
+    (stride D + 1) and their causal limits into lim_sh; returns n_rows. Caller syncs."""
     T, _, D = q.shape
     DP = D + 1
-    n_rows = min(ATTN_ROWS, T * n_rep - row0)
+    n_rows = min(ATTN_ROWS, row_end - row0)
     for i in range(cuda.threadIdx.x, n_rows * D, cuda.blockDim.x):
         r = i // D
         d = i - r * D
@@ -268,7 +269,7 @@ def flash_attn_f32(q, k, v, positions, scale, out):
     n_rep = q.shape[1] // k.shape[1]
     D = q.shape[2]
     row0 = cuda.blockIdx.x * ATTN_ROWS
-    n_rows = _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh)
+    n_rows = _load_rows(q, positions, kvh, n_rep, row0, q.shape[0] * n_rep, q_sh, lim_sh)
     cuda.syncthreads()
     key_end = min(_max_limit(lim_sh, n_rows) + 1, k.shape[0])
     _attend_f32(k, k, 0, v, v, 0, kvh, n_rows, 0, key_end, D, scale,
@@ -291,7 +292,7 @@ def flash_attn_cache(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, sca
     n_rep = q.shape[1] // k_u8.shape[0]
     D = q.shape[2]
     row0 = cuda.blockIdx.x * ATTN_ROWS
-    n_rows = _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh)
+    n_rows = _load_rows(q, positions, kvh, n_rep, row0, q.shape[0] * n_rep, q_sh, lim_sh)
     cuda.syncthreads()
     key_end = min(_max_limit(lim_sh, n_rows) + 1, k_u8.shape[1])
     _attend_cache(k_u8, k_f16, k_type, v_u8, v_f16, v_type, kvh, n_rows, 0, key_end, D, scale,
@@ -300,31 +301,28 @@ def flash_attn_cache(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, sca
 
 
 @cuda.jit(device=True, inline="always")
-def _context_len(positions, T, ctx):
-    """Keys visible to the step: max(positions) + 1, capped at the cache's length."""
-    n_ctx = int32(0)
-    for t in range(T):
-        n_ctx = max(n_ctx, positions[t] + 1)
-    return min(n_ctx, ctx)
-
-
-@cuda.jit(device=True, inline="always")
-def _split_plan(positions, T, ctx, n_splits, min_chunk):
-    """(chunk, used): keys per split -- ceil(n_ctx / n_splits), but at least DECODE_MIN_CHUNK,
-    so a short context runs on a few well-filled blocks instead of n_splits nearly empty ones --
-    and how many splits that takes. Both the split pass and the combine derive it from the
-    same device-side positions, so one captured graph serves every length."""
-    n_ctx = _context_len(positions, T, ctx)
+def _split_plan(position, ctx, n_splits, min_chunk):
+    """(n_ctx, chunk, used) for a query token at `position`: the keys it sees
+    (min(position + 1, ctx)), keys per split -- ceil(n_ctx / n_splits), but at least
+    min_chunk, so a short context runs on a few well-filled blocks instead of n_splits nearly
+    empty ones -- and how many splits that takes. A function of the token's own position only:
+    the split pass and the combine derive it from the same device-side value (one captured
+    graph serves every length), and a token verified among K+1 gets the plan, hence the
+    summation order, it has when decoded alone."""
+    n_ctx = min(position + 1, ctx)
     chunk = max(min_chunk, (n_ctx + n_splits - 1) // n_splits)
-    return chunk, (n_ctx + chunk - 1) // chunk
+    return n_ctx, chunk, (n_ctx + chunk - 1) // chunk
 
 
 @kernel
 def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, scale,
                        min_chunk, part_ml, part_acc):
-    """Split-K pass over the quantized cache. Grid (n_splits, Hkv, row tiles), DECODE_THREADS.
-    part_ml[T, Hq, n_splits, 2] gets (m, l), part_acc[T, Hq, n_splits, D] the unnormalized
-    accumulator of this block's chunk.
+    """Split-K pass over the quantized cache. Grid (n_splits, Hkv, T * row tiles per token),
+    DECODE_THREADS. part_ml[T, Hq, n_splits, 2] gets (m, l), part_acc[T, Hq, n_splits, D] the
+    unnormalized accumulator of this block's chunk. A block serves the rows (heads of the
+    GQA group) of one token only, chunked by that token's own position (`_split_plan`): row
+    (t, h) of a T-token launch is bit-identical to the same row decoded alone (T = 1), which
+    speculative verify relies on.
 
     Decode has few rows (T * n_rep <= 16) and a short chunk, and a split runs as one block on
     an otherwise idle SM: the time is latency, so every inner loop keeps four independent
@@ -352,16 +350,17 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
     split = cuda.blockIdx.x
     n_splits = cuda.gridDim.x
     kvh = cuda.blockIdx.y
-    row0 = cuda.blockIdx.z * ATTN_ROWS
-    T = q.shape[0]
     n_rep = q.shape[1] // k_u8.shape[0]
+    tiles = (n_rep + ATTN_ROWS - 1) // ATTN_ROWS       # row tiles per token
+    tok = cuda.blockIdx.z // tiles
+    row0 = tok * n_rep + (cuda.blockIdx.z - tok * tiles) * ATTN_ROWS
     D = q.shape[2]
     DP = D + 1
-    chunk, used = _split_plan(positions, T, k_u8.shape[1], n_splits, min_chunk)
+    n_ctx, chunk, used = _split_plan(positions[tok], k_u8.shape[1], n_splits, min_chunk)
     if split >= used:
         return                      # past the context: the combine never reads this split
     key_begin = split * chunk
-    key_end = min(key_begin + chunk, _context_len(positions, T, k_u8.shape[1]))
+    key_end = min(key_begin + chunk, n_ctx)
     tid = cuda.threadIdx.x
     lane = tid & 31
     warp = tid >> 5
@@ -369,7 +368,7 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
     G = cuda.blockDim.x // D        # PV thread groups; thread (d, g) with g < G works
     g = tid // D
     d = tid - g * D
-    n_rows = _load_rows(q, positions, kvh, n_rep, row0, q_sh, lim_sh)
+    n_rows = _load_rows(q, positions, kvh, n_rep, row0, (tok + 1) * n_rep, q_sh, lim_sh)
     if tid < n_rows:
         m_sh[tid] = _NEG_INF
         l_sh[tid] = float32(0.0)
@@ -474,7 +473,7 @@ def flash_decode_combine(positions, ctx, min_chunk, part_ml, part_acc, out):
     lane = tid & 31
     warp = tid >> 5
     n_warps = cuda.blockDim.x >> 5
-    _, used = _split_plan(positions, T, ctx, S, min_chunk)
+    _, _, used = _split_plan(positions[t], ctx, S, min_chunk)
     m = _NEG_INF
     l_s = float32(0.0)
     if tid < used:
@@ -608,7 +607,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
             or tuple(part_acc.shape) != (T, Hq, n_splits, D)):
         raise ValueError(f"partials {tuple(part_ml.shape)}, {tuple(part_acc.shape)} do not fit "
                          f"q {tuple(q.shape)}")
-    grid = (n_splits, Hkv, _row_tiles(T, Hq // Hkv))
+    grid = (n_splits, Hkv, T * _row_tiles(1, Hq // Hkv))     # tiles of one token each
     flash_decode_split[grid, DECODE_THREADS, stream](q, positions, k_u8, k_f16, np.int32(k_type),
                                                    v_u8, v_f16, np.int32(v_type),
                                                    _scale(scale, D), np.int32(min_chunk),

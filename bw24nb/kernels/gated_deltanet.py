@@ -116,9 +116,10 @@ def _softplus(x):
 
 
 @kernel
-def conv1d_silu(x, w, state, y):
+def conv1d_silu(x, w, state, y, steps, save_steps):
     """y[t, c] = silu(sum_j w[c, j] * window_c[t + j]), window_c = (state[:, c], x[:, c]);
-    state[:, c] <- the last K-1 inputs. x, y [T, C] (y may be x); w [C, 4]; state [3, C]."""
+    state[:, c] <- the last K-1 inputs. x, y [T, C] (y may be x); w [C, 4]; state [3, C].
+    save_steps: also steps[t, :, c] <- the window after token t (steps [>= T, 3, C])."""
     c = cuda.grid(1)
     if c >= x.shape[1]:
         return
@@ -132,6 +133,10 @@ def conv1d_silu(x, w, state, y):
         acc += w3 * xt
         y[t, c] = _silu(acc)
         s0, s1, s2 = s1, s2, xt
+        if save_steps:
+            steps[t, 0, c] = s0
+            steps[t, 1, c] = s1
+            steps[t, 2, c] = s2
     state[0, c] = s0
     state[1, c] = s1
     state[2, c] = s2
@@ -179,10 +184,12 @@ def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
 
 
 @kernel
-def gated_delta_rule(q, k, v, g, beta, key_head, state, o):
+def gated_delta_rule(q, k, v, g, beta, key_head, state, o, steps, save_steps):
     """T recurrent steps of the gated delta rule, state [nv, dk, dv] updated in place.
     q, k [T, nk, dk] (q already scaled); v, o [T, nv, dv]; g, beta [T, nv];
-    key_head int32[nv]. Grid (nv, ceil(dv / GDN_COLS)), GDN_THREADS threads."""
+    key_head int32[nv]. Grid (nv, ceil(dv / GDN_COLS)), GDN_THREADS threads.
+    save_steps: also steps[t] <- the state after token t (steps [>= T, nv, dk, dv]): a
+    speculative verify's rollback to any accepted length is then one copy."""
     tile = cuda.shared.array((GDN_DK_MAX, GDN_COLS), float32)     # S[:, j0:j0+32] of head h
     qs = cuda.shared.array(GDN_DK_MAX, float32)
     ks = cuda.shared.array(GDN_DK_MAX, float32)
@@ -237,6 +244,9 @@ def gated_delta_rule(q, k, v, g, beta, key_head, state, o):
             for w in range(GDN_WARPS):
                 acc += red[w, lane]
             o[t, h, j] = acc
+        if save_steps and col:
+            for i in range(wp, dk, GDN_WARPS):
+                steps[t, h, i, j] = tile[i, lane]
         cuda.syncthreads()                      # red, qs, ks are rewritten next step
 
     if col:
@@ -247,11 +257,12 @@ def gated_delta_rule(q, k, v, g, beta, key_head, state, o):
 # ------------------------------------------------------------------ launchers
 
 
-def launch_conv1d_silu(x, conv_w, conv_state, y, stream=0):
+def launch_conv1d_silu(x, conv_w, conv_state, y, stream=0, steps=None):
     """`y = silu(causal_conv1d(x, conv_w, conv_state))` and the window updated in place.
 
     x, y float32[T, C] (y may be x); conv_w float32[C, 4] (ssm_conv1d.weight); conv_state
-    float32[3, C] (the previous 3 inputs, oldest first; zeros at the start).
+    float32[3, C] (the previous 3 inputs, oldest first; zeros at the start); steps: None or
+    float32[>= T, 3, C] (rows may be strided) receiving the window after each token.
     Reference: `silu(causal_conv1d(x, weight, state)[0])`, new state `[1]`."""
     T, C = x.shape
     if tuple(conv_w.shape) != (C, CONV_KERNEL):
@@ -259,9 +270,14 @@ def launch_conv1d_silu(x, conv_w, conv_state, y, stream=0):
                          f" (only kernel width {CONV_KERNEL} has a kernel)")
     if tuple(conv_state.shape) != (CONV_KERNEL - 1, C) or tuple(y.shape) != (T, C):
         raise ValueError(f"conv1d: state must be [{CONV_KERNEL - 1}, {C}] and y [{T}, {C}]")
+    if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (CONV_KERNEL - 1, C)):
+        raise ValueError(f"conv1d: steps must be [>= {T}, {CONV_KERNEL - 1}, {C}], got "
+                         f"{tuple(steps.shape)}")
     if C == 0:
         return
-    conv1d_silu[(C + CONV_THREADS - 1) // CONV_THREADS, CONV_THREADS, stream](x, conv_w, conv_state, y)
+    conv1d_silu[(C + CONV_THREADS - 1) // CONV_THREADS, CONV_THREADS, stream](
+        x, conv_w, conv_state, y, conv_state.reshape(1, *conv_state.shape) if steps is None else steps,
+        np.int32(steps is not None))
 
 
 def launch_gdn_prep(qkv, a, b, dt_bias, ssm_a, q, k, v, g, beta, eps: float = L2NORM_EPS,
@@ -287,14 +303,16 @@ def launch_gdn_prep(qkv, a, b, dt_bias, ssm_a, q, k, v, g, beta, eps: float = L2
                                             np.float32(eps), q, k, v, g, beta)
 
 
-def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0):
+def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, steps=None):
     """T steps of the gated delta rule (decode: T = 1; prefill: T tokens, one launch).
 
     q, k float32[T, nk, dk] — L2-normalised, q already scaled by 1/sqrt(dk) (launch_gdn_prep);
     v float32[T, nv, dv]; g, beta float32[T, nv]; key_head int32[nv] (the key head each value
     head reads: `bw24nb.models.qwen35.value_to_key_head`); state float32[nv, dk, dv], updated in
-    place; o float32[T, nv, dv]. Reference: `gated_delta_rule_recurrent(q_rep * sqrt(dk), k_rep,
-    v, g, beta, state)` with `q_rep = q[:, key_head]` (and equal to the chunked form)."""
+    place; o float32[T, nv, dv]; steps: None or float32[>= T, nv, dk, dv] (the first axis may
+    be strided) receiving the state after each token. Reference: `gated_delta_rule_recurrent(
+    q_rep * sqrt(dk), k_rep, v, g, beta, state)` with `q_rep = q[:, key_head]` (and equal to
+    the chunked form)."""
     T, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     if dk > GDN_DK_MAX:
@@ -306,8 +324,12 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0):
     if tuple(g.shape) != (T, nv) or tuple(beta.shape) != (T, nv) or key_head.shape[0] != nv \
             or key_head.dtype != np.int32:
         raise ValueError(f"gated_delta_rule: g, beta must be [{T}, {nv}], key_head int32[{nv}]")
+    if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (nv, dk, dv)):
+        raise ValueError(f"gated_delta_rule: steps must be [>= {T}, {nv}, {dk}, {dv}], got "
+                         f"{tuple(steps.shape)}")
     gated_delta_rule[(nv, (dv + GDN_COLS - 1) // GDN_COLS), GDN_THREADS, stream](
-        q, k, v, g, beta, key_head, state, o)
+        q, k, v, g, beta, key_head, state, o,
+        state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None))
 
 
 def launch_gdn_output_norm(o, z, norm_w, eps: float, y, stream=0):
@@ -319,8 +341,9 @@ def launch_gdn_output_norm(o, z, norm_w, eps: float, y, stream=0):
 _A2 = "float32[:, ::1]"
 _A3 = "float32[:, :, ::1]"
 PTX_SIGNATURES = {
-    "conv1d_silu": [f"void({_A2}, {_A2}, {_A2}, {_A2})"],
+    "conv1d_silu": [f"void({_A2}, {_A2}, {_A2}, {_A2}, float32[:, :, ::1], int32)"],
     "gdn_prep": [f"void({_A2}, {_A2}, {_A2}, float32[::1], float32[::1], float32, float32, "
                  f"{_A3}, {_A3}, {_A3}, {_A2}, {_A2})"],
-    "gated_delta_rule": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A3})"],
+    "gated_delta_rule": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A3}, "
+                         f"float32[:, :, :, ::1], int32)"],
 }

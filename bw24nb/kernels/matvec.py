@@ -44,11 +44,26 @@ Two paths:
                     float32 (dequant.py, <type>_group_dot_q8). Q4_K goes to matvec_q4k.py's
                     16-byte-load kernel. The engine's decode default for these types.
 
+Several rows of activations at once (rows = T > 1, launch_*(..., rows=T)): speculative
+decoding verifies T = K + 1 tokens in one forward, and each verified row must be the value
+plain decode would compute for it, bit for bit, or the accepted tokens could differ from
+non-speculative decoding. So the rows = T kernels run the one-row kernel's loop unchanged --
+the same warps per row (`warps_per_row(M, K)`, never a function of T), the same slots, the
+same clamping -- and at every slot decode the weights once and multiply them into T
+accumulators, each summed in exactly the order above (steps 1-5 per row t). The weights are
+read once for the T rows, which is the point: weight bytes are the whole cost of a decode
+matvec. T is a compile-time constant of each kernel (`rows_kernel`, built on first use; at most
+MAX_ROWS) and the per-row work is written out T times (`unrolled`), so the accumulators live
+in registers and the T copies' weight loads are one load each after LLVM's CSE. Row t of the
+activations starts at t * K, of y and residual at t * M; the bias is shared. rows = 1 launches
+the one-row kernels.
+
 numpy references: `matvec_reference` (float path) and `matvec_q8_reference` (dp4a path) below.
 """
 import numpy as np
 from numba import cuda
 
+from ..device import simulator_enabled
 from ..jit import kernel
 from ..quant.types import QType, row_bytes
 from ..ptx import warp_sum
@@ -63,6 +78,11 @@ THREADS = 32 * WARPS_PER_BLOCK
 # Q8_0 (112 groups) in one step -- one DRAM round trip per row -- and keeps 16-40 bytes in
 # flight per lane for the long rows; the step body is written out 4 times below.
 UNROLL = 4
+# Rows of activations one launch may carry (rows = T > 1, the module docstring): speculative
+# decoding's verify is K + 1 <= 9 tokens. The rows kernels' shared combine buffer holds one warp
+# total per (row, warp of the block); shared sizes must be compile-time constants.
+MAX_ROWS = 9
+PART_SH_ROWS = WARPS_PER_BLOCK * MAX_ROWS
 
 
 @cuda.jit(device=True, inline="always")
@@ -98,13 +118,126 @@ def combine_parts(part_sh, parts, part, lane, total):
     return total
 
 
-def _make_matvec(lay):
+# ---------------------------------------------------------------- several rows (rows = T)
+
+
+def nvvm_inlined(fn):
+    """A device function that NVVM inlines (numba's forceinline: LLVM's alwaysinline) rather
+    than Numba (inline="always"). Numba's inliner re-runs its passes on the callee and copies
+    its whole IR at every call site; for the rows kernels' T copies of a slot body that made one
+    4-row kernel take minutes to compile instead of ~15 s. A function NVVM inlines is compiled
+    once per signature. (The simulator has no forceinline, and needs none.)"""
+    if simulator_enabled():
+        return cuda.jit(device=True)(fn)
+    return cuda.jit(device=True, forceinline=True)(fn)
+
+
+def unrolled(nr, body):
+    """Device function run(acc, args) that calls body(t, acc, args) for t = 0, 1, .., nr - 1,
+    written out as nr calls (a chain of functions, each calling the previous one and then
+    `body` once) rather than a loop: NVVM does not unroll a loop whose body is a few hundred
+    instructions. After NVVM inlines the chain, t is a constant in every copy of `body`, so
+    acc[t] of a cuda.local.array(nr) accumulator is a register, and the copies' identical
+    plain weight loads are merged into one by LLVM's CSE (not the inline-asm 16-byte loads:
+    the kernels issue those once per slot themselves). `body` must be `nvvm_inlined`; `args` a
+    tuple that it unpacks."""
+    run = None
+    for t in range(nr):
+        run = _then(run, body, t)
+    return run
+
+
+def _then(prev, body, t):
+    # t is passed as a plain int64, not the literal constant it is here: numba would compile
+    # `body` once per literal value (NVVM's constant propagation specialises each copy anyway)
+    if prev is None:
+        def run(acc, args):
+            body(np.int64(t), acc, args)
+    else:
+        def run(acc, args):
+            prev(acc, args)
+            body(np.int64(t), acc, args)
+    return nvvm_inlined(run)
+
+
+@nvvm_inlined
+def _zero(t, acc, args):
+    acc[t] = np.float32(0.0)
+
+
+@nvvm_inlined
+def _warp_total(t, acc, args):
+    """Row t's warp total (warp_sum, every lane) into acc[t]; lane 0 also leaves it in the
+    row's slot of the shared buffer when the row is split over warps (combine_parts' hop)."""
+    part_sh, lane, parts = args
+    s = warp_sum(acc[t])
+    acc[t] = s
+    if parts > 1 and lane == 0:
+        part_sh[t * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)] = s
+
+
+@nvvm_inlined
+def _store_total(t, acc, args):
+    """y[t*M + row] = ((w_0 + w_1) + ..) + bias[row]) + residual[t*M + row] (matvec_rows'
+    lane 0 of part 0): combine_parts' order and store_row's, for row t."""
+    part_sh, parts, row, M, y, bias, residual, has_bias, has_residual = args
+    total = acc[t]
+    w0 = t * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+    for k in range(1, parts):
+        total += part_sh[w0 + k]
+    store_row(y[t * M:], bias, residual[t * M:], has_bias, has_residual, row, total)
+
+
+def rows_epilogue(nr):
+    """(zero, finish): device functions that clear the nr accumulators, and that take them
+    through warp_sum, the split-row combine (one block barrier for all nr rows) and the store;
+    the rows kernels of this module, matvec_q4k.py and matvec_q6k.py end with finish."""
+    zero = unrolled(nr, _zero)
+    totals = unrolled(nr, _warp_total)
+    stores = unrolled(nr, _store_total)
+
+    @cuda.jit(device=True, inline="always")
+    def finish(acc, part_sh, lane, part, row, M, parts, y, bias, residual, has_bias,
+               has_residual):
+        totals(acc, (part_sh, lane, parts))
+        if parts > 1:
+            cuda.syncthreads()
+        if lane == 0 and part == 0 and row < M:
+            stores(acc, (part_sh, parts, row, M, y, bias, residual, has_bias, has_residual))
+
+    return zero, finish
+
+
+# ---------------------------------------------------------------- the kernels
+
+
+def _group_term(lay):
+    """term(w8, w16, wh, row_off, g, x): group g of the row at byte row_off, dotted with x."""
     qk, ts, gpb, group_dot = lay.block, lay.type_size, lay.groups, lay.group_dot
 
     @cuda.jit(device=True, inline="always")
     def term(w8, w16, wh, row_off, g, x):
         b = g // gpb
         return group_dot(w8, w16, wh, row_off + b * ts, g - b * gpb, x, b * qk)
+
+    return term
+
+
+def _group_term_q8(lay):
+    """term(w8, w16, wh, row_off, g, xq32, xd): the same against int8 activations (dp4a)."""
+    qk, ts, gpb, group_dot_q8 = lay.block, lay.type_size, lay.groups, lay.group_dot_q8
+
+    @cuda.jit(device=True, inline="always")
+    def term(w8, w16, wh, row_off, g, xq32, xd):
+        b = g // gpb
+        return group_dot_q8(w8, w16, wh, row_off + b * ts, g - b * gpb, xq32, xd, b * qk)
+
+    return term
+
+
+def _make_matvec(lay):
+    qk, ts, gpb = lay.block, lay.type_size, lay.groups
+    term = _group_term(lay)
 
     def matvec(w8, w16, wh, M, K, x, y, bias, residual, has_bias, has_residual, parts):
         part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
@@ -141,12 +274,8 @@ def _make_matvec(lay):
 
 
 def _make_matvec_q8(lay):
-    qk, ts, gpb, group_dot_q8 = lay.block, lay.type_size, lay.groups, lay.group_dot_q8
-
-    @cuda.jit(device=True, inline="always")
-    def term(w8, w16, wh, row_off, g, xq32, xd):
-        b = g // gpb
-        return group_dot_q8(w8, w16, wh, row_off + b * ts, g - b * gpb, xq32, xd, b * qk)
+    qk, ts, gpb = lay.block, lay.type_size, lay.groups
+    term = _group_term_q8(lay)
 
     def matvec_q8(w8, w16, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual, parts):
         part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
@@ -181,6 +310,108 @@ def _make_matvec_q8(lay):
     return kernel(matvec_q8)
 
 
+def _make_matvec_rows(lay, nr):
+    """The float-path kernel for nr rows of activations (module docstring: rows = T > 1): the
+    one-row kernel's loop, with each slot's products formed for every row and added to that
+    row's accumulator in the one-row order."""
+    qk, ts, gpb = lay.block, lay.type_size, lay.groups
+    term = _group_term(lay)
+    zero, finish = rows_epilogue(nr)
+
+    @nvvm_inlined
+    def slots(t, acc, args):
+        w8, w16, wh, row_off, g, g1, g2, g3, stride, ngroups, x, K = args
+        xt = x[t * K:]
+        p0 = term(w8, w16, wh, row_off, g, xt)
+        p1 = term(w8, w16, wh, row_off, g1, xt)
+        p2 = term(w8, w16, wh, row_off, g2, xt)
+        p3 = term(w8, w16, wh, row_off, g3, xt)
+        a = acc[t]
+        a += p0
+        a += keep(p1, g + stride, ngroups)
+        a += keep(p2, g + 2 * stride, ngroups)
+        a += keep(p3, g + 3 * stride, ngroups)
+        acc[t] = a
+
+    step = unrolled(nr, slots)
+
+    def matvec_rows(w8, w16, wh, M, K, x, y, bias, residual, has_bias, has_residual, parts):
+        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
+        acc = cuda.local.array(nr, np.float32)
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        row = warp // parts
+        part = warp - row * parts
+        if parts == 1 and row >= M:
+            return
+        nblk = K // qk
+        ngroups = nblk * gpb
+        last = ngroups - 1
+        if row >= M:
+            ngroups = 0
+        row_off = np.int64(row) * (nblk * ts)
+        stride = 32 * parts
+        zero(acc, ())
+        for g in range(32 * part + lane, ngroups, stride * UNROLL):
+            step(acc, (w8, w16, wh, row_off, g, min(g + stride, last), min(g + 2 * stride, last),
+                       min(g + 3 * stride, last), stride, ngroups, x, K))
+        finish(acc, part_sh, lane, part, row, M, parts, y, bias, residual, has_bias, has_residual)
+
+    matvec_rows.__name__ = matvec_rows.__qualname__ = f"matvec_{lay.name}_r{nr}"
+    return kernel(matvec_rows)
+
+
+def _make_matvec_q8_rows(lay, nr):
+    """The dp4a-path kernel for nr rows of activations (as `_make_matvec_rows`)."""
+    qk, ts, gpb = lay.block, lay.type_size, lay.groups
+    term = _group_term_q8(lay)
+    zero, finish = rows_epilogue(nr)
+
+    @nvvm_inlined
+    def slots(t, acc, args):
+        w8, w16, wh, row_off, g, g1, g2, g3, stride, ngroups, xq32, xd, K = args
+        xqt = xq32[t * (K >> 2):]
+        xdt = xd[t * (K >> 5):]
+        p0 = term(w8, w16, wh, row_off, g, xqt, xdt)
+        p1 = term(w8, w16, wh, row_off, g1, xqt, xdt)
+        p2 = term(w8, w16, wh, row_off, g2, xqt, xdt)
+        p3 = term(w8, w16, wh, row_off, g3, xqt, xdt)
+        a = acc[t]
+        a += p0
+        a += keep(p1, g + stride, ngroups)
+        a += keep(p2, g + 2 * stride, ngroups)
+        a += keep(p3, g + 3 * stride, ngroups)
+        acc[t] = a
+
+    step = unrolled(nr, slots)
+
+    def matvec_q8_rows(w8, w16, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual,
+                       parts):
+        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
+        acc = cuda.local.array(nr, np.float32)
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        row = warp // parts
+        part = warp - row * parts
+        if parts == 1 and row >= M:
+            return
+        nblk = K // qk
+        ngroups = nblk * gpb
+        last = ngroups - 1
+        if row >= M:
+            ngroups = 0
+        row_off = np.int64(row) * (nblk * ts)
+        stride = 32 * parts
+        zero(acc, ())
+        for g in range(32 * part + lane, ngroups, stride * UNROLL):
+            step(acc, (w8, w16, wh, row_off, g, min(g + stride, last), min(g + 2 * stride, last),
+                       min(g + 3 * stride, last), stride, ngroups, xq32, xd, K))
+        finish(acc, part_sh, lane, part, row, M, parts, y, bias, residual, has_bias, has_residual)
+
+    matvec_q8_rows.__name__ = matvec_q8_rows.__qualname__ = f"matvec_q8_{lay.name}_r{nr}"
+    return kernel(matvec_q8_rows)
+
+
 # kernel objects by weight type; also module attributes matvec_<type> / matvec_q8_<type>
 MATVEC = {qt: _make_matvec(lay) for qt, lay in LAYOUTS.items()}
 MATVEC_Q8 = {qt: _make_matvec_q8(lay) for qt, lay in LAYOUTS.items() if lay.group_dot_q8 is not None}
@@ -193,9 +424,32 @@ _SIG = "void(uint8[::1], uint16[::1], float16[::1], int32, int32, float32[::1], 
        "float32[::1], float32[::1], int32, int32, int32)"
 _SIG_Q8 = "void(uint8[::1], uint16[::1], float16[::1], int32, int32, int32[::1], float32[::1], " \
           "float32[::1], float32[::1], float32[::1], int32, int32, int32)"
+
+# rows kernels (rows = T > 1) by (weight type, T), built on first use by `rows_kernel`
+MATVEC_ROWS: dict = {}
+MATVEC_Q8_ROWS: dict = {}
+
+
+def rows_kernel(qtype, nr, q8=False):
+    """The float-path (q8=False) or dp4a-path kernel of weight type `qtype` for nr = 2 ..
+    MAX_ROWS rows of activations, built (not compiled) on its first request."""
+    table, make = (MATVEC_Q8_ROWS, _make_matvec_q8_rows) if q8 else (MATVEC_ROWS, _make_matvec_rows)
+    key = (QType(qtype), int(nr))
+    if key not in table:
+        table[key] = make(LAYOUTS[key[0]], key[1])
+    return table[key]
+
+
+# The compile check (tests/test_compile_ptx.py) compiles the module attributes named in
+# PTX_SIGNATURES: one 4-row kernel of each path stands for the rest (same code, other layouts).
+matvec_f16_r4 = rows_kernel(QType.F16, 4)
+matvec_q8_q6_k_r4 = rows_kernel(QType.Q6_K, 4, q8=True)
+
 PTX_SIGNATURES = {
     **{f"matvec_{LAYOUTS[qt].name}": [_SIG] for qt in MATVEC},
     **{f"matvec_q8_{LAYOUTS[qt].name}": [_SIG_Q8] for qt in MATVEC_Q8},
+    "matvec_f16_r4": [_SIG],
+    "matvec_q8_q6_k_r4": [_SIG_Q8],
 }
 # the warp sum must be the shuffle butterfly (tests/test_compile_ptx.py checks the text; that
 # the only block barrier is the split-row combine's is checked by tests/test_kernels_matvec.py)
@@ -225,33 +479,60 @@ def _grid(M, parts=1):
     return (M * parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
 
 
-def _check_common(w_dev, qt, M, K, y_dev, bias, residual):
+def _rows(rows):
+    rows = int(rows)
+    if not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"matvec: rows (activation rows a launch carries) must be 1 .. "
+                         f"{MAX_ROWS}, not {rows}")
+    return rows
+
+
+def _at_least(rows, n, what):
+    """The size a per-row buffer needs, in words: "M=17" or "rows x M = 3 x 17 = 51"."""
+    return f"{what}={n}" if rows == 1 else f"rows x {what} = {rows} x {n} = {rows * n}"
+
+
+def _flat(a):
+    return a if a.ndim == 1 else a.reshape(a.size)
+
+
+def _check_common(w_dev, qt, M, K, y_dev, bias, residual, rows=1):
     lay = layout(qt)
     need = M * row_bytes(lay.qtype, K)
     have = w_dev.size * w_dev.dtype.itemsize
     if have != need:
         raise ValueError(f"matvec: a {lay.qtype.name} weight of {M} x {K} is {need} bytes; "
                          f"the device buffer holds {have}")
-    for name, a in (("y", y_dev), ("bias", bias), ("residual", residual)):
-        if a is not None and (a.dtype != np.float32 or a.size < M):
-            raise ValueError(f"matvec: {name} must be float32 with at least M={M} elements")
+    for name, a, n in (("y", y_dev, rows), ("bias", bias, 1), ("residual", residual, rows)):
+        if a is not None and (a.dtype != np.float32 or a.size < n * M):
+            raise ValueError(f"matvec: {name} must be float32 with at least "
+                             f"{_at_least(n, M, 'M')} elements")
     return lay
 
 
 def launch_matvec(w_dev, qtype, M, K, x_dev, y_dev, bias=None, residual=None, stream=0,
-                  parts=None):
+                  parts=None, rows=1):
     """y = W @ x (+ bias) (+ residual), float32 activations, every weight type.
 
     w_dev: device buffer of the GGUF rows (M * row_bytes(qtype, K) bytes, any dtype/shape,
     C-contiguous); x_dev float32[K]; y_dev float32[M]; bias, residual float32[M] or None.
     residual may be y_dev itself (in-place y += W @ x); x_dev must not alias y_dev.
-    parts: warps per row (default `warps_per_row(M, K)`). Reference: `matvec_reference`."""
-    lay = _check_common(w_dev, qtype, M, K, y_dev, bias, residual)
-    if x_dev.dtype != np.float32 or x_dev.size < K:
-        raise ValueError(f"matvec: x must be float32 with at least K={K} elements")
+    parts: warps per row (default `warps_per_row(M, K)`). Reference: `matvec_reference`.
+    rows: T = 1 .. MAX_ROWS rows of activations in one launch, the weights read once (module
+    docstring): x_dev float32[T, K] (any C-contiguous shape; row t at t * K), y_dev and
+    residual float32[T, M] likewise, bias float32[M] shared; row t of y is bit for bit what a
+    rows = 1 launch on row t's x (and residual) gives."""
+    rows = _rows(rows)
+    lay = _check_common(w_dev, qtype, M, K, y_dev, bias, residual, rows)
+    if x_dev.dtype != np.float32 or x_dev.size < rows * K:
+        raise ValueError(f"matvec: x must be float32 with at least {_at_least(rows, K, 'K')} "
+                         "elements")
     w8, w16, wh = weight_views(w_dev)
     parts = _parts(M, K, parts)
-    MATVEC[lay.qtype][_grid(M, parts), THREADS, stream](
+    x_dev, y_dev = _flat(x_dev), _flat(y_dev)
+    residual = None if residual is None else _flat(residual)
+    kern = MATVEC[lay.qtype] if rows == 1 else rows_kernel(lay.qtype, rows)
+    kern[_grid(M, parts), THREADS, stream](
         w8, w16, wh, np.int32(M), np.int32(K), x_dev, y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
@@ -265,26 +546,35 @@ def _parts(M, K, parts):
 
 
 def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, residual=None,
-                     stream=0, parts=None):
+                     stream=0, parts=None, rows=1):
     """y = W @ dequant(xq, xd) (+ bias) (+ residual) with dp4a, for Q8_0, Q4_0, Q5_0, Q4_K,
     Q5_K, Q6_K weights. xq_dev int8[K] and xd_dev float32[K / 32] come from
-    `quantize_act.launch_quantize_act`. Reference: `matvec_q8_reference`."""
-    lay = _check_common(w_dev, qtype, M, K, y_dev, bias, residual)
+    `quantize_act.launch_quantize_act`. Reference: `matvec_q8_reference`.
+    rows: T = 1 .. MAX_ROWS rows of activations (as `launch_matvec`): xq_dev int8[T * K] and
+    xd_dev float32[T * K / 32] (row t's at t * K and t * K / 32: quantize_act's [T, K]
+    output), y_dev and residual float32[T * M], bias float32[M]."""
+    rows = _rows(rows)
+    lay = _check_common(w_dev, qtype, M, K, y_dev, bias, residual, rows)
     if lay.qtype not in MATVEC_Q8:
         raise ValueError(f"matvec_q8: no dp4a path for {lay.qtype.name}; "
                          f"use launch_matvec (dp4a types: {[q.name for q in MATVEC_Q8]})")
-    if xq_dev.dtype != np.int8 or xq_dev.size < K or xd_dev.dtype != np.float32 or xd_dev.size < K // 32:
-        raise ValueError(f"matvec_q8: xq must be int8[{K}] and xd float32[{K // 32}]")
+    if xq_dev.dtype != np.int8 or xq_dev.size < rows * K or xd_dev.dtype != np.float32 \
+            or xd_dev.size < rows * K // 32:
+        raise ValueError(f"matvec_q8: xq must be int8[{rows * K}] and xd float32[{rows * K // 32}]"
+                         + ("" if rows == 1 else f" (rows={rows} x K={K})"))
     w8, w16, wh = weight_views(w_dev)
     parts = _parts(M, K, parts)
+    y_dev = _flat(y_dev)
+    residual = None if residual is None else _flat(residual)
     if lay.qtype == QType.Q4_K:               # 16-byte loads straight from the GGUF blocks
         from . import matvec_q4k
         matvec_q4k.launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts,
-                          _grid(M, parts), THREADS, stream)
+                          _grid(M, parts), THREADS, stream, rows)
         return
-    xq32 = xq_dev.reshape(xq_dev.size)[:K].view(np.int32)      # 4 int8 per dp4a operand
-    MATVEC_Q8[lay.qtype][_grid(M, parts), THREADS, stream](
-        w8, w16, wh, np.int32(M), np.int32(K), xq32, xd_dev, y_dev,
+    xq32 = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.int32)      # 4 int8 per dp4a operand
+    kern = MATVEC_Q8[lay.qtype] if rows == 1 else rows_kernel(lay.qtype, rows, q8=True)
+    kern[_grid(M, parts), THREADS, stream](
+        w8, w16, wh, np.int32(M), np.int32(K), xq32, _flat(xd_dev), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
 

@@ -24,6 +24,11 @@ Summation order (the exactness contract, cf. matvec.py):
   4. the row's warps in order (matvec.combine_parts); 5. + bias, + residual.
 The reference is `matvec.matvec_q8_reference` (float64 of the same operands); with power-of-two
 scales every step above is exact (tests/test_kernels_matvec.py checks that bit for bit).
+
+rows = T > 1 (speculative decoding's verify, matvec.py's docstring): `rows_kernel(T)` runs the
+loop above once, decodes each chunk's weights once (its 2 x 16 B of header and quants) and
+meets them with each row's activations (row t's at t * K), one accumulator per row summed in
+the order above, so that each row is bit for bit the one-row kernel's result for it.
 """
 import numpy as np
 from numba import cuda
@@ -31,7 +36,8 @@ from numba import cuda
 from ..jit import kernel
 from ..ptx import dp4a, ld_nc_v4_u32, warp_sum
 from ..quant.types import QType, type_size
-from .matvec import WARPS_PER_BLOCK, combine_parts, keep, store_row
+from .matvec import (MAX_ROWS, PART_SH_ROWS, WARPS_PER_BLOCK, combine_parts, keep,
+                     nvvm_inlined, rows_epilogue, store_row, unrolled)
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -70,14 +76,28 @@ def _dot4(q0, q1, q2, q3, x0, x1, x2, x3):
 
 
 @cuda.jit(device=True, inline="always")
-def _chunk(w32, wh, xq, xd, row_word, c):
-    """Value of chunk c of the row starting at word row_word (step 1 of the docstring)."""
+def _chunk_weights(w32, row_word, c):
+    """The two 16-byte weight loads of chunk c: (s0, s1, s2) the packed scales of its block's
+    header, (q0, q1, q2, q3) its 16 quant bytes. Apart from `_chunk_value` so that a rows
+    kernel issues them once for all its rows: LLVM does not merge repeated inline-asm loads."""
     b = c >> 3
     p = (c & 7) >> 1
     h = c & 1
     blk = row_word + b * Q4_K_WORDS
     _hdr, s0, s1, s2 = ld_nc_v4_u32(w32, blk)
     q0, q1, q2, q3 = ld_nc_v4_u32(w32, blk + 4 + 8 * p + 4 * h)
+    return s0, s1, s2, q0, q1, q2, q3
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_value(wh, xq, xd, row_word, c, wq):
+    """Value of chunk c of the row starting at word row_word (step 1 of the docstring), its
+    weight words `wq` from `_chunk_weights`."""
+    s0, s1, s2, q0, q1, q2, q3 = wq
+    b = c >> 3
+    p = (c & 7) >> 1
+    h = c & 1
+    blk = row_word + b * Q4_K_WORDS
     e = b * 256 + 64 * p + 16 * h           # first element of sub-block 2p this chunk holds
     a0, a1, a2, a3 = ld_nc_v4_u32(xq, e >> 2)
     b0, b1, b2, b3 = ld_nc_v4_u32(xq, (e + 32) >> 2)
@@ -93,6 +113,12 @@ def _chunk(w32, wh, xq, xd, row_word, c):
     va = xd[e >> 5] * ((d * np.float32(sc_a)) * np.float32(sa) - (dmin * np.float32(m_a)) * np.float32(sxa))
     vb = xd[(e + 32) >> 5] * ((d * np.float32(sc_b)) * np.float32(sb) - (dmin * np.float32(m_b)) * np.float32(sxb))
     return va + vb
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk(w32, wh, xq, xd, row_word, c):
+    """Value of chunk c of the row starting at word row_word (step 1 of the docstring)."""
+    return _chunk_value(wh, xq, xd, row_word, c, _chunk_weights(w32, row_word, c))
 
 
 @kernel
@@ -127,18 +153,93 @@ def matvec_q8_q4_k_v4(w32, wh, M, K, xq, xd, y, bias, residual, has_bias, has_re
         store_row(y, bias, residual, has_bias, has_residual, row, total)
 
 
-PTX_SIGNATURES = {
-    "matvec_q8_q4_k_v4": ["void(uint32[::1], float16[::1], int32, int32, uint32[::1], float32[::1], "
-                          "float32[::1], float32[::1], float32[::1], int32, int32, int32)"],
-}
-EXPECTED_PTX = {"matvec_q8_q4_k_v4": ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]}
+def _make_rows(nr):
+    """matvec_q8_q4_k_v4 for nr rows of activations (module docstring)."""
+    zero, finish = rows_epilogue(nr)
+
+    @nvvm_inlined
+    def slots(t, acc, args):
+        # the one-row step for row t, on the weight words the kernel loaded for all rows
+        wh, xq, xd, row_word, c, c1, c2, c3, w0, w1, w2, w3, stride, nchunk, K = args
+        xqt = xq[t * (K >> 2):]
+        xdt = xd[t * (K >> 5):]
+        v0 = _chunk_value(wh, xqt, xdt, row_word, c, w0)
+        v1 = _chunk_value(wh, xqt, xdt, row_word, c1, w1)
+        v2 = _chunk_value(wh, xqt, xdt, row_word, c2, w2)
+        v3 = _chunk_value(wh, xqt, xdt, row_word, c3, w3)
+        a = acc[t]
+        a += v0
+        a += keep(v1, c + stride, nchunk)
+        a += keep(v2, c + 2 * stride, nchunk)
+        a += keep(v3, c + 3 * stride, nchunk)
+        acc[t] = a
+
+    step = unrolled(nr, slots)
+
+    def matvec_q8_q4_k_v4_rows(w32, wh, M, K, xq, xd, y, bias, residual, has_bias, has_residual,
+                               parts):
+        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
+        acc = cuda.local.array(nr, np.float32)
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        row = warp // parts
+        part = warp - row * parts
+        if parts == 1 and row >= M:
+            return
+        nblk = K >> 8
+        nchunk = nblk * CHUNKS_PER_BLOCK
+        last = nchunk - 1
+        if row >= M:
+            nchunk = 0
+        row_word = np.int64(row) * (nblk * Q4_K_WORDS)
+        stride = 32 * parts
+        zero(acc, ())
+        for c in range(32 * part + lane, nchunk, stride * UNROLL):
+            c1 = min(c + stride, last)
+            c2 = min(c + 2 * stride, last)
+            c3 = min(c + 3 * stride, last)
+            step(acc, (wh, xq, xd, row_word, c, c1, c2, c3, _chunk_weights(w32, row_word, c),
+                       _chunk_weights(w32, row_word, c1), _chunk_weights(w32, row_word, c2),
+                       _chunk_weights(w32, row_word, c3), stride, nchunk, K))
+        finish(acc, part_sh, lane, part, row, M, parts, y, bias, residual, has_bias, has_residual)
+
+    matvec_q8_q4_k_v4_rows.__name__ = matvec_q8_q4_k_v4_rows.__qualname__ = \
+        f"matvec_q8_q4_k_v4_r{nr}"
+    return kernel(matvec_q8_q4_k_v4_rows)
 
 
-def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads, stream):
-    """Called by matvec.launch_matvec_q8 for Q4_K (its checks already done)."""
+ROWS: dict = {}         # rows kernels by row count, built on first use
+
+
+def rows_kernel(nr):
+    """The kernel for nr = 2 .. MAX_ROWS rows of activations."""
+    if not 2 <= nr <= MAX_ROWS:
+        raise ValueError(f"matvec_q4k: a rows kernel carries 2 .. {MAX_ROWS} rows, not {nr}")
+    if nr not in ROWS:
+        ROWS[nr] = _make_rows(nr)
+    return ROWS[nr]
+
+
+# a module attribute so that tests/test_compile_ptx.py compiles it (PTX_SIGNATURES); the other
+# row counts are the same code with another constant
+matvec_q8_q4_k_v4_r4 = rows_kernel(4)
+
+_SIG = ("void(uint32[::1], float16[::1], int32, int32, uint32[::1], float32[::1], "
+        "float32[::1], float32[::1], float32[::1], int32, int32, int32)")
+PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_r4": [_SIG]}
+EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
+                for name in PTX_SIGNATURES}
+
+
+def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads, stream,
+           rows=1):
+    """Called by matvec.launch_matvec_q8 for Q4_K (its checks already done, y and residual
+    flat)."""
     w32 = w8.view(np.uint32)
-    xq = xq_dev.reshape(xq_dev.size)[:K].view(np.uint32)
-    matvec_q8_q4_k_v4[grid, threads, stream](
-        w32, w8.view(np.float16), np.int32(M), np.int32(K), xq, xd_dev, y_dev,
+    xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
+    kern = matvec_q8_q4_k_v4 if rows == 1 else rows_kernel(rows)
+    xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
+    kern[grid, threads, stream](
+        w32, w8.view(np.float16), np.int32(M), np.int32(K), xq, xd, y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))

@@ -42,6 +42,12 @@ With power-of-two scales every step is exact (tests/test_kernels_matvec_q6k.py c
 for bit against the float64 reference). The GPU may fuse a multiply and the next add (FMA):
 one rounding fewer, inside the same bound.
 
+rows = T > 1 (speculative decoding's verify, matvec.py's docstring): `rows_kernel(T)` runs the
+loop above once, loads each chunk's weights once and meets them with each row's activations
+(row t's xq at t * K, xd at t * K / 32), one accumulator per row summed in the order above, so
+that each row is bit for bit the one-row kernel's result for it -- the LM head's 834 MB read
+once for all K + 1 verified tokens.
+
 Use (engine): at weight upload `body, d = repack_q6_k(raw, M, K)` and copy both to the device;
 at decode `launch_matvec_q8_q6k_r(body_dev, d_dev, M, K, xq, xd, y, ...)` with xq, xd from
 `quantize_act.launch_quantize_act` (the same operands `launch_matvec_q8` takes).
@@ -53,7 +59,8 @@ from ..jit import kernel
 from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32, warp_sum
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
-from .matvec import THREADS, WARPS_PER_BLOCK, combine_parts, keep, store_row, warps_per_row
+from .matvec import (MAX_ROWS, PART_SH_ROWS, THREADS, WARPS_PER_BLOCK, combine_parts, keep,
+                     nvvm_inlined, rows_epilogue, store_row, unrolled, warps_per_row)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
 
@@ -163,8 +170,10 @@ def _quarter(d, sc, xd_bits, xq, xw, q0, q1, q2, q3):
 
 
 @cuda.jit(device=True, inline="always")
-def _chunk(body, dh, xq, xd32, row_word, row_blk, c):
-    """Value v_c of chunk c of the row whose body starts at word row_word."""
+def _chunk_weights(body, row_word, c):
+    """The four 16-byte weight loads of chunk c (ql of quarters 0 | 2, of 1 | 3, qh, the
+    block's scales) as one tuple of 16 words. Apart from `_chunk_value` so that a rows kernel
+    issues them once for all its rows: LLVM does not merge repeated inline-asm loads."""
     b = c >> 2
     n = (c >> 1) & 1
     t = c & 1
@@ -173,6 +182,17 @@ def _chunk(body, dh, xq, xd32, row_word, row_blk, c):
     b0, b1, b2, b3 = ld_nc_v4_u32(body, ql_word(blk, n, t, 1))      # j = 1 | j = 3
     h0, h1, h2, h3 = ld_nc_v4_u32(body, qh_word(blk, n, t))
     s0, s1, s2, s3 = ld_nc_v4_u32(body, scales_word(blk))
+    return a0, a1, a2, a3, b0, b1, b2, b3, h0, h1, h2, h3, s0, s1, s2, s3
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_value(dh, xq, xd32, row_blk, c, wq):
+    """Value v_c of chunk c of the row whose first block is row_blk, its weight words `wq`
+    from `_chunk_weights`."""
+    a0, a1, a2, a3, b0, b1, b2, b3, h0, h1, h2, h3, s0, s1, s2, s3 = wq
+    b = c >> 2
+    n = (c >> 1) & 1
+    t = c & 1
     f0, f1, f2, f3 = ld_nc_v4_u32(xd32, 8 * b + 4 * n)              # xd of quarters 0..3
     d = np.float32(dh[row_blk + b])
     lo = s0 if n == 0 else s2                   # scales 8n .. 8n + 3
@@ -200,6 +220,12 @@ def _chunk(body, dh, xq, xd32, row_word, row_blk, c):
                   ((b2 >> np.uint32(4)) & _LOW) | ((h2 >> np.uint32(2)) & _HIGH2),
                   ((b3 >> np.uint32(4)) & _LOW) | ((h3 >> np.uint32(2)) & _HIGH2))
     return v
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk(body, dh, xq, xd32, row_word, row_blk, c):
+    """Value v_c of chunk c of the row whose body starts at word row_word."""
+    return _chunk_value(dh, xq, xd32, row_blk, c, _chunk_weights(body, row_word, c))
 
 
 @kernel
@@ -231,11 +257,76 @@ def matvec_q8_q6_k_r(body, dh, M, K, xq, xd32, y, bias, residual, has_bias, has_
         store_row(y, bias, residual, has_bias, has_residual, row, total)
 
 
-PTX_SIGNATURES = {
-    "matvec_q8_q6_k_r": ["void(uint32[::1], float16[::1], int32, int32, uint32[::1], uint32[::1], "
-                         "float32[::1], float32[::1], float32[::1], int32, int32, int32)"],
-}
-EXPECTED_PTX = {"matvec_q8_q6_k_r": ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]}
+def _make_rows(nr):
+    """matvec_q8_q6_k_r for nr rows of activations (module docstring)."""
+    zero, finish = rows_epilogue(nr)
+
+    @nvvm_inlined
+    def slots(t, acc, args):
+        # the one-row step for row t, on the weight words the kernel loaded for all rows
+        dh, xq, xd32, row_blk, c, c1, w0, w1, stride, nchunk, K = args
+        xqt = xq[t * (K >> 2):]
+        xdt = xd32[t * (K >> 5):]
+        v0 = _chunk_value(dh, xqt, xdt, row_blk, c, w0)
+        v1 = _chunk_value(dh, xqt, xdt, row_blk, c1, w1)
+        a = acc[t]
+        a += v0
+        a += keep(v1, c + stride, nchunk)
+        acc[t] = a
+
+    step = unrolled(nr, slots)
+
+    def matvec_q8_q6_k_r_rows(body, dh, M, K, xq, xd32, y, bias, residual, has_bias,
+                              has_residual, parts):
+        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
+        acc = cuda.local.array(nr, np.float32)
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        row = warp // parts
+        part = warp - row * parts
+        if parts == 1 and row >= M:
+            return
+        nblk = K >> 8
+        nchunk = nblk * CHUNKS_PER_BLOCK
+        last = nchunk - 1
+        if row >= M:
+            nchunk = 0
+        row_blk = np.int64(row) * nblk
+        row_word = row_blk * BODY_WORDS
+        stride = 32 * parts
+        zero(acc, ())
+        for c in range(32 * part + lane, nchunk, stride * UNROLL):
+            c1 = min(c + stride, last)
+            step(acc, (dh, xq, xd32, row_blk, c, c1, _chunk_weights(body, row_word, c),
+                       _chunk_weights(body, row_word, c1), stride, nchunk, K))
+        finish(acc, part_sh, lane, part, row, M, parts, y, bias, residual, has_bias, has_residual)
+
+    matvec_q8_q6_k_r_rows.__name__ = matvec_q8_q6_k_r_rows.__qualname__ = \
+        f"matvec_q8_q6_k_r_r{nr}"
+    return kernel(matvec_q8_q6_k_r_rows)
+
+
+ROWS: dict = {}         # rows kernels by row count, built on first use
+
+
+def rows_kernel(nr):
+    """The kernel for nr = 2 .. MAX_ROWS rows of activations."""
+    if not 2 <= nr <= MAX_ROWS:
+        raise ValueError(f"matvec_q6k_r: a rows kernel carries 2 .. {MAX_ROWS} rows, not {nr}")
+    if nr not in ROWS:
+        ROWS[nr] = _make_rows(nr)
+    return ROWS[nr]
+
+
+# a module attribute so that tests/test_compile_ptx.py compiles it (PTX_SIGNATURES); the other
+# row counts are the same code with another constant
+matvec_q8_q6_k_r_r4 = rows_kernel(4)
+
+_SIG = ("void(uint32[::1], float16[::1], int32, int32, uint32[::1], uint32[::1], "
+        "float32[::1], float32[::1], float32[::1], int32, int32, int32)")
+PTX_SIGNATURES = {"matvec_q8_q6_k_r": [_SIG], "matvec_q8_q6_k_r_r4": [_SIG]}
+EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
+                for name in PTX_SIGNATURES}
 
 
 # ---------------------------------------------------------------- launcher and reference
@@ -252,7 +343,7 @@ def _misaligned(a):
 
 
 def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, stream=0,
-                           parts=None):
+                           parts=None, rows=1):
     """y = W @ dequant(xq, xd) (+ bias) (+ residual) for a Q6_K matrix W in the Q6_K_R layout.
 
     body: device uint8, M * K / 256 * 208 bytes (any shape, C-contiguous, 16-byte aligned: a
@@ -260,18 +351,31 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     xq int8[K] and xd float32[K / 32] from `quantize_act.launch_quantize_act` (16-byte aligned);
     y float32[M]; bias, residual float32[M] or None (residual may be y: y += W @ x).
     parts: warps per row, 1, 2 or 4 (default `matvec.warps_per_row(M, K)`).
+    rows: T = 1 .. MAX_ROWS rows of activations, the weights read once (module docstring): xq
+    int8[T * K], xd float32[T * K / 32], y and residual float32[T * M] (row t at t * K,
+    t * K / 32, t * M; any C-contiguous shape), bias float32[M]; row t of y is bit for bit a
+    rows = 1 launch on row t's inputs.
     Reference: `matvec_q8_q6k_r_reference` (= `matvec.matvec_q8_reference` on the GGUF rows)."""
     nblk = _blocks_per_row(K)
+    rows = int(rows)
+    if not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"matvec_q6k_r: rows (activation rows a launch carries) must be 1 .. "
+                         f"{MAX_ROWS}, not {rows}")
     if body.dtype != np.uint8 or body.size != M * nblk * Q6_K_R_BODY_BYTES:
         raise ValueError(f"matvec_q6k_r: body must be uint8[{M * nblk * Q6_K_R_BODY_BYTES}] "
                          f"(repack_q6_k of a {M} x {K} Q6_K matrix); got {body.dtype}[{body.size}]")
     if d.dtype != np.float16 or d.size != M * nblk:
         raise ValueError(f"matvec_q6k_r: d must be float16[{M * nblk}]; got {d.dtype}[{d.size}]")
-    if xq.dtype != np.int8 or xq.size < K or xd.dtype != np.float32 or xd.size < K // 32:
-        raise ValueError(f"matvec_q6k_r: xq must be int8[{K}] and xd float32[{K // 32}]")
-    for name, a in (("y", y), ("bias", bias), ("residual", residual)):
-        if a is not None and (a.dtype != np.float32 or a.size < M):
-            raise ValueError(f"matvec_q6k_r: {name} must be float32 with at least M={M} elements")
+    if xq.dtype != np.int8 or xq.size < rows * K or xd.dtype != np.float32 \
+            or xd.size < rows * K // 32:
+        raise ValueError(f"matvec_q6k_r: xq must be int8[{rows * K}] and xd "
+                         f"float32[{rows * K // 32}]" + ("" if rows == 1 else
+                                                         f" (rows={rows} x K={K})"))
+    for name, a, n in (("y", y, rows), ("bias", bias, 1), ("residual", residual, rows)):
+        if a is not None and (a.dtype != np.float32 or a.size < n * M):
+            raise ValueError(f"matvec_q6k_r: {name} must be float32 with at least "
+                             + (f"M={M}" if n == 1 else f"rows x M = {n} x {M} = {n * M}")
+                             + " elements")
     for name, a in (("body", body), ("xq", xq), ("xd", xd)):
         if _misaligned(a):
             raise ValueError(f"matvec_q6k_r: {name} is read with 16-byte loads and must start "
@@ -280,10 +384,12 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     if parts not in (1, 2, 4):
         raise ValueError(f"matvec_q6k_r: parts (warps per row) must be 1, 2 or 4, not {parts}")
     grid = (M * parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
-    matvec_q8_q6_k_r[grid, THREADS, stream](
+    y = _flat(y)
+    kern = matvec_q8_q6_k_r if rows == 1 else rows_kernel(rows)
+    kern[grid, THREADS, stream](
         _flat(body).view(np.uint32), _flat(d), np.int32(M), np.int32(K),
-        _flat(xq)[:K].view(np.uint32), _flat(xd)[:K // 32].view(np.uint32), y,
-        y if bias is None else bias, y if residual is None else residual,
+        _flat(xq)[:rows * K].view(np.uint32), _flat(xd)[:rows * K // 32].view(np.uint32), y,
+        y if bias is None else bias, y if residual is None else _flat(residual),
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
 
 
