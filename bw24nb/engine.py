@@ -42,6 +42,12 @@ FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
 ACT_QUANT = ("q8", "f32")
 
 
+def gets_q6k_r(qtype, shape) -> bool:
+    """Whether a weight of this type and shape also gets a Q6_K_R copy with int8 activations
+    (Engine._repack_q6k; Engine._check_budget counts it): every Q6_K matrix of whole blocks."""
+    return QType(int(qtype)) == QType.Q6_K and len(shape) == 2 and shape[-1] % 256 == 0
+
+
 @dataclass
 class QuantizedInput:
     """One matvec input quantized for the integer weight types: int8 values + a float32 scale
@@ -305,8 +311,8 @@ class Engine:
         if not self.act_q8:
             return
         from .kernels.matvec_q6k import repack_q6_k
-        for name, w in self.w.tensors.items():
-            if w.qtype == QType.Q6_K and len(w.shape) == 2 and w.cols % 256 == 0:
+        for w in self.w.tensors.values():
+            if gets_q6k_r(w.qtype, w.shape):
                 body, d = repack_q6_k(w.buf.copy_to_host(), w.rows, w.cols)
                 w.q6k_r = (cuda.to_device(body), cuda.to_device(d))
 
@@ -348,9 +354,7 @@ class Engine:
         weights = 0
         for n in source.names():
             info, nbytes = source.info(n), int(source.raw(n).nbytes)
-            repacked = act_q8 and QType(int(info.qtype)) == QType.Q6_K and len(info.shape) == 2 \
-                and info.shape[-1] % 256 == 0
-            weights += nbytes * (2 if repacked else 1)
+            weights += nbytes * (2 if act_q8 and gets_q6k_r(info.qtype, info.shape) else 1)
         kv = kv_cache_bytes(c, n_ctx, k_type, v_type, extra_layers=c.mtp_num_hidden_layers or 0)
         need = weights + kv
         free, total = cuda.current_context().get_memory_info()

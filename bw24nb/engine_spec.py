@@ -463,33 +463,36 @@ class EngineSpecTarget:
                               ws, T, self.head.launches(e, ws, T))
         return L
 
+    def _put_rows(self, ids: np.ndarray) -> None:
+        """The verify workspace's inputs: ids at the positions after the current one."""
+        e, ws = self.engine, self.wsv
+        T = ids.size
+        ws.ids[:T].copy_to_device(ids, stream=e.stream)
+        ws.positions[:T].copy_to_device(np.arange(e.position, e.position + T, dtype=np.int32),
+                                        stream=e.stream)
+
     def _run_rows(self, ids: np.ndarray, head: bool) -> None:
         """ids (<= VERIFY_ROWS) through the stack at the current position, appending them
         (the captured graph of this row count; the first call of a count runs eagerly)."""
-        e, ws, s = self.engine, self.wsv, self.engine.stream
+        e = self.engine
         T = ids.size
         if e.position + T > e.n_ctx:
             raise ContextOverflow(f"{e.position} + {T} tokens exceed the context of {e.n_ctx}; "
                                   f"raise --ctx")
-        ws.ids[:T].copy_to_device(ids, stream=s)
-        ws.positions[:T].copy_to_device(np.arange(e.position, e.position + T, dtype=np.int32),
-                                        stream=s)
+        self._put_rows(ids)
         self.graphs.run(("rows", T, head), lambda: self._rows_launches(T, head))
         self._set_position(e.position + T)
 
     def profile_verify(self, ids, replays: int = 20) -> list[tuple[str, float]]:
         """Device time (ms) of each launch of a verify over `ids` at the current position
         (Engine.time_launches); the sequence is left as it was."""
-        e, ws = self.engine, self.wsv
+        e = self.engine
         ids = np.asarray(ids, np.int32).reshape(-1)
-        T = ids.size
         snap = self.snapshot()
         self.verify(ids)                           # compiles, loads and captures every kernel
         self.restore(snap)
-        ws.ids[:T].copy_to_device(ids, stream=e.stream)
-        ws.positions[:T].copy_to_device(np.arange(e.position, e.position + T, dtype=np.int32),
-                                        stream=e.stream)
-        rows = e.time_launches(self._rows_launches(T, head=True), replays)
+        self._put_rows(ids)
+        rows = e.time_launches(self._rows_launches(ids.size, head=True), replays)
         self.restore(snap)
         return rows
 

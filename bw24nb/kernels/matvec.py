@@ -479,15 +479,31 @@ def _grid(M, parts=1):
     return (M * parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
 
 
-def _rows(rows):
+def check_rows(rows, who="matvec"):
+    """`rows` as an int, or a ValueError naming `who` when it is outside 1 .. MAX_ROWS."""
     rows = int(rows)
     if not 1 <= rows <= MAX_ROWS:
-        raise ValueError(f"matvec: rows (activation rows a launch carries) must be 1 .. "
+        raise ValueError(f"{who}: rows (activation rows a launch carries) must be 1 .. "
                          f"{MAX_ROWS}, not {rows}")
     return rows
 
 
-def _at_least(rows, n, what):
+def rows_kernels(make, who):
+    """rows_kernel(nr) for a kernel module with one rows-kernel factory `make(nr)`: the kernel
+    for nr = 2 .. MAX_ROWS rows of activations, built (not compiled) on its first request."""
+    built = {}
+
+    def rows_kernel(nr):
+        if not 2 <= nr <= MAX_ROWS:
+            raise ValueError(f"{who}: a rows kernel carries 2 .. {MAX_ROWS} rows, not {nr}")
+        if nr not in built:
+            built[nr] = make(nr)
+        return built[nr]
+
+    return rows_kernel
+
+
+def at_least(rows, n, what):
     """The size a per-row buffer needs, in words: "M=17" or "rows x M = 3 x 17 = 51"."""
     return f"{what}={n}" if rows == 1 else f"rows x {what} = {rows} x {n} = {rows * n}"
 
@@ -506,7 +522,7 @@ def _check_common(w_dev, qt, M, K, y_dev, bias, residual, rows=1):
     for name, a, n in (("y", y_dev, rows), ("bias", bias, 1), ("residual", residual, rows)):
         if a is not None and (a.dtype != np.float32 or a.size < n * M):
             raise ValueError(f"matvec: {name} must be float32 with at least "
-                             f"{_at_least(n, M, 'M')} elements")
+                             f"{at_least(n, M, 'M')} elements")
     return lay
 
 
@@ -522,10 +538,10 @@ def launch_matvec(w_dev, qtype, M, K, x_dev, y_dev, bias=None, residual=None, st
     docstring): x_dev float32[T, K] (any C-contiguous shape; row t at t * K), y_dev and
     residual float32[T, M] likewise, bias float32[M] shared; row t of y is bit for bit what a
     rows = 1 launch on row t's x (and residual) gives."""
-    rows = _rows(rows)
+    rows = check_rows(rows)
     lay = _check_common(w_dev, qtype, M, K, y_dev, bias, residual, rows)
     if x_dev.dtype != np.float32 or x_dev.size < rows * K:
-        raise ValueError(f"matvec: x must be float32 with at least {_at_least(rows, K, 'K')} "
+        raise ValueError(f"matvec: x must be float32 with at least {at_least(rows, K, 'K')} "
                          "elements")
     w8, w16, wh = weight_views(w_dev)
     parts = _parts(M, K, parts)
@@ -553,7 +569,7 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
     rows: T = 1 .. MAX_ROWS rows of activations (as `launch_matvec`): xq_dev int8[T * K] and
     xd_dev float32[T * K / 32] (row t's at t * K and t * K / 32: quantize_act's [T, K]
     output), y_dev and residual float32[T * M], bias float32[M]."""
-    rows = _rows(rows)
+    rows = check_rows(rows)
     lay = _check_common(w_dev, qtype, M, K, y_dev, bias, residual, rows)
     if lay.qtype not in MATVEC_Q8:
         raise ValueError(f"matvec_q8: no dp4a path for {lay.qtype.name}; "

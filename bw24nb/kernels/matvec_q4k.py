@@ -36,8 +36,8 @@ from numba import cuda
 from ..jit import kernel
 from ..ptx import dp4a, ld_nc_v4_u32, warp_sum
 from ..quant.types import QType, type_size
-from .matvec import (MAX_ROWS, PART_SH_ROWS, WARPS_PER_BLOCK, combine_parts, keep,
-                     nvvm_inlined, rows_epilogue, store_row, unrolled)
+from .matvec import (PART_SH_ROWS, WARPS_PER_BLOCK, combine_parts, keep, nvvm_inlined,
+                     rows_epilogue, rows_kernels, store_row, unrolled)
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -208,16 +208,7 @@ def _make_rows(nr):
     return kernel(matvec_q8_q4_k_v4_rows)
 
 
-ROWS: dict = {}         # rows kernels by row count, built on first use
-
-
-def rows_kernel(nr):
-    """The kernel for nr = 2 .. MAX_ROWS rows of activations."""
-    if not 2 <= nr <= MAX_ROWS:
-        raise ValueError(f"matvec_q4k: a rows kernel carries 2 .. {MAX_ROWS} rows, not {nr}")
-    if nr not in ROWS:
-        ROWS[nr] = _make_rows(nr)
-    return ROWS[nr]
+rows_kernel = rows_kernels(_make_rows, "matvec_q4k")     # rows kernels, built on first use
 
 
 # a module attribute so that tests/test_compile_ptx.py compiles it (PTX_SIGNATURES); the other

@@ -59,8 +59,9 @@ from ..jit import kernel
 from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32, warp_sum
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
-from .matvec import (MAX_ROWS, PART_SH_ROWS, THREADS, WARPS_PER_BLOCK, combine_parts, keep,
-                     nvvm_inlined, rows_epilogue, store_row, unrolled, warps_per_row)
+from .matvec import (PART_SH_ROWS, THREADS, WARPS_PER_BLOCK, _flat, at_least, check_rows,
+                     combine_parts, keep, nvvm_inlined, rows_epilogue, rows_kernels, store_row,
+                     unrolled, warps_per_row)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
 
@@ -306,16 +307,7 @@ def _make_rows(nr):
     return kernel(matvec_q8_q6_k_r_rows)
 
 
-ROWS: dict = {}         # rows kernels by row count, built on first use
-
-
-def rows_kernel(nr):
-    """The kernel for nr = 2 .. MAX_ROWS rows of activations."""
-    if not 2 <= nr <= MAX_ROWS:
-        raise ValueError(f"matvec_q6k_r: a rows kernel carries 2 .. {MAX_ROWS} rows, not {nr}")
-    if nr not in ROWS:
-        ROWS[nr] = _make_rows(nr)
-    return ROWS[nr]
+rows_kernel = rows_kernels(_make_rows, "matvec_q6k_r")     # rows kernels, built on first use
 
 
 # a module attribute so that tests/test_compile_ptx.py compiles it (PTX_SIGNATURES); the other
@@ -330,10 +322,6 @@ EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b3
 
 
 # ---------------------------------------------------------------- launcher and reference
-
-
-def _flat(a):
-    return a if a.ndim == 1 else a.reshape(a.size)
 
 
 def _misaligned(a):
@@ -357,10 +345,7 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     rows = 1 launch on row t's inputs.
     Reference: `matvec_q8_q6k_r_reference` (= `matvec.matvec_q8_reference` on the GGUF rows)."""
     nblk = _blocks_per_row(K)
-    rows = int(rows)
-    if not 1 <= rows <= MAX_ROWS:
-        raise ValueError(f"matvec_q6k_r: rows (activation rows a launch carries) must be 1 .. "
-                         f"{MAX_ROWS}, not {rows}")
+    rows = check_rows(rows, "matvec_q6k_r")
     if body.dtype != np.uint8 or body.size != M * nblk * Q6_K_R_BODY_BYTES:
         raise ValueError(f"matvec_q6k_r: body must be uint8[{M * nblk * Q6_K_R_BODY_BYTES}] "
                          f"(repack_q6_k of a {M} x {K} Q6_K matrix); got {body.dtype}[{body.size}]")
@@ -374,8 +359,7 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     for name, a, n in (("y", y, rows), ("bias", bias, 1), ("residual", residual, rows)):
         if a is not None and (a.dtype != np.float32 or a.size < n * M):
             raise ValueError(f"matvec_q6k_r: {name} must be float32 with at least "
-                             + (f"M={M}" if n == 1 else f"rows x M = {n} x {M} = {n * M}")
-                             + " elements")
+                             f"{at_least(n, M, 'M')} elements")
     for name, a in (("body", body), ("xq", xq), ("xd", xd)):
         if _misaligned(a):
             raise ValueError(f"matvec_q6k_r: {name} is read with 16-byte loads and must start "
