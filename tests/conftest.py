@@ -16,7 +16,10 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 # Fresh random inputs every run (a kernel must be right on any valid input), yet reproducible:
 # the session seed is printed in pytest's header; BW24_TEST_SEED=<n> replays a failing run.
-SESSION_SEED = int(os.environ.get("BW24_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+# The seed is put into the environment so that pytest-xdist's workers, started after this
+# import, draw the same one as the controller whose header printed it.
+SESSION_SEED = int(os.environ.setdefault("BW24_TEST_SEED",
+                                         str(int.from_bytes(os.urandom(4), "little"))))
 
 
 def pytest_report_header(config):

@@ -1,0 +1,238 @@
+"""Where does the Q4_K decode matvec's time go? Diagnostic variants of matvec_q4k, timed side
+by side on the GPU (bench/matvec_bench.py's method: one CUDA graph of N launches rotating over
+enough weight copies that every launch reads HBM; per-launch time includes the graph gap).
+
+    python3 bench/q4k_probe.py [--shapes 12288x4096,4096x12288,4096x4096] [--out PATH]
+
+Variants (`lib` is the library kernel; the others are built here, from its device functions):
+  lib        matvec_q4k.matvec_q8_q4_k_v4 through launch_matvec_q8 (what the engine runs)
+  same       this file's copy of it (factory below with no knob turned): must equal `lib`
+  noscale    DIAGNOSTIC, wrong values: sub-block scales/mins not decoded (sc = m = 1)
+  nosums     DIAGNOSTIC, wrong values: the activation-sum dp4a skipped (sxa = sxb = 0)
+  loads      DIAGNOSTIC, wrong values: the same loads, values folded with xor (the memory floor
+             of this access pattern)
+  w8         `same` with 8 warps a block instead of 4
+  rows2      each warp computes 2 output rows (8 chunk loads a lane in flight), same order
+The diagnostic rows answer "is the kernel ALU- or latency-bound?"; only `same`, `w8` and
+`rows2` are candidate kernels, and they must match `lib` bit for bit (checked, printed).
+
+Appends JSON lines (date, gpu, commit, shape, variant, us, GB/s, pct of the read roofline
+measured in the same run, regs) to --out (default $OUT/q4k_probe.jsonl).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from bw24nb.graph import CudaGraph  # noqa: E402
+from bw24nb.kernels import matvec_q4k as q4  # noqa: E402
+from bw24nb.kernels.dequant import random_weight_bytes, weight_views  # noqa: E402
+from bw24nb.kernels.matvec import keep, launch_matvec_q8  # noqa: E402
+from bw24nb.kernels.quantize_act import launch_quantize_act  # noqa: E402
+from bw24nb.ptx import dp4a, ld_nc_v4_u32, warp_sum  # noqa: E402
+from bw24nb.quant import QType  # noqa: E402
+from bw24nb.quant.types import row_bytes  # noqa: E402
+from matvec_bench import L2_BYTES, STREAM_FACTOR, _commit, event_ms, read_roofline_gbs  # noqa: E402
+
+_LOW = q4._LOW
+_ONES = q4._ONES
+
+
+def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4):
+    W = warps
+    R = rows_per_warp
+
+    @cuda.jit(device=True, inline="always")
+    def chunk_value(wh, xq, xd, row_word, c, wq):
+        s0, s1, s2, q0, q1, q2, q3 = wq
+        b = c >> 3
+        p = (c & 7) >> 1
+        h = c & 1
+        blk = row_word + b * q4.Q4_K_WORDS
+        e = b * 256 + 64 * p + 16 * h
+        a0, a1, a2, a3 = ld_nc_v4_u32(xq, e >> 2)
+        b0, b1, b2, b3 = ld_nc_v4_u32(xq, (e + 32) >> 2)
+        if loads:
+            z = (s0 ^ s1 ^ s2 ^ q0 ^ q1 ^ q2 ^ q3 ^ a0 ^ a1 ^ a2 ^ a3 ^ b0 ^ b1 ^ b2 ^ b3)
+            return np.float32(z & np.uint32(255)) + xd[e >> 5]
+        d = np.float32(wh[2 * blk])
+        dmin = np.float32(wh[2 * blk + 1])
+        if noscale:
+            sc_a = np.int32(1)
+            m_a = np.int32(1)
+            sc_b = np.int32(1)
+            m_b = np.int32(1)
+        else:
+            sc_a, m_a = q4._scale_min(s0, s1, s2, 2 * p)
+            sc_b, m_b = q4._scale_min(s0, s1, s2, 2 * p + 1)
+        sa = q4._dot4(q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW, a0, a1, a2, a3)
+        sb = q4._dot4((q0 >> np.uint32(4)) & _LOW, (q1 >> np.uint32(4)) & _LOW,
+                      (q2 >> np.uint32(4)) & _LOW, (q3 >> np.uint32(4)) & _LOW, b0, b1, b2, b3)
+        if nosums:
+            sxa = np.int32(0)
+            sxb = np.int32(0)
+        else:
+            sxa = q4._dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
+            sxb = q4._dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
+        va = xd[e >> 5] * ((d * np.float32(sc_a)) * np.float32(sa)
+                           - (dmin * np.float32(m_a)) * np.float32(sxa))
+        vb = xd[(e + 32) >> 5] * ((d * np.float32(sc_b)) * np.float32(sb)
+                                  - (dmin * np.float32(m_b)) * np.float32(sxb))
+        return va + vb
+
+    @cuda.jit(device=True, inline="always")
+    def row_acc(w32, wh, xq, xd, row_word, c, stride, last, nchunk):
+        c1 = min(c + stride, last)
+        c2 = min(c + 2 * stride, last)
+        c3 = min(c + 3 * stride, last)
+        v0 = chunk_value(wh, xq, xd, row_word, c, q4._chunk_weights(w32, row_word, c))
+        v1 = chunk_value(wh, xq, xd, row_word, c1, q4._chunk_weights(w32, row_word, c1))
+        v2 = chunk_value(wh, xq, xd, row_word, c2, q4._chunk_weights(w32, row_word, c2))
+        v3 = chunk_value(wh, xq, xd, row_word, c3, q4._chunk_weights(w32, row_word, c3))
+        return v0, keep(v1, c + stride, nchunk), keep(v2, c + 2 * stride, nchunk), \
+            keep(v3, c + 3 * stride, nchunk)
+
+    @cuda.jit
+    def kern(w32, wh, M, K, xq, xd, y):
+        # parts = 1 only (the shapes here have >= 4096 rows); R rows a warp: row0 + r * nwarps
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.blockIdx.x * W + (cuda.threadIdx.x >> 5)
+        nwarps = cuda.gridDim.x * W
+        nblk = K >> 8
+        nchunk = nblk * q4.CHUNKS_PER_BLOCK
+        last = nchunk - 1
+        rw = np.int64(nblk * q4.Q4_K_WORDS)
+        row0 = warp
+        row1 = warp + nwarps
+        if row0 >= M:
+            return
+        acc0 = np.float32(0.0)
+        acc1 = np.float32(0.0)
+        for c in range(lane, nchunk, 32 * 4):
+            u0 = u1 = u2 = u3 = np.float32(0.0)
+            if R == 2:
+                r1 = min(row1, M - 1)
+                u0, u1, u2, u3 = row_acc(w32, wh, xq, xd, r1 * rw, c, 32, last, nchunk)
+            t0, t1, t2, t3 = row_acc(w32, wh, xq, xd, row0 * rw, c, 32, last, nchunk)
+            acc0 += t0
+            acc0 += t1
+            acc0 += t2
+            acc0 += t3
+            if R == 2:
+                acc1 += u0
+                acc1 += u1
+                acc1 += u2
+                acc1 += u3
+        t = warp_sum(acc0)
+        if lane == 0:
+            y[row0] = t
+        if R == 2:
+            t1 = warp_sum(acc1)
+            if lane == 0 and row1 < M:
+                y[row1] = t1
+
+    def launch(w8, M, K, xq, xd, y, stream):
+        w32 = w8.view(np.uint32)
+        wh = w8.view(np.float16)
+        nw = (M + R - 1) // R
+        kern[(nw + W - 1) // W, 32 * W, stream](w32, wh, np.int32(M), np.int32(K),
+                                                xq.view(np.uint32), xd, y)
+    launch.kern = kern
+    return launch
+
+
+VARIANTS = {
+    "same": dict(),
+    "noscale": dict(noscale=True),
+    "nosums": dict(nosums=True),
+    "noscale_nosums": dict(noscale=True, nosums=True),
+    "loads": dict(loads=True),
+    "w8": dict(warps=8),
+    "rows2": dict(rows_per_warp=2),
+    "rows2_w8": dict(rows_per_warp=2, warps=8),
+}
+CANDIDATES = {"same", "w8", "rows2", "rows2_w8"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="12288x4096,4096x12288,4096x4096")
+    ap.add_argument("--launches", type=int, default=50)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    out = Path(args.out or os.path.join(os.environ.get("OUT", "."), "q4k_probe.jsonl"))
+    stream = cuda.stream()
+    rng = np.random.default_rng(5)
+    roof = read_roofline_gbs(stream)
+    dev = cuda.get_current_device()
+    gpu = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    base = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), gpu=gpu,
+                commit=os.environ.get("BW24_COMMIT", _commit()), roofline_gbs=round(roof, 1))
+    print(f"read roofline {roof:.0f} GB/s")
+    launchers = {name: make(**kw) for name, kw in VARIANTS.items()}
+    bad = 0
+    for shape in args.shapes.split(","):
+        M, K = map(int, shape.split("x"))
+        qt = QType.Q4_K
+        nbytes = M * row_bytes(qt, K)
+        n = max(args.launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes))
+        copies = min(n, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes) + 1)
+        w_host = random_weight_bytes(rng, qt, M, K)
+        ws = [cuda.to_device(w_host, stream=stream) for _ in range(copies)]
+        x = cuda.to_device(rng.standard_normal(K).astype(np.float32), stream=stream)
+        xq = cuda.device_array(K, np.int8, stream=stream)
+        xd = cuda.device_array(K // 32, np.float32, stream=stream)
+        launch_quantize_act(x.reshape(1, K), xq, xd, stream=stream)
+        y = cuda.device_array(M, np.float32, stream=stream)
+        runs = [("lib", lambda w: launch_matvec_q8(w, qt, M, K, xq, xd, y, stream=stream))]
+        for name, L in launchers.items():
+            runs.append((name, lambda w, L=L: L(weight_views(w)[0], M, K, xq, xd, y, stream)))
+        want = None
+        for name, launch in runs:
+            y.copy_to_device(np.full(M, np.nan, np.float32), stream=stream)
+            launch(ws[0])
+            stream.synchronize()
+            got = y.copy_to_host(stream=stream)
+            if name == "lib":
+                want = got
+            exact = bool(np.array_equal(got, want))
+            with CudaGraph.capture(stream) as graph:
+                for i in range(n):
+                    launch(ws[i % copies])
+            ms = event_ms(graph.replay, stream)
+            graph.close()
+            us = ms * 1e3 / n
+            gbs = nbytes / (us * 1e-6) / 1e9
+            regs = None
+            try:
+                k = q4.matvec_q8_q4_k_v4 if name == "lib" else launchers[name].kern
+                regs = int(list(k.get_regs_usage().values())[0])
+            except Exception:
+                pass
+            if name in CANDIDATES and not exact:
+                bad += 1
+            rec = dict(base, shape=shape, M=M, K=K, qtype="Q4_K", variant=name, us=round(us, 3),
+                       gbs=round(gbs, 1), pct=round(100 * gbs / roof, 1), regs=regs,
+                       equal_to_lib=exact, diagnostic=name not in CANDIDATES | {"lib"})
+            print(f"{shape:>11s} {name:16s} {us:8.2f} us {gbs:7.0f} GB/s {rec['pct']:5.1f}% "
+                  f"regs={regs} equal={exact}")
+            with open(out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        del ws
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
