@@ -23,21 +23,21 @@ on probe && { run ${PROBE_S:-240} probe python3 bench/q4k_probe.py ${PROBE_ARGS:
 on check && { run ${CHECK_S:-200} check python3 -m bw24nb.cli kernel-check --size real ${ONLY:+--only $ONLY}
   grep -cE " PASS" "$L/check.log"; grep -E "FAIL|passed|failed|Error" "$L/check.log" | tail -8; }
 on fixspec && { run ${FIXSPEC_S:-200} fixspec python3 bench/spec_gate.py tests/fixtures/qwen35*/model.gguf \
-    --ks ${GKS:-1-8} --n 64 --commit $C --jsonl $OUT/spec.jsonl
+    --ks ${GKS:-1-8} --n 64 --commit $C --jsonl /tmp/spec.jsonl
   grep -E "MISMATCH|Error|Traceback|spec gate" "$L/fixspec.log" | head; tail -3 "$L/fixspec.log"; }
 wait $FACT
 on bench && { run ${BENCH_S:-150} bench_q9 python3 bench/run_bench.py /tmp/q9.gguf --name q9-random --runs 3 \
-    --torch none --long-prompt ${LONG:-6144} --act-quant q8 --commit $C --jsonl $OUT/bench.jsonl
+    --torch none --long-prompt ${LONG:-6144} --act-quant q8 --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager|Error" "$L/bench_q9.log" | tail -8
   grep kernel_ms "$L/bench_q9.log" | head -32
   on c05 && { run 75 bench_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c05-random --runs 3 \
-    --torch none --long-prompt 6144 --act-quant q8 --commit $C --jsonl $OUT/bench.jsonl
+    --torch none --long-prompt 6144 --act-quant q8 --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager" "$L/bench_c05.log" | tail -8; }; }
 on q9gate && { run ${Q9GATE_S:-200} q9gate python3 bench/spec_gate.py /tmp/q9.gguf --ks ${GKS:-1-8} --n 64 \
-    --prompt-len 32 --ctx 512 --scripted --commit $C --jsonl $OUT/spec.jsonl
+    --prompt-len 32 --ctx 512 --scripted --commit $C --jsonl /tmp/spec.jsonl
   grep -E "MISMATCH|Error|Traceback|spec gate|K=[18]:" "$L/q9gate.log" | head -14; }
 on spec && { run ${SPEC_S:-200} spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${KS:-1,3,8} --runs 2 \
     --warmup 1 --n 64 --prompt-len 64 --ctx 1024 --modes mtp,scripted,adversarial --rollback states \
-    --name q9-random --commit $C --jsonl $OUT/spec.jsonl ${SPEC_ARGS:-}
+    --name q9-random --commit $C --jsonl /tmp/spec.jsonl ${SPEC_ARGS:-}
   tail -40 "$L/spec.log"; }
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"
