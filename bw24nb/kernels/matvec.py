@@ -58,8 +58,16 @@ in registers and the T copies' weight loads are one load each after LLVM's CSE. 
 activations starts at t * K, of y and residual at t * M; the bias is shared. rows = 1 launches
 the one-row kernels.
 
+One skeleton: every decode matvec kernel -- the generic float and dp4a paths here, Q4_K's
+16-byte path (matvec_q4k.py) and Q6_K_R's (matvec_q6k.py), one row or T rows -- is the row loop
+of `row_kernel` / `rows_kernel_of` below, given a `RowPath`: the few device functions that say
+what a unit of a row is and how to load and value it. A path's kernels take their weight and
+activation arrays as two tuples, so the one loop serves them all.
+
 numpy references: `matvec_reference` (float path) and `matvec_q8_reference` (dp4a path) below.
 """
+from typing import NamedTuple
+
 import numpy as np
 from numba import cuda
 
@@ -208,222 +216,269 @@ def rows_epilogue(nr):
     return zero, finish
 
 
-# ---------------------------------------------------------------- the kernels
+# ---------------------------------------------------------------- the row loop
 
 
-def _group_term(lay):
-    """term(w8, w16, wh, row_off, g, x): group g of the row at byte row_off, dotted with x."""
-    qk, ts, gpb, group_dot = lay.block, lay.type_size, lay.groups, lay.group_dot
+class RowPath(NamedTuple):
+    """One family of decode matvec kernels, as the device functions the row loop calls.
 
-    @cuda.jit(device=True, inline="always")
-    def term(w8, w16, wh, row_off, g, x):
-        b = g // gpb
-        return group_dot(w8, w16, wh, row_off + b * ts, g - b * gpb, x, b * qk)
+    A row is `units(K)` units -- a group of the generic paths (dequant.py), a 16-byte chunk of
+    the Q4_K and Q6_K_R kernels -- and lane l of the row's warp w takes units 32w + l,
+    + 32 parts, ... in steps of `unroll` slots (module docstring). Every kernel takes its weight
+    arrays as one tuple `w` and its activation arrays as one tuple `x` (numba passes a tuple's
+    arrays as separate kernel parameters), so one skeleton, `row_kernel` / `rows_kernel_of`,
+    serves every path:
+      units(K) -> int             units in a row of K values
+      base(row, K)                where the row starts in the weights (any value, e.g. a tuple)
+      weights(w, base, u)         unit u's weight words, loaded once for all rows of a rows
+                                  kernel (LLVM does not merge repeated inline-asm 16-byte loads);
+                                  paths whose `value` does plain loads return a placeholder
+      value(w, x, base, u, q)     unit u's float32 value (step 1 of the summation order) from
+                                  its weight words q and the activations x
+      x_row(x, t, K)              activation row t of x (rows kernels: row t at t * K values)
+    `module` is where the path's device functions live: the kernels count as that module's
+    for the kernel disk cache (jit.py: its sources decide when a stored kernel is stale).
+    """
+    name: str
+    module: str
+    unroll: int
+    units: object
+    base: object
+    weights: object
+    value: object
+    x_row: object
 
-    return term
+
+def _lane_step(p):
+    """step(acc, w, x, base, u, stride, last, n): acc plus one row's `unroll` slots at unit u.
+    Every slot's load is unconditional (its unit clamped to the row's last) and a slot past the
+    row's end adds +0.0 (`keep`), so all of a step's loads issue before the first multiply."""
+    weights, value = p.weights, p.value
+    if p.unroll == 4:
+        @cuda.jit(device=True, inline="always")
+        def step(acc, w, x, base, u, stride, last, n):
+            v0 = value(w, x, base, u, weights(w, base, u))
+            u1 = min(u + stride, last)
+            v1 = value(w, x, base, u1, weights(w, base, u1))
+            u2 = min(u + 2 * stride, last)
+            v2 = value(w, x, base, u2, weights(w, base, u2))
+            u3 = min(u + 3 * stride, last)
+            v3 = value(w, x, base, u3, weights(w, base, u3))
+            acc += v0
+            acc += keep(v1, u + stride, n)
+            acc += keep(v2, u + 2 * stride, n)
+            acc += keep(v3, u + 3 * stride, n)
+            return acc
+    elif p.unroll == 2:
+        @cuda.jit(device=True, inline="always")
+        def step(acc, w, x, base, u, stride, last, n):
+            v0 = value(w, x, base, u, weights(w, base, u))
+            u1 = min(u + stride, last)
+            v1 = value(w, x, base, u1, weights(w, base, u1))
+            acc += v0
+            acc += keep(v1, u + stride, n)
+            return acc
+    else:
+        raise ValueError(f"{p.name}: unroll must be 2 or 4, not {p.unroll}")
+    return step
 
 
-def _group_term_q8(lay):
-    """term(w8, w16, wh, row_off, g, xq32, xd): the same against int8 activations (dp4a)."""
-    qk, ts, gpb, group_dot_q8 = lay.block, lay.type_size, lay.groups, lay.group_dot_q8
+def _rows_step(p, nr):
+    """step(acc, w, x, base, u, stride, last, n, K): `_lane_step` for nr rows of activations --
+    each slot's weights loaded once, then every row's values added to acc[t] in the one-row
+    order (the rows' code written out nr times by `unrolled`)."""
+    weights, value, x_row = p.weights, p.value, p.x_row
+    if p.unroll == 4:
+        @nvvm_inlined
+        def slots(t, acc, args):
+            w, x, base, u, u1, u2, u3, q0, q1, q2, q3, stride, n, K = args
+            xt = x_row(x, t, K)
+            v0 = value(w, xt, base, u, q0)
+            v1 = value(w, xt, base, u1, q1)
+            v2 = value(w, xt, base, u2, q2)
+            v3 = value(w, xt, base, u3, q3)
+            a = acc[t]
+            a += v0
+            a += keep(v1, u + stride, n)
+            a += keep(v2, u + 2 * stride, n)
+            a += keep(v3, u + 3 * stride, n)
+            acc[t] = a
 
-    @cuda.jit(device=True, inline="always")
-    def term(w8, w16, wh, row_off, g, xq32, xd):
-        b = g // gpb
-        return group_dot_q8(w8, w16, wh, row_off + b * ts, g - b * gpb, xq32, xd, b * qk)
+        each = unrolled(nr, slots)
 
-    return term
+        @cuda.jit(device=True, inline="always")
+        def step(acc, w, x, base, u, stride, last, n, K):
+            u1 = min(u + stride, last)
+            u2 = min(u + 2 * stride, last)
+            u3 = min(u + 3 * stride, last)
+            each(acc, (w, x, base, u, u1, u2, u3, weights(w, base, u), weights(w, base, u1),
+                       weights(w, base, u2), weights(w, base, u3), stride, n, K))
+    elif p.unroll == 2:
+        @nvvm_inlined
+        def slots(t, acc, args):
+            w, x, base, u, u1, q0, q1, stride, n, K = args
+            xt = x_row(x, t, K)
+            v0 = value(w, xt, base, u, q0)
+            v1 = value(w, xt, base, u1, q1)
+            a = acc[t]
+            a += v0
+            a += keep(v1, u + stride, n)
+            acc[t] = a
+
+        each = unrolled(nr, slots)
+
+        @cuda.jit(device=True, inline="always")
+        def step(acc, w, x, base, u, stride, last, n, K):
+            u1 = min(u + stride, last)
+            each(acc, (w, x, base, u, u1, weights(w, base, u), weights(w, base, u1), stride, n,
+                       K))
+    else:
+        raise ValueError(f"{p.name}: unroll must be 2 or 4, not {p.unroll}")
+    return step
 
 
-def _make_matvec(lay):
-    qk, ts, gpb = lay.block, lay.type_size, lay.groups
-    term = _group_term(lay)
+@cuda.jit(device=True, inline="always")
+def _warp_row(parts):
+    """(lane, row, part): this thread's lane, the output row of its warp, and which of the
+    row's `parts` warps it is."""
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+    row = warp // parts
+    return lane, row, warp - row * parts
 
-    def matvec(w8, w16, wh, M, K, x, y, bias, residual, has_bias, has_residual, parts):
+
+def row_kernel(p):
+    """The one-row decode kernel of path p: kern[grid, THREADS](w, M, K, x, y, bias, residual,
+    has_bias, has_residual, parts), one output row per `parts` warps."""
+    step, units, row_base, U = _lane_step(p), p.units, p.base, p.unroll
+
+    def matvec(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
         part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        row = warp // parts
-        part = warp - row * parts
+        lane, row, part = _warp_row(parts)
         if parts == 1 and row >= M:   # the whole warp leaves: warp_sum stays full-warp
             return
-        nblk = K // qk
-        ngroups = nblk * gpb
-        last = ngroups - 1
+        n = units(K)
+        last = n - 1
         if row >= M:                  # split rows: stay for the block barrier, load nothing
-            ngroups = 0
-        row_off = np.int64(row) * (nblk * ts)
+            n = 0
+        base = row_base(row, K)
         stride = 32 * parts
         acc = np.float32(0.0)
-        for g in range(32 * part + lane, ngroups, stride * UNROLL):
-            # UNROLL = 4 slots; all loads unconditional (clamped), products kept in order
-            p0 = term(w8, w16, wh, row_off, g, x)
-            p1 = term(w8, w16, wh, row_off, min(g + stride, last), x)
-            p2 = term(w8, w16, wh, row_off, min(g + 2 * stride, last), x)
-            p3 = term(w8, w16, wh, row_off, min(g + 3 * stride, last), x)
-            acc += p0
-            acc += keep(p1, g + stride, ngroups)
-            acc += keep(p2, g + 2 * stride, ngroups)
-            acc += keep(p3, g + 3 * stride, ngroups)
+        for u in range(32 * part + lane, n, stride * U):
+            acc = step(acc, w, x, base, u, stride, last, n)
         total = combine_parts(part_sh, parts, part, lane, warp_sum(acc))
         if lane == 0 and part == 0 and row < M:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
-    matvec.__name__ = matvec.__qualname__ = f"matvec_{lay.name}"
+    matvec.__name__ = matvec.__qualname__ = p.name
+    matvec.__module__ = p.module
     return kernel(matvec)
 
 
-def _make_matvec_q8(lay):
-    qk, ts, gpb = lay.block, lay.type_size, lay.groups
-    term = _group_term_q8(lay)
-
-    def matvec_q8(w8, w16, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual, parts):
-        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        row = warp // parts
-        part = warp - row * parts
-        if parts == 1 and row >= M:
-            return
-        nblk = K // qk
-        ngroups = nblk * gpb
-        last = ngroups - 1
-        if row >= M:
-            ngroups = 0
-        row_off = np.int64(row) * (nblk * ts)
-        stride = 32 * parts
-        acc = np.float32(0.0)
-        for g in range(32 * part + lane, ngroups, stride * UNROLL):
-            p0 = term(w8, w16, wh, row_off, g, xq32, xd)
-            p1 = term(w8, w16, wh, row_off, min(g + stride, last), xq32, xd)
-            p2 = term(w8, w16, wh, row_off, min(g + 2 * stride, last), xq32, xd)
-            p3 = term(w8, w16, wh, row_off, min(g + 3 * stride, last), xq32, xd)
-            acc += p0
-            acc += keep(p1, g + stride, ngroups)
-            acc += keep(p2, g + 2 * stride, ngroups)
-            acc += keep(p3, g + 3 * stride, ngroups)
-        total = combine_parts(part_sh, parts, part, lane, warp_sum(acc))
-        if lane == 0 and part == 0 and row < M:
-            store_row(y, bias, residual, has_bias, has_residual, row, total)
-
-    matvec_q8.__name__ = matvec_q8.__qualname__ = f"matvec_q8_{lay.name}"
-    return kernel(matvec_q8)
-
-
-def _make_matvec_rows(lay, nr):
-    """The float-path kernel for nr rows of activations (module docstring: rows = T > 1): the
-    one-row kernel's loop, with each slot's products formed for every row and added to that
-    row's accumulator in the one-row order."""
-    qk, ts, gpb = lay.block, lay.type_size, lay.groups
-    term = _group_term(lay)
+def rows_kernel_of(p, nr):
+    """The decode kernel of path p for nr rows of activations (module docstring: rows = T > 1),
+    named <p.name>_r<nr>; the same parameters as `row_kernel`'s, x, y and residual holding nr
+    rows."""
+    step, units, row_base, U = _rows_step(p, nr), p.units, p.base, p.unroll
     zero, finish = rows_epilogue(nr)
 
-    @nvvm_inlined
-    def slots(t, acc, args):
-        w8, w16, wh, row_off, g, g1, g2, g3, stride, ngroups, x, K = args
-        xt = x[t * K:]
-        p0 = term(w8, w16, wh, row_off, g, xt)
-        p1 = term(w8, w16, wh, row_off, g1, xt)
-        p2 = term(w8, w16, wh, row_off, g2, xt)
-        p3 = term(w8, w16, wh, row_off, g3, xt)
-        a = acc[t]
-        a += p0
-        a += keep(p1, g + stride, ngroups)
-        a += keep(p2, g + 2 * stride, ngroups)
-        a += keep(p3, g + 3 * stride, ngroups)
-        acc[t] = a
-
-    step = unrolled(nr, slots)
-
-    def matvec_rows(w8, w16, wh, M, K, x, y, bias, residual, has_bias, has_residual, parts):
+    def matvec_rows(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
         part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
         acc = cuda.local.array(nr, np.float32)
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        row = warp // parts
-        part = warp - row * parts
+        lane, row, part = _warp_row(parts)
         if parts == 1 and row >= M:
             return
-        nblk = K // qk
-        ngroups = nblk * gpb
-        last = ngroups - 1
+        n = units(K)
+        last = n - 1
         if row >= M:
-            ngroups = 0
-        row_off = np.int64(row) * (nblk * ts)
+            n = 0
+        base = row_base(row, K)
         stride = 32 * parts
         zero(acc, ())
-        for g in range(32 * part + lane, ngroups, stride * UNROLL):
-            step(acc, (w8, w16, wh, row_off, g, min(g + stride, last), min(g + 2 * stride, last),
-                       min(g + 3 * stride, last), stride, ngroups, x, K))
+        for u in range(32 * part + lane, n, stride * U):
+            step(acc, w, x, base, u, stride, last, n, K)
         finish(acc, part_sh, lane, part, row, M, parts, y, bias, residual, has_bias, has_residual)
 
-    matvec_rows.__name__ = matvec_rows.__qualname__ = f"matvec_{lay.name}_r{nr}"
+    matvec_rows.__name__ = matvec_rows.__qualname__ = f"{p.name}_r{nr}"
+    matvec_rows.__module__ = p.module
     return kernel(matvec_rows)
 
 
-def _make_matvec_q8_rows(lay, nr):
-    """The dp4a-path kernel for nr rows of activations (as `_make_matvec_rows`)."""
+def rows_kernels(make, who):
+    """rows_kernel(nr) for a kernel module with one rows-kernel factory `make(nr)`: the kernel
+    for nr = 2 .. MAX_ROWS rows of activations, built (not compiled) on its first request."""
+    built = {}
+
+    def rows_kernel(nr):
+        if not 2 <= nr <= MAX_ROWS:
+            raise ValueError(f"{who}: a rows kernel carries 2 .. {MAX_ROWS} rows, not {nr}")
+        if nr not in built:
+            built[nr] = make(nr)
+        return built[nr]
+
+    return rows_kernel
+
+
+# ---------------------------------------------------------------- the generic paths
+
+
+def _generic_path(lay, q8):
+    """The row path of layout `lay`'s group codec: float activations x = (x,) (`group_dot`),
+    or int8 ones x = (xq32, xd) (`group_dot_q8`, dp4a); w = (w8, w16, wh), dequant's views."""
     qk, ts, gpb = lay.block, lay.type_size, lay.groups
-    term = _group_term_q8(lay)
-    zero, finish = rows_epilogue(nr)
+    group_dot = lay.group_dot_q8 if q8 else lay.group_dot
 
-    @nvvm_inlined
-    def slots(t, acc, args):
-        w8, w16, wh, row_off, g, g1, g2, g3, stride, ngroups, xq32, xd, K = args
-        xqt = xq32[t * (K >> 2):]
-        xdt = xd[t * (K >> 5):]
-        p0 = term(w8, w16, wh, row_off, g, xqt, xdt)
-        p1 = term(w8, w16, wh, row_off, g1, xqt, xdt)
-        p2 = term(w8, w16, wh, row_off, g2, xqt, xdt)
-        p3 = term(w8, w16, wh, row_off, g3, xqt, xdt)
-        a = acc[t]
-        a += p0
-        a += keep(p1, g + stride, ngroups)
-        a += keep(p2, g + 2 * stride, ngroups)
-        a += keep(p3, g + 3 * stride, ngroups)
-        acc[t] = a
+    @cuda.jit(device=True, inline="always")
+    def units(K):
+        return (K // qk) * gpb
 
-    step = unrolled(nr, slots)
+    @cuda.jit(device=True, inline="always")
+    def base(row, K):
+        return np.int64(row) * ((K // qk) * ts)
 
-    def matvec_q8_rows(w8, w16, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual,
-                       parts):
-        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
-        acc = cuda.local.array(nr, np.float32)
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        row = warp // parts
-        part = warp - row * parts
-        if parts == 1 and row >= M:
-            return
-        nblk = K // qk
-        ngroups = nblk * gpb
-        last = ngroups - 1
-        if row >= M:
-            ngroups = 0
-        row_off = np.int64(row) * (nblk * ts)
-        stride = 32 * parts
-        zero(acc, ())
-        for g in range(32 * part + lane, ngroups, stride * UNROLL):
-            step(acc, (w8, w16, wh, row_off, g, min(g + stride, last), min(g + 2 * stride, last),
-                       min(g + 3 * stride, last), stride, ngroups, xq32, xd, K))
-        finish(acc, part_sh, lane, part, row, M, parts, y, bias, residual, has_bias, has_residual)
+    @cuda.jit(device=True, inline="always")
+    def weights(w, base, g):
+        return np.int32(0)            # group_dot does plain loads: CSE merges the rows' copies
 
-    matvec_q8_rows.__name__ = matvec_q8_rows.__qualname__ = f"matvec_q8_{lay.name}_r{nr}"
-    return kernel(matvec_q8_rows)
+    if q8:
+        @cuda.jit(device=True, inline="always")
+        def value(w, x, base, g, q):
+            b = g // gpb
+            return group_dot(w[0], w[1], w[2], base + b * ts, g - b * gpb, x[0], x[1], b * qk)
+
+        @cuda.jit(device=True, inline="always")
+        def x_row(x, t, K):
+            return x[0][t * (K >> 2):], x[1][t * (K >> 5):]
+    else:
+        @cuda.jit(device=True, inline="always")
+        def value(w, x, base, g, q):
+            b = g // gpb
+            return group_dot(w[0], w[1], w[2], base + b * ts, g - b * gpb, x[0], b * qk)
+
+        @cuda.jit(device=True, inline="always")
+        def x_row(x, t, K):
+            return (x[0][t * K:],)
+
+    name = f"matvec_q8_{lay.name}" if q8 else f"matvec_{lay.name}"
+    return RowPath(name, __name__, UNROLL, units, base, weights, value, x_row)
 
 
 # kernel objects by weight type; also module attributes matvec_<type> / matvec_q8_<type>
-MATVEC = {qt: _make_matvec(lay) for qt, lay in LAYOUTS.items()}
-MATVEC_Q8 = {qt: _make_matvec_q8(lay) for qt, lay in LAYOUTS.items() if lay.group_dot_q8 is not None}
+PATHS = {qt: _generic_path(lay, False) for qt, lay in LAYOUTS.items()}
+PATHS_Q8 = {qt: _generic_path(lay, True) for qt, lay in LAYOUTS.items()
+            if lay.group_dot_q8 is not None}
+MATVEC = {qt: row_kernel(p) for qt, p in PATHS.items()}
+MATVEC_Q8 = {qt: row_kernel(p) for qt, p in PATHS_Q8.items()}
 for _qt, _k in MATVEC.items():
     globals()[f"matvec_{LAYOUTS[_qt].name}"] = _k
 for _qt, _k in MATVEC_Q8.items():
     globals()[f"matvec_q8_{LAYOUTS[_qt].name}"] = _k
 
-_SIG = "void(uint8[::1], uint16[::1], float16[::1], int32, int32, float32[::1], float32[::1], " \
-       "float32[::1], float32[::1], int32, int32, int32)"
-_SIG_Q8 = "void(uint8[::1], uint16[::1], float16[::1], int32, int32, int32[::1], float32[::1], " \
-          "float32[::1], float32[::1], float32[::1], int32, int32, int32)"
+_W = "Tuple((uint8[::1], uint16[::1], float16[::1]))"
+_SIG = f"void({_W}, int32, int32, UniTuple(float32[::1], 1), float32[::1], float32[::1], " \
+       "float32[::1], int32, int32, int32)"
+_SIG_Q8 = f"void({_W}, int32, int32, Tuple((int32[::1], float32[::1])), float32[::1], " \
+          "float32[::1], float32[::1], int32, int32, int32)"
 
 # rows kernels (rows = T > 1) by (weight type, T), built on first use by `rows_kernel`
 MATVEC_ROWS: dict = {}
@@ -433,10 +488,10 @@ MATVEC_Q8_ROWS: dict = {}
 def rows_kernel(qtype, nr, q8=False):
     """The float-path (q8=False) or dp4a-path kernel of weight type `qtype` for nr = 2 ..
     MAX_ROWS rows of activations, built (not compiled) on its first request."""
-    table, make = (MATVEC_Q8_ROWS, _make_matvec_q8_rows) if q8 else (MATVEC_ROWS, _make_matvec_rows)
+    table, paths = (MATVEC_Q8_ROWS, PATHS_Q8) if q8 else (MATVEC_ROWS, PATHS)
     key = (QType(qtype), int(nr))
     if key not in table:
-        table[key] = make(LAYOUTS[key[0]], key[1])
+        table[key] = rows_kernel_of(paths[key[0]], key[1])
     return table[key]
 
 
@@ -488,19 +543,6 @@ def check_rows(rows, who="matvec"):
     return rows
 
 
-def rows_kernels(make, who):
-    """rows_kernel(nr) for a kernel module with one rows-kernel factory `make(nr)`: the kernel
-    for nr = 2 .. MAX_ROWS rows of activations, built (not compiled) on its first request."""
-    built = {}
-
-    def rows_kernel(nr):
-        if not 2 <= nr <= MAX_ROWS:
-            raise ValueError(f"{who}: a rows kernel carries 2 .. {MAX_ROWS} rows, not {nr}")
-        if nr not in built:
-            built[nr] = make(nr)
-        return built[nr]
-
-    return rows_kernel
 
 
 def at_least(rows, n, what):
@@ -549,7 +591,7 @@ def launch_matvec(w_dev, qtype, M, K, x_dev, y_dev, bias=None, residual=None, st
     residual = None if residual is None else _flat(residual)
     kern = MATVEC[lay.qtype] if rows == 1 else rows_kernel(lay.qtype, rows)
     kern[_grid(M, parts), THREADS, stream](
-        w8, w16, wh, np.int32(M), np.int32(K), x_dev, y_dev,
+        (w8, w16, wh), np.int32(M), np.int32(K), (x_dev,), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
 
@@ -590,7 +632,7 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
     xq32 = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.int32)      # 4 int8 per dp4a operand
     kern = MATVEC_Q8[lay.qtype] if rows == 1 else rows_kernel(lay.qtype, rows, q8=True)
     kern[_grid(M, parts), THREADS, stream](
-        w8, w16, wh, np.int32(M), np.int32(K), xq32, _flat(xd_dev), y_dev,
+        (w8, w16, wh), np.int32(M), np.int32(K), (xq32, _flat(xd_dev)), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
 

@@ -33,11 +33,9 @@ the order above, so that each row is bit for bit the one-row kernel's result for
 import numpy as np
 from numba import cuda
 
-from ..jit import kernel
-from ..ptx import dp4a, ld_nc_v4_u32, warp_sum
+from ..ptx import dp4a, ld_nc_v4_u32
 from ..quant.types import QType, type_size
-from .matvec import (PART_SH_ROWS, WARPS_PER_BLOCK, combine_parts, keep, nvvm_inlined,
-                     rows_epilogue, rows_kernels, store_row, unrolled)
+from .matvec import RowPath, row_kernel, rows_kernel_of, rows_kernels
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -116,107 +114,43 @@ def _chunk_value(wh, xq, xd, row_word, c, wq):
 
 
 @cuda.jit(device=True, inline="always")
-def _chunk(w32, wh, xq, xd, row_word, c):
-    """Value of chunk c of the row starting at word row_word (step 1 of the docstring)."""
-    return _chunk_value(wh, xq, xd, row_word, c, _chunk_weights(w32, row_word, c))
+def _units(K):
+    return (K >> 8) * CHUNKS_PER_BLOCK
 
 
-@kernel
-def matvec_q8_q4_k_v4(w32, wh, M, K, xq, xd, y, bias, residual, has_bias, has_residual, parts):
-    """One row per `parts` warps (see matvec.py); lane l of warp w takes chunks 32w + l, ..."""
-    part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
-    lane = cuda.threadIdx.x & 31
-    warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-    row = warp // parts
-    part = warp - row * parts
-    if parts == 1 and row >= M:
-        return
-    nblk = K >> 8
-    nchunk = nblk * CHUNKS_PER_BLOCK
-    last = nchunk - 1
-    if row >= M:
-        nchunk = 0
-    row_word = np.int64(row) * (nblk * Q4_K_WORDS)
-    stride = 32 * parts
-    acc = np.float32(0.0)
-    for c in range(32 * part + lane, nchunk, stride * UNROLL):
-        v0 = _chunk(w32, wh, xq, xd, row_word, c)
-        v1 = _chunk(w32, wh, xq, xd, row_word, min(c + stride, last))
-        v2 = _chunk(w32, wh, xq, xd, row_word, min(c + 2 * stride, last))
-        v3 = _chunk(w32, wh, xq, xd, row_word, min(c + 3 * stride, last))
-        acc += v0
-        acc += keep(v1, c + stride, nchunk)
-        acc += keep(v2, c + 2 * stride, nchunk)
-        acc += keep(v3, c + 3 * stride, nchunk)
-    total = combine_parts(part_sh, parts, part, lane, warp_sum(acc))
-    if lane == 0 and part == 0 and row < M:
-        store_row(y, bias, residual, has_bias, has_residual, row, total)
+@cuda.jit(device=True, inline="always")
+def _base(row, K):
+    return np.int64(row) * ((K >> 8) * Q4_K_WORDS)
 
 
-def _make_rows(nr):
-    """matvec_q8_q4_k_v4 for nr rows of activations (module docstring)."""
-    zero, finish = rows_epilogue(nr)
-
-    @nvvm_inlined
-    def slots(t, acc, args):
-        # the one-row step for row t, on the weight words the kernel loaded for all rows
-        wh, xq, xd, row_word, c, c1, c2, c3, w0, w1, w2, w3, stride, nchunk, K = args
-        xqt = xq[t * (K >> 2):]
-        xdt = xd[t * (K >> 5):]
-        v0 = _chunk_value(wh, xqt, xdt, row_word, c, w0)
-        v1 = _chunk_value(wh, xqt, xdt, row_word, c1, w1)
-        v2 = _chunk_value(wh, xqt, xdt, row_word, c2, w2)
-        v3 = _chunk_value(wh, xqt, xdt, row_word, c3, w3)
-        a = acc[t]
-        a += v0
-        a += keep(v1, c + stride, nchunk)
-        a += keep(v2, c + 2 * stride, nchunk)
-        a += keep(v3, c + 3 * stride, nchunk)
-        acc[t] = a
-
-    step = unrolled(nr, slots)
-
-    def matvec_q8_q4_k_v4_rows(w32, wh, M, K, xq, xd, y, bias, residual, has_bias, has_residual,
-                               parts):
-        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
-        acc = cuda.local.array(nr, np.float32)
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        row = warp // parts
-        part = warp - row * parts
-        if parts == 1 and row >= M:
-            return
-        nblk = K >> 8
-        nchunk = nblk * CHUNKS_PER_BLOCK
-        last = nchunk - 1
-        if row >= M:
-            nchunk = 0
-        row_word = np.int64(row) * (nblk * Q4_K_WORDS)
-        stride = 32 * parts
-        zero(acc, ())
-        for c in range(32 * part + lane, nchunk, stride * UNROLL):
-            c1 = min(c + stride, last)
-            c2 = min(c + 2 * stride, last)
-            c3 = min(c + 3 * stride, last)
-            step(acc, (wh, xq, xd, row_word, c, c1, c2, c3, _chunk_weights(w32, row_word, c),
-                       _chunk_weights(w32, row_word, c1), _chunk_weights(w32, row_word, c2),
-                       _chunk_weights(w32, row_word, c3), stride, nchunk, K))
-        finish(acc, part_sh, lane, part, row, M, parts, y, bias, residual, has_bias, has_residual)
-
-    matvec_q8_q4_k_v4_rows.__name__ = matvec_q8_q4_k_v4_rows.__qualname__ = \
-        f"matvec_q8_q4_k_v4_r{nr}"
-    return kernel(matvec_q8_q4_k_v4_rows)
+@cuda.jit(device=True, inline="always")
+def _weights(w, row_word, c):
+    return _chunk_weights(w[0], row_word, c)
 
 
-rows_kernel = rows_kernels(_make_rows, "matvec_q4k")     # rows kernels, built on first use
+@cuda.jit(device=True, inline="always")
+def _value(w, x, row_word, c, wq):
+    return _chunk_value(w[1], x[0], x[1], row_word, c, wq)
+
+
+@cuda.jit(device=True, inline="always")
+def _x_row(x, t, K):
+    return x[0][t * (K >> 2):], x[1][t * (K >> 5):]
+
+
+# w = (w32, wh): the GGUF rows as uint32 words and as float16; x = (xq as uint32 words, xd)
+PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value, _x_row)
+matvec_q8_q4_k_v4 = row_kernel(PATH)
+rows_kernel = rows_kernels(lambda nr: rows_kernel_of(PATH, nr), "matvec_q4k")
 
 
 # a module attribute so that tests/test_compile_ptx.py compiles it (PTX_SIGNATURES); the other
 # row counts are the same code with another constant
 matvec_q8_q4_k_v4_r4 = rows_kernel(4)
 
-_SIG = ("void(uint32[::1], float16[::1], int32, int32, uint32[::1], float32[::1], "
-        "float32[::1], float32[::1], float32[::1], int32, int32, int32)")
+_SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
+        "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
+        "int32, int32)")
 PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_r4": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
@@ -231,6 +165,6 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
     kern = matvec_q8_q4_k_v4 if rows == 1 else rows_kernel(rows)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
     kern[grid, threads, stream](
-        w32, w8.view(np.float16), np.int32(M), np.int32(K), xq, xd, y_dev,
+        (w32, w8.view(np.float16)), np.int32(M), np.int32(K), (xq, xd), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))

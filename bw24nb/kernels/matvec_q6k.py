@@ -55,13 +55,11 @@ at decode `launch_matvec_q8_q6k_r(body_dev, d_dev, M, K, xq, xd, y, ...)` with x
 import numpy as np
 from numba import cuda
 
-from ..jit import kernel
-from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32, warp_sum
+from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
-from .matvec import (PART_SH_ROWS, THREADS, WARPS_PER_BLOCK, _flat, at_least, check_rows,
-                     combine_parts, keep, nvvm_inlined, rows_epilogue, rows_kernels, store_row,
-                     unrolled, warps_per_row)
+from .matvec import (THREADS, WARPS_PER_BLOCK, RowPath, _flat, at_least, check_rows,
+                     row_kernel, rows_kernel_of, rows_kernels, warps_per_row)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
 
@@ -224,98 +222,45 @@ def _chunk_value(dh, xq, xd32, row_blk, c, wq):
 
 
 @cuda.jit(device=True, inline="always")
-def _chunk(body, dh, xq, xd32, row_word, row_blk, c):
-    """Value v_c of chunk c of the row whose body starts at word row_word."""
-    return _chunk_value(dh, xq, xd32, row_blk, c, _chunk_weights(body, row_word, c))
+def _units(K):
+    return (K >> 8) * CHUNKS_PER_BLOCK
 
 
-@kernel
-def matvec_q8_q6_k_r(body, dh, M, K, xq, xd32, y, bias, residual, has_bias, has_residual, parts):
-    """One row per `parts` warps (see matvec.py); lane l of warp w takes chunks 32w + l, ..."""
-    part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
-    lane = cuda.threadIdx.x & 31
-    warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-    row = warp // parts
-    part = warp - row * parts
-    if parts == 1 and row >= M:       # the whole warp leaves: warp_sum stays full-warp
-        return
-    nblk = K >> 8
-    nchunk = nblk * CHUNKS_PER_BLOCK
-    last = nchunk - 1
-    if row >= M:                      # split rows: stay for the block barrier, load nothing
-        nchunk = 0
-    row_blk = np.int64(row) * nblk
-    row_word = row_blk * BODY_WORDS
-    stride = 32 * parts
-    acc = np.float32(0.0)
-    for c in range(32 * part + lane, nchunk, stride * UNROLL):
-        v0 = _chunk(body, dh, xq, xd32, row_word, row_blk, c)
-        v1 = _chunk(body, dh, xq, xd32, row_word, row_blk, min(c + stride, last))
-        acc += v0
-        acc += keep(v1, c + stride, nchunk)
-    total = combine_parts(part_sh, parts, part, lane, warp_sum(acc))
-    if lane == 0 and part == 0 and row < M:
-        store_row(y, bias, residual, has_bias, has_residual, row, total)
+@cuda.jit(device=True, inline="always")
+def _base(row, K):
+    """(first body word, first block) of the row."""
+    row_blk = np.int64(row) * (K >> 8)
+    return row_blk * BODY_WORDS, row_blk
 
 
-def _make_rows(nr):
-    """matvec_q8_q6_k_r for nr rows of activations (module docstring)."""
-    zero, finish = rows_epilogue(nr)
-
-    @nvvm_inlined
-    def slots(t, acc, args):
-        # the one-row step for row t, on the weight words the kernel loaded for all rows
-        dh, xq, xd32, row_blk, c, c1, w0, w1, stride, nchunk, K = args
-        xqt = xq[t * (K >> 2):]
-        xdt = xd32[t * (K >> 5):]
-        v0 = _chunk_value(dh, xqt, xdt, row_blk, c, w0)
-        v1 = _chunk_value(dh, xqt, xdt, row_blk, c1, w1)
-        a = acc[t]
-        a += v0
-        a += keep(v1, c + stride, nchunk)
-        acc[t] = a
-
-    step = unrolled(nr, slots)
-
-    def matvec_q8_q6_k_r_rows(body, dh, M, K, xq, xd32, y, bias, residual, has_bias,
-                              has_residual, parts):
-        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
-        acc = cuda.local.array(nr, np.float32)
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        row = warp // parts
-        part = warp - row * parts
-        if parts == 1 and row >= M:
-            return
-        nblk = K >> 8
-        nchunk = nblk * CHUNKS_PER_BLOCK
-        last = nchunk - 1
-        if row >= M:
-            nchunk = 0
-        row_blk = np.int64(row) * nblk
-        row_word = row_blk * BODY_WORDS
-        stride = 32 * parts
-        zero(acc, ())
-        for c in range(32 * part + lane, nchunk, stride * UNROLL):
-            c1 = min(c + stride, last)
-            step(acc, (dh, xq, xd32, row_blk, c, c1, _chunk_weights(body, row_word, c),
-                       _chunk_weights(body, row_word, c1), stride, nchunk, K))
-        finish(acc, part_sh, lane, part, row, M, parts, y, bias, residual, has_bias, has_residual)
-
-    matvec_q8_q6_k_r_rows.__name__ = matvec_q8_q6_k_r_rows.__qualname__ = \
-        f"matvec_q8_q6_k_r_r{nr}"
-    return kernel(matvec_q8_q6_k_r_rows)
+@cuda.jit(device=True, inline="always")
+def _weights(w, base, c):
+    return _chunk_weights(w[0], base[0], c)
 
 
-rows_kernel = rows_kernels(_make_rows, "matvec_q6k_r")     # rows kernels, built on first use
+@cuda.jit(device=True, inline="always")
+def _value(w, x, base, c, wq):
+    return _chunk_value(w[1], x[0], x[1], base[1], c, wq)
+
+
+@cuda.jit(device=True, inline="always")
+def _x_row(x, t, K):
+    return x[0][t * (K >> 2):], x[1][t * (K >> 5):]
+
+
+# w = (body as uint32 words, d float16); x = (xq, xd as uint32 words): matvec.py's row loop
+PATH = RowPath("matvec_q8_q6_k_r", __name__, UNROLL, _units, _base, _weights, _value, _x_row)
+matvec_q8_q6_k_r = row_kernel(PATH)
+rows_kernel = rows_kernels(lambda nr: rows_kernel_of(PATH, nr), "matvec_q6k_r")
 
 
 # a module attribute so that tests/test_compile_ptx.py compiles it (PTX_SIGNATURES); the other
 # row counts are the same code with another constant
 matvec_q8_q6_k_r_r4 = rows_kernel(4)
 
-_SIG = ("void(uint32[::1], float16[::1], int32, int32, uint32[::1], uint32[::1], "
-        "float32[::1], float32[::1], float32[::1], int32, int32, int32)")
+_SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
+        "Tuple((uint32[::1], uint32[::1])), float32[::1], float32[::1], float32[::1], int32, "
+        "int32, int32)")
 PTX_SIGNATURES = {"matvec_q8_q6_k_r": [_SIG], "matvec_q8_q6_k_r_r4": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
@@ -371,8 +316,8 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     y = _flat(y)
     kern = matvec_q8_q6_k_r if rows == 1 else rows_kernel(rows)
     kern[grid, THREADS, stream](
-        _flat(body).view(np.uint32), _flat(d), np.int32(M), np.int32(K),
-        _flat(xq)[:rows * K].view(np.uint32), _flat(xd)[:rows * K // 32].view(np.uint32), y,
+        (_flat(body).view(np.uint32), _flat(d)), np.int32(M), np.int32(K),
+        (_flat(xq)[:rows * K].view(np.uint32), _flat(xd)[:rows * K // 32].view(np.uint32)), y,
         y if bias is None else bias, y if residual is None else _flat(residual),
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
 
