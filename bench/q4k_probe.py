@@ -13,8 +13,11 @@ Variants (`lib` is the library kernel; the others are built here, from its devic
              of this access pattern)
   w8         `same` with 8 warps a block instead of 4
   rows2      each warp computes 2 output rows (8 chunk loads a lane in flight), same order
-The diagnostic rows answer "is the kernel ALU- or latency-bound?"; only `same`, `w8` and
-`rows2` are candidate kernels, and they must match `lib` bit for bit (checked, printed).
+  hoist      every load of a lane's 4 chunks issued before their arithmetic, same order
+  sums       the activation sums of the min term read from a precomputed int32 array (one
+             per 16 values) instead of 8 dp4a a chunk: the same integers, so the same bits
+The diagnostic rows answer "is the kernel ALU- or latency-bound?"; only `same`, `w8`, `rows2`,
+`rows2_w8`, `hoist` and `sums` are candidate kernels, and they must match `lib` bit for bit (checked, printed).
 
 Appends JSON lines (date, gpu, commit, shape, variant, us, GB/s, pct of the read roofline
 measured in the same run, regs) to --out (default $OUT/q4k_probe.jsonl).
@@ -41,7 +44,7 @@ from bw24nb.kernels import matvec_q4k as q4  # noqa: E402
 from bw24nb.kernels.dequant import random_weight_bytes, weight_views  # noqa: E402
 from bw24nb.kernels.matvec import keep, launch_matvec_q8  # noqa: E402
 from bw24nb.kernels.quantize_act import launch_quantize_act  # noqa: E402
-from bw24nb.ptx import dp4a, ld_nc_v4_u32, warp_sum  # noqa: E402
+from bw24nb.ptx import ld_nc_v4_u32, warp_sum  # noqa: E402
 from bw24nb.quant import QType  # noqa: E402
 from bw24nb.quant.types import row_bytes  # noqa: E402
 from matvec_bench import L2_BYTES, STREAM_FACTOR, _commit, event_ms, read_roofline_gbs  # noqa: E402
@@ -50,12 +53,46 @@ _LOW = q4._LOW
 _ONES = q4._ONES
 
 
-def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4):
+def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoist=False,
+         sums=False):
     W = warps
     R = rows_per_warp
 
     @cuda.jit(device=True, inline="always")
-    def chunk_value(wh, xq, xd, row_word, c, wq):
+    def chunk_loads(w32, wh, xq, xd, row_word, c):
+        # every load of chunk c, before any arithmetic (the `hoist` variant)
+        s0, s1, s2, q0, q1, q2, q3 = q4._chunk_weights(w32, row_word, c)
+        b = c >> 3
+        p = (c & 7) >> 1
+        h = c & 1
+        blk = row_word + b * q4.Q4_K_WORDS
+        e = b * 256 + 64 * p + 16 * h
+        a = ld_nc_v4_u32(xq, e >> 2)
+        bb = ld_nc_v4_u32(xq, (e + 32) >> 2)
+        return (s0, s1, s2, q0, q1, q2, q3, a, bb, xd[e >> 5], xd[(e + 32) >> 5],
+                wh[2 * blk], wh[2 * blk + 1])
+
+    @cuda.jit(device=True, inline="always")
+    def chunk_math(L, c):
+        s0, s1, s2, q0, q1, q2, q3, a, bb, xda, xdb, dh, dminh = L
+        a0, a1, a2, a3 = a
+        b0, b1, b2, b3 = bb
+        p = (c & 7) >> 1
+        d = np.float32(dh)
+        dmin = np.float32(dminh)
+        sc_a, m_a = q4._scale_min(s0, s1, s2, 2 * p)
+        sc_b, m_b = q4._scale_min(s0, s1, s2, 2 * p + 1)
+        sa = q4._dot4(q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW, a0, a1, a2, a3)
+        sb = q4._dot4((q0 >> np.uint32(4)) & _LOW, (q1 >> np.uint32(4)) & _LOW,
+                      (q2 >> np.uint32(4)) & _LOW, (q3 >> np.uint32(4)) & _LOW, b0, b1, b2, b3)
+        sxa = q4._dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
+        sxb = q4._dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
+        va = xda * ((d * np.float32(sc_a)) * np.float32(sa) - (dmin * np.float32(m_a)) * np.float32(sxa))
+        vb = xdb * ((d * np.float32(sc_b)) * np.float32(sb) - (dmin * np.float32(m_b)) * np.float32(sxb))
+        return va + vb
+
+    @cuda.jit(device=True, inline="always")
+    def chunk_value(wh, xq, xd, xs, row_word, c, wq):
         s0, s1, s2, q0, q1, q2, q3 = wq
         b = c >> 3
         p = (c & 7) >> 1
@@ -83,6 +120,9 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4):
         if nosums:
             sxa = np.int32(0)
             sxb = np.int32(0)
+        elif sums:
+            sxa = xs[e >> 4]
+            sxb = xs[(e + 32) >> 4]
         else:
             sxa = q4._dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
             sxb = q4._dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
@@ -93,19 +133,29 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4):
         return va + vb
 
     @cuda.jit(device=True, inline="always")
-    def row_acc(w32, wh, xq, xd, row_word, c, stride, last, nchunk):
+    def row_acc(w32, wh, xq, xd, xs, row_word, c, stride, last, nchunk):
         c1 = min(c + stride, last)
         c2 = min(c + 2 * stride, last)
         c3 = min(c + 3 * stride, last)
-        v0 = chunk_value(wh, xq, xd, row_word, c, q4._chunk_weights(w32, row_word, c))
-        v1 = chunk_value(wh, xq, xd, row_word, c1, q4._chunk_weights(w32, row_word, c1))
-        v2 = chunk_value(wh, xq, xd, row_word, c2, q4._chunk_weights(w32, row_word, c2))
-        v3 = chunk_value(wh, xq, xd, row_word, c3, q4._chunk_weights(w32, row_word, c3))
+        if hoist:
+            L0 = chunk_loads(w32, wh, xq, xd, row_word, c)
+            L1 = chunk_loads(w32, wh, xq, xd, row_word, c1)
+            L2 = chunk_loads(w32, wh, xq, xd, row_word, c2)
+            L3 = chunk_loads(w32, wh, xq, xd, row_word, c3)
+            v0 = chunk_math(L0, c)
+            v1 = chunk_math(L1, c1)
+            v2 = chunk_math(L2, c2)
+            v3 = chunk_math(L3, c3)
+        else:
+            v0 = chunk_value(wh, xq, xd, xs, row_word, c, q4._chunk_weights(w32, row_word, c))
+            v1 = chunk_value(wh, xq, xd, xs, row_word, c1, q4._chunk_weights(w32, row_word, c1))
+            v2 = chunk_value(wh, xq, xd, xs, row_word, c2, q4._chunk_weights(w32, row_word, c2))
+            v3 = chunk_value(wh, xq, xd, xs, row_word, c3, q4._chunk_weights(w32, row_word, c3))
         return v0, keep(v1, c + stride, nchunk), keep(v2, c + 2 * stride, nchunk), \
             keep(v3, c + 3 * stride, nchunk)
 
     @cuda.jit
-    def kern(w32, wh, M, K, xq, xd, y):
+    def kern(w32, wh, M, K, xq, xd, xs, y):
         # parts = 1 only (the shapes here have >= 4096 rows); R rows a warp: row0 + r * nwarps
         lane = cuda.threadIdx.x & 31
         warp = cuda.blockIdx.x * W + (cuda.threadIdx.x >> 5)
@@ -124,8 +174,8 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4):
             u0 = u1 = u2 = u3 = np.float32(0.0)
             if R == 2:
                 r1 = min(row1, M - 1)
-                u0, u1, u2, u3 = row_acc(w32, wh, xq, xd, r1 * rw, c, 32, last, nchunk)
-            t0, t1, t2, t3 = row_acc(w32, wh, xq, xd, row0 * rw, c, 32, last, nchunk)
+                u0, u1, u2, u3 = row_acc(w32, wh, xq, xd, xs, r1 * rw, c, 32, last, nchunk)
+            t0, t1, t2, t3 = row_acc(w32, wh, xq, xd, xs, row0 * rw, c, 32, last, nchunk)
             acc0 += t0
             acc0 += t1
             acc0 += t2
@@ -143,12 +193,12 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4):
             if lane == 0 and row1 < M:
                 y[row1] = t1
 
-    def launch(w8, M, K, xq, xd, y, stream):
+    def launch(w8, M, K, xq, xd, xs, y, stream):
         w32 = w8.view(np.uint32)
         wh = w8.view(np.float16)
         nw = (M + R - 1) // R
         kern[(nw + W - 1) // W, 32 * W, stream](w32, wh, np.int32(M), np.int32(K),
-                                                xq.view(np.uint32), xd, y)
+                                                xq.view(np.uint32), xd, xs, y)
     launch.kern = kern
     return launch
 
@@ -162,8 +212,23 @@ VARIANTS = {
     "w8": dict(warps=8),
     "rows2": dict(rows_per_warp=2),
     "rows2_w8": dict(rows_per_warp=2, warps=8),
+    "hoist": dict(hoist=True),
+    "sums": dict(sums=True),
 }
-CANDIDATES = {"same", "w8", "rows2", "rows2_w8"}
+CANDIDATES = {"same", "w8", "rows2", "rows2_w8", "hoist", "sums"}
+
+
+@cuda.jit
+def sums16(xq, xs):
+    """xs[i] = sum of the int8 activations xq[16 i .. 16 i + 15] (what the `sums` variant
+    reads instead of computing it with 4 dp4a per half-chunk; an engine version would have the
+    quantize kernels write it)."""
+    i = cuda.grid(1)
+    if i < xs.shape[0]:
+        s = np.int32(0)
+        for j in range(16):
+            s += np.int32(xq[16 * i + j])
+        xs[i] = s
 
 
 def main() -> int:
@@ -195,10 +260,12 @@ def main() -> int:
         xq = cuda.device_array(K, np.int8, stream=stream)
         xd = cuda.device_array(K // 32, np.float32, stream=stream)
         launch_quantize_act(x.reshape(1, K), xq, xd, stream=stream)
+        xs = cuda.device_array(K // 16, np.int32, stream=stream)
+        sums16[(K // 16 + 127) // 128, 128, stream](xq, xs)
         y = cuda.device_array(M, np.float32, stream=stream)
         runs = [("lib", lambda w: launch_matvec_q8(w, qt, M, K, xq, xd, y, stream=stream))]
         for name, L in launchers.items():
-            runs.append((name, lambda w, L=L: L(weight_views(w)[0], M, K, xq, xd, y, stream)))
+            runs.append((name, lambda w, L=L: L(weight_views(w)[0], M, K, xq, xd, xs, y, stream)))
         want = None
         for name, launch in runs:
             y.copy_to_device(np.full(M, np.nan, np.float32), stream=stream)

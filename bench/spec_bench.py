@@ -2,7 +2,7 @@
 
     python3 bench/spec_bench.py MODEL.gguf [--ks 1-8] [--runs 5] [--warmup 1] [--n 128]
         [--prompt-len 512] [--ctx 4096] [--modes mtp,scripted,adversarial]
-        [--rollback recompute,states] [--jsonl PATH] [--commit SHA]
+        [--rollback recompute,states] [--trims 32768,8192] [--jsonl PATH] [--commit SHA]
 
 e.g. on a 9B-shape random model (`python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf`).
 Every time is host wall clock around a call that ends in a device synchronize (each
@@ -16,6 +16,9 @@ EngineSpecTarget call reads its result back), median of `--runs` after `--warmup
                               1-token forward; "states": one copy of the kept step's state
     spec_draft_ms_per_token@K one round's drafting (mtp_draft: the feed graph + K-1 chain
                               graph replays, the drafts read back once) / K
+    spec_draft_ms_per_token@K:trim<N>  the same with the FR-Spec draft head over N tokens
+                              (--trims; ids 0..N-1: on random weights no token is more frequent
+                              than another, and the cost depends on N alone)
     greedy_tok_s              plain greedy decode (Engine.generate_greedy: graph replays)
     spec_tok_s@K:<mode>       speculative_generate's generated tokens after the first / time
                               after prefill; mode "mtp" (the model's head: on random weights
@@ -85,7 +88,7 @@ def timed(fn, runs: int, warmup: int, before=None, after=None) -> list[float]:
 
 
 def bench_rounds(rec: Recorder, model: str, target, prompt: list[int], ks, runs: int, warmup: int,
-                 cfg: dict) -> None:
+                 cfg: dict, trims=()) -> None:
     """decode / verify / rollback / draft costs, each from the state after the prompt."""
     target.reset()
     rows = target.prefill(prompt)
@@ -112,11 +115,15 @@ def bench_rounds(rec: Recorder, model: str, target, prompt: list[int], ks, runs:
                    after=restore)
         rec.add(model, f"spec_rollback_ms@{k}", 1e3 * median(rb), "ms",
                 samples=[1e3 * s for s in rb], **cfg)["k"] = k
-        if target.has_mtp:             # the greedy loop's path: mtp_draft's captured graphs
-            chain = lambda: target.mtp_draft([(rows.hidden[-1:], [x])], k)      # noqa: E731
+        if not target.has_mtp:
+            continue
+        for trim in (0, *trims):       # the greedy loop's path: mtp_draft's captured graphs
+            vocab = np.arange(trim) if trim else None
+            chain = lambda: target.mtp_draft([(rows.hidden[-1:], [x])], k, vocab)  # noqa: E731
             dr = timed(chain, runs, warmup, after=lambda: target.mtp_truncate(mtp_base))
-            rec.add(model, f"spec_draft_ms_per_token@{k}", 1e3 * median(dr) / k, "ms",
-                    samples=[1e3 * s / k for s in dr], **cfg)["k"] = k
+            rec.add(model, f"spec_draft_ms_per_token@{k}" + (f":trim{trim}" if trim else ""),
+                    1e3 * median(dr) / k, "ms", samples=[1e3 * s / k for s in dr],
+                    **(dict(cfg, trim=trim) if trim else cfg))["k"] = k
 
 
 def profile_verify(rec: Recorder, model: str, target, prompt: list[int], k: int, cfg: dict) -> None:
@@ -197,6 +204,8 @@ def main(argv=None) -> int:
                     help="per-kernel breakdown of a verify at this K (0: none)")
     ap.add_argument("--rollback", default="recompute,states",
                     help="rollback strategies to measure, each a target of its own")
+    ap.add_argument("--trims", default="",
+                    help="FR-Spec draft-head sizes to time the draft with, e.g. 32768,8192")
     ap.add_argument("--name", default=None, help="model label (default: the file name)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL))
     ap.add_argument("--commit", default=None)
@@ -228,7 +237,10 @@ def main(argv=None) -> int:
                        prompt=a.prompt_len, rollback=rollback, has_mtp=target.has_mtp)
             print(f"{model}: {engine.name}; K in {ks}; MTP head: {target.has_mtp}; "
                   f"rollback {rollback}", flush=True)
-            bench_rounds(rec, model, target, prompt, ks, a.runs, a.warmup, cfg)
+            trims = [int(t) for t in a.trims.split(",") if t.strip()]
+            if any(not 0 < t <= target.vocab_size for t in trims):
+                ap.error(f"--trims: sizes must be 1 .. {target.vocab_size}")
+            bench_rounds(rec, model, target, prompt, ks, a.runs, a.warmup, cfg, trims)
             if a.profile_k:
                 profile_verify(rec, model, target, prompt, a.profile_k, cfg)
             bench_end_to_end(rec, model, target, prompt, ks, a.n, a.modes.split(","), a.runs,

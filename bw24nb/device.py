@@ -33,6 +33,15 @@ def gpu_present() -> bool:
         return False
 
 
+def is_device_array(a) -> bool:
+    """True for data in device memory: a numba device array (the simulator's stand-ins too,
+    which `cuda.is_cuda_array` -- absent under the simulator -- would not tell)."""
+    from numba import cuda
+    if simulator_enabled():
+        return hasattr(a, "copy_to_host")
+    return cuda.is_cuda_array(a)
+
+
 @dataclass(frozen=True)
 class ArchFeatures:
     """What the target architecture offers that kernels choose between."""

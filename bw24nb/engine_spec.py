@@ -63,6 +63,7 @@ import numpy as np
 from numba import cuda
 
 from .cache.recurrent import RecurrentSnapshot
+from .device import is_device_array
 from .engine import VERIFY_ROWS, DeviceWeight, Engine, Workspace
 from .errors import ContextOverflow, UnsupportedArchitecture
 from .graph import CudaGraph
@@ -239,7 +240,7 @@ class GpuMTPHead:
 
     def _check_pairs(self, hidden, tokens):
         e = self.engine
-        if not cuda.is_cuda_array(hidden):       # verify's rows stay on the device
+        if not is_device_array(hidden):          # verify's rows stay on the device
             hidden = np.ascontiguousarray(np.atleast_2d(np.asarray(hidden, dtype=np.float32)))
         tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
         if tokens.size == 0 or tuple(hidden.shape) != (tokens.size, e.config.hidden_size):

@@ -125,7 +125,7 @@ class WarpCollectiveError(RuntimeError):
 _WARP_TIMEOUT_S = 120.0
 _POLL_S = 0.02
 _CHECK_AFTER_S = 0.25
-_PARKED_S = 2.0
+_PARKED_S = 5.0
 
 
 class _WarpExchange:
@@ -205,6 +205,9 @@ class _WarpExchange:
             if not getattr(t, "syncthreads_blocked", False):
                 self.parked_since.pop(tid, None)
                 continue
+            if _releasing(manager):      # a barrier is being let go: the flag is stale
+                self.parked_since.clear()
+                return
             first = self.parked_since.setdefault(tid, time.monotonic())
             if time.monotonic() - first > _PARKED_S:
                 raise WarpCollectiveError(
@@ -212,12 +215,12 @@ class _WarpExchange:
                     "waits in mma_s8_m16n8k32: mma.sync needs all 32 lanes converged")
 
 
-def _block_threads(manager):
-    """Every thread of a simulated block once all are started, else None.
-
-    ``BlockManager.run`` (numba_cuda/numba/cuda/simulator/kernel.py) keeps them in its local
-    ``threads`` set, creating and starting them one by one before it polls them.
-    """
+def _manager_locals(manager):
+    """The local variables of the simulated block's ``BlockManager.run`` frame
+    (numba_cuda/numba/cuda/simulator/kernel.py), once all its threads are started; else None.
+    It keeps the block's threads in its local ``threads`` set (created and started one by one
+    before it polls them), the live ones in ``livethreads`` and those seen parked in
+    syncthreads in ``blockedthreads``."""
     import sys
 
     run_code = getattr(getattr(type(manager), "run", None), "__code__", None)
@@ -232,10 +235,27 @@ def _block_threads(manager):
                     threads = local.get("threads")
                     if isinstance(threads, set) and len(threads) == nthreads \
                             and "livethreads" in local and "blockedthreads" in local:
-                        return list(threads)
+                        return local
                     return None
             frame = frame.f_back
     return None
+
+
+def _block_threads(manager):
+    """Every thread of a simulated block once all are started, else None."""
+    local = _manager_locals(manager)
+    return None if local is None else list(local["threads"])
+
+
+def _releasing(manager) -> bool:
+    """True while the block manager lets a barrier go: it does so once every live thread is
+    parked (``livethreads == blockedthreads``), clearing the threads' flags one by one. On a
+    loaded machine that loop competes for the GIL with the threads it has already woken and
+    can take seconds, so a lane still flagged then is on its way out, not stuck. (Taking it for
+    stuck after 2 s is the likeliest cause of a kernel-check failure in one 2-core CI run that
+    the same seed did not reproduce.)"""
+    local = _manager_locals(manager)
+    return local is not None and local["livethreads"] == local["blockedthreads"]
 
 
 _exchanges_lock = threading.Lock()

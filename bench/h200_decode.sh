@@ -1,21 +1,15 @@
 #!/usr/bin/env bash
-# Device calls of 2026-11-30, session 4: decode speed on the 9B shape (#5) and the verify (#6).
-# Stages: probe (bench/q4k_probe.py: where the Q4_K matvec's time goes), bench (run_bench on the
-# 9B and 0.5B shapes), check (kernel-check --size real, ONLY=patterns), fixspec / q9gate (the
-# speculative exactness gate), spec (spec_bench on the 9B shape). Logs in $OUT/logs.tgz, JSON
-# records in $OUT/*.jsonl.
-#   usage (device tool, carry .whl):  BW24_COMMIT=<sha> bash bench/h200_session4.sh STAGES
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}; L=$OUT/logs; mkdir -p "$L"
-export BW24_KERNEL_CACHE=/tmp/bw24-kernels
-C=${BW24_COMMIT:-unknown}
+# The next device calls, written in session 4 (2026-11-30), when this session's device time was
+# already spent: decode speed on the 9B shape (#5) and the verify (#6), and the H200 re-check of
+# the matvec row-loop refactor (decision 0010; its PTX was compared, not run).
+# Stages: probe (bench/q4k_probe.py: where the Q4_K matvec's time goes, and bit-exact candidate
+# kernels), bench (run_bench on the 9B shape; add c05 for the 0.5B shape), check (kernel-check
+# --size real, ONLY=patterns, e.g. ONLY='matvec*'), fixspec / q9gate (the speculative exactness
+# gate on the fixtures / the 9B shape), spec (spec_bench on the 9B shape, with the FR-Spec draft
+# head at 32768 and 8192 tokens). Logs in $OUT/logs.tgz, JSON records in $OUT/*.jsonl.
+#   usage (device tool, carry .whl):  BW24_COMMIT=<sha> bash bench/h200_decode.sh STAGES
 stages=${1:-probe,bench}
-on() { case ,$stages, in *,$1,*) return 0;; esac; return 1; }
-run() { local t=$1 name=$2; shift 2; local s=$(date +%s); timeout $t "$@" > "$L/$name.log" 2>&1; local rc=$?
-        echo "== $name rc=$rc $(( $(date +%s) - s ))s"; }
+. bench/device_env.sh
 [ -f /tmp/q9.gguf ] || ( python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none
   python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none ) > "$L/factory.log" 2>&1 &
 FACT=$!
@@ -38,6 +32,6 @@ on q9gate && { run ${Q9GATE_S:-200} q9gate python3 bench/spec_gate.py /tmp/q9.gg
   grep -E "MISMATCH|Error|Traceback|spec gate|K=[18]:" "$L/q9gate.log" | head -14; }
 on spec && { run ${SPEC_S:-200} spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${KS:-1,3,8} --runs 2 \
     --warmup 1 --n 64 --prompt-len 64 --ctx 1024 --modes mtp,scripted,adversarial --rollback states \
-    --name q9-random --commit $C --jsonl /tmp/spec.jsonl ${SPEC_ARGS:-}
+    --name q9-random --commit $C --jsonl /tmp/spec.jsonl ${SPEC_ARGS:---trims 32768,8192}
   tail -40 "$L/spec.log"; }
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"
