@@ -3,17 +3,8 @@
 # side-by-side engine bench, the kernel disk cache cold/warm, the int8 prefill GEMM, speculative
 # decoding cost. Logs go to $OUT/logs/ (tarred at the end), JSON records to $OUT/*.jsonl.
 #   usage (device tool, carry .whl):  BW24_COMMIT=<sha> bash bench/h200_session2.sh [STAGES]
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}; L=$OUT/logs; mkdir -p "$L"
-export BW24_KERNEL_CACHE=/tmp/bw24-kernels
-C=${BW24_COMMIT:-unknown}
 stages=${1:-check,bench,attn,cache,spec}
-on() { case ,$stages, in *,$1,*) return 0;; esac; return 1; }
-run() { local t=$1 name=$2; shift 2; local s=$(date +%s); timeout $t "$@" > "$L/$name.log" 2>&1; local rc=$?
-        echo "== $name rc=$rc $(( $(date +%s) - s ))s"; }
+. bench/device_env.sh      # the preamble these calls ran with
 ( python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none
   python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none ) > "$L/factory.log" 2>&1 &
 FACT=$!

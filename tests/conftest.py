@@ -33,3 +33,10 @@ def rng(request):
 
     import numpy as np
     return np.random.default_rng([SESSION_SEED, zlib.crc32(request.node.nodeid.encode())])
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (setup.cfg): one worker per CPU this process may run on. xdist's own count is
+    psutil's physical cores of the host, which inside a container can be many more than the
+    cores it is given -- and every worker holds a numba simulator of ~0.5-1 GB."""
+    return max(1, len(os.sched_getaffinity(0)))

@@ -422,6 +422,13 @@ def rows_kernels(make, who):
 # ---------------------------------------------------------------- the generic paths
 
 
+@cuda.jit(device=True, inline="always")
+def x_row_q8(x, t, K):
+    """Activation row t of int8 activations x = (xq, xd), both read as 4-byte words or floats:
+    row t's K int8 values start at word t * K / 4, its K / 32 scales at t * K / 32."""
+    return x[0][t * (K >> 2):], x[1][t * (K >> 5):]
+
+
 def _generic_path(lay, q8):
     """The row path of layout `lay`'s group codec: float activations x = (x,) (`group_dot`),
     or int8 ones x = (xq32, xd) (`group_dot_q8`, dp4a); w = (w8, w16, wh), dequant's views."""
@@ -446,9 +453,7 @@ def _generic_path(lay, q8):
             b = g // gpb
             return group_dot(w[0], w[1], w[2], base + b * ts, g - b * gpb, x[0], x[1], b * qk)
 
-        @cuda.jit(device=True, inline="always")
-        def x_row(x, t, K):
-            return x[0][t * (K >> 2):], x[1][t * (K >> 5):]
+        x_row = x_row_q8
     else:
         @cuda.jit(device=True, inline="always")
         def value(w, x, base, g, q):

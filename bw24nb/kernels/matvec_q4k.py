@@ -35,7 +35,7 @@ from numba import cuda
 
 from ..ptx import dp4a, ld_nc_v4_u32
 from ..quant.types import QType, type_size
-from .matvec import RowPath, row_kernel, rows_kernel_of, rows_kernels
+from .matvec import RowPath, row_kernel, rows_kernel_of, rows_kernels, x_row_q8
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -133,13 +133,9 @@ def _value(w, x, row_word, c, wq):
     return _chunk_value(w[1], x[0], x[1], row_word, c, wq)
 
 
-@cuda.jit(device=True, inline="always")
-def _x_row(x, t, K):
-    return x[0][t * (K >> 2):], x[1][t * (K >> 5):]
-
-
 # w = (w32, wh): the GGUF rows as uint32 words and as float16; x = (xq as uint32 words, xd)
-PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value, _x_row)
+PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value,
+               x_row_q8)
 matvec_q8_q4_k_v4 = row_kernel(PATH)
 rows_kernel = rows_kernels(lambda nr: rows_kernel_of(PATH, nr), "matvec_q4k")
 

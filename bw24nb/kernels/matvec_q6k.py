@@ -59,7 +59,7 @@ from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
 from .matvec import (THREADS, WARPS_PER_BLOCK, RowPath, _flat, at_least, check_rows,
-                     row_kernel, rows_kernel_of, rows_kernels, warps_per_row)
+                     row_kernel, rows_kernel_of, rows_kernels, x_row_q8, warps_per_row)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
 
@@ -243,13 +243,9 @@ def _value(w, x, base, c, wq):
     return _chunk_value(w[1], x[0], x[1], base[1], c, wq)
 
 
-@cuda.jit(device=True, inline="always")
-def _x_row(x, t, K):
-    return x[0][t * (K >> 2):], x[1][t * (K >> 5):]
-
-
 # w = (body as uint32 words, d float16); x = (xq, xd as uint32 words): matvec.py's row loop
-PATH = RowPath("matvec_q8_q6_k_r", __name__, UNROLL, _units, _base, _weights, _value, _x_row)
+PATH = RowPath("matvec_q8_q6_k_r", __name__, UNROLL, _units, _base, _weights, _value,
+               x_row_q8)
 matvec_q8_q6_k_r = row_kernel(PATH)
 rows_kernel = rows_kernels(lambda nr: rows_kernel_of(PATH, nr), "matvec_q6k_r")
 
