@@ -29,6 +29,11 @@ rows = T > 1 (speculative decoding's verify, matvec.py's docstring): `rows_kerne
 loop above once, decodes each chunk's weights once (its 2 x 16 B of header and quants) and
 meets them with each row's activations (row t's at t * K), one accumulator per row summed in
 the order above, so that each row is bit for bit the one-row kernel's result for it.
+
+The loop itself -- which warp owns which row and chunks, the clamped slots, the combine -- is
+matvec.py's row loop (`row_kernel`, `rows_kernel_of`); this module gives it the Q4_K path
+(`PATH`): what a chunk is, its two 16-byte weight loads (`_chunk_weights`) and its value
+(`_chunk_value`).
 """
 import numpy as np
 from numba import cuda

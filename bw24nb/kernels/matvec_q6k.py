@@ -46,7 +46,9 @@ rows = T > 1 (speculative decoding's verify, matvec.py's docstring): `rows_kerne
 loop above once, loads each chunk's weights once and meets them with each row's activations
 (row t's xq at t * K, xd at t * K / 32), one accumulator per row summed in the order above, so
 that each row is bit for bit the one-row kernel's result for it -- the LM head's 834 MB read
-once for all K + 1 verified tokens.
+once for all K + 1 verified tokens. The loop is matvec.py's row loop (`row_kernel`,
+`rows_kernel_of`), given this module's `PATH`: a chunk's four 16-byte weight loads
+(`_chunk_weights`) and its value (`_chunk_value`), two chunks a step.
 
 Use (engine): at weight upload `body, d = repack_q6_k(raw, M, K)` and copy both to the device;
 at decode `launch_matvec_q8_q6k_r(body_dev, d_dev, M, K, xq, xd, y, ...)` with xq, xd from
