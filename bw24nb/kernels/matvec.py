@@ -485,19 +485,17 @@ _SIG = f"void({_W}, int32, int32, UniTuple(float32[::1], 1), float32[::1], float
 _SIG_Q8 = f"void({_W}, int32, int32, Tuple((int32[::1], float32[::1])), float32[::1], " \
           "float32[::1], float32[::1], int32, int32, int32)"
 
-# rows kernels (rows = T > 1) by (weight type, T), built on first use by `rows_kernel`
-MATVEC_ROWS: dict = {}
-MATVEC_Q8_ROWS: dict = {}
+# rows kernels (rows = T > 1) of each path, built on first use by `rows_kernel`
+_ROWS = {qt: rows_kernels(lambda nr, p=p: rows_kernel_of(p, nr), "matvec")
+         for qt, p in PATHS.items()}
+_ROWS_Q8 = {qt: rows_kernels(lambda nr, p=p: rows_kernel_of(p, nr), "matvec_q8")
+            for qt, p in PATHS_Q8.items()}
 
 
 def rows_kernel(qtype, nr, q8=False):
     """The float-path (q8=False) or dp4a-path kernel of weight type `qtype` for nr = 2 ..
     MAX_ROWS rows of activations, built (not compiled) on its first request."""
-    table, paths = (MATVEC_Q8_ROWS, PATHS_Q8) if q8 else (MATVEC_ROWS, PATHS)
-    key = (QType(qtype), int(nr))
-    if key not in table:
-        table[key] = rows_kernel_of(paths[key[0]], key[1])
-    return table[key]
+    return (_ROWS_Q8 if q8 else _ROWS)[QType(qtype)](int(nr))
 
 
 # The compile check (tests/test_compile_ptx.py) compiles the module attributes named in
@@ -546,8 +544,6 @@ def check_rows(rows, who="matvec"):
         raise ValueError(f"{who}: rows (activation rows a launch carries) must be 1 .. "
                          f"{MAX_ROWS}, not {rows}")
     return rows
-
-
 
 
 def at_least(rows, n, what):
