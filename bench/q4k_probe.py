@@ -2,7 +2,8 @@
 by side on the GPU (bench/matvec_bench.py's method: one CUDA graph of N launches rotating over
 enough weight copies that every launch reads HBM; per-launch time includes the graph gap).
 
-    python3 bench/q4k_probe.py [--shapes 12288x4096,4096x12288,4096x4096] [--out PATH]
+    python3 bench/q4k_probe.py [--shapes 12288x4096,4096x12288,4096x4096] [--variants a,b]
+                               [--out PATH]
 
 Variants (`lib` is the library kernel; the others are built here, from its device functions):
   lib        matvec_q4k.matvec_q8_q4_k_v4 through launch_matvec_q8 (what the engine runs)
@@ -14,10 +15,12 @@ Variants (`lib` is the library kernel; the others are built here, from its devic
   w8         `same` with 8 warps a block instead of 4
   rows2      each warp computes 2 output rows (8 chunk loads a lane in flight), same order
   hoist      every load of a lane's 4 chunks issued before their arithmetic, same order
+  bytewise   the scale decode before session 5 (each sub-block's (sc, m) byte by byte, chunk
+             position from c): the side-by-side row for the word-parallel decode in `same`
   sums       the activation sums of the min term read from a precomputed int32 array (one
              per 16 values) instead of 8 dp4a a chunk: the same integers, so the same bits
 The diagnostic rows answer "is the kernel ALU- or latency-bound?"; only `same`, `w8`, `rows2`,
-`rows2_w8`, `hoist` and `sums` are candidate kernels, and they must match `lib` bit for bit (checked, printed).
+`rows2_w8`, `hoist`, `sums` and `bytewise` are candidate kernels, and they must match `lib` bit for bit (checked, printed).
 
 Appends JSON lines (date, gpu, commit, shape, variant, us, GB/s, pct of the read roofline
 measured in the same run, regs) to --out (default $OUT/q4k_probe.jsonl).
@@ -53,8 +56,27 @@ _LOW = q4._LOW
 _ONES = q4._ONES
 
 
+@cuda.jit(device=True, inline="always")
+def _scale_byte_old(s0, s1, s2, k):
+    w = s0 if k < 4 else (s1 if k < 8 else s2)
+    return np.int32((w >> np.uint32(8 * (k & 3))) & np.uint32(255))
+
+
+@cuda.jit(device=True, inline="always")
+def _scale_min_old(s0, s1, s2, j):
+    """The session-2..4 library decode: one sub-block's (sc, m), byte by byte."""
+    if j < 4:
+        sc = _scale_byte_old(s0, s1, s2, j) & 63
+        m = _scale_byte_old(s0, s1, s2, j + 4) & 63
+    else:
+        c = _scale_byte_old(s0, s1, s2, j + 4)
+        sc = (c & 15) | ((_scale_byte_old(s0, s1, s2, j - 4) >> 6) << 4)
+        m = (c >> 4) | ((_scale_byte_old(s0, s1, s2, j) >> 6) << 4)
+    return sc, m
+
+
 def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoist=False,
-         sums=False):
+         sums=False, bytewise=False):
     W = warps
     R = rows_per_warp
 
@@ -80,8 +102,7 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoi
         p = (c & 7) >> 1
         d = np.float32(dh)
         dmin = np.float32(dminh)
-        sc_a, m_a = q4._scale_min(s0, s1, s2, 2 * p)
-        sc_b, m_b = q4._scale_min(s0, s1, s2, 2 * p + 1)
+        sc_a, m_a, sc_b, m_b = q4._pair_scales(s0, s1, s2, p)
         sa = q4._dot4(q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW, a0, a1, a2, a3)
         sb = q4._dot4((q0 >> np.uint32(4)) & _LOW, (q1 >> np.uint32(4)) & _LOW,
                       (q2 >> np.uint32(4)) & _LOW, (q3 >> np.uint32(4)) & _LOW, b0, b1, b2, b3)
@@ -111,9 +132,12 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoi
             m_a = np.int32(1)
             sc_b = np.int32(1)
             m_b = np.int32(1)
+        elif bytewise:
+            pc = (c & 7) >> 1
+            sc_a, m_a = _scale_min_old(s0, s1, s2, 2 * pc)
+            sc_b, m_b = _scale_min_old(s0, s1, s2, 2 * pc + 1)
         else:
-            sc_a, m_a = q4._scale_min(s0, s1, s2, 2 * p)
-            sc_b, m_b = q4._scale_min(s0, s1, s2, 2 * p + 1)
+            sc_a, m_a, sc_b, m_b = q4._pair_scales(s0, s1, s2, p)
         sa = q4._dot4(q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW, a0, a1, a2, a3)
         sb = q4._dot4((q0 >> np.uint32(4)) & _LOW, (q1 >> np.uint32(4)) & _LOW,
                       (q2 >> np.uint32(4)) & _LOW, (q3 >> np.uint32(4)) & _LOW, b0, b1, b2, b3)
@@ -214,8 +238,9 @@ VARIANTS = {
     "rows2_w8": dict(rows_per_warp=2, warps=8),
     "hoist": dict(hoist=True),
     "sums": dict(sums=True),
+    "bytewise": dict(bytewise=True),
 }
-CANDIDATES = {"same", "w8", "rows2", "rows2_w8", "hoist", "sums"}
+CANDIDATES = {"same", "w8", "rows2", "rows2_w8", "hoist", "sums", "bytewise"}
 
 
 @cuda.jit
@@ -236,7 +261,12 @@ def main() -> int:
     ap.add_argument("--shapes", default="12288x4096,4096x12288,4096x4096")
     ap.add_argument("--launches", type=int, default=50)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", default=None,
+                    help="comma list of VARIANTS to time beside `lib` (default: all)")
     args = ap.parse_args()
+    keep = set(VARIANTS) if args.variants is None else set(args.variants.split(","))
+    if keep - set(VARIANTS):
+        ap.error(f"unknown variants {sorted(keep - set(VARIANTS))}; known: {sorted(VARIANTS)}")
     out = Path(args.out or os.path.join(os.environ.get("OUT", "."), "q4k_probe.jsonl"))
     stream = cuda.stream()
     rng = np.random.default_rng(5)
@@ -246,7 +276,7 @@ def main() -> int:
     base = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), gpu=gpu,
                 commit=os.environ.get("BW24_COMMIT", _commit()), roofline_gbs=round(roof, 1))
     print(f"read roofline {roof:.0f} GB/s")
-    launchers = {name: make(**kw) for name, kw in VARIANTS.items()}
+    launchers = {name: make(**kw) for name, kw in VARIANTS.items() if name in keep}
     bad = 0
     for shape in args.shapes.split(","):
         M, K = map(int, shape.split("x"))

@@ -457,10 +457,12 @@ def check_matvec_rows(rng, size):
     T = 4
     if size == "tiny":
         # one block of 4 warps (3 rows and an idle warp); Q4_K's K = 512 splits rows over 2
-        cases = [("float", QType.F16, 3, 256), ("q8", QType.Q4_K, 3, 512),
-                 ("q8", QType.Q6_K, 3, 256), ("q6k_r", QType.Q6_K, 3, 256)]
+        cases = [("float", QType.F16, 3, 256), ("float", QType.F32, 3, 256),
+                 ("q8", QType.Q4_K, 3, 512), ("q8", QType.Q6_K, 3, 256),
+                 ("q6k_r", QType.Q6_K, 3, 256)]
     else:
-        cases = [("float", QType.Q8_0, Q9.hidden, Q9.hidden),
+        # F32 at the fused GDN beta/alpha shape (2 x 32 rows: matvec.F32_V4)
+        cases = [("float", QType.Q8_0, Q9.hidden, Q9.hidden), ("float", QType.F32, 64, Q9.hidden),
                  ("q8", QType.Q4_K, Q9.hidden, Q9.hidden),
                  ("q8", QType.Q6_K, Q9.ffn, Q9.hidden), ("q6k_r", QType.Q6_K, Q9.ffn, Q9.hidden)]
     for path, qt, M, K in cases:

@@ -74,9 +74,11 @@ def test_matvec_matches_codec(rng, qt, M, K):
 
 
 @pytest.mark.parametrize("qt", [QType.F16, QType.BF16, QType.F32], ids=lambda q: q.name)
-def test_matvec_dense_any_k(rng, qt):
-    # dense rows need not be a multiple of 32 (or of anything)
-    M, K = 5, 100
+@pytest.mark.parametrize("K", [100, 102])
+def test_matvec_dense_any_k(rng, qt, K):
+    # dense rows need not be a multiple of 32 (or of anything); F32 takes the 16-byte path
+    # (matvec.F32_V4) at K = 100 and the generic one-value groups at K = 102
+    M = 5
     w = random_weight_bytes(rng, qt, M, K)
     x = rng.standard_normal(K).astype(np.float32)
     y = _run_float(w, qt, M, K, x)
@@ -359,7 +361,8 @@ def _launch_rows(w, qt, M, K, x, q8, T, bias=None, residual=None, in_place=False
     (QType.Q4_K, True, 4, 512, False),       # matvec_q4k.py's kernel; K = 512: 2 warps a row
     (QType.Q6_K, True, 3, 256, True),        # generic dp4a kernel, y += W x in place
     (QType.Q8_0, True, 2, 256, False),
-    (QType.F32, False, 3, 512, True),        # float path
+    (QType.F32, False, 3, 512, True),        # float path, F32's 16-byte units (F32_V4)
+    (QType.F32, False, 2, 66, False),        # K % 4 != 0: F32's generic one-value groups
     (QType.F16, False, 4, 256, False),
 ], ids=lambda v: v.name if isinstance(v, QType) else str(v))
 def test_matvec_rows_equal_one_row_launches(rng, qt, q8, T, K, in_place):

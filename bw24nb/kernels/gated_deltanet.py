@@ -67,7 +67,7 @@ from numba import cuda, float32
 from ..jit import kernel
 from ..reference.gated_deltanet import L2NORM_EPS
 from . import norm
-from .norm import NORM_THREADS_MAX, launch_gated_rms_norm
+from .norm import SCRATCH_WARPS, launch_gated_rms_norm
 
 # Depthwise conv width: Qwen3-Next and Qwen3.5 (linear_conv_kernel_dim) all use 4; the kernel
 # keeps the K-1 = 3 previous inputs in named registers, so another width needs another kernel.
@@ -161,7 +161,7 @@ def _l2norm_head(scratch, src, t, off, dk, scale, eps, dst, h):
 def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
     """Split the conv output qkv[T, 2*nk*dk + nv*dv] into q, k [T, nk, dk] (L2-normalised, q
     times q_scale) and v [T, nv, dv]; g, beta [T, nv] from a, b [T, nv]. Grid (T, nk)."""
-    scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
+    scratch = cuda.shared.array(SCRATCH_WARPS, float32)
     t = cuda.blockIdx.x
     h = cuda.blockIdx.y
     nk, dk = q.shape[1], q.shape[2]

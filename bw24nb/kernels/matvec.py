@@ -74,7 +74,7 @@ from numba import cuda
 from ..device import simulator_enabled
 from ..jit import kernel
 from ..quant.types import QType, row_bytes
-from ..ptx import warp_sum
+from ..ptx import f32_from_bits, ld_nc_v4_u32, warp_sum
 from .dequant import LAYOUTS, layout, weight_views
 
 # One warp per row, 4 warps (128 threads) a block: the decode shapes have M = 128 .. 151936
@@ -468,6 +468,47 @@ def _generic_path(lay, q8):
     return RowPath(name, __name__, UNROLL, units, base, weights, value, x_row)
 
 
+@cuda.jit(device=True, inline="always")
+def _f32_units(K):
+    return K >> 2
+
+
+@cuda.jit(device=True, inline="always")
+def _f32_base(row, K):
+    return np.int64(row) * K
+
+
+@cuda.jit(device=True, inline="always")
+def _f32_weights(w, base, u):
+    return ld_nc_v4_u32(w[0], base + 4 * u)
+
+
+@cuda.jit(device=True, inline="always")
+def _f32_value(w, x, base, u, q):
+    a0, a1, a2, a3 = ld_nc_v4_u32(x[0], 4 * u)
+    q0, q1, q2, q3 = q
+    v = f32_from_bits(q0) * f32_from_bits(a0)
+    v += f32_from_bits(q1) * f32_from_bits(a1)
+    v += f32_from_bits(q2) * f32_from_bits(a2)
+    return v + f32_from_bits(q3) * f32_from_bits(a3)
+
+
+@cuda.jit(device=True, inline="always")
+def _f32_x_row(x, t, K):
+    return (x[0][t * K:],)
+
+
+# F32 weights with K % 4 == 0 (Gated DeltaNet's fused beta/alpha rows, MoE routers): a unit is
+# 4 consecutive values, one 16-byte load of weights and one of activations (both read as uint32
+# words and bit-cast), so a lane keeps 4 x 32 bytes in flight per step where the generic F32
+# group (one value, decoded from two 2-byte loads with ldexp) kept 4 x 8. Summation order: the
+# unit's 4 products left to right, then steps 2-5 of the module docstring over units.
+F32_V4 = RowPath("matvec_f32_v4", __name__, UNROLL, _f32_units, _f32_base, _f32_weights,
+                 _f32_value, _f32_x_row)
+matvec_f32_v4 = row_kernel(F32_V4)
+_ROWS_F32_V4 = rows_kernels(lambda nr: rows_kernel_of(F32_V4, nr), "matvec_f32_v4")
+
+
 # kernel objects by weight type; also module attributes matvec_<type> / matvec_q8_<type>
 PATHS = {qt: _generic_path(lay, False) for qt, lay in LAYOUTS.items()}
 PATHS_Q8 = {qt: _generic_path(lay, True) for qt, lay in LAYOUTS.items()
@@ -508,6 +549,8 @@ PTX_SIGNATURES = {
     **{f"matvec_q8_{LAYOUTS[qt].name}": [_SIG_Q8] for qt in MATVEC_Q8},
     "matvec_f16_r4": [_SIG],
     "matvec_q8_q6_k_r4": [_SIG_Q8],
+    "matvec_f32_v4": ["void(UniTuple(uint32[::1], 1), int32, int32, UniTuple(uint32[::1], 1), "
+                      "float32[::1], float32[::1], float32[::1], int32, int32, int32)"],
 }
 # the warp sum must be the shuffle butterfly (tests/test_compile_ptx.py checks the text; that
 # the only block barrier is the split-row combine's is checked by tests/test_kernels_matvec.py)
@@ -590,9 +633,14 @@ def launch_matvec(w_dev, qtype, M, K, x_dev, y_dev, bias=None, residual=None, st
     parts = _parts(M, K, parts)
     x_dev, y_dev = _flat(x_dev), _flat(y_dev)
     residual = None if residual is None else _flat(residual)
-    kern = MATVEC[lay.qtype] if rows == 1 else rows_kernel(lay.qtype, rows)
+    if lay.qtype == QType.F32 and K % 4 == 0:      # 16-byte loads (F32_V4)
+        kern = matvec_f32_v4 if rows == 1 else _ROWS_F32_V4(rows)
+        w, x = (w8.view(np.uint32),), (x_dev[:rows * K].view(np.uint32),)
+    else:
+        kern = MATVEC[lay.qtype] if rows == 1 else rows_kernel(lay.qtype, rows)
+        w, x = (w8, w16, wh), (x_dev,)
     kern[_grid(M, parts), THREADS, stream](
-        (w8, w16, wh), np.int32(M), np.int32(K), (x_dev,), y_dev,
+        w, np.int32(M), np.int32(K), x, y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
 

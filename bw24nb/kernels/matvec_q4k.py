@@ -47,26 +47,38 @@ CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
 UNROLL = 4                                   # chunks per lane per step (K = 4096: one step)
 _LOW = np.uint32(0x0F0F0F0F)
 _ONES = np.int32(0x01010101)
+_LOW6 = np.uint32(0x3F3F3F3F)
+_TOP2 = np.uint32(0x30303030)
 
 
 @cuda.jit(device=True, inline="always")
-def _scale_byte(s0, s1, s2, k):
-    """Byte k (0..11) of the 12 packed scale bytes held in three little-endian words."""
-    w = s0 if k < 4 else (s1 if k < 8 else s2)
-    return np.int32((w >> np.uint32(8 * (k & 3))) & np.uint32(255))
+def _pair_scales(s0, s1, s2, p):
+    """Sub-blocks 2p and 2p + 1's 6-bit (sc, m) as (sc_a, m_a, sc_b, m_b): ggml's
+    get_scale_min_k4 done four bytes at a time. Of the 12 packed bytes (words s0, s1, s2),
+    sub-blocks 0..3 are the low 6 bits of s0 (sc) and s1 (m); sub-blocks 4..7 take their low 4
+    bits from s2's nibbles and their top 2 from the top bits of s0 / s1. Decoding the word of
+    four scales and shifting out two bytes is ~14 integer ops with no data-dependent branch:
+    the byte-by-byte decode it replaces was most of the kernel's time on the H200
+    (bench/q4k_probe.py's `noscale` row, session 5)."""
+    hi = p >= 2
+    scw = ((s2 & _LOW) | ((s0 >> np.uint32(2)) & _TOP2)) if hi else (s0 & _LOW6)
+    mw = (((s2 >> np.uint32(4)) & _LOW) | ((s1 >> np.uint32(2)) & _TOP2)) if hi else (s1 & _LOW6)
+    sh = np.uint32(16 * (p & 1))
+    sh8 = sh + np.uint32(8)
+    return ((scw >> sh) & np.uint32(255), (mw >> sh) & np.uint32(255),
+            (scw >> sh8) & np.uint32(255), (mw >> sh8) & np.uint32(255))
 
 
 @cuda.jit(device=True, inline="always")
-def _scale_min(s0, s1, s2, j):
-    """Sub-block j's 6-bit (sc, m): ggml's get_scale_min_k4 on registers."""
-    if j < 4:
-        sc = _scale_byte(s0, s1, s2, j) & 63
-        m = _scale_byte(s0, s1, s2, j + 4) & 63
-    else:
-        c = _scale_byte(s0, s1, s2, j + 4)
-        sc = (c & 15) | ((_scale_byte(s0, s1, s2, j - 4) >> 6) << 4)
-        m = (c >> 4) | ((_scale_byte(s0, s1, s2, j) >> 6) << 4)
-    return sc, m
+def _lane_pos():
+    """(p, h) of every chunk this lane takes: chunk c holds quant bytes 32p + 16h of its block
+    with p = (c & 7) >> 1, h = c & 1, and the row loop gives lane l the chunks 32 part + l +
+    j 32 parts (matvec.py), all = l (mod 8). Taking them from the lane rather than from c lets
+    the compiler compute them once per thread (from c it recomputed them for every slot: the
+    loop's stride is a run-time value). A clamped slot (c = the row's last chunk) then reads
+    another chunk of the same, last block: in bounds, and its value is dropped (`keep`)."""
+    k = cuda.threadIdx.x & 7
+    return k >> 1, k & 1
 
 
 @cuda.jit(device=True, inline="always")
@@ -84,8 +96,7 @@ def _chunk_weights(w32, row_word, c):
     header, (q0, q1, q2, q3) its 16 quant bytes. Apart from `_chunk_value` so that a rows
     kernel issues them once for all its rows: LLVM does not merge repeated inline-asm loads."""
     b = c >> 3
-    p = (c & 7) >> 1
-    h = c & 1
+    p, h = _lane_pos()
     blk = row_word + b * Q4_K_WORDS
     _hdr, s0, s1, s2 = ld_nc_v4_u32(w32, blk)
     q0, q1, q2, q3 = ld_nc_v4_u32(w32, blk + 4 + 8 * p + 4 * h)
@@ -98,16 +109,14 @@ def _chunk_value(wh, xq, xd, row_word, c, wq):
     weight words `wq` from `_chunk_weights`."""
     s0, s1, s2, q0, q1, q2, q3 = wq
     b = c >> 3
-    p = (c & 7) >> 1
-    h = c & 1
+    p, h = _lane_pos()
     blk = row_word + b * Q4_K_WORDS
     e = b * 256 + 64 * p + 16 * h           # first element of sub-block 2p this chunk holds
     a0, a1, a2, a3 = ld_nc_v4_u32(xq, e >> 2)
     b0, b1, b2, b3 = ld_nc_v4_u32(xq, (e + 32) >> 2)
     d = np.float32(wh[2 * blk])
     dmin = np.float32(wh[2 * blk + 1])
-    sc_a, m_a = _scale_min(s0, s1, s2, 2 * p)
-    sc_b, m_b = _scale_min(s0, s1, s2, 2 * p + 1)
+    sc_a, m_a, sc_b, m_b = _pair_scales(s0, s1, s2, p)
     sa = _dot4(q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW, a0, a1, a2, a3)
     sb = _dot4((q0 >> np.uint32(4)) & _LOW, (q1 >> np.uint32(4)) & _LOW,
                (q2 >> np.uint32(4)) & _LOW, (q3 >> np.uint32(4)) & _LOW, b0, b1, b2, b3)

@@ -9,7 +9,8 @@ normalize, multiply by the weight, then by `silu(gate)`). `w` is the effective m
 One block normalizes one row (a hidden vector, or one head's vector). Reduction order, fixed
 for a given (row length C, block size B), so a row's result is deterministic:
   1. thread j accumulates x[j]^2 + x[j+B]^2 + x[j+2B]^2 + ... sequentially in float32;
-  2. a shared-memory tree: for s = B/2, B/4, ..., 1: partial[j] += partial[j + s] (j < s).
+  2. `block_sum`: each warp's 32 partials by warp_sum's tree (offsets 16, 8, 4, 2, 1), then the
+     B/32 warp totals, padded with +0.0 to 32, by the same tree.
 B is chosen by `_row_threads(C)` alone, so the same C always reduces in the same order.
 Then y = (x * rstd) * w with rstd = 1 / sqrt(sum / C + eps), float32 throughout.
 Every form may run in place (y aliasing x, h aliasing r or x): each element is read and written
@@ -23,12 +24,16 @@ import numpy as np
 from numba import cuda, float32
 
 from ..jit import kernel
-from ..ptx import warp_max
+from ..ptx import warp_max, warp_sum
 from .quantize_act import q8_code
 
-# Largest block; the scratch array is sized by it. 256 threads (8 warps) cover a 4096-wide
-# hidden row with 16 elements each; wider blocks only lengthen the tree.
-NORM_THREADS_MAX = 256
+# Largest block. A decode norm is one block on one SM, so its time is its chain of memory round
+# trips: 1024 threads hold a 4096-wide row at 4 elements each, all loaded in one step (256
+# threads took 4 dependent steps, and the norm + quantize cost 11 us a launch on the H200,
+# session 5). `block_sum` has one barrier whatever B is, so a wider block costs no tree levels.
+NORM_THREADS_MAX = 1024
+# block_sum's scratch: one float per warp
+SCRATCH_WARPS = 32
 # Elements per thread below which a smaller block is used: a 128-wide head row runs as one
 # 32-thread warp (4 elements each) instead of 128 threads doing one load and a 7-level tree.
 NORM_MIN_ELEMS_PER_THREAD = 4
@@ -49,19 +54,18 @@ def _row_threads(C: int) -> int:
 
 @cuda.jit(device=True, inline="always")
 def block_sum(scratch, value):
-    """Sum of `value` over the block (blockDim.x a power of two <= len(scratch)), in the tree
-    order described in the module docstring. Every thread gets the total; scratch is free
-    again on return."""
+    """Sum of `value` over the block (blockDim.x a multiple of 32, at most 32 warps; scratch
+    holds >= SCRATCH_WARPS floats), in the order of the module docstring's step 2: a warp tree
+    per warp, then one tree over the warp totals, which every warp computes alike, so every
+    thread gets the same total after a single barrier. Scratch is free again on return."""
     tid = cuda.threadIdx.x
-    scratch[tid] = value
+    lane = tid & 31
+    t = warp_sum(value)
+    if lane == 0:
+        scratch[tid >> 5] = t
     cuda.syncthreads()
-    s = cuda.blockDim.x // 2
-    while s > 0:
-        if tid < s:
-            scratch[tid] += scratch[tid + s]
-        cuda.syncthreads()
-        s //= 2
-    total = scratch[0]
+    v = scratch[lane] if lane < (cuda.blockDim.x >> 5) else float32(0.0)
+    total = warp_sum(v)
     cuda.syncthreads()
     return total
 
@@ -104,7 +108,7 @@ def _silu(z):
 @kernel
 def rms_norm_rows(x, w, eps, y):
     """y[r, :] = rms_norm(x[r, :]) * w; x, y [N, C], w [C]; one block per row."""
-    scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
+    scratch = cuda.shared.array(SCRATCH_WARPS, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
     rstd = _row_rstd(scratch, _sum_squares(x, row, C), C, eps)
@@ -115,7 +119,7 @@ def rms_norm_rows(x, w, eps, y):
 @kernel
 def add_rms_norm_rows(x, r, w, eps, h, y):
     """h = x + r (the new residual stream), y = rms_norm(h) * w; all [N, C] but w [C]."""
-    scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
+    scratch = cuda.shared.array(SCRATCH_WARPS, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
     acc = float32(0.0)
@@ -131,7 +135,7 @@ def add_rms_norm_rows(x, r, w, eps, h, y):
 @kernel
 def gated_rms_norm_rows(x, z, w, eps, y):
     """y = (rms_norm(x) * w) * silu(z) per row; x, z, y [N, C], w [C]."""
-    scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
+    scratch = cuda.shared.array(SCRATCH_WARPS, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
     acc = float32(0.0)
@@ -160,20 +164,34 @@ def rms_norm_q8_rows(x, w, eps, y, xq, xd):
     as quantize_act_q8 would from y. C % 32 == 0 and the block a multiple of 32, so at every
     step of the element loop warp w holds one whole 32-value block (elements 32w .. 32w + 31 +
     k * blockDim): its amax is a warp_max, with no extra barrier."""
-    scratch = cuda.shared.array(NORM_THREADS_MAX, float32)
+    scratch = cuda.shared.array(SCRATCH_WARPS, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
     B = cuda.blockDim.x
+    last = C - 1
     rstd = _row_rstd(scratch, _sum_squares(x, row, C), C, eps)
-    # two elements a step (their loads and warp_max chains interleave); i + B < C is the same
-    # for the whole warp, since C and B are multiples of 32
-    for i in range(cuda.threadIdx.x, C, 2 * B):
+    # four elements a step: their loads issue together and their warp_max chains interleave
+    # (a 4096-wide row at 1024 threads is one step); i + kB < C is the same for the whole warp,
+    # since C and B are multiples of 32
+    for i in range(cuda.threadIdx.x, C, 4 * B):
+        j1 = min(i + B, last)
+        j2 = min(i + 2 * B, last)
+        j3 = min(i + 3 * B, last)
         v0 = x[row, i] * rstd * w[i]
-        j = min(i + B, C - 1)
-        v1 = x[row, j] * rstd * w[j]
-        _store_q8(y, xq, xd, row, i, v0, warp_max(abs(v0)))
+        v1 = x[row, j1] * rstd * w[j1]
+        v2 = x[row, j2] * rstd * w[j2]
+        v3 = x[row, j3] * rstd * w[j3]
+        m0 = warp_max(abs(v0))
+        m1 = warp_max(abs(v1))
+        m2 = warp_max(abs(v2))
+        m3 = warp_max(abs(v3))
+        _store_q8(y, xq, xd, row, i, v0, m0)
         if i + B < C:
-            _store_q8(y, xq, xd, row, i + B, v1, warp_max(abs(v1)))
+            _store_q8(y, xq, xd, row, i + B, v1, m1)
+        if i + 2 * B < C:
+            _store_q8(y, xq, xd, row, i + 2 * B, v2, m2)
+        if i + 3 * B < C:
+            _store_q8(y, xq, xd, row, i + 3 * B, v3, m3)
 
 
 # ------------------------------------------------------------------ launchers
