@@ -6,13 +6,17 @@
 # kernels), bench (run_bench on the 9B shape; add c05 for the 0.5B shape), check (kernel-check
 # --size real, ONLY=patterns, e.g. ONLY='matvec*'), fixspec / q9gate (the speculative exactness
 # gate on the fixtures / the 9B shape), spec (spec_bench on the 9B shape, with the FR-Spec draft
-# head at 32768 and 8192 tokens). Logs in $OUT/logs.tgz, JSON records in $OUT/*.jsonl.
+# head at 32768 and 8192 tokens), att (bench/attention_bench.py: the decode attention per KV
+# cache type, KVA, side by side). Logs in $OUT/logs.tgz, JSON records in $OUT/*.jsonl.
+# Env: KVC (run_bench's --kv-cache list, default "default"), SPEC_MODES, ATT_ARGS.
 #   usage (device tool, carry .whl):  BW24_COMMIT=<sha> bash bench/h200_decode.sh STAGES
 stages=${1:-probe,bench}
 . bench/device_env.sh
 [ -f /tmp/q9.gguf ] || ( python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none
   python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none ) > "$L/factory.log" 2>&1 &
 FACT=$!
+on att && { run ${ATT_S:-120} att python3 bench/attention_bench.py --jsonl /tmp/attention.jsonl \
+    --kv ${KVA:-q8,f16} ${ATT_ARGS:-}; grep -E "ctx|ERROR" "$L/att.log" | tail -30; }
 on probe && { run ${PROBE_S:-240} probe python3 bench/q4k_probe.py ${PROBE_ARGS:-}; cat "$L/probe.log" | tail -40; }
 on check && { run ${CHECK_S:-200} check python3 -m bw24nb.cli kernel-check --size real ${ONLY:+--only $ONLY}
   grep -cE " PASS" "$L/check.log"; grep -E "FAIL|passed|failed|Error" "$L/check.log" | tail -8; }
@@ -21,17 +25,19 @@ on fixspec && { run ${FIXSPEC_S:-200} fixspec python3 bench/spec_gate.py tests/f
   grep -E "MISMATCH|Error|Traceback|spec gate" "$L/fixspec.log" | head; tail -3 "$L/fixspec.log"; }
 wait $FACT
 on bench && { run ${BENCH_S:-150} bench_q9 python3 bench/run_bench.py /tmp/q9.gguf --name q9-random --runs 3 \
-    --torch none --long-prompt ${LONG:-6144} --act-quant q8 --commit $C --jsonl /tmp/bench.jsonl
+    --torch none --long-prompt ${LONG:-6144} --act-quant q8 --kv-cache ${KVC:-default} --commit $C \
+    --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager|Error" "$L/bench_q9.log" | tail -8
   grep kernel_ms "$L/bench_q9.log" | head -32
   on c05 && { run 75 bench_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c05-random --runs 3 \
     --torch none --long-prompt 6144 --act-quant q8 --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager" "$L/bench_c05.log" | tail -8; }; }
 on q9gate && { run ${Q9GATE_S:-200} q9gate python3 bench/spec_gate.py /tmp/q9.gguf --ks ${GKS:-1-8} --n 64 \
-    --prompt-len 32 --ctx 512 --scripted --commit $C --jsonl /tmp/spec.jsonl
+    --prompt-len 32 --ctx 512 --scripted --commit $C --jsonl /tmp/spec.jsonl \
+    ${Q9GATE_ARGS:-}
   grep -E "MISMATCH|Error|Traceback|spec gate|K=[18]:" "$L/q9gate.log" | head -14; }
 on spec && { run ${SPEC_S:-200} spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${KS:-1,3,8} --runs 2 \
-    --warmup 1 --n 64 --prompt-len 64 --ctx 1024 --modes mtp,scripted,adversarial --rollback states \
+    --warmup 1 --n 64 --prompt-len 64 --ctx 1024 --modes ${SPEC_MODES:-mtp,scripted,adversarial} --rollback states \
     --name q9-random --commit $C --jsonl /tmp/spec.jsonl ${SPEC_ARGS:---trims 32768,8192}
   tail -40 "$L/spec.log"; }
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"

@@ -4,8 +4,9 @@
              and the LM head; of the token embedding only the one row it looks up (unless the
              LM head is tied to it, then all of it); of stacked experts only the top-k share
              (k / E of each `*_exps` tensor); the MTP block not at all (plain decode).
-    KV       every full-attention layer reads K and V of all `ctx` cached positions, stored as
-             GGUF blocks (the engine's default: K Q8_0 = 34 B per 32 values, V Q5_1 = 24 B).
+    KV       every full-attention layer reads K and V of all `ctx` cached positions in the
+             engine's cache types (default F16: 2 B a value; `--kv-cache q8`: K Q8_0 = 34 B
+             per 32 values, V Q5_1 = 24 B).
     state    every Gated DeltaNet layer reads its recurrent state S [n_v, d_k, d_v] and its conv
              window [(kernel - 1), channels] (float32). The step writes them back too; that
              write traffic (~the same bytes) is not in the read roofline.
@@ -17,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bw24nb.cache.kv import K_TYPE_DEFAULT, V_TYPE_DEFAULT
 from bw24nb.formats.config import FULL_ATTENTION, LINEAR_ATTENTION
 from bw24nb.quant import QType, row_bytes
 
-K_TYPE = QType.Q8_0        # bw24nb.cache.kv.K_TYPE_DEFAULT
-V_TYPE = QType.Q5_1        # bw24nb.cache.kv.V_TYPE_DEFAULT
+K_TYPE, V_TYPE = K_TYPE_DEFAULT, V_TYPE_DEFAULT     # when the caller does not say
 STATE_BYTES = 4            # float32 recurrent / conv state
 
 

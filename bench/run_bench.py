@@ -405,12 +405,23 @@ def bench_llama(rec: Recorder, model: str, binary: str, gguf: str, runs: int, ex
 
 
 # ------------------------------------------------------------------------------ driver
+def kv_cache_kwargs(name: str) -> dict:
+    """Engine(...) arguments of a --kv-cache name: default (the engine's), q8, f16."""
+    from bw24nb.quant import QType
+    kinds = {"default": {}, "q8": dict(k_type=QType.Q8_0, v_type=QType.Q5_1),
+             "f16": dict(k_type=QType.F16, v_type=QType.F16)}
+    if name not in kinds:
+        raise ValueError(f"unknown KV cache {name!r}; known: {sorted(kinds)}")
+    return kinds[name]
+
+
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,
               torch_mode: str = "auto", torch_modes=("eager", "static+compile"),
               llama_bench: str | None = None, llama_args: str = "", engine: bool = True,
               long_prompt: int = LONG_PROMPT, bw_gib: float = 4.0,
               jsonl: str | Path | None = DEFAULT_JSONL, commit: str | None = None,
-              names: list[str] | None = None, act_quants=("q8",)) -> Recorder:
+              names: list[str] | None = None, act_quants=("q8",),
+              kv_caches=("default",)) -> Recorder:
     """Benchmark every GGUF in `models`; returns the Recorder (records already written)."""
     paths = [Path(jsonl)] if jsonl else []
     if os.environ.get("OUT"):                 # the device machine: make the records come back
@@ -441,14 +452,18 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
             except ImportError as e:
                 print(f"  bw24nb engine not importable ({e}); skipping it")
             else:
-                for aq in act_quants:       # side by side: int8 activations vs float
-                    label = name if len(act_quants) == 1 else f"{name} [{aq}]"
+                # side by side: int8 activations vs float, and the KV cache types
+                for aq, kvc in ((a, c) for a in act_quants for c in kv_caches):
+                    tags = ([aq] if len(act_quants) > 1 else []) + ([kvc] if len(kv_caches) > 1 else [])
+                    label = name if not tags else f"{name} [{' '.join(tags)}]"
                     eng = None
                     try:
-                        eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None, act_quant=aq)
+                        eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None, act_quant=aq,
+                                     **kv_cache_kwargs(kvc))
                         bench_engine(rec, label, eng, source, runs=runs, read_gb_s=read_gb_s,
                                      long_prompt=long_prompt,
                                      base_config=dict(base, act_quant=aq,
+                                                      kv_cache=f"{eng.kv.k_type.name}/{eng.kv.v_type.name}",
                                                       load_s=round(getattr(eng, "load_s", 0.0), 2)))
                     except Exception as e:
                         traceback.print_exc(limit=3)
@@ -498,6 +513,9 @@ def main(argv=None) -> int:
     ap.add_argument("--act-quant", default="q8",
                     help="comma list of engine activation paths to run side by side: q8 (int8 "
                          "activations + dp4a, the default), f32")
+    ap.add_argument("--kv-cache", default="default",
+                    help="comma list of engine KV caches to run side by side: default (the "
+                         "engine's), q8 (Q8_0 K / Q5_1 V), f16")
     ap.add_argument("--bw-gib", type=float, default=4.0, help="read-bandwidth buffer (GiB)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="append records here ('' = nowhere)")
     ap.add_argument("--commit", help="commit id to record (default: $BW24_COMMIT, else git)")
@@ -512,7 +530,8 @@ def main(argv=None) -> int:
               torch_modes=modes, llama_bench=args.llama_bench, llama_args=args.llama_args,
               engine=not args.no_engine, long_prompt=args.long_prompt, bw_gib=args.bw_gib,
               jsonl=args.jsonl or None, commit=args.commit, names=args.name,
-              act_quants=tuple(a for a in args.act_quant.split(",") if a))
+              act_quants=tuple(a for a in args.act_quant.split(",") if a),
+              kv_caches=tuple(c for c in args.kv_cache.split(",") if c))
     return 0
 
 

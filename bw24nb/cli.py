@@ -70,8 +70,9 @@ def engine_options(f):
     """The GPU engine's options (ignored by the CPU reference): KV cache type, VRAM budget and
     the activation path. Shared by gen and serve; `engine_kwargs` turns them into Engine(...)
     arguments."""
-    f = click.option("--kv-cache", type=click.Choice(["q8", "f16"]), default="q8",
-                     help="KV cache: q8 = K in Q8_0 + V in Q5_1 (default), f16 = both F16.")(f)
+    f = click.option("--kv-cache", type=click.Choice(["f16", "q8"]), default="f16",
+                     help="KV cache: f16 = K and V in F16 (default), q8 = K in Q8_0 + V in "
+                          "Q5_1 (about half the memory).")(f)
     f = click.option("--vram-budget", type=click.FloatRange(0.0, min_open=True), default=None,
                      metavar="GIB", help="Refuse to load if weights + KV cache exceed this many "
                                          "GiB (default: what the device has free).")(f)

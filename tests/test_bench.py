@@ -20,6 +20,7 @@ from bench import roofline  # noqa: E402
 from bench.run_bench import Recorder, bench_engine, parse_llama_bench  # noqa: E402
 from bw24nb.factory import model_config, write_gguf_model  # noqa: E402
 from bw24nb.formats import open_model  # noqa: E402
+from bw24nb.quant import QType  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +37,11 @@ def test_roofline_bytes_of_a_dense_hybrid(dense):
     assert mtp                                            # the MTP block exists but is not read
     want = sum(dense.info(n).nbytes for n in dense.names() if n not in mtp)   # tied: all of embd
     assert roofline.weight_bytes_per_token(dense) == want
-    # one attention layer (of 4) at ctx 100: K Q8_0 34 B + V Q5_1 24 B per 32 values
-    assert roofline.kv_bytes_per_token(c, 100) == 100 * 2 * (256 // 32) * (34 + 24)
+    # one attention layer (of 4) at ctx 100: K Q8_0 34 B + V Q5_1 24 B per 32 values; the
+    # default F16 cache 2 B a value
+    assert roofline.kv_bytes_per_token(c, 100, QType.Q8_0, QType.Q5_1) == \
+        100 * 2 * (256 // 32) * (34 + 24)
+    assert roofline.kv_bytes_per_token(c, 100) == 100 * 2 * 256 * 2 * 2
     s = 16 * 128 * 128 + 3 * (2 * 16 * 128 + 16 * 128)
     assert roofline.state_bytes_per_token(c) == 3 * s * 4
     assert math.isclose(roofline.roofline_tok_s(4000.0, 4 * 10**9), 1000.0)

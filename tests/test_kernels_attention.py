@@ -173,3 +173,60 @@ def test_flash_decode_rows_match_one_token_launches(rng):
     together = run(q, positions)
     for t in range(T):
         np.testing.assert_array_equal(together[t], run(q[t:t + 1], positions[t:t + 1])[0])
+
+
+# ---------------------------------------------------------------- the F16-cache split pass
+# (kernels/decode_attention.py: one key per lane, 16-byte loads); head_dim 32 keeps the
+# simulator quick, the kernel-check covers the real shapes on the GPU
+
+
+@pytest.mark.parametrize("Hq,Hkv,n_ctx,n_splits,T,min_chunk", [
+    (8, 2, 37, 3, 1, 16),      # 3 splits of 16, 16, 5 keys: partial tiles
+    (7, 1, 300, 1, 1, 16),     # one split of 300 keys: 10 tiles, every warp loops 3 steps
+    (4, 2, 5, 4, 1, 16),       # one used split, three blocks that exit at once
+    (8, 2, 70, 4, 2, 8),       # a 2-token verify, each token its own split plan
+], ids=["ctx37-s3", "ctx300-one-split-n_rep7", "ctx5-unused", "ctx70-verify2"])
+def test_flash_decode_f16_path(rng, Hq, Hkv, n_ctx, n_splits, T, min_chunk):
+    from bw24nb.kernels import decode_attention
+    D = 32
+    assert decode_attention.supports(Hq // Hkv, D, QType.F16, QType.F16)
+    cache = _filled_cache(rng, n_ctx + 3, Hkv, D, n_ctx + 3, QType.F16, QType.F16)
+    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    positions = np.arange(n_ctx - T, n_ctx, dtype=np.int32)
+    part_ml, part_acc = alloc_decode_partials(T, Hq, D, n_splits)
+    out = _poisoned((T, Hq, D))
+    k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+    launch_flash_decode(cuda.to_device(q), cuda.to_device(positions), k_u8, k_f16, QType.F16,
+                        v_u8, v_f16, QType.F16, out, part_ml, part_acc, min_chunk=min_chunk)
+    k_deq, v_deq = cache.read(0, n_ctx)
+    want = ops.attention(q, k_deq, v_deq, causal_offset=n_ctx - T)
+    np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
+
+
+def test_flash_decode_f16_rows_match_one_token_launches(rng):
+    """The F16 path keeps the verify contract: each of T tokens bit for bit its own launch."""
+    Hq, Hkv, D, n_splits, T = 4, 2, 32, 4, 3
+    cache = _filled_cache(rng, 40, Hkv, D, 40, QType.F16, QType.F16)
+    layer = cache.layer(0)
+    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    positions = np.array([34, 35, 36], np.int32)
+
+    def run(qs, pos):
+        part_ml, part_acc = alloc_decode_partials(len(pos), Hq, D, n_splits)
+        out = _poisoned((len(pos), Hq, D))
+        launch_flash_decode(cuda.to_device(qs), cuda.to_device(pos), layer[0], layer[1],
+                            QType.F16, layer[2], layer[3], QType.F16, out, part_ml, part_acc,
+                            min_chunk=4)
+        return out.copy_to_host()
+
+    together = run(q, positions)
+    for t in range(T):
+        np.testing.assert_array_equal(together[t], run(q[t:t + 1], positions[t:t + 1])[0])
+
+
+def test_f16_path_only_where_it_applies():
+    from bw24nb.kernels.decode_attention import supports
+    assert supports(4, 256, QType.F16, QType.F16) and supports(7, 64, QType.F16, QType.F16)
+    assert not supports(4, 256, QType.Q8_0, QType.Q5_1)        # quantized cache: attention.py
+    assert not supports(4, 16, QType.F16, QType.F16)           # head_dim 16 (tiny fixtures)
+    assert not supports(16, 128, QType.F16, QType.F16)         # more rows than ROWS_MAX

@@ -263,16 +263,18 @@ def test_warp_sum_rejects_a_lane_that_left():
 
 def test_matvec_ptx_sums_with_shuffles():
     """The decode matvec's PTX (sm_90) sums a warp with shuffles; its one bar.sync is the
-    split-row combine's (taken only when parts > 1). Compiled in a subprocess without the
-    simulator (compile_ptx does not exist under it)."""
+    split-row combine's (taken only when parts > 1), and the parts = 1 build (`_p1`) has none:
+    its split is a constant. Compiled in a subprocess without the simulator (compile_ptx does
+    not exist under it)."""
     import os
     import subprocess
     import sys
     code = ("from numba import cuda\n"
             "from bw24nb.kernels import matvec as m\n"
             "from bw24nb.kernels import matvec_q4k as m4\n"
-            "for n in ('matvec_q5_0', 'matvec_q8_0', 'matvec_q8_q6_k', 'matvec_q8_q4_k_v4'):\n"
-            "    mod = m4 if n.endswith('_v4') else m\n"
+            "for n in ('matvec_q5_0', 'matvec_q8_0', 'matvec_q8_q6_k', 'matvec_q8_q4_k_v4',\n"
+            "          'matvec_q8_q4_k_v4_p1'):\n"
+            "    mod = m4 if '_v4' in n else m\n"
             "    ptx, _ = cuda.compile_ptx(getattr(mod, n).py_func, mod.PTX_SIGNATURES[n][0], cc=(9, 0))\n"
             "    print(n, ptx.count('shfl.sync.bfly.b32'), ptx.count('bar.sync') + ptx.count('barrier.sync'))\n")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
@@ -283,10 +285,10 @@ def test_matvec_ptx_sums_with_shuffles():
     if proc.returncode != 0 and "NVVM" in proc.stderr:
         pytest.skip("no NVVM to compile with (pip install 'numba-cuda[cu13]')")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.split("\n")[:4]
+    lines = proc.stdout.split("\n")[:5]
     for line in lines:
         name, shfl, bars = line.split()
-        assert int(shfl) == 5 and int(bars) == 1, line
+        assert int(shfl) == 5 and int(bars) == (0 if name.endswith("_p1") else 1), line
 
 
 @pytest.mark.parametrize("qt", [QType.Q4_K, QType.Q6_K, QType.Q8_0], ids=lambda q: q.name)
@@ -436,3 +438,27 @@ def test_matvec_rows_rejects_bad_rows_and_short_buffers():
     with pytest.raises(ValueError, match=r"xq must be int8\[768\] and xd float32\[24\]"):
         launch_matvec_q8(w, QType.Q4_K, M, K, xq, xd, cuda.to_device(np.zeros(3 * M, np.float32)),
                          rows=3)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_parts1_build_equals_run_time_parts_build(rng, rows):
+    """parts = 1 launches run a build with the split folded in (matvec.path_kernels); the
+    run-time-parts build given parts = 1 must produce the same bits (Q4_K's path, one row and
+    three)."""
+    from bw24nb.kernels import matvec_q4k as q4
+    M, K = 6, 512
+    w = random_weight_bytes(rng, QType.Q4_K, M, K)
+    x = rng.standard_normal((rows, K)).astype(np.float32)
+    xq, xd = quantize_act_q8_reference(x)
+    w8 = cuda.to_device(np.ascontiguousarray(w).reshape(-1))
+    outs = []
+    for kern in (q4.KERNELS(rows, 1), q4.KERNELS(rows, 2)):
+        assert (kern is q4.KERNELS(rows, 1)) == (len(outs) == 0)
+        y = cuda.to_device(np.full(rows * M, np.nan, np.float32))
+        kern[(M + 3) // 4, 128]((w8.view(np.uint32), w8.view(np.float16)), np.int32(M),
+                                np.int32(K), (cuda.to_device(xq.reshape(-1)).view(np.uint32),
+                                              cuda.to_device(xd.reshape(-1))),
+                                y, y, y, np.int32(0), np.int32(0), np.int32(1))
+        outs.append(y.copy_to_host())
+    assert np.all(np.isfinite(outs[0]))
+    np.testing.assert_array_equal(outs[0], outs[1])

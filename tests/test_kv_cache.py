@@ -88,13 +88,13 @@ def test_fused_rope_store_equals_rope_then_store(rng, rotary_dim):
     positions = np.array([5, 2], np.int32)
     pos_dev = cuda.to_device(positions)
     inv_freq = cuda.to_device(rope_inv_freq(theta, rotary_dim))
-    fused = KVCache(1, H, D, ctx)                                    # Q8_0 K, Q5_1 V
+    fused = KVCache(1, H, D, ctx, QType.Q8_0, QType.Q5_1)
     k_dev = cuda.to_device(k)
     fused.store(0, k_dev, cuda.to_device(v), pos_dev, inv_freq=inv_freq)
     np.testing.assert_array_equal(k_dev.copy_to_host(), k)          # k itself not rotated
     k_rot = cuda.to_device(k)
     launch_rope(k_rot, pos_dev, inv_freq)
-    split = KVCache(1, H, D, ctx)
+    split = KVCache(1, H, D, ctx, QType.Q8_0, QType.Q5_1)
     k_u8, k_f16, v_u8, v_f16 = split.layer(0)
     launch_kv_store(k_rot, pos_dev, QType.Q8_0, k_u8, k_f16)
     launch_kv_store(cuda.to_device(v), pos_dev, QType.Q5_1, v_u8, v_f16)
@@ -134,12 +134,14 @@ def test_kv_cache_bytes_counts_only_attention_layers():
     cfg = _config(layer_types=types, num_key_value_heads=2, head_dim=256)
     assert attention_layers(cfg) == [3, 7]
     # per position and head: Q8_0 256 values = 8 blocks * 34 B; Q5_1 = 8 * 24 B
+    q8 = dict(k_type=QType.Q8_0, v_type=QType.Q5_1)
     per_pos = 8 * 34 + 8 * 24
-    assert kv_cache_bytes(cfg, 1000) == 2 * 2 * 1000 * per_pos
+    assert kv_cache_bytes(cfg, 1000, **q8) == 2 * 2 * 1000 * per_pos
     assert kv_cache_bytes(cfg, 1000, QType.F16, QType.F16) == 2 * 2 * 1000 * 2 * 256 * 2
-    assert kv_cache_bytes(cfg, 10, extra_layers=1) == 3 * 2 * 10 * per_pos
+    assert kv_cache_bytes(cfg, 1000) == 2 * 2 * 1000 * 2 * 256 * 2    # the default: F16
+    assert kv_cache_bytes(cfg, 10, extra_layers=1, **q8) == 3 * 2 * 10 * per_pos
     dense = _config(num_hidden_layers=3, head_dim=64)
-    assert kv_cache_bytes(dense, 7) == 3 * 2 * 7 * (2 * 34 + 2 * 24)
+    assert kv_cache_bytes(dense, 7, **q8) == 3 * 2 * 7 * (2 * 34 + 2 * 24)
 
 
 def test_kv_row_bytes_rejects_unsupported():
@@ -152,8 +154,8 @@ def test_kv_row_bytes_rejects_unsupported():
 def test_cache_object_store_and_read(rng):
     types = [LINEAR_ATTENTION, FULL_ATTENTION, LINEAR_ATTENTION, FULL_ATTENTION]
     cfg = _config(num_hidden_layers=4, layer_types=types, num_key_value_heads=2, head_dim=32)
-    cache = KVCache.for_model(cfg, ctx=8)
-    assert cache.nbytes == kv_cache_bytes(cfg, 8)
+    cache = KVCache.for_model(cfg, ctx=8, k_type=QType.Q8_0, v_type=QType.Q5_1)
+    assert cache.nbytes == kv_cache_bytes(cfg, 8, QType.Q8_0, QType.Q5_1)
     assert (cache.slot(1), cache.slot(3)) == (0, 1)
     with pytest.raises(KeyError):
         cache.slot(0)

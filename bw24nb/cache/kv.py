@@ -61,8 +61,11 @@ QK = 32                       # values per Q8_0 / Q5_1 block (and per store-kern
 # multiple of 8 works (the tiny test models have head_dim 16 or 24).
 F16_GROUP = 8
 
-K_TYPE_DEFAULT = QType.Q8_0
-V_TYPE_DEFAULT = QType.Q5_1
+# F16 K and V by default (docs/decisions/0011): exact to the stored values, what llama.cpp's
+# baseline runs, and read by decode_attention.py's 16-byte-load split pass; Q8_0 K / Q5_1 V
+# (`--kv-cache q8`) halves the cache for long contexts on small cards.
+K_TYPE_DEFAULT = QType.F16
+V_TYPE_DEFAULT = QType.F16
 
 # Store kernels: one block per (token, KV head), one thread per value (a decode step stores only
 # n_kv_heads rows: a thread per 32-value block, as first written, left 8 threads doing 32 serial

@@ -594,6 +594,8 @@ def alloc_decode_partials(T: int, n_heads: int, head_dim: int, n_splits: int):
 def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
                         part_ml, part_acc, scale=None, stream=0, min_chunk=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
+    pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
+    KV head), `flash_decode_split` otherwise. The split
     count is `part_ml.shape[2]` (see `decode_splits`, `alloc_decode_partials`); q[T, Hq, D]
     with small T (1 for plain decode, K+1 for a speculative verify). min_chunk: fewest keys a
     split takes (default DECODE_MIN_CHUNK; a runtime argument, so bench/ can sweep it)."""
@@ -607,11 +609,15 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
             or tuple(part_acc.shape) != (T, Hq, n_splits, D)):
         raise ValueError(f"partials {tuple(part_ml.shape)}, {tuple(part_acc.shape)} do not fit "
                          f"q {tuple(q.shape)}")
-    grid = (n_splits, Hkv, T * _row_tiles(1, Hq // Hkv))     # tiles of one token each
-    flash_decode_split[grid, DECODE_THREADS, stream](q, positions, k_u8, k_f16, np.int32(k_type),
-                                                   v_u8, v_f16, np.int32(v_type),
-                                                   _scale(scale, D), np.int32(min_chunk),
-                                                   part_ml, part_acc)
+    from . import decode_attention
+    if decode_attention.supports(Hq // Hkv, D, k_type, v_type):     # F16 cache: 16-byte loads
+        decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
+                                      part_ml, part_acc, stream)
+    else:
+        grid = (n_splits, Hkv, T * _row_tiles(1, Hq // Hkv))     # tiles of one token each
+        flash_decode_split[grid, DECODE_THREADS, stream](
+            q, positions, k_u8, k_f16, np.int32(k_type), v_u8, v_f16, np.int32(v_type),
+            _scale(scale, D), np.int32(min_chunk), part_ml, part_acc)
     flash_decode_combine[T * Hq, COMBINE_THREADS, stream](positions, np.int32(k_u8.shape[1]),
                                                           np.int32(min_chunk), part_ml, part_acc, out)
 

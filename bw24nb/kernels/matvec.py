@@ -347,76 +347,94 @@ def _warp_row(parts):
     return lane, row, warp - row * parts
 
 
-def row_kernel(p):
+def _named(fn, p, fixed_parts, nr=1):
+    """Kernel name <p.name>[_p1][_r<nr>]: every build of a path has its own name (the disk
+    cache tells kernels apart by name and module)."""
+    fn.__name__ = fn.__qualname__ = (p.name + (f"_p{fixed_parts}" if fixed_parts else "")
+                                     + (f"_r{nr}" if nr > 1 else ""))
+    fn.__module__ = p.module
+    return kernel(fn)
+
+
+def row_kernel(p, fixed_parts=0):
     """The one-row decode kernel of path p: kern[grid, THREADS](w, M, K, x, y, bias, residual,
-    has_bias, has_residual, parts), one output row per `parts` warps."""
+    has_bias, has_residual, parts), one output row per `parts` warps. With fixed_parts the
+    split is a compile-time constant and the `parts` argument is ignored: at parts = 1 the
+    stride and the slot indices fold, and the Q4_K kernel went from 64 to 48 registers and 842
+    to 637 PTX instructions (session 5; its run-time-parts build ran 15.2 us against 13.1 us at
+    12288 x 4096 on the H200, bench/q4k_probe.py `lib` vs `same`)."""
     step, units, row_base, U = _lane_step(p), p.units, p.base, p.unroll
+    FP = fixed_parts
 
     def matvec(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
+        P = FP if FP else parts
         part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
-        lane, row, part = _warp_row(parts)
-        if parts == 1 and row >= M:   # the whole warp leaves: warp_sum stays full-warp
+        lane, row, part = _warp_row(P)
+        if P == 1 and row >= M:       # the whole warp leaves: warp_sum stays full-warp
             return
         n = units(K)
         last = n - 1
         if row >= M:                  # split rows: stay for the block barrier, load nothing
             n = 0
         base = row_base(row, K)
-        stride = 32 * parts
+        stride = 32 * P
         acc = np.float32(0.0)
         for u in range(32 * part + lane, n, stride * U):
             acc = step(acc, w, x, base, u, stride, last, n)
-        total = combine_parts(part_sh, parts, part, lane, warp_sum(acc))
+        total = combine_parts(part_sh, P, part, lane, warp_sum(acc))
         if lane == 0 and part == 0 and row < M:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
-    matvec.__name__ = matvec.__qualname__ = p.name
-    matvec.__module__ = p.module
-    return kernel(matvec)
+    return _named(matvec, p, FP)
 
 
-def rows_kernel_of(p, nr):
+def rows_kernel_of(p, nr, fixed_parts=0):
     """The decode kernel of path p for nr rows of activations (module docstring: rows = T > 1),
-    named <p.name>_r<nr>; the same parameters as `row_kernel`'s, x, y and residual holding nr
-    rows."""
+    named <p.name>[_p1]_r<nr>; the same parameters as `row_kernel`'s, x, y and residual holding
+    nr rows; fixed_parts as for `row_kernel`."""
     step, units, row_base, U = _rows_step(p, nr), p.units, p.base, p.unroll
     zero, finish = rows_epilogue(nr)
+    FP = fixed_parts
 
     def matvec_rows(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
+        P = FP if FP else parts
         part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
         acc = cuda.local.array(nr, np.float32)
-        lane, row, part = _warp_row(parts)
-        if parts == 1 and row >= M:
+        lane, row, part = _warp_row(P)
+        if P == 1 and row >= M:
             return
         n = units(K)
         last = n - 1
         if row >= M:
             n = 0
         base = row_base(row, K)
-        stride = 32 * parts
+        stride = 32 * P
         zero(acc, ())
         for u in range(32 * part + lane, n, stride * U):
             step(acc, w, x, base, u, stride, last, n, K)
-        finish(acc, part_sh, lane, part, row, M, parts, y, bias, residual, has_bias, has_residual)
+        finish(acc, part_sh, lane, part, row, M, P, y, bias, residual, has_bias, has_residual)
 
-    matvec_rows.__name__ = matvec_rows.__qualname__ = f"{p.name}_r{nr}"
-    matvec_rows.__module__ = p.module
-    return kernel(matvec_rows)
+    return _named(matvec_rows, p, FP, nr)
 
 
-def rows_kernels(make, who):
-    """rows_kernel(nr) for a kernel module with one rows-kernel factory `make(nr)`: the kernel
-    for nr = 2 .. MAX_ROWS rows of activations, built (not compiled) on its first request."""
+def path_kernels(p, who):
+    """kernels(rows, parts): path p's kernel for `rows` = 1 .. MAX_ROWS rows of activations and
+    `parts` warps a row, built (not compiled) on first request. parts = 1 -- every large-M
+    decode matvec -- gets its own build with the split folded in (`row_kernel`'s fixed_parts);
+    2 and 4 share the run-time-parts build. Either build computes the same sums in the same
+    order, so which one runs changes no bit."""
     built = {}
 
-    def rows_kernel(nr):
-        if not 2 <= nr <= MAX_ROWS:
-            raise ValueError(f"{who}: a rows kernel carries 2 .. {MAX_ROWS} rows, not {nr}")
-        if nr not in built:
-            built[nr] = make(nr)
-        return built[nr]
+    def kernels(rows, parts):
+        if not 1 <= rows <= MAX_ROWS:
+            raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
+        key = (rows, 1 if parts == 1 else 0)
+        if key not in built:
+            built[key] = (row_kernel(p, key[1]) if rows == 1
+                          else rows_kernel_of(p, rows, key[1]))
+        return built[key]
 
-    return rows_kernel
+    return kernels
 
 
 # ---------------------------------------------------------------- the generic paths
@@ -505,16 +523,18 @@ def _f32_x_row(x, t, K):
 # unit's 4 products left to right, then steps 2-5 of the module docstring over units.
 F32_V4 = RowPath("matvec_f32_v4", __name__, UNROLL, _f32_units, _f32_base, _f32_weights,
                  _f32_value, _f32_x_row)
-matvec_f32_v4 = row_kernel(F32_V4)
-_ROWS_F32_V4 = rows_kernels(lambda nr: rows_kernel_of(F32_V4, nr), "matvec_f32_v4")
+F32_V4_KERNELS = path_kernels(F32_V4, "matvec_f32_v4")
+matvec_f32_v4 = F32_V4_KERNELS(1, 2)
 
 
 # kernel objects by weight type; also module attributes matvec_<type> / matvec_q8_<type>
 PATHS = {qt: _generic_path(lay, False) for qt, lay in LAYOUTS.items()}
 PATHS_Q8 = {qt: _generic_path(lay, True) for qt, lay in LAYOUTS.items()
             if lay.group_dot_q8 is not None}
-MATVEC = {qt: row_kernel(p) for qt, p in PATHS.items()}
-MATVEC_Q8 = {qt: row_kernel(p) for qt, p in PATHS_Q8.items()}
+_KERNELS = {qt: path_kernels(p, "matvec") for qt, p in PATHS.items()}
+_KERNELS_Q8 = {qt: path_kernels(p, "matvec_q8") for qt, p in PATHS_Q8.items()}
+MATVEC = {qt: k(1, 2) for qt, k in _KERNELS.items()}          # the run-time-parts builds
+MATVEC_Q8 = {qt: k(1, 2) for qt, k in _KERNELS_Q8.items()}
 for _qt, _k in MATVEC.items():
     globals()[f"matvec_{LAYOUTS[_qt].name}"] = _k
 for _qt, _k in MATVEC_Q8.items():
@@ -526,29 +546,26 @@ _SIG = f"void({_W}, int32, int32, UniTuple(float32[::1], 1), float32[::1], float
 _SIG_Q8 = f"void({_W}, int32, int32, Tuple((int32[::1], float32[::1])), float32[::1], " \
           "float32[::1], float32[::1], int32, int32, int32)"
 
-# rows kernels (rows = T > 1) of each path, built on first use by `rows_kernel`
-_ROWS = {qt: rows_kernels(lambda nr, p=p: rows_kernel_of(p, nr), "matvec")
-         for qt, p in PATHS.items()}
-_ROWS_Q8 = {qt: rows_kernels(lambda nr, p=p: rows_kernel_of(p, nr), "matvec_q8")
-            for qt, p in PATHS_Q8.items()}
-
-
-def rows_kernel(qtype, nr, q8=False):
-    """The float-path (q8=False) or dp4a-path kernel of weight type `qtype` for nr = 2 ..
-    MAX_ROWS rows of activations, built (not compiled) on its first request."""
-    return (_ROWS_Q8 if q8 else _ROWS)[QType(qtype)](int(nr))
+def rows_kernel(qtype, nr, q8=False, parts=2):
+    """The float-path (q8=False) or dp4a-path kernel of weight type `qtype` for nr = 1 ..
+    MAX_ROWS rows of activations and `parts` warps a row (`path_kernels`), built (not
+    compiled) on its first request."""
+    return (_KERNELS_Q8 if q8 else _KERNELS)[QType(qtype)](int(nr), int(parts))
 
 
 # The compile check (tests/test_compile_ptx.py) compiles the module attributes named in
-# PTX_SIGNATURES: one 4-row kernel of each path stands for the rest (same code, other layouts).
+# PTX_SIGNATURES: one 4-row kernel of each path stands for the rest (same code, other layouts),
+# and the parts = 1 build of the dp4a Q6_K path for the parts = 1 builds.
 matvec_f16_r4 = rows_kernel(QType.F16, 4)
 matvec_q8_q6_k_r4 = rows_kernel(QType.Q6_K, 4, q8=True)
+matvec_q8_q6_k_p1 = rows_kernel(QType.Q6_K, 1, q8=True, parts=1)
 
 PTX_SIGNATURES = {
     **{f"matvec_{LAYOUTS[qt].name}": [_SIG] for qt in MATVEC},
     **{f"matvec_q8_{LAYOUTS[qt].name}": [_SIG_Q8] for qt in MATVEC_Q8},
     "matvec_f16_r4": [_SIG],
     "matvec_q8_q6_k_r4": [_SIG_Q8],
+    "matvec_q8_q6_k_p1": [_SIG_Q8],
     "matvec_f32_v4": ["void(UniTuple(uint32[::1], 1), int32, int32, UniTuple(uint32[::1], 1), "
                       "float32[::1], float32[::1], float32[::1], int32, int32, int32)"],
 }
@@ -634,10 +651,10 @@ def launch_matvec(w_dev, qtype, M, K, x_dev, y_dev, bias=None, residual=None, st
     x_dev, y_dev = _flat(x_dev), _flat(y_dev)
     residual = None if residual is None else _flat(residual)
     if lay.qtype == QType.F32 and K % 4 == 0:      # 16-byte loads (F32_V4)
-        kern = matvec_f32_v4 if rows == 1 else _ROWS_F32_V4(rows)
+        kern = F32_V4_KERNELS(rows, parts)
         w, x = (w8.view(np.uint32),), (x_dev[:rows * K].view(np.uint32),)
     else:
-        kern = MATVEC[lay.qtype] if rows == 1 else rows_kernel(lay.qtype, rows)
+        kern = rows_kernel(lay.qtype, rows, parts=parts)
         w, x = (w8, w16, wh), (x_dev,)
     kern[_grid(M, parts), THREADS, stream](
         w, np.int32(M), np.int32(K), x, y_dev,
@@ -679,7 +696,7 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
                           _grid(M, parts), THREADS, stream, rows)
         return
     xq32 = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.int32)      # 4 int8 per dp4a operand
-    kern = MATVEC_Q8[lay.qtype] if rows == 1 else rows_kernel(lay.qtype, rows, q8=True)
+    kern = rows_kernel(lay.qtype, rows, q8=True, parts=parts)
     kern[_grid(M, parts), THREADS, stream](
         (w8, w16, wh), np.int32(M), np.int32(K), (xq32, _flat(xd_dev)), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,

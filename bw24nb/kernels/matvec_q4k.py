@@ -25,7 +25,7 @@ Summation order (the exactness contract, cf. matvec.py):
 The reference is `matvec.matvec_q8_reference` (float64 of the same operands); with power-of-two
 scales every step above is exact (tests/test_kernels_matvec.py checks that bit for bit).
 
-rows = T > 1 (speculative decoding's verify, matvec.py's docstring): `rows_kernel(T)` runs the
+rows = T > 1 (speculative decoding's verify, matvec.py's docstring): `KERNELS(T, parts)` runs the
 loop above once, decodes each chunk's weights once (its 2 x 16 B of header and quants) and
 meets them with each row's activations (row t's at t * K), one accumulator per row summed in
 the order above, so that each row is bit for bit the one-row kernel's result for it.
@@ -40,7 +40,7 @@ from numba import cuda
 
 from ..ptx import dp4a, ld_nc_v4_u32
 from ..quant.types import QType, type_size
-from .matvec import RowPath, row_kernel, rows_kernel_of, rows_kernels, x_row_q8
+from .matvec import RowPath, path_kernels, x_row_q8
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -150,18 +150,20 @@ def _value(w, x, row_word, c, wq):
 # w = (w32, wh): the GGUF rows as uint32 words and as float16; x = (xq as uint32 words, xd)
 PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value,
                x_row_q8)
-matvec_q8_q4_k_v4 = row_kernel(PATH)
-rows_kernel = rows_kernels(lambda nr: rows_kernel_of(PATH, nr), "matvec_q4k")
+KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 
 
-# a module attribute so that tests/test_compile_ptx.py compiles it (PTX_SIGNATURES); the other
+# module attributes so that tests/test_compile_ptx.py compiles them (PTX_SIGNATURES); the other
 # row counts are the same code with another constant
-matvec_q8_q4_k_v4_r4 = rows_kernel(4)
+matvec_q8_q4_k_v4 = KERNELS(1, 2)
+matvec_q8_q4_k_v4_p1 = KERNELS(1, 1)
+matvec_q8_q4_k_v4_r4 = KERNELS(4, 2)
 
 _SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
-PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_r4": [_SIG]}
+PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
+                  "matvec_q8_q4_k_v4_r4": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 
@@ -172,7 +174,7 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
     flat)."""
     w32 = w8.view(np.uint32)
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
-    kern = matvec_q8_q4_k_v4 if rows == 1 else rows_kernel(rows)
+    kern = KERNELS(rows, parts)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
     kern[grid, threads, stream](
         (w32, w8.view(np.float16)), np.int32(M), np.int32(K), (xq, xd), y_dev,

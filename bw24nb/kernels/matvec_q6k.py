@@ -42,7 +42,7 @@ With power-of-two scales every step is exact (tests/test_kernels_matvec_q6k.py c
 for bit against the float64 reference). The GPU may fuse a multiply and the next add (FMA):
 one rounding fewer, inside the same bound.
 
-rows = T > 1 (speculative decoding's verify, matvec.py's docstring): `rows_kernel(T)` runs the
+rows = T > 1 (speculative decoding's verify, matvec.py's docstring): `KERNELS(T, parts)` runs the
 loop above once, loads each chunk's weights once and meets them with each row's activations
 (row t's xq at t * K, xd at t * K / 32), one accumulator per row summed in the order above, so
 that each row is bit for bit the one-row kernel's result for it -- the LM head's 834 MB read
@@ -61,7 +61,7 @@ from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
 from .matvec import (THREADS, WARPS_PER_BLOCK, RowPath, _flat, at_least, check_rows,
-                     row_kernel, rows_kernel_of, rows_kernels, x_row_q8, warps_per_row)
+                     path_kernels, x_row_q8, warps_per_row)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
 
@@ -248,18 +248,20 @@ def _value(w, x, base, c, wq):
 # w = (body as uint32 words, d float16); x = (xq, xd as uint32 words): matvec.py's row loop
 PATH = RowPath("matvec_q8_q6_k_r", __name__, UNROLL, _units, _base, _weights, _value,
                x_row_q8)
-matvec_q8_q6_k_r = row_kernel(PATH)
-rows_kernel = rows_kernels(lambda nr: rows_kernel_of(PATH, nr), "matvec_q6k_r")
+KERNELS = path_kernels(PATH, "matvec_q6k_r")    # KERNELS(rows, parts)
 
 
-# a module attribute so that tests/test_compile_ptx.py compiles it (PTX_SIGNATURES); the other
+# module attributes so that tests/test_compile_ptx.py compiles them (PTX_SIGNATURES); the other
 # row counts are the same code with another constant
-matvec_q8_q6_k_r_r4 = rows_kernel(4)
+matvec_q8_q6_k_r = KERNELS(1, 2)
+matvec_q8_q6_k_r_p1 = KERNELS(1, 1)
+matvec_q8_q6_k_r_r4 = KERNELS(4, 2)
 
 _SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
         "Tuple((uint32[::1], uint32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
-PTX_SIGNATURES = {"matvec_q8_q6_k_r": [_SIG], "matvec_q8_q6_k_r_r4": [_SIG]}
+PTX_SIGNATURES = {"matvec_q8_q6_k_r": [_SIG], "matvec_q8_q6_k_r_p1": [_SIG],
+                  "matvec_q8_q6_k_r_r4": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 
@@ -312,7 +314,7 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
         raise ValueError(f"matvec_q6k_r: parts (warps per row) must be 1, 2 or 4, not {parts}")
     grid = (M * parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
     y = _flat(y)
-    kern = matvec_q8_q6_k_r if rows == 1 else rows_kernel(rows)
+    kern = KERNELS(rows, parts)
     kern[grid, THREADS, stream](
         (_flat(body).view(np.uint32), _flat(d)), np.int32(M), np.int32(K),
         (_flat(xq)[:rows * K].view(np.uint32), _flat(xd)[:rows * K // 32].view(np.uint32)), y,

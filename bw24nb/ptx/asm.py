@@ -100,10 +100,28 @@ def f32_from_bits(typingctx, bits):
     return types.float32(bits), codegen
 
 
-# --- FP4 E2M1 decode ------------------------------------------------------------------------------
+# --- f16x2 -> two f32 -------------------------------------------------------------------------------
 
 _F16X2_TO_F32X2 = snippet("f16x2_to_f32x2")
 _F32X2 = types.UniTuple(types.float32, 2)
+
+
+@intrinsic
+def f16x2_to_f32x2(typingctx, word):
+    """(float32 of the f16 in bits 15:0, float32 of the f16 in bits 31:16) of a 32-bit word:
+    two ``cvt.f32.f16`` (exact), for half-precision data read as uint32 words with 16-byte
+    loads (the F16 KV cache: kernels/decode_attention.py)."""
+    _require_integers("f16x2_to_f32x2", word)
+
+    def codegen(context, builder, sig, args):
+        h = _as_i32(context, builder, args[0], sig.args[0])
+        return context.make_tuple(builder, _F32X2, _emit(builder, _F16X2_TO_F32X2, [h]))
+
+    return _F32X2(word), codegen
+
+
+# --- FP4 E2M1 decode ------------------------------------------------------------------------------
+
 
 
 def _fp4_intrinsics(decode: Snippet):

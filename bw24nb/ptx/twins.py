@@ -81,6 +81,12 @@ def fp4x2_to_f16x2(byte) -> np.uint32:
 fp4x2_to_f16x2_bits_linked = fp4x2_to_f16x2
 
 
+def f16x2_to_f32x2(word) -> tuple[np.float32, np.float32]:
+    """(value of the f16 in bits 15:0, value of the f16 in bits 31:16) as float32."""
+    h = np.array([_u32(word)], np.uint32).view(np.float16)
+    return np.float32(h[0]), np.float32(h[1])
+
+
 # --- bit casts ----------------------------------------------------------------------------------
 
 

@@ -1,0 +1,235 @@
+"""Split-K decode attention over an F16 KV cache: one key per lane, 16-byte loads.
+
+The split pass of attention.py's decode (`flash_decode_split`) stages K and V tiles through
+shared memory element by element (a dequantizing load per value) and spends its time in that
+chain of latencies: on the H200 a 9B-shaped layer (16 query / 4 KV heads, head_dim 256) took
+45 us at 512 tokens of context and ~330 us at 6144 (bench/attention_bench.py, session 3), for
+~3 MB and ~25 MB of cache. With an F16 cache no value needs decoding, so this kernel reads K and
+V straight from global memory in 16-byte loads, and keeps scores and the accumulator in
+registers:
+
+  * a block is one split of one token's GQA group (KV head kvh, its R = n_rep query heads),
+    4 warps; the split's keys [begin, end) go in tiles of 32, warp w taking tiles w, w + 4, ...;
+  * scores: lane j of a tile is key j; it reads its K row (D halves) in D / 8 16-byte loads and
+    forms the R dot products, q read from shared memory (every lane the same address: a
+    broadcast), d ascending into one float32 accumulator per row; times `scale`, -inf past end;
+  * online softmax per row over the tile: m' = max(m, warp_max(s)), p = exp(s - m'),
+    alpha = exp(m - m'), l = l alpha + warp_sum(p);
+  * PV: lane l owns dims [lE, lE + E) (E = D / 32); acc[r, e] = acc[r, e] alpha_r, then
+    += p[r, j] v[j, d] for the tile's keys j ascending (p through shared memory; the warp reads
+    one whole V row per key: coalesced);
+  * the four warps' (m, l, acc) merge in warp order (M = max m_w, weights exp(m_w - M)) into the
+    split's partial, in attention.py's layout, so its `flash_decode_combine` finishes the job.
+Every sum has a fixed order and a block only ever sees one token, so a verify over K + 1 tokens
+gives each token the bits of its own decode step (what speculative decoding relies on), as in
+attention.py. The reference is ops.attention on the cache's contents.
+
+Kernels are built per (R, E) (rows and dims per lane are compile-time constants, so the
+accumulators are registers): R <= ROWS_MAX, D in {32, 64, 128, 256}. `supports` says whether a
+shape and cache type can take this path; attention.launch_flash_decode dispatches.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from ..jit import kernel
+from ..ptx import f16x2_to_f32x2, ld_nc_v4_u32, warp_max, warp_sum
+
+WARPS = 4
+THREADS = 32 * WARPS
+TILE = 32                   # keys a warp scores at once: one per lane
+ROWS_MAX = 8                # query heads per KV head (Qwen family: 4 .. 8)
+HEAD_DIMS = (32, 64, 128, 256)
+_RD_MAX = ROWS_MAX * 256    # q rows of one block / one warp's accumulators in shared memory
+_ACC_SH = WARPS * _RD_MAX   # the merge buffer (q_sh aliases its start; q is dead by then)
+_P_SH = WARPS * ROWS_MAX * TILE
+_ML_SH = WARPS * ROWS_MAX
+_NEG_INF = np.float32(-np.inf)
+
+
+def supports(n_rep: int, D: int, k_type, v_type) -> bool:
+    from ..quant import QType
+    return (int(k_type) == int(QType.F16) and int(v_type) == int(QType.F16)
+            and 1 <= n_rep <= ROWS_MAX and D in HEAD_DIMS)
+
+
+@cuda.jit(device=True, inline="always")
+def _split_plan(position, ctx, n_splits, min_chunk):
+    """attention._split_plan (the same arithmetic: the combine derives the plan again)."""
+    n_ctx = min(position + 1, ctx)
+    chunk = max(min_chunk, (n_ctx + n_splits - 1) // n_splits)
+    return n_ctx, chunk, (n_ctx + chunk - 1) // chunk
+
+
+def _make(R: int, E: int):
+    """The split kernel for R query rows and E = D / 32 dims per lane."""
+    D = 32 * E
+    DW = D // 2             # uint32 words in one K or V row
+    CH = D // 8             # 16-byte chunks in one K row
+    RE = R * E              # accumulators a lane holds (a constant for cuda.local.array)
+
+    @cuda.jit(device=True, inline="always")
+    def v_dims(vw, row_word, lane, e):
+        """Value e of this lane's E dims of the V row starting at word row_word."""
+        if E == 1:
+            lo, hi = f16x2_to_f32x2(vw[row_word + (lane >> 1)])
+            return hi if (lane & 1) else lo
+        w = vw[row_word + lane * (E // 2) + (e >> 1)]
+        lo, hi = f16x2_to_f32x2(w)
+        return hi if (e & 1) else lo
+
+    def split(q, positions, kw, vw, ctx, scale, min_chunk, part_ml, part_acc):
+        buf = cuda.shared.array(_ACC_SH, float32)       # q rows, later the warps' accumulators
+        p_sh = cuda.shared.array(_P_SH, float32)
+        m_sh = cuda.shared.array(_ML_SH, float32)
+        l_sh = cuda.shared.array(_ML_SH, float32)
+        s = cuda.local.array(R, float32)
+        m = cuda.local.array(R, float32)
+        lsum = cuda.local.array(R, float32)
+        alpha = cuda.local.array(R, float32)
+        acc = cuda.local.array(RE, float32)
+        vv = cuda.local.array(E, float32)
+        split_i = cuda.blockIdx.x
+        n_splits = cuda.gridDim.x
+        kvh = cuda.blockIdx.y
+        tok = cuda.blockIdx.z
+        n_ctx, chunk, used = _split_plan(positions[tok], ctx, n_splits, min_chunk)
+        if split_i >= used:
+            return                  # the whole block: the combine never reads this split
+        begin = split_i * chunk
+        end = min(begin + chunk, n_ctx)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        for i in range(tid, R * D, THREADS):
+            r = i // D
+            buf[i] = q[tok, kvh * R + r, i - r * D]
+        for r in range(R):
+            m[r] = _NEG_INF
+            lsum[r] = float32(0.0)
+        for i in range(RE):
+            acc[i] = float32(0.0)
+        head_word = np.int64(kvh) * ctx * DW
+        cuda.syncthreads()
+        # every warp runs the same number of steps (the barriers below are block-wide); a
+        # warp whose tile starts past `end` scores nothing and adds nothing
+        for t0 in range(begin, end, WARPS * TILE):
+            k0 = t0 + warp * TILE
+            nk = min(TILE, end - k0)            # <= 0: this warp has no tile this step
+            key = min(k0 + lane, end - 1)
+            row = head_word + np.int64(key) * DW
+            for r in range(R):
+                s[r] = float32(0.0)
+            for c in range(CH):
+                w0, w1, w2, w3 = ld_nc_v4_u32(kw, row + 4 * c)
+                k_0, k_1 = f16x2_to_f32x2(w0)
+                k_2, k_3 = f16x2_to_f32x2(w1)
+                k_4, k_5 = f16x2_to_f32x2(w2)
+                k_6, k_7 = f16x2_to_f32x2(w3)
+                for r in range(R):
+                    qb = r * D + 8 * c
+                    a = s[r]
+                    a += buf[qb] * k_0
+                    a += buf[qb + 1] * k_1
+                    a += buf[qb + 2] * k_2
+                    a += buf[qb + 3] * k_3
+                    a += buf[qb + 4] * k_4
+                    a += buf[qb + 5] * k_5
+                    a += buf[qb + 6] * k_6
+                    a += buf[qb + 7] * k_7
+                    s[r] = a
+            for r in range(R):
+                sc = s[r] * scale if lane < nk else _NEG_INF
+                m_new = max(m[r], warp_max(sc))
+                p = float32(0.0)
+                al = float32(1.0)
+                if m_new != _NEG_INF:
+                    p = math.exp(sc - m_new)
+                    al = math.exp(m[r] - m_new)
+                lsum[r] = lsum[r] * al + warp_sum(p)
+                m[r] = m_new
+                alpha[r] = al
+                p_sh[(warp * ROWS_MAX + r) * TILE + lane] = p
+            cuda.syncthreads()                  # p_sh written before any lane reads it
+            for r in range(R):
+                for e in range(E):
+                    acc[r * E + e] *= alpha[r]
+            for j in range(max(nk, 0)):
+                vrow = head_word + np.int64(k0 + j) * DW
+                for e in range(E):
+                    vv[e] = v_dims(vw, vrow, lane, e)
+                for r in range(R):
+                    pj = p_sh[(warp * ROWS_MAX + r) * TILE + j]
+                    for e in range(E):
+                        acc[r * E + e] += pj * vv[e]
+            cuda.syncthreads()                  # p_sh read before the next step rewrites it
+        # merge the warps in order into the split's partial (q is dead: buf holds acc now)
+        for r in range(R):
+            for e in range(E):
+                buf[warp * _RD_MAX + r * D + lane * E + e] = acc[r * E + e]
+        if lane == 0:
+            for r in range(R):
+                m_sh[warp * ROWS_MAX + r] = m[r]
+                l_sh[warp * ROWS_MAX + r] = lsum[r]
+        cuda.syncthreads()
+        for i in range(tid, R * D, THREADS):
+            r = i // D
+            d = i - r * D
+            M = m_sh[r]
+            for w in range(1, WARPS):
+                M = max(M, m_sh[w * ROWS_MAX + r])
+            L = float32(0.0)
+            A = float32(0.0)
+            for w in range(WARPS):
+                mw = m_sh[w * ROWS_MAX + r]
+                if mw != _NEG_INF:
+                    f = math.exp(mw - M)
+                    L += l_sh[w * ROWS_MAX + r] * f
+                    A += buf[w * _RD_MAX + i] * f
+            h = kvh * R + r
+            part_acc[tok, h, split_i, d] = A
+            if d == 0:
+                part_ml[tok, h, split_i, 0] = M
+                part_ml[tok, h, split_i, 1] = L
+
+    split.__name__ = split.__qualname__ = f"flash_decode_f16_r{R}_e{E}"
+    return kernel(split)
+
+
+_KERNELS: dict = {}
+
+
+def split_kernel(R: int, E: int):
+    """The (R, E) split kernel, built (not compiled) on first request."""
+    if (R, E) not in _KERNELS:
+        _KERNELS[(R, E)] = _make(R, E)
+    return _KERNELS[(R, E)]
+
+
+def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, part_ml, part_acc, stream=0):
+    """The split pass (attention.launch_flash_decode runs the combine after it): q[T, Hq, D],
+    k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
+    attention.alloc_decode_partials makes them."""
+    T, Hq, D = q.shape
+    Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
+    R, E = Hq // Hkv, D // 32
+    n_splits = part_ml.shape[2]
+    kw = k_u8.reshape(k_u8.size).view(np.uint32)
+    vw = v_u8.reshape(v_u8.size).view(np.uint32)
+    split_kernel(R, E)[(n_splits, Hkv, T), THREADS, stream](
+        q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
+        part_ml, part_acc)
+
+
+# the compile check (tests/test_compile_ptx.py): the 9B shape (4 rows, D 256) and the 0.5B
+# shape (7 rows, D 64) stand for the rest
+flash_decode_f16_r4_e8 = split_kernel(4, 8)
+flash_decode_f16_r7_e2 = split_kernel(7, 2)
+_SIG = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
+        "float32[:, :, :, ::1], float32[:, :, :, ::1])")
+PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG]}
+EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
+                for name in PTX_SIGNATURES}
