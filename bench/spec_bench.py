@@ -2,7 +2,8 @@
 
     python3 bench/spec_bench.py MODEL.gguf [--ks 1-8] [--runs 5] [--warmup 1] [--n 128]
         [--prompt-len 512] [--ctx 4096] [--modes mtp,scripted,adversarial]
-        [--rollback recompute,states] [--trims 32768,8192] [--jsonl PATH] [--commit SHA]
+        [--rollback recompute,states] [--trims 32768,8192] [--confidences 0,0.5]
+        [--jsonl PATH] [--commit SHA]
 
 e.g. on a 9B-shape random model (`python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf`).
 Every time is host wall clock around a call that ends in a device synchronize (each
@@ -26,6 +27,9 @@ EngineSpecTarget call reads its result back), median of `--runs` after `--warmup
                               off the greedy output: 100% acceptance at no draft cost -- the
                               upper bound the verify cost allows) or "adversarial" (drafts that
                               always differ from greedy: acceptance 0, every round rolls back)
+    spec_tok_s@K:mtp+conf<c> the MTP draft under confidence gating at threshold c
+                              (--confidences; c = 0 never stops a round: what the gating's
+                              logits read-back costs by itself)
     spec_acceptance@K:<mode>  accepted / drafted of that run
     spec_gate@K:<mode>        1 when its tokens equal plain greedy's (timings of a 0 do not count)
     verify_kernel_ms@K:<name> device time of a verify's launches of that name (--profile-k),
@@ -147,8 +151,9 @@ def profile_verify(rec: Recorder, model: str, target, prompt: list[int], k: int,
 
 
 def bench_end_to_end(rec: Recorder, model: str, target, prompt: list[int], ks, n: int,
-                     modes, runs: int, warmup: int, cfg: dict) -> None:
-    """tokens/s of plain greedy (the engine's graph fast path) and of speculative_generate."""
+                     modes, runs: int, warmup: int, cfg: dict, confidences=()) -> None:
+    """tokens/s of plain greedy (the engine's graph fast path) and of speculative_generate,
+    also with the MTP draft under confidence gating at each threshold of `confidences`."""
     from bw24nb.sampling import SamplingParams
     from bw24nb.spec import ScriptedDrafter, first_difference, speculative_generate
 
@@ -163,9 +168,11 @@ def bench_end_to_end(rec: Recorder, model: str, target, prompt: list[int], ks, n
     g_rate = median(rates) if rates else None
     rec.add(model, "greedy_tok_s", g_rate, "tok/s", samples=rates, n_gen=n, **cfg)
 
-    for mode in modes:
-        if mode == "mtp" and not target.has_mtp:
-            continue
+    runs_of = [(mode, None) for mode in modes if mode != "mtp" or target.has_mtp]
+    if target.has_mtp:
+        runs_of += [("mtp", c) for c in confidences]
+    for mode, conf in runs_of:
+        label = mode if conf is None else f"mtp+conf{conf:g}"
         for k in ks:
             rates, stats, toks = [], None, None
             for i in range(warmup + runs):
@@ -174,18 +181,21 @@ def bench_end_to_end(rec: Recorder, model: str, target, prompt: list[int], ks, n
                     "adversarial" if mode == "adversarial" else "oracle")
                 _sync()
                 t0 = time.perf_counter()
-                toks, stats = speculative_generate(target, prompt, n, k, draft_mode=drafter)
+                toks, stats = speculative_generate(target, prompt, n, k, draft_mode=drafter,
+                                                   confidence=conf)
                 _sync()
                 wall = time.perf_counter() - t0 - stats.prefill_s
                 if i >= warmup and stats.generated > 1:
                     rates.append((stats.generated - 1) / wall)
             rate = median(rates) if rates else None
-            extra = dict(n_gen=n, mode=mode, **cfg)
-            rec.add(model, f"spec_tok_s@{k}:{mode}", rate, "tok/s", samples=rates,
+            extra = dict(n_gen=n, mode=label, **cfg)
+            if conf is not None:
+                extra["confidence"] = conf
+            rec.add(model, f"spec_tok_s@{k}:{label}", rate, "tok/s", samples=rates,
                     speedup=None if not (rate and g_rate) else rate / g_rate, **extra)["k"] = k
-            rec.add(model, f"spec_acceptance@{k}:{mode}", 100 * stats.acceptance_rate, "%",
+            rec.add(model, f"spec_acceptance@{k}:{label}", 100 * stats.acceptance_rate, "%",
                     summary=stats.summary(), **extra)["k"] = k
-            rec.add(model, f"spec_gate@{k}:{mode}", int(first_difference(toks, greedy) is None),
+            rec.add(model, f"spec_gate@{k}:{label}", int(first_difference(toks, greedy) is None),
                     "match", **extra)["k"] = k
 
 
@@ -206,6 +216,9 @@ def main(argv=None) -> int:
                     help="rollback strategies to measure, each a target of its own")
     ap.add_argument("--trims", default="",
                     help="FR-Spec draft-head sizes to time the draft with, e.g. 32768,8192")
+    ap.add_argument("--confidences", default="",
+                    help="confidence-gating thresholds to run the MTP draft under, e.g. 0,0.5 "
+                         "(0 never stops a draft: the gating's own cost)")
     ap.add_argument("--name", default=None, help="model label (default: the file name)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL))
     ap.add_argument("--commit", default=None)
@@ -243,8 +256,9 @@ def main(argv=None) -> int:
             bench_rounds(rec, model, target, prompt, ks, a.runs, a.warmup, cfg, trims)
             if a.profile_k:
                 profile_verify(rec, model, target, prompt, a.profile_k, cfg)
+            confs = [float(c) for c in a.confidences.split(",") if c.strip()]
             bench_end_to_end(rec, model, target, prompt, ks, a.n, a.modes.split(","), a.runs,
-                             a.warmup, cfg)
+                             a.warmup, cfg, confs)
             del target
     finally:
         rec.write()
