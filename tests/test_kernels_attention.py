@@ -153,21 +153,25 @@ def test_flash_decode_many_splits_combine(rng):
     np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
 
 
-def test_flash_decode_rows_match_one_token_launches(rng):
+@pytest.mark.parametrize("kv,Hq,Hkv,n_splits,positions", [
+    ((QType.Q8_0, QType.Q5_1), 4, 2, 4, (14, 15, 16)),    # chunks 4, 4 and 5 (4 splits)
+    ((QType.F16, QType.F16), 2, 1, 2, (34, 35, 36)),       # decode_attention.py: 18, 18, 19
+], ids=["q8_0-q5_1", "f16"])
+def test_flash_decode_rows_match_one_token_launches(rng, kv, Hq, Hkv, n_splits, positions):
     """Speculative verify runs decode attention over K+1 tokens at once; each token's output
-    must be bit-identical to decoding it alone (its split plan comes from its own position:
-    n_ctx 15, 16, 17 with 4 splits of >= 4 keys give chunks 4, 4 and 5)."""
-    Hq, Hkv, D, n_splits, T = 4, 2, 32, 4, 3
-    cache = _filled_cache(rng, 20, Hkv, D, 20, QType.Q8_0, QType.Q5_1)
+    must be bit-identical to decoding it alone (its split plan comes from its own position,
+    min_chunk 4), on both split passes."""
+    D, T = 32, len(positions)
+    cache = _filled_cache(rng, 40, Hkv, D, 40, *kv)
     layer = cache.layer(0)
     q = rng.standard_normal((T, Hq, D)).astype(np.float32)
-    positions = np.array([14, 15, 16], np.int32)
+    positions = np.array(positions, np.int32)
 
     def run(qs, pos):
         part_ml, part_acc = alloc_decode_partials(len(pos), Hq, D, n_splits)
         out = _poisoned((len(pos), Hq, D))
-        launch_flash_decode(cuda.to_device(qs), cuda.to_device(pos), layer[0], layer[1], QType.Q8_0,
-                            layer[2], layer[3], QType.Q5_1, out, part_ml, part_acc, min_chunk=4)
+        launch_flash_decode(cuda.to_device(qs), cuda.to_device(pos), layer[0], layer[1], kv[0],
+                            layer[2], layer[3], kv[1], out, part_ml, part_acc, min_chunk=4)
         return out.copy_to_host()
 
     together = run(q, positions)
@@ -201,28 +205,6 @@ def test_flash_decode_f16_path(rng, Hq, Hkv, n_ctx, n_splits, T, min_chunk):
     k_deq, v_deq = cache.read(0, n_ctx)
     want = ops.attention(q, k_deq, v_deq, causal_offset=n_ctx - T)
     np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
-
-
-def test_flash_decode_f16_rows_match_one_token_launches(rng):
-    """The F16 path keeps the verify contract: each of T tokens bit for bit its own launch
-    (n_ctx 35, 36, 37 in 2 splits of >= 4 keys: chunks 18, 18 and 19)."""
-    Hq, Hkv, D, n_splits, T = 2, 1, 32, 2, 3
-    cache = _filled_cache(rng, 40, Hkv, D, 40, QType.F16, QType.F16)
-    layer = cache.layer(0)
-    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
-    positions = np.array([34, 35, 36], np.int32)
-
-    def run(qs, pos):
-        part_ml, part_acc = alloc_decode_partials(len(pos), Hq, D, n_splits)
-        out = _poisoned((len(pos), Hq, D))
-        launch_flash_decode(cuda.to_device(qs), cuda.to_device(pos), layer[0], layer[1],
-                            QType.F16, layer[2], layer[3], QType.F16, out, part_ml, part_acc,
-                            min_chunk=4)
-        return out.copy_to_host()
-
-    together = run(q, positions)
-    for t in range(T):
-        np.testing.assert_array_equal(together[t], run(q[t:t + 1], positions[t:t + 1])[0])
 
 
 def test_f16_path_only_where_it_applies():

@@ -37,6 +37,7 @@ from numba import cuda, float32
 
 from ..jit import kernel
 from ..ptx import f16x2_to_f32x2, ld_nc_v4_u32, warp_max, warp_sum
+from .attention import _split_plan     # the plan the combine derives again: one definition
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -54,14 +55,6 @@ def supports(n_rep: int, D: int, k_type, v_type) -> bool:
     from ..quant import QType
     return (int(k_type) == int(QType.F16) and int(v_type) == int(QType.F16)
             and 1 <= n_rep <= ROWS_MAX and D in HEAD_DIMS)
-
-
-@cuda.jit(device=True, inline="always")
-def _split_plan(position, ctx, n_splits, min_chunk):
-    """attention._split_plan (the same arithmetic: the combine derives the plan again)."""
-    n_ctx = min(position + 1, ctx)
-    chunk = max(min_chunk, (n_ctx + n_splits - 1) // n_splits)
-    return n_ctx, chunk, (n_ctx + chunk - 1) // chunk
 
 
 def _make(R: int, E: int):
