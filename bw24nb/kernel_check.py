@@ -1265,7 +1265,8 @@ def check_flash_attn_cache(rng, size):
                       guard_ok=guard_ok)
 
 
-@check("flash_decode", "kernels.attention.launch_flash_decode")
+@check("flash_decode", "kernels.attention.launch_flash_decode",
+       "kernels.decode_attention.launch_split")
 def check_flash_decode(rng, size):
     """Split-K decode attention + combine: contexts that are not a multiple of the split (nor
     of the key tile), a split with no visible key, a multi-token verify step."""

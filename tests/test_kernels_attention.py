@@ -84,24 +84,38 @@ def test_flash_attn_over_cache(rng, k_type, v_type):
     np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize("n_ctx,n_splits,T", [
-    (37, 3, 1),    # DECODE_MIN_CHUNK (32) keys a split: 2 used, the last one 5 keys
-    (5, 4, 1),     # one used split of 5 keys, three blocks that exit at once
-    (30, 4, 3),    # speculative verify: 3 queries at 27, 28, 29, causal among themselves
-    (103, 3, 1),   # chunks of 35: not a multiple of the split or of the key tile
-    (70, 8, 2),    # 3 of 8 splits used (32 + 32 + 6 keys), a 2-query verify
-], ids=["ctx37-s3", "ctx5-s4-unused-splits", "ctx30-verify3", "ctx103-s3", "ctx70-s8-verify2"])
-def test_flash_decode_split_k(rng, n_ctx, n_splits, T):
-    Hq, Hkv, D, ctx = 8, 2, 32, n_ctx + 3              # n_rep 4
+_Q8, _F16 = (QType.Q8_0, QType.Q5_1), (QType.F16, QType.F16)
+
+
+# Q8_0/Q5_1 runs attention.py's tile kernel, F16 decode_attention.py's lane-per-key pass (head_dim
+# 32 keeps the simulator quick; kernel-check covers the real shapes on the GPU). min_chunk None:
+# the default DECODE_MIN_CHUNK (16).
+@pytest.mark.parametrize("kv,Hq,Hkv,n_ctx,n_splits,T,min_chunk", [
+    (_Q8, 8, 2, 37, 3, 1, None),    # 16 keys a split: 3 used, the last one 5 keys
+    (_Q8, 8, 2, 5, 4, 1, None),     # one used split of 5 keys, three blocks that exit at once
+    (_Q8, 8, 2, 30, 4, 3, None),    # speculative verify: 3 queries at 27, 28, 29
+    (_Q8, 8, 2, 103, 3, 1, None),   # chunks of 35: not a multiple of the split or of the tile
+    (_Q8, 8, 2, 70, 8, 2, None),    # 5 of 8 splits used (16 keys, the last 6), a 2-query verify
+    (_F16, 8, 2, 37, 3, 1, None),   # 3 splits of 16, 16, 5 keys: partial tiles
+    (_F16, 7, 1, 300, 1, 1, None),  # one split of 300 keys: 10 tiles, every warp loops 3 steps
+    (_F16, 4, 2, 5, 4, 1, None),    # one used split, three blocks that exit at once
+    (_F16, 8, 2, 70, 4, 2, 8),      # a 2-token verify, each token its own split plan
+], ids=["q8-ctx37-s3", "q8-ctx5-s4-unused-splits", "q8-ctx30-verify3", "q8-ctx103-s3",
+        "q8-ctx70-s8-verify2", "f16-ctx37-s3", "f16-ctx300-one-split-n_rep7", "f16-ctx5-unused",
+        "f16-ctx70-verify2"])
+def test_flash_decode_split_k(rng, kv, Hq, Hkv, n_ctx, n_splits, T, min_chunk):
+    from bw24nb.kernels import decode_attention
+    D, ctx = 32, n_ctx + 3
+    assert decode_attention.supports(Hq // Hkv, D, *kv) == (kv == _F16)
     # every position holds data, so reading past n_ctx would show
-    cache = _filled_cache(rng, ctx, Hkv, D, ctx, QType.Q8_0, QType.Q5_1)
+    cache = _filled_cache(rng, ctx, Hkv, D, ctx, *kv)
     q = rng.standard_normal((T, Hq, D)).astype(np.float32)
     positions = np.arange(n_ctx - T, n_ctx, dtype=np.int32)
     part_ml, part_acc = alloc_decode_partials(T, Hq, D, n_splits)
     out = _poisoned((T, Hq, D))
     k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
-    launch_flash_decode(cuda.to_device(q), cuda.to_device(positions), k_u8, k_f16, QType.Q8_0,
-                        v_u8, v_f16, QType.Q5_1, out, part_ml, part_acc)
+    launch_flash_decode(cuda.to_device(q), cuda.to_device(positions), k_u8, k_f16, kv[0],
+                        v_u8, v_f16, kv[1], out, part_ml, part_acc, min_chunk=min_chunk)
     k_deq, v_deq = cache.read(0, n_ctx)
     want = ops.attention(q, k_deq, v_deq, causal_offset=n_ctx - T)
     np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
@@ -177,34 +191,6 @@ def test_flash_decode_rows_match_one_token_launches(rng, kv, Hq, Hkv, n_splits, 
     together = run(q, positions)
     for t in range(T):
         np.testing.assert_array_equal(together[t], run(q[t:t + 1], positions[t:t + 1])[0])
-
-
-# ---------------------------------------------------------------- the F16-cache split pass
-# (kernels/decode_attention.py: one key per lane, 16-byte loads); head_dim 32 keeps the
-# simulator quick, the kernel-check covers the real shapes on the GPU
-
-
-@pytest.mark.parametrize("Hq,Hkv,n_ctx,n_splits,T,min_chunk", [
-    (8, 2, 37, 3, 1, 16),      # 3 splits of 16, 16, 5 keys: partial tiles
-    (7, 1, 300, 1, 1, 16),     # one split of 300 keys: 10 tiles, every warp loops 3 steps
-    (4, 2, 5, 4, 1, 16),       # one used split, three blocks that exit at once
-    (8, 2, 70, 4, 2, 8),       # a 2-token verify, each token its own split plan
-], ids=["ctx37-s3", "ctx300-one-split-n_rep7", "ctx5-unused", "ctx70-verify2"])
-def test_flash_decode_f16_path(rng, Hq, Hkv, n_ctx, n_splits, T, min_chunk):
-    from bw24nb.kernels import decode_attention
-    D = 32
-    assert decode_attention.supports(Hq // Hkv, D, QType.F16, QType.F16)
-    cache = _filled_cache(rng, n_ctx + 3, Hkv, D, n_ctx + 3, QType.F16, QType.F16)
-    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
-    positions = np.arange(n_ctx - T, n_ctx, dtype=np.int32)
-    part_ml, part_acc = alloc_decode_partials(T, Hq, D, n_splits)
-    out = _poisoned((T, Hq, D))
-    k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
-    launch_flash_decode(cuda.to_device(q), cuda.to_device(positions), k_u8, k_f16, QType.F16,
-                        v_u8, v_f16, QType.F16, out, part_ml, part_acc, min_chunk=min_chunk)
-    k_deq, v_deq = cache.read(0, n_ctx)
-    want = ops.attention(q, k_deq, v_deq, causal_offset=n_ctx - T)
-    np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
 
 
 def test_f16_path_only_where_it_applies():

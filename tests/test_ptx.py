@@ -327,3 +327,32 @@ def test_warp_max_twin_gives_every_lane_the_maximum():
     k[1, 64](cuda.to_device(x), out)
     got = out.copy_to_host()
     assert np.all(got[:32] == x[:32].max()) and np.all(got[32:] == np.float32(7.5))
+
+
+@cuda.jit
+def _two_shared_arrays(out):
+    a = cuda.shared.array(256, np.float32)
+    b = cuda.shared.array(256, np.float32)
+    i = cuda.threadIdx.x
+    a[i] = np.float32(i)
+    b[i] = np.float32(-1.0)
+    cuda.syncthreads()
+    if i == 0:
+        s = np.float32(0.0)
+        for j in range(256):
+            s += a[j]
+        out[0] = s
+        out[1] = b[255]
+
+
+@simulator_only
+def test_simulated_shared_arrays_are_one_per_line_and_block():
+    """twins.install_simulator_fixes: every thread of a block gets the same array for a line
+    (thread 0 sums what all 256 wrote), and two lines get two arrays (no aliasing); run a few
+    times, since numba's unlocked allocation failed only now and then."""
+    from numba.cuda.simulator import kernelapi
+    assert kernelapi.FakeCUDAShared.array is twins._shared_array
+    for _ in range(3):
+        out = cuda.to_device(np.zeros(2, np.float32))
+        _two_shared_arrays[1, 256](out)
+        assert list(out.copy_to_host()) == [sum(range(256)), -1.0]

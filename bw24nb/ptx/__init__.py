@@ -52,8 +52,11 @@ if simulator_enabled():
         mma_s8_m16n8k32,
         mma_s8_m16n8k32_linked,
     )
+    from bw24nb.ptx.twins import install_simulator_fixes
     from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
     from bw24nb.ptx.warp import warp_sum_twin as warp_sum  # noqa: F401
+
+    install_simulator_fixes()       # numba's shared arrays, allocated without a race
 else:
     from bw24nb.ptx.asm import (  # noqa: F401
         FP4_BITS,

@@ -301,3 +301,47 @@ def mma_s8_m16n8k32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
 
 
 mma_s8_m16n8k32_linked = mma_s8_m16n8k32
+
+
+# --- numba's simulated shared memory, made race-free -----------------------------------------------
+
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_array(self, shape, dtype, alignment=None):
+    """numba's `FakeCUDAShared.array` with its lookup and insert under one lock.
+
+    numba identifies a block's shared array by the source line that asks for it and creates it
+    on the first thread's call: `get`, then `np.empty`, then store. Two threads of a block that
+    both pass the `get` before either stores get two different arrays, and their writes never
+    meet (a reduction then sums garbage, without an error). With 128-1024 Python threads reaching
+    the line at once on a loaded machine this happens; here the lookup and the insert are one
+    step. Same keying as numba's (the caller's file and line)."""
+    import sys
+    import traceback
+
+    from numba.core import types
+    from numba.np import numpy_support
+
+    if shape == 0 or alignment is not None:           # numba's own paths (dynamic, errors)
+        return _NUMBA_SHARED_ARRAY(self, shape, dtype, alignment)
+    if isinstance(dtype, types.Type):
+        dtype = numpy_support.as_dtype(dtype)
+    caller = traceback.extract_stack(sys._getframe(1), limit=1)[-1][0:2]
+    with _SHARED_LOCK:
+        res = self._allocations.get(caller)
+        if res is None:
+            res = self._allocations[caller] = np.empty(shape, dtype)
+    return res
+
+
+_NUMBA_SHARED_ARRAY = None
+
+
+def install_simulator_fixes() -> None:
+    """Patch numba's simulator where it races (`_shared_array`); idempotent."""
+    global _NUMBA_SHARED_ARRAY
+    from numba.cuda.simulator import kernelapi
+    if _NUMBA_SHARED_ARRAY is None:
+        _NUMBA_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
+        kernelapi.FakeCUDAShared.array = _shared_array
