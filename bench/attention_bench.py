@@ -42,10 +42,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from numba import cuda
 
-    from bw24nb.cache.kv import KVCache
+    from bw24nb.cache.kv import KV_CACHE_KINDS, KVCache
     from bw24nb.graph import CudaGraph
     from bw24nb.kernels import attention
-    from bw24nb.quant import QType
     from bw24nb.reference import ops
 
     rng = np.random.default_rng(7)
@@ -57,11 +56,10 @@ def main(argv=None) -> int:
     records = []
     stream = cuda.stream()
     from bw24nb.kernels import decode_attention
-    kinds = {"q8": (QType.Q8_0, QType.Q5_1), "f16": (QType.F16, QType.F16)}
     for name, (Hq, Hkv, D), kv_name, ctx_len in (
             (n, s, kvn, int(c)) for n, s in SHAPES.items() for c in args.contexts.split(",")
             for kvn in args.kv.split(",")):
-        kt, vt = kinds[kv_name]
+        kt, vt = KV_CACHE_KINDS[kv_name]
         path = ("decode_attention (lane per key)" if decode_attention.supports(Hq // Hkv, D, kt, vt)
                 else "attention.flash_decode_split (tiles)")
         cap = ctx_len + 64

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from bw24nb.cache.kv import K_TYPE_DEFAULT, V_TYPE_DEFAULT
 from bw24nb.formats.config import FULL_ATTENTION, LINEAR_ATTENTION
-from bw24nb.quant import QType, row_bytes
+from bw24nb.quant import row_bytes
 
 K_TYPE, V_TYPE = K_TYPE_DEFAULT, V_TYPE_DEFAULT     # when the caller does not say
 STATE_BYTES = 4            # float32 recurrent / conv state

@@ -407,12 +407,13 @@ def bench_llama(rec: Recorder, model: str, binary: str, gguf: str, runs: int, ex
 # ------------------------------------------------------------------------------ driver
 def kv_cache_kwargs(name: str) -> dict:
     """Engine(...) arguments of a --kv-cache name: default (the engine's), q8, f16."""
-    from bw24nb.quant import QType
-    kinds = {"default": {}, "q8": dict(k_type=QType.Q8_0, v_type=QType.Q5_1),
-             "f16": dict(k_type=QType.F16, v_type=QType.F16)}
-    if name not in kinds:
-        raise ValueError(f"unknown KV cache {name!r}; known: {sorted(kinds)}")
-    return kinds[name]
+    from bw24nb.cache.kv import KV_CACHE_KINDS
+    if name == "default":
+        return {}
+    if name not in KV_CACHE_KINDS:
+        raise ValueError(f"unknown KV cache {name!r}; known: default, {', '.join(KV_CACHE_KINDS)}")
+    k_type, v_type = KV_CACHE_KINDS[name]
+    return dict(k_type=k_type, v_type=v_type)
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,

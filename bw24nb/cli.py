@@ -70,6 +70,8 @@ def engine_options(f):
     """The GPU engine's options (ignored by the CPU reference): KV cache type, VRAM budget and
     the activation path. Shared by gen and serve; `engine_kwargs` turns them into Engine(...)
     arguments."""
+    # the names of cache.kv.KV_CACHE_KINDS, written out: importing the cache module here would
+    # load numba for `bw24nb --help` (tests/test_kv_cache.py keeps the two lists equal)
     f = click.option("--kv-cache", type=click.Choice(["f16", "q8"]), default="f16",
                      help="KV cache: f16 = K and V in F16 (default), q8 = K in Q8_0 + V in "
                           "Q5_1 (about half the memory).")(f)
@@ -83,9 +85,9 @@ def engine_options(f):
 
 
 def engine_kwargs(kv_cache, vram_budget, act_quant) -> dict:
-    from .quant import QType
-    kv = (QType.F16, QType.F16) if kv_cache == "f16" else (QType.Q8_0, QType.Q5_1)
-    return dict(k_type=kv[0], v_type=kv[1], act_quant=act_quant,
+    from .cache.kv import KV_CACHE_KINDS
+    k_type, v_type = KV_CACHE_KINDS[kv_cache]
+    return dict(k_type=k_type, v_type=v_type, act_quant=act_quant,
                 vram_budget=None if vram_budget is None else int(vram_budget * 2**30))
 
 

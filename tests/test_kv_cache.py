@@ -129,6 +129,20 @@ def test_store_skips_positions_outside_the_cache(rng):
     assert not rows.copy_to_host().any() and not v_rows.copy_to_host().any()
 
 
+def test_cli_kv_cache_names_are_the_cache_kinds():
+    """`--kv-cache` lists cache.kv.KV_CACHE_KINDS' names (written out in cli.py so that the CLI
+    starts without numba), the first of them the engine's default."""
+    import click
+
+    from bw24nb.cache import KV_CACHE_KINDS
+    from bw24nb.cache.kv import K_TYPE_DEFAULT, V_TYPE_DEFAULT
+    from bw24nb.cli import main
+    opt = next(p for p in main.get_command(click.Context(main), "gen").params
+               if p.name == "kv_cache")
+    assert list(opt.type.choices) == list(KV_CACHE_KINDS)
+    assert KV_CACHE_KINDS[opt.default] == (K_TYPE_DEFAULT, V_TYPE_DEFAULT)
+
+
 def test_kv_cache_bytes_counts_only_attention_layers():
     types = [LINEAR_ATTENTION, LINEAR_ATTENTION, LINEAR_ATTENTION, FULL_ATTENTION] * 2
     cfg = _config(layer_types=types, num_key_value_heads=2, head_dim=256)

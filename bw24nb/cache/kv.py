@@ -66,6 +66,8 @@ F16_GROUP = 8
 # (`--kv-cache q8`) halves the cache for long contexts on small cards.
 K_TYPE_DEFAULT = QType.F16
 V_TYPE_DEFAULT = QType.F16
+# The (K type, V type) pairs a user names (`--kv-cache`, bench/ --kv-cache / --kv), default first
+KV_CACHE_KINDS = {"f16": (QType.F16, QType.F16), "q8": (QType.Q8_0, QType.Q5_1)}
 
 # Store kernels: one block per (token, KV head), one thread per value (a decode step stores only
 # n_kv_heads rows: a thread per 32-value block, as first written, left 8 threads doing 32 serial

@@ -21,11 +21,15 @@ into an error instead of a hang.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 import weakref
 
 import numpy as np
+from numba.core import types
+from numba.np import numpy_support
 
 from bw24nb.ptx import mma_layout
 
@@ -317,12 +321,6 @@ def _shared_array(self, shape, dtype, alignment=None):
     meet (a reduction then sums garbage, without an error). With 128-1024 Python threads reaching
     the line at once on a loaded machine this happens; here the lookup and the insert are one
     step. Same keying as numba's (the caller's file and line)."""
-    import sys
-    import traceback
-
-    from numba.core import types
-    from numba.np import numpy_support
-
     if shape == 0 or alignment is not None:           # numba's own paths (dynamic, errors)
         return _NUMBA_SHARED_ARRAY(self, shape, dtype, alignment)
     if isinstance(dtype, types.Type):
