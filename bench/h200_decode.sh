@@ -8,13 +8,16 @@
 # gate on the fixtures / the 9B shape), spec (spec_bench on the 9B shape, with the FR-Spec draft
 # head at 32768 and 8192 tokens), att (bench/attention_bench.py: the decode attention per KV
 # cache type, KVA, side by side). Logs in $OUT/logs.tgz, JSON records in $OUT/*.jsonl.
-# Env: KVC (run_bench's --kv-cache list, default "default"), SPEC_MODES, ATT_ARGS.
+# Env: KVC / LAUNCH (run_bench's --kv-cache / --launch lists, default "default"), SPEC_MODES,
+# ATT_ARGS. Stage tests: the GPU-only tests of tests/test_graph.py and tests/test_ptx.py.
 #   usage (device tool, carry .whl):  BW24_COMMIT=<sha> bash bench/h200_decode.sh STAGES
 stages=${1:-probe,bench}
 . bench/device_env.sh
 [ -f /tmp/q9.gguf ] || ( python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none
   python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none ) > "$L/factory.log" 2>&1 &
 FACT=$!
+on tests && { run ${TESTS_S:-240} tests python3 -m pytest -q -o addopts="" -p no:cacheprovider \
+    tests/test_graph.py tests/test_ptx.py ${TESTS_ARGS:-}; tail -4 "$L/tests.log"; }
 on att && { run ${ATT_S:-120} att python3 bench/attention_bench.py --jsonl /tmp/attention.jsonl \
     --kv ${KVA:-q8,f16} ${ATT_ARGS:-}; grep -E "ctx|ERROR" "$L/att.log" | tail -30; }
 on probe && { run ${PROBE_S:-240} probe python3 bench/q4k_probe.py ${PROBE_ARGS:-}; cat "$L/probe.log" | tail -40; }
@@ -25,12 +28,12 @@ on fixspec && { run ${FIXSPEC_S:-200} fixspec python3 bench/spec_gate.py tests/f
   grep -E "MISMATCH|Error|Traceback|spec gate" "$L/fixspec.log" | head; tail -3 "$L/fixspec.log"; }
 wait $FACT
 on bench && { run ${BENCH_S:-150} bench_q9 python3 bench/run_bench.py /tmp/q9.gguf --name q9-random --runs 3 \
-    --torch none --long-prompt ${LONG:-6144} --act-quant q8 --kv-cache ${KVC:-default} --commit $C \
+    --torch none --long-prompt ${LONG:-6144} --act-quant q8 --kv-cache ${KVC:-default} --launch ${LAUNCH:-default} --commit $C \
     --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager|Error" "$L/bench_q9.log" | tail -8
   grep kernel_ms "$L/bench_q9.log" | head -32
   on c05 && { run 75 bench_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c05-random --runs 3 \
-    --torch none --long-prompt 6144 --act-quant q8 --commit $C --jsonl /tmp/bench.jsonl
+    --torch none --long-prompt 6144 --act-quant q8 --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager" "$L/bench_c05.log" | tail -8; }; }
 on q9gate && { run ${Q9GATE_S:-200} q9gate python3 bench/spec_gate.py /tmp/q9.gguf --ks ${GKS:-1-8} --n 64 \
     --prompt-len 32 --ctx 512 --scripted --commit $C --jsonl /tmp/spec.jsonl \

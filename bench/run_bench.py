@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import json
 import os
 import shlex
@@ -170,24 +171,34 @@ def _sync():
         pass
 
 
-def engine_decode_rate(engine, ids: list[int], n: int) -> tuple[float, str]:
-    """Decode tokens/s after prefilling `ids`: the engine's own timings when
-    `generate_greedy` returns them ({"decode_s", "decode_tokens"}), else wall time of a
-    host loop over `decode` (argmax on the host)."""
+def engine_decode_rate(engine, ids: list[int], n: int) -> tuple[float, str, list[int]]:
+    """(decode tokens/s after prefilling `ids`, how it was timed, the n greedy tokens): the
+    engine's own timings when `generate_greedy` returns them ({"decode_s", "decode_tokens"}),
+    else wall time of a host loop over `decode` (argmax on the host)."""
     engine.reset()
     if hasattr(engine, "generate_greedy"):
         out = engine.generate_greedy(ids, n)
         timings = out[1] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) \
             else getattr(engine, "last_timings", None)
         if timings and timings.get("decode_s"):
-            return timings.get("decode_tokens", n - 1) / timings["decode_s"], "generate_greedy"
+            tokens = list(out[0]) if isinstance(out, tuple) else []
+            return (timings.get("decode_tokens", n - 1) / timings["decode_s"], "generate_greedy",
+                    tokens)
     tok = _argmax(engine.prefill(ids))
+    tokens = [tok]
     _sync()
     t0 = time.perf_counter()
     for _ in range(n - 1):
         tok = _argmax(engine.decode(tok))
+        tokens.append(tok)
     _sync()
-    return (n - 1) / (time.perf_counter() - t0), "decode loop"
+    return (n - 1) / (time.perf_counter() - t0), "decode loop", tokens
+
+
+def tokens_digest(tokens) -> str:
+    """Short digest of a token list: configurations run side by side (e.g. --launch pdl,serial,
+    which must not change a single bit) are compared by it in the records."""
+    return hashlib.sha256(np.asarray(tokens, np.int64).tobytes()).hexdigest()[:16]
 
 
 def engine_prefill_rate(engine, ids: list[int]) -> float:
@@ -234,14 +245,16 @@ def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_g
             print(f"  skip {label}: n_ctx {engine.n_ctx} < {n_prompt + gen}")
             continue
         ids = prompt_ids(n_prompt, cfg.vocab_size)
-        rates, how = [], ""
+        rates, how, digests = [], "", set()
         for r in range(warmup + runs):
-            rate, how = engine_decode_rate(engine, ids, gen)
+            rate, how, tokens = engine_decode_rate(engine, ids, gen)
+            digests.add(tokens_digest(tokens))
             if r >= warmup:
                 rates.append(rate)
         rate = median(rates)
         rec.add(model, label, rate, "tok/s", **base, prompt=n_prompt, n_gen=gen, path=how,
-                samples=[round(x, 3) for x in rates])
+                samples=[round(x, 3) for x in rates], tokens=",".join(sorted(digests)))
+        print(f"  {label}: {rate:.1f} tok/s, tokens {','.join(sorted(digests))}")
         if read_gb_s:
             nb = roofline.decode_bytes(source, n_prompt + gen // 2, k_type, v_type)
             ceiling = roofline.roofline_tok_s(read_gb_s, nb.total)
@@ -416,13 +429,16 @@ def kv_cache_kwargs(name: str) -> dict:
     return dict(k_type=k_type, v_type=v_type)
 
 
+LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(programmatic=False)}
+
+
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,
               torch_mode: str = "auto", torch_modes=("eager", "static+compile"),
               llama_bench: str | None = None, llama_args: str = "", engine: bool = True,
               long_prompt: int = LONG_PROMPT, bw_gib: float = 4.0,
               jsonl: str | Path | None = DEFAULT_JSONL, commit: str | None = None,
               names: list[str] | None = None, act_quants=("q8",),
-              kv_caches=("default",)) -> Recorder:
+              kv_caches=("default",), launches=("default",)) -> Recorder:
     """Benchmark every GGUF in `models`; returns the Recorder (records already written)."""
     paths = [Path(jsonl)] if jsonl else []
     if os.environ.get("OUT"):                 # the device machine: make the records come back
@@ -453,18 +469,22 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
             except ImportError as e:
                 print(f"  bw24nb engine not importable ({e}); skipping it")
             else:
-                # side by side: int8 activations vs float, and the KV cache types
-                for aq, kvc in ((a, c) for a in act_quants for c in kv_caches):
-                    tags = ([aq] if len(act_quants) > 1 else []) + ([kvc] if len(kv_caches) > 1 else [])
+                # side by side: int8 activations vs float, the KV cache types, and graphs
+                # with / without programmatic edges (graph.py)
+                for aq, kvc, lm in ((a, c, m) for a in act_quants for c in kv_caches
+                                    for m in launches):
+                    tags = ([aq] if len(act_quants) > 1 else []) + \
+                        ([kvc] if len(kv_caches) > 1 else []) + ([lm] if len(launches) > 1 else [])
                     label = name if not tags else f"{name} [{' '.join(tags)}]"
                     eng = None
                     try:
                         eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None, act_quant=aq,
-                                     **kv_cache_kwargs(kvc))
+                                     **kv_cache_kwargs(kvc), **LAUNCH_MODES[lm])
                         bench_engine(rec, label, eng, source, runs=runs, read_gb_s=read_gb_s,
                                      long_prompt=long_prompt,
                                      base_config=dict(base, act_quant=aq,
                                                       kv_cache=f"{eng.kv.k_type.name}/{eng.kv.v_type.name}",
+                                                      programmatic=bool(getattr(eng, "programmatic", False)),
                                                       load_s=round(getattr(eng, "load_s", 0.0), 2)))
                     except Exception as e:
                         traceback.print_exc(limit=3)
@@ -517,12 +537,19 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-cache", default="default",
                     help="comma list of engine KV caches to run side by side: default (the "
                          "engine's), q8 (Q8_0 K / Q5_1 V), f16")
+    ap.add_argument("--launch", default="default",
+                    help="comma list of decode-graph launch modes to run side by side: default "
+                         "(the engine's), pdl (programmatic edges), serial (plain edges)")
     ap.add_argument("--bw-gib", type=float, default=4.0, help="read-bandwidth buffer (GiB)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="append records here ('' = nowhere)")
     ap.add_argument("--commit", help="commit id to record (default: $BW24_COMMIT, else git)")
     args = ap.parse_args(argv)
     if args.runs < 3:
         ap.error("--runs must be >= 3 (medians of at least three runs)")
+    launches = tuple(m for m in args.launch.split(",") if m)
+    if set(launches) - set(LAUNCH_MODES):
+        ap.error(f"unknown --launch {sorted(set(launches) - set(LAUNCH_MODES))}; known: "
+                 f"{', '.join(LAUNCH_MODES)}")
     modes = [m for m in args.torch_modes.split(",") if m]
     bad = sorted(set(modes) - {"eager", "static+compile"})
     if bad:
@@ -532,7 +559,7 @@ def main(argv=None) -> int:
               engine=not args.no_engine, long_prompt=args.long_prompt, bw_gib=args.bw_gib,
               jsonl=args.jsonl or None, commit=args.commit, names=args.name,
               act_quants=tuple(a for a in args.act_quant.split(",") if a),
-              kv_caches=tuple(c for c in args.kv_cache.split(",") if c))
+              kv_caches=tuple(c for c in args.kv_cache.split(",") if c), launches=launches)
     return 0
 
 

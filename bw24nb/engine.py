@@ -215,7 +215,8 @@ class Engine:
 
     def __init__(self, source, n_ctx: int = 4096, log=print, k_type=K_TYPE_DEFAULT,
                  v_type=V_TYPE_DEFAULT, vram_budget: int | None = None, use_graph: bool = True,
-                 act_quant: str = "q8", prefill_gemm: str = "int8"):
+                 act_quant: str = "q8", prefill_gemm: str = "int8",
+                 programmatic: bool | None = None):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -268,6 +269,9 @@ class Engine:
         self.sample_ws = sampling.SampleWorkspace(self.output.rows)
         self.next_token = cuda.device_array(1, np.int32)
         self.use_graph = use_graph
+        # decode/verify graphs with programmatic edges (graph.py): the next kernel's blocks are
+        # launched while the previous one drains; None = wherever the GPU has them (sm_90+)
+        self.programmatic = feats.grid_dependency if programmatic is None else bool(programmatic)
         self._graph = None
         self.position = 0
         self.load_s = time.perf_counter() - t0
@@ -662,7 +666,7 @@ class Engine:
             saved = self._save_step_state()
             self._run(launches)
             self._restore_step_state(saved)
-            with CudaGraph.capture(self.stream) as g:
+            with CudaGraph.capture(self.stream, programmatic=self.programmatic) as g:
                 self._run(launches)
             self._graph = g
         self._graph.replay(self.stream)

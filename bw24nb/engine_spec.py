@@ -101,7 +101,7 @@ class _Graphs:
         launches = build()
         e._run(launches)
         if e.use_graph:
-            with CudaGraph.capture(e.stream) as g:
+            with CudaGraph.capture(e.stream, programmatic=e.programmatic) as g:
                 e._run(launches)
             self.graphs[key] = g
 

@@ -20,6 +20,14 @@ Rules of capture (the driver's, not ours):
   ``synchronize``): the driver invalidates the capture and ``capture`` raises at the end;
 - a kernel's first launch compiles and loads it: launch each once before capturing.
 
+Programmatic edges (``capture(stream, programmatic=True)``, sm_90+): a graph of many small
+kernels spends much of its time between them -- each kernel's blocks are launched only after
+the previous kernel has drained. With every kernel-to-kernel edge made programmatic (port
+"launch order"), the next kernel's blocks are launched once all blocks of the previous one have
+begun, and wait in ``griddepcontrol.wait`` -- which every bw24nb ``@kernel`` runs before
+touching memory (jit.py) -- until it has completed. Results are unchanged; only launch latency
+overlaps the previous kernel's tail. Only for graphs whose kernels all wait that way.
+
 Under numba's CUDA simulator there are no graphs. ``CudaGraph`` then records each simulated
 kernel launch made by the capturing thread (kernel, grid, block, dynamic shared memory,
 arguments) instead of running it, and ``replay`` runs the recorded launches in order — the same
@@ -45,19 +53,26 @@ class CudaGraph:
         self._stream = stream
         self._ready = False
         self._closed = False
+        self._programmatic = False
         self.num_nodes = 0
+        self.num_programmatic = 0
         self._backend = _SimBackend(self) if simulator_enabled() else _DriverBackend(self, stream)
 
     @classmethod
     @contextlib.contextmanager
-    def capture(cls, stream, mode: str = "thread_local"):
+    def capture(cls, stream, mode: str = "thread_local", programmatic: bool = False):
         """Record the launches issued on ``stream`` inside the ``with`` into a new graph.
 
         ``stream`` is a numba stream from ``cuda.stream()`` (the legacy default stream cannot be
         captured). ``mode`` is the driver's capture mode: ``"thread_local"`` (default: other
-        threads' CUDA calls are unaffected) or ``"relaxed"`` / ``"global"``.
+        threads' CUDA calls are unaffected) or ``"relaxed"`` / ``"global"``. ``programmatic``:
+        link consecutive kernels with programmatic edges (module docstring; every kernel must
+        begin with ``grid_dependency_wait``, as bw24nb's do); ``num_programmatic`` then counts
+        the edges changed. Ignored where the GPU has no such edges (before sm_90) and in the
+        simulator.
         """
         graph = cls(stream)
+        graph._programmatic = programmatic
         graph._backend.begin(mode)
         try:
             yield graph
@@ -129,6 +144,43 @@ def _stream_handle(stream):
     return handle
 
 
+def _make_programmatic(graph) -> int:
+    """Turn every kernel -> kernel edge of `graph` into a programmatic one from the launch-order
+    port (module docstring); returns how many. Edges touching other nodes (copies, memsets,
+    events) keep the full dependency."""
+    from cuda.bindings import driver
+
+    res = _check(driver.cuGraphGetEdges(graph, 0), "cuGraphGetEdges")
+    n = int(res[-1])
+    if n == 0:
+        return 0
+    src, dst, data, n = _check(driver.cuGraphGetEdges(graph, n), "cuGraphGetEdges")
+    kernel = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+    kinds: dict = {}
+
+    def is_kernel(node) -> bool:
+        key = int(node)
+        if key not in kinds:
+            kinds[key] = _check(driver.cuGraphNodeGetType(node), "cuGraphNodeGetType") == kernel
+        return kinds[key]
+
+    pick = [i for i in range(int(n)) if is_kernel(src[i]) and is_kernel(dst[i])
+            and int(data[i].type) == int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT)]
+    if not pick:
+        return 0
+    f, t = [src[i] for i in pick], [dst[i] for i in pick]
+    _check(driver.cuGraphRemoveDependencies(graph, f, t, [data[i] for i in pick], len(pick)),
+           "cuGraphRemoveDependencies")
+    edges = []
+    for _ in pick:
+        e = driver.CUgraphEdgeData()
+        e.type = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+        e.from_port = driver.CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER
+        edges.append(e)
+    _check(driver.cuGraphAddDependencies(graph, f, t, edges, len(pick)), "cuGraphAddDependencies")
+    return len(pick)
+
+
 def _destroy(exec_handle, graph_handle):
     from cuda.bindings import driver
 
@@ -163,15 +215,19 @@ class _DriverBackend:
         from cuda.bindings import driver
 
         self._graph = _check(driver.cuStreamEndCapture(self._handle), "cuStreamEndCapture")
+        owner = self._owner()
         try:
             count = _check(driver.cuGraphGetNodes(self._graph, 0), "cuGraphGetNodes")
             num_nodes = int(count[-1]) if isinstance(count, tuple) else int(count)
+            if owner._programmatic:
+                from bw24nb.device import current_features
+                if current_features().grid_dependency:
+                    owner.num_programmatic = _make_programmatic(self._graph)
             self._exec = _check(driver.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate")
         except BaseException:
             _destroy(None, self._graph)
             self._graph = None
             raise
-        owner = self._owner()
         self._finalizer = weakref.finalize(owner, _destroy, self._exec, self._graph)
         return num_nodes
 

@@ -33,13 +33,21 @@ environment variables read at import). A cache entry that cannot be read or load
 dropped and the kernel compiled again. Why this and not plain ``cache=True``:
 docs/decisions/0007-kernel-disk-cache.md.
 
-Under numba's CUDA simulator ``@kernel`` is plain ``cuda.jit`` (nothing is compiled).
+Every kernel begins with ``grid_dependency_wait()`` (``griddepcontrol.wait``, bw24nb/ptx): the
+kernel is compiled as a wrapper that waits, then runs the function as an inlined device
+function. So any graph of bw24nb kernels may link them with programmatic edges (graph.py):
+a kernel's blocks may then be launched while its predecessor still runs, and they touch no
+memory before the predecessor has completed. One place, so no kernel can forget it.
+
+Under numba's CUDA simulator ``@kernel`` is plain ``cuda.jit`` (nothing is compiled, and
+launches run one after another anyway).
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
 import hashlib
+import inspect
 import os
 import re
 import types as pytypes
@@ -74,9 +82,9 @@ def kernel(fn=None, **options):
         return lambda f: kernel(f, **options)
     if options.get("device"):
         raise TypeError("@kernel is for kernels; keep device functions @cuda.jit(device=True)")
-    dispatcher = cuda.jit(fn, **options)
     if simulator_enabled():
-        return dispatcher
+        return cuda.jit(fn, **options)
+    dispatcher = cuda.jit(waiting_kernel(fn), **options)
     KERNELS.append(dispatcher)
     root = cache_dir()
     if root is not None:
@@ -86,6 +94,32 @@ def kernel(fn=None, **options):
             _warn_once(f"bw24nb: kernel cache at {root} unusable ({type(e).__name__}: {e}); "
                        f"kernels will be compiled in every process")
     return dispatcher
+
+
+def waiting_kernel(fn):
+    """A function with fn's name, module and parameters that runs
+    ``grid_dependency_wait(); fn(...)``, fn compiled as a device function that NVVM inlines
+    (forceinline). The wrapper is made by a generated factory so that fn and the intrinsic are
+    closure cells: `code_key` then describes them, fn's code and closure included."""
+    from .ptx import grid_dependency_wait
+    params = list(inspect.signature(fn).parameters.values())
+    if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.default is not p.empty
+           for p in params):
+        raise TypeError(f"@kernel {fn.__qualname__}: kernels take plain positional parameters")
+    names = ", ".join(p.name for p in params)
+    src = (f"def _make(_wait, _body):\n"
+           f"    def {fn.__name__}({names}):\n"
+           f"        _wait()\n"
+           f"        _body({names})\n"
+           f"    return {fn.__name__}\n")
+    scope: dict = {}
+    exec(compile(src, fn.__code__.co_filename, "exec"), scope)
+    inline = {} if simulator_enabled() else {"forceinline": True}    # (the simulator has none)
+    wrapper = scope["_make"](grid_dependency_wait, cuda.jit(device=True, **inline)(fn))
+    wrapper.__code__ = wrapper.__code__.replace(co_firstlineno=fn.__code__.co_firstlineno)
+    wrapper.__module__, wrapper.__qualname__, wrapper.__doc__ = (fn.__module__, fn.__qualname__,
+                                                                 fn.__doc__)
+    return wrapper
 
 
 def cache_stats() -> dict:

@@ -174,3 +174,88 @@ def test_simulator_records_only_the_capturing_threads_launches():
         worker.join()                       # another thread's launch runs eagerly
     assert graph.num_nodes == 0
     np.testing.assert_array_equal(x.copy_to_host(), np.ones(4, np.int32))
+
+
+# --- programmatic edges and the kernels that wait for them ---------------------------------------
+
+def _doubling_kernels():
+    """Two kernels made by bw24nb's @kernel (so they begin with grid_dependency_wait)."""
+    from bw24nb.jit import kernel
+
+    @kernel
+    def add_one_w(x):
+        i = cuda.grid(1)
+        if i < x.size:
+            x[i] += 1
+
+    @kernel
+    def double_w(y, x):
+        i = cuda.grid(1)
+        if i >= x.size:
+            return              # an early return in the body leaves the wrapper too
+        y[i] = 2 * x[i]
+
+    return add_one_w, double_w
+
+
+def test_programmatic_chain_gives_the_serial_result(rng, stream):
+    """A chain where every kernel reads what the previous one wrote: with programmatic edges
+    (sm_90+: the next kernel's blocks launched early, waiting in griddepcontrol.wait) the
+    result must be the serial chain's, replay after replay."""
+    add_one_w, double_w = _doubling_kernels()
+    n = int(rng.integers(3000, 9000))           # several blocks: early blocks really overlap
+    x0 = rng.integers(-1000, 1000, n).astype(np.int32)
+    x = cuda.to_device(x0, stream=stream)
+    y = cuda.to_device(np.full(n, POISON, np.int32), stream=stream)
+    add_one_w[_blocks(n), THREADS, stream](x)
+    double_w[_blocks(n), THREADS, stream](y, x)
+    stream.synchronize()
+    x.copy_to_device(x0, stream=stream)
+    steps = 6
+    with CudaGraph.capture(stream, programmatic=True) as graph:
+        for _ in range(steps):
+            add_one_w[_blocks(n), THREADS, stream](x)
+            double_w[_blocks(n), THREADS, stream](x, x)
+            double_w[_blocks(n), THREADS, stream](y, x)
+    assert graph.num_nodes == 3 * steps
+    from bw24nb.device import current_features
+    if not simulator_enabled() and current_features().grid_dependency:
+        assert graph.num_programmatic == 3 * steps - 1
+    else:
+        assert graph.num_programmatic == 0
+    want = x0.astype(np.int64)
+    for _ in range(2):
+        graph.replay()
+        for _ in range(steps):
+            want = 2 * (want + 1)
+    stream.synchronize()
+    want = want.astype(np.int32)                # int32 wraps alike on both sides
+    np.testing.assert_array_equal(x.copy_to_host(stream=stream), want)
+    np.testing.assert_array_equal(y.copy_to_host(stream=stream), 2 * want)
+    graph.close()
+
+
+def test_waiting_kernel_keeps_the_kernels_name_and_parameters():
+    from bw24nb.jit import waiting_kernel
+
+    def scale_into(y, x, s):
+        """doc"""
+        i = cuda.grid(1)
+        if i < x.size:
+            y[i] = s * x[i]
+
+    w = waiting_kernel(scale_into)
+    assert (w.__name__, w.__qualname__, w.__module__, w.__doc__) == (
+        "scale_into", scale_into.__qualname__, scale_into.__module__, "doc")
+    assert w.__code__.co_varnames[:3] == ("y", "x", "s")
+    if simulator_enabled():     # (on a GPU, every @kernel of the suite runs it)
+        x = np.arange(40, dtype=np.float32)
+        y = np.zeros_like(x)
+        cuda.jit(w)[2, 32](y, x, np.float32(3))
+        np.testing.assert_array_equal(y, 3 * x)
+
+    def with_default(x, n=3):
+        pass
+
+    with pytest.raises(TypeError, match="positional"):
+        waiting_kernel(with_default)

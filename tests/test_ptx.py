@@ -240,12 +240,16 @@ def test_snippets_hold_the_expected_instructions():
     assert snippet("dp4a_s32").asm_template == "dp4a.s32.s32 $0, $1, $2, $3;"
     assert snippet("dp4a_s32").constraints == "=r,r,r,r"
     assert snippet("ld_nc_v4_u32").constraints == "=r,=r,=r,=r,l"
+    # an instruction without operands: an empty header list, an empty constraint string
+    assert snippet("grid_dependency_wait").opcodes == ("griddepcontrol.wait",)
+    assert snippet("grid_dependency_wait").operands == ()
+    assert snippet("grid_dependency_wait").asm_template == "griddepcontrol.wait;"
 
 
 def test_every_ptx_file_defines_funcs_around_its_blocks():
     names = set(all_snippets())
     assert {"dp4a_s32", "mma_m16n8k32_s8", "fp4x2_to_f16x2_bits", "fp4x2_to_f16x2_cvt",
-            "f16x2_to_f32x2", "ld_nc_v4_u32"} <= names
+            "f16x2_to_f32x2", "ld_nc_v4_u32", "grid_dependency_wait"} <= names
     for snip in all_snippets().values():
         text = snip.path.read_text()
         assert ".visible .func" in text and ".target sm_" in text and ".version" in text
@@ -257,6 +261,7 @@ def test_every_ptx_file_defines_funcs_around_its_blocks():
     ("// @inline x: r %a0, =r %d0\nadd.s32 %d0, %a0, 1;\n// @end\n", "before inputs"),
     ("// @inline x: =r %d0, r %a0\nadd.s32 %d0, %a0, %r5;\n// @end\n", "%r5"),
     ("// @inline x: =q %d0, r %a0\nadd.s32 %d0, %a0, 1;\n// @end\n", "constraint"),
+    ("// @inline x: =r %d0,\nmov.b32 %d0, 1;\n// @end\n", "operand ''"),
 ])
 def test_malformed_blocks_are_rejected(tmp_path, block, message):
     path = tmp_path / "bad.ptx"

@@ -16,6 +16,9 @@
         instruction): e.g. the exact int -> float trick f32_from_bits(0x4B400000 + i) - 1.5 * 2^23
         = i for |i| < 2^22, one add instead of a 16-per-clock cvt (kernels/matmul_q8.py).
     f16x2_to_f32x2(word) -> (float32, float32)   the two halves of a 32-bit word (low, high)
+    grid_dependency_wait()
+        ``griddepcontrol.wait`` (sm_90+; nothing before): every @kernel runs it first
+        (bw24nb/jit.py), so graphs may link kernels with programmatic edges (graph.py).
     fp4x2_to_f16x2(byte) -> uint32      two FP4 E2M1 codes -> packed f16x2 bits (low nibble low)
     fp4x2_to_f32x2(byte) -> (float32, float32)   (low nibble's value, high nibble's value)
     fp4_e2m1_to_f32(nibble) -> float32           value of code ``nibble & 0xF``
@@ -47,6 +50,7 @@ if simulator_enabled():
         fp4_e2m1_to_f32,
         fp4x2_to_f16x2,
         fp4x2_to_f16x2_bits_linked,
+        grid_dependency_wait,
         fp4x2_to_f32x2,
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
@@ -64,6 +68,7 @@ else:
         dp4a,
         f16x2_to_f32x2,
         f32_from_bits,
+        grid_dependency_wait,
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
     )
@@ -79,7 +84,7 @@ else:
 
 __all__ = [
     "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32", "warp_sum", "warp_max", "f32_from_bits",
-    "f16x2_to_f32x2",
+    "f16x2_to_f32x2", "grid_dependency_wait",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
 ]

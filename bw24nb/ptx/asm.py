@@ -85,6 +85,30 @@ def mma_s8_m16n8k32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return _I32X4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
 
 
+# --- grid dependency control (programmatic dependent launch) -------------------------------------
+
+_GRID_WAIT = snippet("grid_dependency_wait")
+
+
+@intrinsic
+def grid_dependency_wait(typingctx):
+    """``griddepcontrol.wait`` (griddepcontrol.ptx says why): returns once the grids this one
+    depends on through programmatic graph edges have completed and their writes are visible.
+    Emitted as a volatile asm with a memory clobber, so the compiler moves no load or store of
+    the kernel above it. Before sm_90 the instruction does not exist and nothing is emitted
+    (no such GPU gets programmatic edges either: device.ArchFeatures.grid_dependency)."""
+
+    def codegen(context, builder, sig, args):
+        from bw24nb.device import current_features
+        if current_features().grid_dependency:
+            fnty = ir.FunctionType(ir.VoidType(), [])
+            builder.call(ir.InlineAsm(fnty, _GRID_WAIT.asm_template, "~{memory}",
+                                      side_effect=True), [])
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
 # --- bit casts ----------------------------------------------------------------------------------
 
 

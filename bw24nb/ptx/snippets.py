@@ -81,15 +81,17 @@ class Snippet:
         """The instruction mnemonics of the block (``dp4a.s32.s32``), for checking emitted PTX."""
         ops = []
         for line in self.body:
-            word = line.split()[0] if line.split() else ""
+            word = line.split()[0].rstrip(";") if line.split() else ""
             if word and not word.startswith((".", "{", "}")):
                 ops.append(word)
         return tuple(ops)
 
 
 def _parse_operands(text: str, where: str) -> tuple[Operand, ...]:
+    """The header's operand list; empty for an instruction without operands (a barrier)."""
     operands = []
-    for item in (s.strip() for s in text.split(",")):
+    items = [s.strip() for s in text.split(",")] if text.strip() else []
+    for item in items:
         m = _OPERAND.match(item)
         if m is None or m.group("c") not in _CONSTRAINTS:
             raise SnippetError(f"{where}: operand {item!r} is not '<[=]constraint> %register' "

@@ -99,6 +99,15 @@ def f32_from_bits(bits) -> np.float32:
     return np.array([_u32(bits)], np.uint32).view(np.float32)[0]
 
 
+# --- griddepcontrol.wait ---------------------------------------------------------------------
+
+
+def grid_dependency_wait() -> None:
+    """The simulator runs launches one after another: there is never a predecessor to wait
+    for."""
+    return None
+
+
 # --- ld.global.nc.v4.u32 -------------------------------------------------------------------------
 
 
