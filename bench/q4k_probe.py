@@ -17,6 +17,9 @@ Variants (`lib` is the library kernel; the others are built here, from its devic
   hoist      every load of a lane's 4 chunks issued before their arithmetic, same order
   bytewise   the scale decode before session 5 (each sub-block's (sc, m) byte by byte, chunk
              position from c): the side-by-side row for the word-parallel decode in `same`
+  pf_own     `same`, each warp first prefetching its whole row into L2 (prefetch.global.L2)
+  pf_next    `same`, each warp prefetching the row one wave of resident warps further on (so
+             DRAM keeps streaming across the waves); pf_next2 two waves on; pf_both both
   sums       the activation sums of the min term read from a precomputed int32 array (one
              per 16 values) instead of 8 dp4a a chunk: the same integers, so the same bits
 The diagnostic rows answer "is the kernel ALU- or latency-bound?"; only `same`, `w8`, `rows2`,
@@ -47,7 +50,7 @@ from bw24nb.kernels import matvec_q4k as q4  # noqa: E402
 from bw24nb.kernels.dequant import random_weight_bytes, weight_views  # noqa: E402
 from bw24nb.kernels.matvec import keep, launch_matvec_q8  # noqa: E402
 from bw24nb.kernels.quantize_act import launch_quantize_act  # noqa: E402
-from bw24nb.ptx import ld_nc_v4_u32, warp_sum  # noqa: E402
+from bw24nb.ptx import ld_nc_v4_u32, prefetch_l2, warp_sum  # noqa: E402
 from bw24nb.quant import QType  # noqa: E402
 from bw24nb.quant.types import row_bytes  # noqa: E402
 from matvec_bench import L2_BYTES, STREAM_FACTOR, _commit, event_ms, read_roofline_gbs  # noqa: E402
@@ -76,9 +79,11 @@ def _scale_min_old(s0, s1, s2, j):
 
 
 def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoist=False,
-         sums=False, bytewise=False):
+         sums=False, bytewise=False, pf_own=False, pf_next=0):
     W = warps
     R = rows_per_warp
+    PF_OWN = pf_own          # prefetch the warp's own row into L2 before its loads
+    PF_NEXT = pf_next        # ... and the row pf_next x (SMs x 10 warps) rows further on
 
     @cuda.jit(device=True, inline="always")
     def chunk_loads(w32, wh, xq, xd, row_word, c):
@@ -179,7 +184,7 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoi
             keep(v3, c + 3 * stride, nchunk)
 
     @cuda.jit
-    def kern(w32, wh, M, K, xq, xd, xs, y):
+    def kern(w32, wh, M, K, xq, xd, xs, y, dist):
         # parts = 1 only (the shapes here have >= 4096 rows); R rows a warp: row0 + r * nwarps
         lane = cuda.threadIdx.x & 31
         warp = cuda.blockIdx.x * W + (cuda.threadIdx.x >> 5)
@@ -192,6 +197,14 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoi
         row1 = warp + nwarps
         if row0 >= M:
             return
+        if PF_OWN:                  # 128-byte lines = 32 words; lanes take every 32nd line
+            for wd in range(lane * 32, nblk * q4.Q4_K_WORDS, 1024):
+                prefetch_l2(w32, row0 * rw + wd)
+        if PF_NEXT:
+            rn = row0 + dist
+            if rn < M:
+                for wd in range(lane * 32, nblk * q4.Q4_K_WORDS, 1024):
+                    prefetch_l2(w32, rn * rw + wd)
         acc0 = np.float32(0.0)
         acc1 = np.float32(0.0)
         for c in range(lane, nchunk, 32 * 4):
@@ -221,8 +234,9 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoi
         w32 = w8.view(np.uint32)
         wh = w8.view(np.float16)
         nw = (M + R - 1) // R
+        dist = PF_NEXT * SMS * 40      # ~ the warps resident at once (48 registers: 40 an SM)
         kern[(nw + W - 1) // W, 32 * W, stream](w32, wh, np.int32(M), np.int32(K),
-                                                xq.view(np.uint32), xd, xs, y)
+                                                xq.view(np.uint32), xd, xs, y, np.int32(dist))
     launch.kern = kern
     return launch
 
@@ -239,8 +253,14 @@ VARIANTS = {
     "hoist": dict(hoist=True),
     "sums": dict(sums=True),
     "bytewise": dict(bytewise=True),
+    "pf_own": dict(pf_own=True),
+    "pf_next": dict(pf_next=1),
+    "pf_next2": dict(pf_next=2),
+    "pf_both": dict(pf_own=True, pf_next=1),
 }
-CANDIDATES = {"same", "w8", "rows2", "rows2_w8", "hoist", "sums", "bytewise"}
+CANDIDATES = {"same", "w8", "rows2", "rows2_w8", "hoist", "sums", "bytewise", "pf_own", "pf_next",
+              "pf_next2", "pf_both"}
+SMS = 132       # set from the device in main()
 
 
 @cuda.jit
@@ -268,6 +288,8 @@ def main() -> int:
     if keep - set(VARIANTS):
         ap.error(f"unknown variants {sorted(keep - set(VARIANTS))}; known: {sorted(VARIANTS)}")
     out = Path(args.out or os.path.join(os.environ.get("OUT", "."), "q4k_probe.jsonl"))
+    global SMS
+    SMS = cuda.get_current_device().MULTIPROCESSOR_COUNT
     stream = cuda.stream()
     rng = np.random.default_rng(5)
     roof = read_roofline_gbs(stream)

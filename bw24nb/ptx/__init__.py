@@ -19,6 +19,7 @@
     grid_dependency_wait()
         ``griddepcontrol.wait`` (sm_90+; nothing before): every @kernel runs it first
         (bw24nb/jit.py), so graphs may link kernels with programmatic edges (graph.py).
+    prefetch_l2(array, index)   ``prefetch.global.L2`` of the line of ``array[index]`` (a hint)
     fp4x2_to_f16x2(byte) -> uint32      two FP4 E2M1 codes -> packed f16x2 bits (low nibble low)
     fp4x2_to_f32x2(byte) -> (float32, float32)   (low nibble's value, high nibble's value)
     fp4_e2m1_to_f32(nibble) -> float32           value of code ``nibble & 0xF``
@@ -50,11 +51,12 @@ if simulator_enabled():
         fp4_e2m1_to_f32,
         fp4x2_to_f16x2,
         fp4x2_to_f16x2_bits_linked,
-        grid_dependency_wait,
         fp4x2_to_f32x2,
+        grid_dependency_wait,
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
         mma_s8_m16n8k32_linked,
+        prefetch_l2,
     )
     from bw24nb.ptx.twins import install_simulator_fixes
     from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
@@ -71,6 +73,7 @@ else:
         grid_dependency_wait,
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
+        prefetch_l2,
     )
     from bw24nb.ptx.linked import (  # noqa: F401
         dp4a_linked,
@@ -84,7 +87,7 @@ else:
 
 __all__ = [
     "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32", "warp_sum", "warp_max", "f32_from_bits",
-    "f16x2_to_f32x2", "grid_dependency_wait",
+    "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
 ]

@@ -218,3 +218,32 @@ def ld_nc_v4_u32(typingctx, array, index):
         return context.make_tuple(builder, _U32X4, _emit(builder, _LD_NC_V4, [addr]))
 
     return _U32X4(array, index), codegen
+
+
+# --- L2 prefetch ------------------------------------------------------------------------------
+
+_PREFETCH_L2 = snippet("prefetch_l2")
+
+
+@intrinsic
+def prefetch_l2(typingctx, array, index):
+    """``prefetch.global.L2`` of the line holding ``array[index]`` (any 1-D C-contiguous
+    array): a hint with no result. Emitted with side effects (it has no output for the
+    compiler to keep it alive by); out-of-bounds addresses are not faults for a prefetch, but
+    keep them in bounds anyway (the twin checks)."""
+    if not (isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C"):
+        raise TypingError(f"prefetch_l2: needs a 1-D C-contiguous array, got {array}")
+    _require_integers("prefetch_l2", index)
+
+    def codegen(context, builder, sig, args):
+        aryty, idxty = sig.args
+        ary = context.make_array(aryty)(context, builder, value=args[0])
+        idx = context.cast(builder, args[1], idxty, types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+        addr = builder.ptrtoint(ptr, ir.IntType(64))
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)])
+        builder.call(ir.InlineAsm(fnty, _PREFETCH_L2.asm_template, _PREFETCH_L2.constraints,
+                                  side_effect=True), [addr])
+        return context.get_dummy_value()
+
+    return types.none(array, index), codegen

@@ -108,6 +108,13 @@ def grid_dependency_wait() -> None:
     return None
 
 
+def prefetch_l2(array, index) -> None:
+    """A hint with no effect on results; the twin only checks the index is inside the array."""
+    i = int(index)
+    if not 0 <= i < len(array):
+        raise IndexError(f"prefetch_l2: index {i} out of bounds for length {len(array)}")
+
+
 # --- ld.global.nc.v4.u32 -------------------------------------------------------------------------
 
 
