@@ -526,6 +526,14 @@ class Engine:
                 rowwise=ws.rowwise)),
                      ("gdn_alpha", lambda: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T, qx=qx,
                          rowwise=ws.rowwise))]
+        norm_w, eps = w.blk(i, "ssm_norm.weight").buf, c.rms_norm_eps
+        if qL and (ws.rowwise or T == 1) and dv % 32 == 0:
+            # decode / verify: the output norm writes ssm_out's int8 input itself (one launch)
+            norm_q = [("gdn_norm_q8", lambda: gated_deltanet.launch_gdn_output_norm(
+                o, z, norm_w, eps, o, s, xq=qo.xq, xd=qo.xd))]
+        else:
+            norm_q = [("gdn_norm", lambda: gated_deltanet.launch_gdn_output_norm(
+                o, z, norm_w, eps, o, s))] + qL
         return L + [
             ("gdn_qkv", lambda: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T, qx=qx,
                 rowwise=ws.rowwise)),
@@ -539,9 +547,7 @@ class Engine:
                 stream=s)),
             ("gdn_rule", lambda: gated_deltanet.launch_gated_delta_rule(
                 gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s, steps=ssm_steps)),
-            ("gdn_norm", lambda: gated_deltanet.launch_gdn_output_norm(
-                o, z, w.blk(i, "ssm_norm.weight").buf, c.rms_norm_eps, o, s)),
-        ] + qL + [
+        ] + norm_q + [
             ("gdn_out", lambda: self._mv(wout, o2, h, T, residual=h, qx=qo, rowwise=ws.rowwise)),
         ]
 

@@ -867,6 +867,36 @@ def check_gated_rms_norm(rng, size):
                   rel * np.abs(_f64(ref)) + TINY_NORMAL, label, guard_ok=guard_ok)
 
 
+@check("gated_rms_norm_q8", "kernels.norm.launch_gated_rms_norm_q8")
+def check_gated_rms_norm_q8(rng, size):
+    """The Gated DeltaNet output norm with ssm_out's int8 quantizer fused in (decode): y within
+    the gated norm's bound, xq / xd bit-exact against quantize_act's reference applied to the
+    kernel's own y."""
+    from .kernels import norm
+    from .kernels import quantize_act as qa
+    from .reference.gated_deltanet import gated_rms_norm
+    T, H, D = (2, 3, 32) if size == "tiny" else (4, Q9.lin_v_heads, Q9.lin_dv)
+    x = rng.standard_normal((T, H, D)).astype(np.float32)
+    z = (3 * rng.standard_normal((T, H, D))).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    eps = 1e-6
+    n = T * H * D
+    y, xq, xd = Out((T, H, D)), Out(n, np.int8, poison=-128), Out(n // 32)
+    norm.launch_gated_rms_norm_q8(_dev(x), _dev(z), _dev(w), eps, y.dev, xq.dev, xd.dev)
+    got, gy = y.get()
+    ref = gated_rms_norm(x, z, w, eps)
+    rel, label = _norm_bound(D, _SILU_GATE_U)
+    yield compare("gated_rms_norm_q8 y", "f32", _shape(T, H, D), got, ref,
+                  rel * np.abs(_f64(ref)) + TINY_NORMAL, label, guard_ok=gy)
+    q_ref, d_ref = qa.quantize_act_q8_reference(got.reshape(-1))
+    got_q, gq = xq.get()
+    got_d, gd = xd.get()
+    yield compare("gated_rms_norm_q8 q", "int8", _shape(n), got_q, q_ref, tol="exact",
+                  bits=True, guard_ok=gq, poison=np.int8(-128))
+    yield compare("gated_rms_norm_q8 d", "f32", _shape(n // 32), got_d, d_ref,
+                  tol="bit-exact", bits=True, guard_ok=gd)
+
+
 # ------------------------------------------------------------------ rope, q/gate split
 
 

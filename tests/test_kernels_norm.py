@@ -181,3 +181,39 @@ def test_rms_norm_q8_is_norm_then_quantize(rng, N, C):
     np.testing.assert_array_equal(qh[:N * C], q_ref.copy_to_host())
     np.testing.assert_array_equal(dh[:N * C // 32], d_ref.copy_to_host())
     assert np.all(qh[N * C:] == 99) and np.all(np.isnan(dh[N * C // 32:]))
+
+
+@pytest.mark.parametrize("N,C", [(3, 32), (4, 128), (2, 96)])
+def test_gated_rms_norm_q8_is_gated_norm_then_quantize(rng, N, C):
+    """The Gated DeltaNet output norm with the int8 quantizer fused in writes exactly what
+    gated_rms_norm followed by quantize_act writes, bit for bit (rows = value heads; the
+    128-wide row of the real models runs 32 threads, 4 steps of one block per warp)."""
+    from bw24nb.kernels.norm import launch_gated_rms_norm_q8
+    from bw24nb.kernels.quantize_act import launch_quantize_act
+    x = _rand(rng, N, C, scale=3.0)
+    z = _rand(rng, N, C, scale=2.0)
+    w = _rand(rng, C)
+    eps = 1e-6
+    y_ref = _poisoned((N, C))
+    launch_gated_rms_norm(cuda.to_device(x), cuda.to_device(z), cuda.to_device(w), eps, y_ref)
+    q_ref = cuda.to_device(np.zeros(N * C, np.int8))
+    d_ref = cuda.to_device(np.zeros(N * C // 32, np.float32))
+    launch_quantize_act(y_ref, q_ref, d_ref)
+    y = _poisoned((N, C))
+    q = cuda.to_device(np.full(N * C + 8, 99, np.int8))
+    d = cuda.to_device(np.full(N * C // 32 + 2, np.nan, np.float32))
+    launch_gated_rms_norm_q8(cuda.to_device(x), cuda.to_device(z), cuda.to_device(w), eps, y, q, d)
+    np.testing.assert_array_equal(y.copy_to_host(), y_ref.copy_to_host())
+    qh, dh = q.copy_to_host(), d.copy_to_host()
+    np.testing.assert_array_equal(qh[:N * C], q_ref.copy_to_host())
+    np.testing.assert_array_equal(dh[:N * C // 32], d_ref.copy_to_host())
+    assert np.all(qh[N * C:] == 99) and np.all(np.isnan(dh[N * C // 32:]))
+
+
+def test_gated_rms_norm_q8_refuses_rows_that_are_not_whole_blocks():
+    from bw24nb.kernels.norm import launch_gated_rms_norm_q8
+    x = cuda.to_device(np.ones((2, 48), np.float32))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        launch_gated_rms_norm_q8(x, x, cuda.to_device(np.ones(48, np.float32)), 1e-6, x,
+                                 cuda.to_device(np.zeros(96, np.int8)),
+                                 cuda.to_device(np.zeros(3, np.float32)))

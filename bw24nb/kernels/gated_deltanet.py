@@ -67,7 +67,7 @@ from numba import cuda, float32
 from ..jit import kernel
 from ..reference.gated_deltanet import L2NORM_EPS
 from . import norm
-from .norm import SCRATCH_WARPS, launch_gated_rms_norm
+from .norm import SCRATCH_WARPS, launch_gated_rms_norm, launch_gated_rms_norm_q8
 
 # Depthwise conv width: Qwen3-Next and Qwen3.5 (linear_conv_kernel_dim) all use 4; the kernel
 # keeps the K-1 = 3 previous inputs in named registers, so another width needs another kernel.
@@ -183,75 +183,109 @@ def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
 # ------------------------------------------------------------------ (c, d) delta rule
 
 
-@kernel
-def gated_delta_rule(q, k, v, g, beta, key_head, state, o, steps, save_steps):
-    """T recurrent steps of the gated delta rule, state [nv, dk, dv] updated in place.
-    q, k [T, nk, dk] (q already scaled); v, o [T, nv, dv]; g, beta [T, nv];
-    key_head int32[nv]. Grid (nv, ceil(dv / GDN_COLS)), GDN_THREADS threads.
-    save_steps: also steps[t] <- the state after token t (steps [>= T, nv, dk, dv]): a
-    speculative verify's rollback to any accepted length is then one copy."""
-    tile = cuda.shared.array((GDN_DK_MAX, GDN_COLS), float32)     # S[:, j0:j0+32] of head h
-    qs = cuda.shared.array(GDN_DK_MAX, float32)
-    ks = cuda.shared.array(GDN_DK_MAX, float32)
-    red = cuda.shared.array((GDN_WARPS, GDN_COLS), float32)       # per-warp partial dots
-    h = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    wp = tid >> 5
-    dk = q.shape[2]
-    dv = v.shape[2]
-    j = cuda.blockIdx.y * GDN_COLS + lane
-    col = j < dv
-    kh = key_head[h]
+def _rule_kernel(DK):
+    """The delta-rule kernel for d_k = DK, a compile-time constant: every loop over this
+    thread's DK / GDN_WARPS rows then has a constant trip count, so the compiler unrolls it and
+    issues the state tile's DK / 4 loads back to back. With d_k read at run time (sessions
+    1-5) each row's load waited for the previous row's store: 32 DRAM latencies in a row,
+    12 us of a 9B decode step's GDN layer on the H200 (run_bench's gdn_rule)."""
 
-    for i in range(wp, dk, GDN_WARPS):
-        tile[i, lane] = state[h, i, j] if col else float32(0.0)
+    ROWS = (DK + GDN_WARPS - 1) // GDN_WARPS      # rows r * GDN_WARPS + warp of this thread
+    EXACT = DK % GDN_WARPS == 0                    # every such row exists: no bounds test
 
-    for t in range(q.shape[0]):
-        for i in range(tid, dk, GDN_THREADS):
-            qs[i] = q[t, kh, i]
-            ks[i] = k[t, kh, i]
-        decay = math.exp(g[t, h])
-        bt = beta[t, h]
-        cuda.syncthreads()                      # q, k staged (and last step's reads done)
+    def gated_delta_rule(q, k, v, g, beta, key_head, state, o, steps, save_steps):
+        """T recurrent steps of the gated delta rule, state [nv, DK, dv] updated in place.
+        q, k [T, nk, DK] (q already scaled); v, o [T, nv, dv]; g, beta [T, nv];
+        key_head int32[nv]. Grid (nv, ceil(dv / GDN_COLS)), GDN_THREADS threads.
+        save_steps: also steps[t] <- the state after token t (steps [>= T, nv, DK, dv]): a
+        speculative verify's rollback to any accepted length is then one copy."""
+        tile = cuda.shared.array((GDN_DK_MAX, GDN_COLS), float32)     # S[:, j0:j0+32] of head h
+        qs = cuda.shared.array(GDN_DK_MAX, float32)
+        ks = cuda.shared.array(GDN_DK_MAX, float32)
+        red = cuda.shared.array((GDN_WARPS, GDN_COLS), float32)       # per-warp partial dots
+        h = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        wp = tid >> 5
+        dv = v.shape[2]
+        j = cuda.blockIdx.y * GDN_COLS + lane
+        col = j < dv
+        jc = min(j, dv - 1)          # a column past dv loads column dv - 1 and keeps nothing
+        kh = key_head[h]
 
-        # S <- exp(g) S, and this thread's share of (S^T k)[j]
-        part = float32(0.0)
-        for i in range(wp, dk, GDN_WARPS):
-            s = tile[i, lane] * decay
-            tile[i, lane] = s
-            part += ks[i] * s
-        red[wp, lane] = part
-        cuda.syncthreads()
-        kv_mem = float32(0.0)
-        for w in range(GDN_WARPS):
-            kv_mem += red[w, lane]
-        delta = float32(0.0)
-        if col:
-            delta = (v[t, h, j] - kv_mem) * bt
-        cuda.syncthreads()                      # everyone has read red
+        for r in range(ROWS):
+            i = r * GDN_WARPS + wp
+            if EXACT or i < DK:
+                tile[i, lane] = state[h, i, jc]
 
-        # S <- S + k delta^T, and this thread's share of (S^T q)[j]
-        part = float32(0.0)
-        for i in range(wp, dk, GDN_WARPS):
-            s = tile[i, lane] + ks[i] * delta
-            tile[i, lane] = s
-            part += qs[i] * s
-        red[wp, lane] = part
-        cuda.syncthreads()
-        if wp == 0 and col:
-            acc = float32(0.0)
+        for t in range(q.shape[0]):
+            for i in range(tid, DK, GDN_THREADS):
+                qs[i] = q[t, kh, i]
+                ks[i] = k[t, kh, i]
+            decay = math.exp(g[t, h])
+            bt = beta[t, h]
+            vt = v[t, h, jc]
+            cuda.syncthreads()                      # q, k staged (and last step's reads done)
+
+            # S <- exp(g) S, and this thread's share of (S^T k)[j]
+            part = float32(0.0)
+            for r in range(ROWS):
+                i = r * GDN_WARPS + wp
+                if EXACT or i < DK:
+                    s = tile[i, lane] * decay
+                    tile[i, lane] = s
+                    part += ks[i] * s
+            red[wp, lane] = part
+            cuda.syncthreads()
+            kv_mem = float32(0.0)
             for w in range(GDN_WARPS):
-                acc += red[w, lane]
-            o[t, h, j] = acc
-        if save_steps and col:
-            for i in range(wp, dk, GDN_WARPS):
-                steps[t, h, i, j] = tile[i, lane]
-        cuda.syncthreads()                      # red, qs, ks are rewritten next step
+                kv_mem += red[w, lane]
+            delta = (vt - kv_mem) * bt
+            cuda.syncthreads()                      # everyone has read red
 
-    if col:
-        for i in range(wp, dk, GDN_WARPS):
-            state[h, i, j] = tile[i, lane]
+            # S <- S + k delta^T, and this thread's share of (S^T q)[j]
+            part = float32(0.0)
+            for r in range(ROWS):
+                i = r * GDN_WARPS + wp
+                if EXACT or i < DK:
+                    s = tile[i, lane] + ks[i] * delta
+                    tile[i, lane] = s
+                    part += qs[i] * s
+            red[wp, lane] = part
+            cuda.syncthreads()
+            if wp == 0 and col:
+                acc = float32(0.0)
+                for w in range(GDN_WARPS):
+                    acc += red[w, lane]
+                o[t, h, j] = acc
+            if save_steps and col:
+                for r in range(ROWS):
+                    i = r * GDN_WARPS + wp
+                    if EXACT or i < DK:
+                        steps[t, h, i, j] = tile[i, lane]
+            cuda.syncthreads()                      # red, qs, ks are rewritten next step
+
+        if col:
+            for r in range(ROWS):
+                i = r * GDN_WARPS + wp
+                if EXACT or i < DK:
+                    state[h, i, j] = tile[i, lane]
+
+    gated_delta_rule.__name__ = gated_delta_rule.__qualname__ = f"gated_delta_rule_dk{DK}"
+    return kernel(gated_delta_rule)
+
+
+_RULE_KERNELS: dict = {}
+
+
+def rule_kernel(dk: int):
+    """The delta-rule kernel for d_k = dk (built on first use; 128 in every real model)."""
+    if dk not in _RULE_KERNELS:
+        _RULE_KERNELS[dk] = _rule_kernel(dk)
+    return _RULE_KERNELS[dk]
+
+
+gated_delta_rule = rule_kernel(GDN_DK_MAX)      # module attribute: tests/test_compile_ptx.py
 
 
 # ------------------------------------------------------------------ launchers
@@ -327,15 +361,21 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
     if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (nv, dk, dv)):
         raise ValueError(f"gated_delta_rule: steps must be [>= {T}, {nv}, {dk}, {dv}], got "
                          f"{tuple(steps.shape)}")
-    gated_delta_rule[(nv, (dv + GDN_COLS - 1) // GDN_COLS), GDN_THREADS, stream](
+    rule_kernel(dk)[(nv, (dv + GDN_COLS - 1) // GDN_COLS), GDN_THREADS, stream](
         q, k, v, g, beta, key_head, state, o,
         state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None))
 
 
-def launch_gdn_output_norm(o, z, norm_w, eps: float, y, stream=0):
+def launch_gdn_output_norm(o, z, norm_w, eps: float, y, stream=0, xq=None, xd=None):
     """(e) `y = rms_norm(o) * ssm_norm * silu(z)` per value head: norm.py's gated RMSNorm
-    (reference `gated_rms_norm`); o, z, y `[T, nv, dv]` (or any `[..., dv]`), norm_w `[dv]`."""
-    launch_gated_rms_norm(o, z, norm_w, eps, y, stream)
+    (reference `gated_rms_norm`); o, z, y `[T, nv, dv]` (or any `[..., dv]`), norm_w `[dv]`.
+    With xq / xd (decode: ssm_out takes int8 activations) it also writes y's int8 codes and
+    block scales, exactly as quantize_act would (norm.launch_gated_rms_norm_q8): one launch
+    fewer per layer."""
+    if xq is not None:
+        launch_gated_rms_norm_q8(o, z, norm_w, eps, y, xq, xd, stream)
+    else:
+        launch_gated_rms_norm(o, z, norm_w, eps, y, stream)
 
 
 _A2 = "float32[:, ::1]"

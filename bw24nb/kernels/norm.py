@@ -194,6 +194,25 @@ def rms_norm_q8_rows(x, w, eps, y, xq, xd):
             _store_q8(y, xq, xd, row, i + 3 * B, v3, m3)
 
 
+@kernel
+def gated_rms_norm_q8_rows(x, z, w, eps, y, xq, xd):
+    """gated_rms_norm_rows + quantize_act_q8 of its output in one launch (decode: the Gated
+    DeltaNet output norm feeds ssm_out's int8 matvec): y exactly as gated_rms_norm_rows writes
+    it (same sum order, same product order), xq / xd exactly as quantize_act_q8 would from y.
+    C % 32 == 0: at every step of the element loop a warp holds one whole 32-value block."""
+    scratch = cuda.shared.array(SCRATCH_WARPS, float32)
+    row = cuda.blockIdx.x
+    C = x.shape[1]
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        v = x[row, i]
+        acc += v * v
+    rstd = _row_rstd(scratch, acc, C, eps)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        v = x[row, i] * rstd * w[i] * _silu(z[row, i])
+        _store_q8(y, xq, xd, row, i, v, warp_max(abs(v)))
+
+
 # ------------------------------------------------------------------ launchers
 
 
@@ -248,10 +267,28 @@ def launch_gated_rms_norm(x, z, w, eps: float, y, stream=0):
     gated_rms_norm_rows[xr.shape[0], _row_threads(C), stream](xr, zr, w, np.float32(eps), yr)
 
 
+def launch_gated_rms_norm_q8(x, z, w, eps: float, y, xq, xd, stream=0):
+    """`launch_gated_rms_norm` + `quantize_act.launch_quantize_act(y, xq, xd)` in one launch:
+    heads of C = len(w) (a multiple of 32); xq int8 / xd float32 hold >= rows * C and
+    rows * C / 32 values (flat or shaped). Reference: gated_rms_norm, then
+    quantize_act_q8_reference."""
+    C = w.shape[0]
+    if C % 32:
+        raise ValueError(f"gated_rms_norm_q8: head length {C} is not a multiple of 32")
+    xr, zr, yr = _rows(x, C), _rows(z, C), _rows(y, C)
+    N = xr.shape[0]
+    flat = (lambda a: a if a.ndim == 1 else a.reshape(a.size))
+    q = flat(xq)[:N * C].reshape(N, C)
+    d = flat(xd)[:N * C // 32].reshape(N, C // 32)
+    gated_rms_norm_q8_rows[N, _row_threads(C), stream](xr, zr, w, np.float32(eps), yr, q, d)
+
+
 _A2 = "float32[:, ::1]"
 PTX_SIGNATURES = {
     "rms_norm_rows": [f"void({_A2}, float32[::1], float32, {_A2})"],
     "add_rms_norm_rows": [f"void({_A2}, {_A2}, float32[::1], float32, {_A2}, {_A2})"],
     "gated_rms_norm_rows": [f"void({_A2}, {_A2}, float32[::1], float32, {_A2})"],
     "rms_norm_q8_rows": [f"void({_A2}, float32[::1], float32, {_A2}, int8[:, ::1], {_A2})"],
+    "gated_rms_norm_q8_rows": [f"void({_A2}, {_A2}, float32[::1], float32, {_A2}, int8[:, ::1], "
+                               f"{_A2})"],
 }
