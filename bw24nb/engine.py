@@ -65,6 +65,10 @@ class DeviceWeight:
     shape: tuple           # numpy order: (out, in) or (E, out, in) or (n,)
     # a copy in a decode kernel's own layout, beside `buf` (Q6_K_R: (body, d), see _repack_q6k)
     q6k_r: tuple | None = None
+    # warps per row of the decode matvec; None: matvec.warps_per_row's choice. A stack of
+    # weights (Engine._stack_rows) keeps its members' split, so each member's rows are summed
+    # exactly as when it runs alone.
+    parts: int | None = None
 
     @property
     def rows(self) -> int:
@@ -183,10 +187,16 @@ class Workspace:
         self.attn = cuda.device_array((T, Hq, D), f)
         self.g = cuda.device_array((T, F), f)
         self.u = cuda.device_array((T, F), f)
+        # T = 1: the outputs of the stacked decode matvecs (Engine._stack_decode_weights)
+        self.gu = cuda.device_array((1, 2 * F), f) if T == 1 else None
+        self.att_qkv = cuda.device_array((1, q_width + 2 * Hkv * D), f) if T == 1 else None
+        self.qkvz = None
         if c.linear_num_value_heads:            # Gated DeltaNet activations
             nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads,
                               c.linear_key_head_dim, c.linear_value_head_dim)
             self.qkv = cuda.device_array((T, 2 * nk * dk + nv * dv), f)
+            if T == 1:
+                self.qkvz = cuda.device_array((1, 2 * nk * dk + 2 * nv * dv), f)
             self.z = cuda.device_array((T, nv, dv), f)
             self.a = cuda.device_array((T, nv), f)
             self.b = cuda.device_array((T, nv), f)
@@ -258,9 +268,9 @@ class Engine:
                         for i in [*range(c.num_hidden_layers), *self.mtp_blocks]
                         if c.is_moe_layer(i)}
         self._moe_scratch = {}
-        self.fused_ba = self._fuse_ba()
         self.output = self.w.get("output.weight") or self.w["token_embd.weight"]
         self._repack_q6k()
+        self.stacks = self._stack_decode_weights()      # after the Q6_K_R copies are made
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
@@ -320,23 +330,63 @@ class Engine:
                 body, d = repack_q6_k(w.buf.copy_to_host(), w.rows, w.cols)
                 w.q6k_r = (cuda.to_device(body), cuda.to_device(d))
 
-    def _fuse_ba(self) -> dict:
-        """Layer -> one [2 nv, H] weight holding ssm_beta's rows then ssm_alpha's, for decode.
-        Both are tiny (nv = 32 rows; F32 in llama.cpp's files), so two matvecs were two
-        latency-bound launches of ~15 us each on the H200; rows are independent byte ranges in
-        every block type, so the concatenation is just the two buffers back to back. Rowwise
-        workspaces (decode, verify) use it; prefill keeps the separate tensors: +2 nv H
-        elements a layer."""
-        fused = {}
-        for i in range(self.config.num_hidden_layers):
-            b, a = self.w.blk_opt(i, "ssm_beta.weight"), self.w.blk_opt(i, "ssm_alpha.weight")
-            if b is None or a is None or b.qtype != a.qtype or b.cols != a.cols:
-                continue
-            buf = cuda.device_array(b.buf.size + a.buf.size, b.buf.dtype)
-            buf[:b.buf.size].copy_to_device(b.buf.reshape(b.buf.size))
-            buf[b.buf.size:].copy_to_device(a.buf.reshape(a.buf.size))
-            fused[i] = DeviceWeight(buf, b.qtype, (b.rows + a.rows, b.cols))
-        return fused
+    def _stack_rows(self, names) -> DeviceWeight | None:
+        """One weight holding the rows of the weights `names` back to back, for a decode step
+        to read them in one matvec launch instead of one each (a decode matvec launch costs
+        ~3-5 us on the H200 beyond its bytes: run_bench's kernel_ms). Rows are independent
+        byte ranges in every block type, so the stack is the buffers concatenated; the members
+        then become views into it (no second copy: prefill keeps using them as before). None
+        unless every member exists with one type, one width, no Q6_K_R copy, a 16-byte
+        multiple of bytes (views stay aligned) and one split (`DeviceWeight.parts`)."""
+        ws = [self.w.get(n) for n in names]
+        if any(w is None or w.q6k_r is not None or w.buf.nbytes % 16 for w in ws):
+            return None
+        if len({(w.qtype, w.cols, w.buf.dtype) for w in ws}) != 1 or any(len(w.shape) != 2 for w in ws):
+            return None
+        parts = {w.parts or matvec.warps_per_row(w.rows, w.cols) for w in ws}
+        if len(parts) != 1:
+            return None
+        buf = cuda.device_array(sum(w.buf.size for w in ws), ws[0].buf.dtype)
+        off = 0
+        for w in ws:
+            n = w.buf.size
+            buf[off:off + n].copy_to_device(w.buf.reshape(n))
+            w.buf = buf[off:off + n].reshape(w.buf.shape)
+            off += n
+        return DeviceWeight(buf, ws[0].qtype, (sum(w.rows for w in ws), ws[0].cols),
+                            parts=parts.pop())
+
+    def _stack_decode_weights(self) -> dict:
+        """(layer, what) -> stacked weight, for the matvecs that read the same input:
+        "ba"  ssm_beta + ssm_alpha (tiny: 2 x 32 rows; rowwise workspaces, verify too),
+        "gu"  ffn_gate + ffn_up, "qkvz"  attn_qkv + attn_gate, "qkv"  attn_q + attn_k + attn_v
+        (with "qkv_bias", their biases back to back, where they have them) -- T = 1 only: the
+        outputs are then contiguous slices of one row; a verify keeps the separate launches,
+        whose rows are bit for bit the same (`DeviceWeight.parts`)."""
+        stacks = {}
+        for i in [*range(self.config.num_hidden_layers), *self.mtp_blocks]:
+            p = f"blk.{i}."
+            for what, names in (("ba", ("ssm_beta.weight", "ssm_alpha.weight")),
+                                ("gu", ("ffn_gate.weight", "ffn_up.weight")),
+                                ("qkvz", ("attn_qkv.weight", "attn_gate.weight"))):
+                st = self._stack_rows([p + n for n in names])
+                if st is not None:
+                    stacks[i, what] = st
+            qkv = [p + f"attn_{n}.weight" for n in "qkv"]
+            biases = [self.w.get(p + f"attn_{n}.bias") for n in "qkv"]
+            if any(b is not None for b in biases) and not all(b is not None for b in biases):
+                continue                    # (a stack takes one bias for all its rows, or none)
+            st = self._stack_rows(qkv)
+            if st is not None:
+                stacks[i, "qkv"] = st
+                if biases[0] is not None:
+                    buf = cuda.device_array(sum(b.buf.size for b in biases), np.float32)
+                    off = 0
+                    for b in biases:
+                        buf[off:off + b.buf.size].copy_to_device(b.buf.reshape(b.buf.size))
+                        off += b.buf.size
+                    stacks[i, "qkv_bias"] = DeviceWeight(buf, QType.F32, (off,))
+        return stacks
 
     def _scratch(self, i, T):
         """MoE scratch for T tokens (decode: allocated at capture time; prefill: per chunk size)."""
@@ -415,10 +465,10 @@ class Engine:
                                            yv, bias=b, residual=r, stream=s, rows=T)
                 else:
                     matvec.launch_matvec_q8(w.buf, w.qtype, w.rows, w.cols, qx.xq, qx.xd, yv,
-                                            bias=b, residual=r, stream=s, rows=T)
+                                            bias=b, residual=r, stream=s, rows=T, parts=w.parts)
             else:
                 matvec.launch_matvec(w.buf, w.qtype, w.rows, w.cols, x.reshape(x.size), yv,
-                                     bias=b, residual=r, stream=s, rows=T)
+                                     bias=b, residual=r, stream=s, rows=T, parts=w.parts)
             return
         if qx is not None and self._dp4a(w):
             if qx.xf is None:           # prefill on the int8 tensor-core GEMM
@@ -466,27 +516,40 @@ class Engine:
         k_u8, k_f16, v_u8, v_f16 = self.kv.layer(slot)
         L, qx = self._quantize_input(ws, x, T, [w.blk(i, f"attn_{n}.weight") for n in "qkv"])
         add = L.append
-        if c.attn_output_gate:
-            qg = ws.qg[:T]
+        qg = ws.qg[:T]
+        stack = self.stacks.get((i, "qkv")) if ws.att_qkv is not None else None
+        if stack is not None:   # T = 1: [q(+gate) | k | v] in one matvec, read as slices of it
+            flat = ws.att_qkv.reshape(ws.att_qkv.size)
+            nq, nk = qg.shape[1] if c.attn_output_gate else Hq * D, Hkv * D
+            if c.attn_output_gate:
+                qg = flat[:nq].reshape(1, nq)
+            else:
+                q = flat[:nq].reshape(1, Hq, D)
+            k, v = flat[nq:nq + nk].reshape(1, Hkv, D), flat[nq + nk:nq + 2 * nk].reshape(1, Hkv, D)
+            bias = self.stacks.get((i, "qkv_bias"))
+            add(("attn_qkv", lambda: self._mv(stack, x, flat, T, bias=bias, qx=qx, rowwise=True)))
+        elif c.attn_output_gate:
             add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, qg, T, qx=qx,
                 rowwise=ws.rowwise)))
-            add(("split_q_gate", lambda: rope.launch_split_q_gate(qg, q, ws.gate[:T], s)))
         else:
             add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, q.reshape(T, Hq * D), T,
                                             bias=w.blk_opt(i, "attn_q.bias"), qx=qx,
                                                 rowwise=ws.rowwise)))
-        add(("attn_k", lambda: self._mv(w.blk(i, "attn_k.weight"), x, k.reshape(T, Hkv * D), T,
-                                        bias=w.blk_opt(i, "attn_k.bias"), qx=qx,
+        if c.attn_output_gate:
+            add(("split_q_gate", lambda: rope.launch_split_q_gate(qg, q, ws.gate[:T], s)))
+        if stack is None:
+            add(("attn_k", lambda: self._mv(w.blk(i, "attn_k.weight"), x, k.reshape(T, Hkv * D), T,
+                                            bias=w.blk_opt(i, "attn_k.bias"), qx=qx,
                                             rowwise=ws.rowwise)))
-        add(("attn_v", lambda: self._mv(w.blk(i, "attn_v.weight"), x, v.reshape(T, Hkv * D), T,
-                                        bias=w.blk_opt(i, "attn_v.bias"), qx=qx,
+            add(("attn_v", lambda: self._mv(w.blk(i, "attn_v.weight"), x, v.reshape(T, Hkv * D), T,
+                                            bias=w.blk_opt(i, "attn_v.bias"), qx=qx,
                                             rowwise=ws.rowwise)))
         if c.qk_norm:
             add(("q_norm", lambda: norm.launch_head_rms_norm(q, w.blk(i, "attn_q_norm.weight").buf, eps, q, s)))
             add(("k_norm", lambda: norm.launch_head_rms_norm(k, w.blk(i, "attn_k_norm.weight").buf, eps, k, s)))
-        # RoPE: q in place; k on its way into the cache (one fused store of K and V)
-        add(("rope_q", lambda: rope.launch_rope(q, pos, self.inv_freq, s)))
-        add(("kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq, stream=s)))
+        # RoPE: q in place, k on its way into the cache, and the store of K and V: one launch
+        add(("rope_kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq,
+                                                    stream=s, q=q)))
         if ws.rowwise:      # decode / verify: split-K attention, planned per token
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
@@ -513,11 +576,23 @@ class Engine:
         conv_w = w.blk(i, "ssm_conv1d.weight").buf
         names = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
         L, qx = self._quantize_input(ws, x, T, [w.blk(i, f"{n}.weight") for n in names])
+        qkvz = self.stacks.get((i, "qkvz")) if ws.qkvz is not None else None
+        if qkvz is not None:    # T = 1: [qkv | z] in one matvec, both read as slices of it
+            C = qkv.shape[1]
+            flat = ws.qkvz.reshape(ws.qkvz.size)
+            qkv, z = flat[:C].reshape(1, C), flat[C:].reshape(1, nv, dv)
+            proj = [("gdn_qkvz", lambda: self._mv(qkvz, x, ws.qkvz, T, qx=qx, rowwise=True))]
+        else:
+            proj = [
+                ("gdn_qkv", lambda: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T, qx=qx,
+                    rowwise=ws.rowwise)),
+                ("gdn_z", lambda: self._mv(w.blk(i, "attn_gate.weight"), x, z.reshape(T, nv * dv),
+                    T, qx=qx, rowwise=ws.rowwise))]
         o2, wout = o.reshape(T, nv * dv), w.blk(i, "ssm_out.weight")
         conv_steps, ssm_steps = (None, None) if ws.step_states is None else ws.step_states.layer(i)
         qL, qo = self._quantize_input(ws, o2, T, [wout])
-        ba = self.fused_ba.get(i) if ws.ab is not None else None      # rowwise workspaces only
-        if ba is not None:      # beta and alpha rows in one matvec (see _fuse_ba)
+        ba = self.stacks.get((i, "ba")) if ws.ab is not None else None  # rowwise workspaces only
+        if ba is not None:      # beta and alpha rows in one matvec (see _stack_decode_weights)
             ab = ws.ab[:T]
             b, a = ab[:, :nv], ab[:, nv:]        # row-strided views (gdn_prep reads [:, ::1])
             gates = [("gdn_ba", lambda: self._mv(ba, x, ab, T, qx=qx, rowwise=ws.rowwise))]
@@ -534,12 +609,7 @@ class Engine:
         else:
             norm_q = [("gdn_norm", lambda: gated_deltanet.launch_gdn_output_norm(
                 o, z, norm_w, eps, o, s))] + qL
-        return L + [
-            ("gdn_qkv", lambda: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T, qx=qx,
-                rowwise=ws.rowwise)),
-            ("gdn_z", lambda: self._mv(w.blk(i, "attn_gate.weight"), x, z.reshape(T, nv * dv), T, qx=qx,
-                rowwise=ws.rowwise)),
-        ] + gates + [
+        return L + proj + gates + [
             ("gdn_conv", lambda: gated_deltanet.launch_conv1d_silu(qkv, conv_w, self.rs.conv[i], qkv,
                                                                    s, steps=conv_steps)),
             ("gdn_prep", lambda: gated_deltanet.launch_gdn_prep(
@@ -562,15 +632,20 @@ class Engine:
         else:
             g, u = ws.g[:T, :F], ws.u[:T, :F]
         L, qx = self._quantize_input(ws, x, T, [wg, wu])
+        gu = self.stacks.get((i, "gu")) if ws.gu is not None and ws.gu.size >= 2 * F else None
+        if gu is not None:      # T = 1: [gate | up] in one matvec, both read as slices of it
+            flat = ws.gu.reshape(ws.gu.size)
+            g, u = flat[:F].reshape(1, F), flat[F:2 * F].reshape(1, F)
+            proj = [("ffn_gate_up", lambda: self._mv(gu, x, flat[:2 * F], T, qx=qx, rowwise=True))]
+        else:
+            proj = [("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
+                    ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise))]
         qL, qg = self._quantize_input(ws, g, T, [wd])
         if ws.rowwise and qL:    # decode / verify: swiglu writes ffn_down's int8 input itself
             act = [("swiglu_q8", lambda: activation.launch_swiglu_q8(g, u, g, qg.xq, qg.xd, s))]
         else:
             act = [("swiglu", lambda: activation.launch_swiglu(g, u, g, s))] + qL
-        return L + [
-            ("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
-            ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise)),
-        ] + act + [
+        return L + proj + act + [
             ("ffn_down", lambda: self._mv(wd, g, h, T, residual=h, qx=qg, rowwise=ws.rowwise)),
         ]
 

@@ -1162,8 +1162,14 @@ def check_kv_store_rope(rng, size):
             poison = np.full((H, ctx, kv.kv_row_bytes(qt, D)), _INT_POISON_BYTE, np.uint8)
             caches.append((poison, _dev(poison)))
         (kp, k_u8), (vp, v_u8) = caches
+        # the query heads ride along (q=...: rotated in place in the same launch)
+        q = _kv_rows(rng, T, 2 * H + 1, D)
+        q_dev = _dev(q)
         kv.launch_kv_store_rope(_dev(k), _dev(v), _dev(positions), _dev(inv_freq), kt, k_u8,
-                                k_u8.view(np.float16), vt, v_u8, v_u8.view(np.float16))
+                                k_u8.view(np.float16), vt, v_u8, v_u8.view(np.float16), q=q_dev)
+        q_ref = ops.rope(q, positions, theta, rd)
+        yield compare("kv_store_rope q", "f32", _shape(T, 2 * H + 1, D), q_dev.copy_to_host(),
+                      q_ref, _rope_bound(q, positions, inv_freq) + TINY_NORMAL, "rope")
         untouched = np.ones(ctx, bool)
         untouched[positions] = False
         shape = _shape(T, H, D) + f" ctx{ctx} rot{rd}"

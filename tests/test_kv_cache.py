@@ -129,6 +129,37 @@ def test_store_skips_positions_outside_the_cache(rng):
     assert not rows.copy_to_host().any() and not v_rows.copy_to_host().any()
 
 
+@pytest.mark.parametrize("qtype", [QType.F16, QType.Q8_0])
+def test_store_rope_also_rotates_q_like_rope_neox(rng, qtype):
+    """launch_kv_store_rope(..., q=q) = launch_rope(q) + launch_kv_store_rope(...): q rotated in
+    place with rope_neox's arithmetic, bit for bit (more query heads than KV heads, partial
+    rotary), and the cache written exactly as without q."""
+    from bw24nb.kernels.rope import launch_rope
+    T, Hq, H, D, ctx = 2, 3, 1, 32, 8
+    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    k, v = (rng.standard_normal((T, H, D)).astype(np.float32) for _ in range(2))
+    pos = cuda.to_device(np.array([5, 2], np.int32))
+    inv_freq = cuda.to_device(rope_inv_freq(1e4, D // 2))
+
+    def store(with_q):
+        rows = [cuda.to_device(np.zeros((H, ctx, kv_row_bytes(qtype, D)), np.uint8))
+                for _ in range(2)]
+        qd = cuda.to_device(q)
+        launch_kv_store_rope(cuda.to_device(k), cuda.to_device(v), pos, inv_freq, qtype, rows[0],
+                             rows[0].view(np.float16), qtype, rows[1], rows[1].view(np.float16),
+                             q=qd if with_q else None)
+        return qd.copy_to_host(), [r.copy_to_host() for r in rows]
+
+    q_fused, rows_fused = store(True)
+    q_plain, rows_plain = store(False)
+    want = cuda.to_device(q)
+    launch_rope(want, pos, inv_freq)
+    np.testing.assert_array_equal(q_fused, want.copy_to_host())
+    np.testing.assert_array_equal(q_plain, q)
+    for a, b in zip(rows_fused, rows_plain):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_cli_kv_cache_names_are_the_cache_kinds():
     """`--kv-cache` lists cache.kv.KV_CACHE_KINDS' names (written out in cli.py so that the CLI
     starts without numba), the first of them the engine's default."""

@@ -48,6 +48,7 @@ from numba import cuda, float32, int32
 
 from ..jit import kernel
 from ..formats.config import FULL_ATTENTION
+from ..kernels.rope import rotate_pair
 from ..quant.types import QType, row_bytes
 
 # Cache types a kernel can read and write. Module-level ints: numba freezes them into the
@@ -265,19 +266,28 @@ def kv_store(x, positions, qtype, rows_u8, rows_f16):
 
 
 @kernel
-def kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8, v_f16):
-    """One launch for a layer's fresh K and V: K gets NEOX RoPE (table `inv_freq`, rotary_dim =
-    2 * len(inv_freq); an empty table means no RoPE) on the fly, then both are encoded at
-    positions[t]. The rotated K exists only in the cache: attention reads K from there.
-    Grid (T * H, 2): y = 0 stores K, y = 1 stores V; thread e = element e."""
+def kv_store_rope(k, v, q, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8, v_f16):
+    """One launch for a layer's fresh K and V (and the RoPE of Q): K gets NEOX RoPE (table
+    `inv_freq`, rotary_dim = 2 * len(inv_freq); an empty table means no RoPE) on the fly, then
+    both are encoded at positions[t]. The rotated K exists only in the cache: attention reads
+    K from there. Grid (T * HB, 2 or 3), HB = max(H, Hq): y = 0 stores K head, y = 1 V head
+    (blocks past H leave), y = 2 rotates query head q[t, h] in place, rope.rope_neox's
+    arithmetic pair for pair (a launch fewer a layer than a separate rope_q); thread e =
+    element e (pair e for q)."""
     vals = cuda.shared.array(HEAD_DIM_MAX, float32)
     qs = cuda.shared.array(HEAD_DIM_MAX, int32)
     T, H, D = k.shape
-    t = cuda.blockIdx.x // H
-    h = cuda.blockIdx.x - t * H
+    HB = cuda.gridDim.x // T
+    t = cuda.blockIdx.x // HB
+    h = cuda.blockIdx.x - t * HB
     e = cuda.threadIdx.x
+    if cuda.blockIdx.y == 2:
+        half = inv_freq.shape[0]
+        if h < q.shape[1] and e < half:
+            rotate_pair(q, t, h, e, half, float32(positions[t]) * inv_freq[e])
+        return
     pos = positions[t]
-    if pos < 0 or pos >= k_u8.shape[1]:
+    if h >= H or pos < 0 or pos >= k_u8.shape[1]:
         return
     if cuda.blockIdx.y == 1:
         if e < D:
@@ -319,10 +329,11 @@ def launch_kv_store(x, positions, qtype, rows_u8, rows_f16, stream=0):
 
 
 def launch_kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8, v_f16,
-                         stream=0):
+                         stream=0, q=None):
     """Fused `launch_rope(k) + launch_kv_store(k) + launch_kv_store(v)` in one launch; k is
     left unrotated in memory. `inv_freq` from bw24nb.kernels.rope.rope_inv_freq (on device),
-    or a zero-length float32 device array for no RoPE."""
+    or a zero-length float32 device array for no RoPE. With q ([T, Hq, D]) the same launch
+    also does `launch_rope(q)` (in place)."""
     _check_rows(k, k_type, k_u8)
     _check_rows(v, v_type, v_u8)
     if tuple(k.shape) != tuple(v.shape) or v_u8.shape[1] != k_u8.shape[1]:
@@ -330,8 +341,12 @@ def launch_kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type,
     if 2 * inv_freq.shape[0] > k.shape[2]:
         raise ValueError(f"rotary_dim {2 * inv_freq.shape[0]} exceeds head_dim {k.shape[2]}")
     T, H, D = k.shape
-    kv_store_rope[(T * H, 2), _store_threads(D), stream](k, v, positions, inv_freq, np.int32(k_type), k_u8,
-                                               k_f16, np.int32(v_type), v_u8, v_f16)
+    if q is not None and (q.shape[0] != T or q.shape[2] != D):
+        raise ValueError(f"q {tuple(q.shape)} does not match k {tuple(k.shape)}")
+    HB = H if q is None else max(H, q.shape[1])
+    kv_store_rope[(T * HB, 2 if q is None else 3), _store_threads(D), stream](
+        k, v, k if q is None else q, positions, inv_freq, np.int32(k_type), k_u8, k_f16,
+        np.int32(v_type), v_u8, v_f16)
 
 
 # ------------------------------------------------------------------ the cache object
@@ -378,17 +393,18 @@ class KVCache:
     def layer(self, slot: int):
         return self.k[slot], self.k_f16[slot], self.v[slot], self.v_f16[slot]
 
-    def store(self, slot: int, k, v, positions, inv_freq=None, stream=0) -> None:
+    def store(self, slot: int, k, v, positions, inv_freq=None, stream=0, q=None) -> None:
         """Encode fresh `k`, `v` (float32 device arrays `[T, n_kv_heads, head_dim]`) into the
         cache at `positions` (int32 device array [T]), in one launch. With `inv_freq` (the
-        device RoPE table) K is rotated on the way in; without, K must already be rotated."""
+        device RoPE table) K is rotated on the way in; without, K must already be rotated.
+        With `q` ([T, n_heads, head_dim]) and `inv_freq`, the launch also rotates q in place."""
         if inv_freq is None:
             if self._no_rope is None:
                 self._no_rope = cuda.device_array(0, np.float32)
             inv_freq = self._no_rope
         k_u8, k_f16, v_u8, v_f16 = self.layer(slot)
         launch_kv_store_rope(k, v, positions, inv_freq, self.k_type, k_u8, k_f16,
-                             self.v_type, v_u8, v_f16, stream)
+                             self.v_type, v_u8, v_f16, stream, q=q)
 
     def read(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copy of positions [0, n) of one slot, dequantized: (k, v) float32
@@ -406,5 +422,5 @@ _A3 = "float32[:, :, ::1]"
 _ROWS = "int32, uint8[:, :, ::1], float16[:, :, ::1]"
 PTX_SIGNATURES = {
     "kv_store": [f"void({_A3}, int32[::1], {_ROWS})"],
-    "kv_store_rope": [f"void({_A3}, {_A3}, int32[::1], float32[::1], {_ROWS}, {_ROWS})"],
+    "kv_store_rope": [f"void({_A3}, {_A3}, {_A3}, int32[::1], float32[::1], {_ROWS}, {_ROWS})"],
 }

@@ -42,7 +42,9 @@ def rope_inv_freq(theta: float, rotary_dim: int) -> np.ndarray:
 
 
 @cuda.jit(device=True)
-def _rotate_pair(x, t, h, i, half, angle):
+def rotate_pair(x, t, h, i, half, angle):
+    """x[t, h, i], x[t, h, i + half] rotated by `angle` (NEOX pairing); also cache/kv.py's
+    kv_store_rope for q."""
     c = math.cos(angle)
     s = math.sin(angle)
     a = x[t, h, i]
@@ -62,7 +64,7 @@ def rope_neox(x, positions, inv_freq):
     i = n % half
     h = (n // half) % H
     t = n // (half * H)
-    _rotate_pair(x, t, h, i, half, float32(positions[t]) * inv_freq[i])
+    rotate_pair(x, t, h, i, half, float32(positions[t]) * inv_freq[i])
 
 
 @kernel
@@ -77,13 +79,13 @@ def rope_neox_qk(q, k, positions, inv_freq):
         i = n % half
         h = (n // half) % Hq
         t = n // (half * Hq)
-        _rotate_pair(q, t, h, i, half, float32(positions[t]) * inv_freq[i])
+        rotate_pair(q, t, h, i, half, float32(positions[t]) * inv_freq[i])
     elif n < nq + T * Hk * half:
         n -= nq
         i = n % half
         h = (n // half) % Hk
         t = n // (half * Hk)
-        _rotate_pair(k, t, h, i, half, float32(positions[t]) * inv_freq[i])
+        rotate_pair(k, t, h, i, half, float32(positions[t]) * inv_freq[i])
 
 
 @kernel

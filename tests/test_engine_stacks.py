@@ -1,0 +1,49 @@
+"""Stacked decode matvecs (Engine._stack_decode_weights): weights that read the same input --
+ffn_gate + ffn_up, attn_qkv + attn_gate, attn_q + attn_k + attn_v (+ their biases), ssm_beta +
+ssm_alpha -- run as one matvec launch in a decode step. Each member's rows keep their own
+split (DeviceWeight.parts), so decode must give the very bits it gives with one launch per
+weight; and prefill, which reads the members as views into the stack, must be unchanged."""
+import numpy as np
+import pytest
+
+from bw24nb.engine import Engine
+from bw24nb.formats import open_model
+from bw24nb.quant import QType
+
+CASES = {"qwen2": {"gu", "qkv", "qkv_bias"}, "qwen35": {"ba", "gu", "qkv", "qkvz"}}
+
+
+def _decode(eng, ids):
+    eng.reset()
+    return np.stack([eng.decode(t) for t in ids])
+
+
+@pytest.mark.parametrize("fixture", sorted(CASES))
+def test_stacked_decode_gives_the_bits_of_separate_launches(fixture, rng):
+    src = open_model(f"tests/fixtures/{fixture}/model.gguf")
+    eng = Engine(src, n_ctx=16, k_type=QType.F16, v_type=QType.F16, log=lambda m: None)
+    assert {what for _, what in eng.stacks} == CASES[fixture]
+    ids = [int(t) for t in rng.integers(0, src.config.vocab_size, 4)]
+    names = [n for n, _ in eng._decode_step()]
+    stacked = _decode(eng, ids)
+    prefill_stacked = (eng.reset(), eng.prefill(ids))[1]
+
+    eng.stacks, eng._graph = {}, None          # one launch per weight again
+    separate = _decode(eng, ids)
+    assert len(names) < len(eng._decode_step())
+    assert "ffn_gate_up" in names and "ffn_gate" not in names
+    np.testing.assert_array_equal(stacked, separate)
+    eng.reset()
+    np.testing.assert_array_equal(prefill_stacked, eng.prefill(ids))
+
+
+def test_members_of_a_stack_are_views_into_it():
+    src = open_model("tests/fixtures/qwen35/model.gguf")
+    eng = Engine(src, n_ctx=16, k_type=QType.F16, v_type=QType.F16, log=lambda m: None)
+    layer, _ = next(k for k in eng.stacks if k[1] == "gu")
+    st = eng.stacks[layer, "gu"]
+    g, u = eng.w.blk(layer, "ffn_gate.weight"), eng.w.blk(layer, "ffn_up.weight")
+    assert st.rows == g.rows + u.rows and st.cols == g.cols
+    whole = st.buf.copy_to_host()
+    np.testing.assert_array_equal(whole[:g.buf.size], g.buf.copy_to_host().reshape(-1))
+    np.testing.assert_array_equal(whole[g.buf.size:], u.buf.copy_to_host().reshape(-1))
