@@ -29,7 +29,7 @@ EngineSpecTarget call reads its result back), median of `--runs` after `--warmup
                               always differ from greedy: acceptance 0, every round rolls back)
     spec_tok_s@K:mtp+conf<c> the MTP draft under confidence gating at threshold c
                               (--confidences; c = 0 never stops a round: what the gating's
-                              logits read-back costs by itself)
+                              device-side top probability costs by itself)
     spec_acceptance@K:<mode>  accepted / drafted of that run
     spec_gate@K:<mode>        1 when its tokens equal plain greedy's (timings of a 0 do not count)
     verify_kernel_ms@K:<name> device time of a verify's launches of that name (--profile-k),

@@ -53,7 +53,9 @@ Both are bit-exact (the rows are the decode step's); bench/spec_bench.py measure
 "states" is the default (0.5-0.9 ms a rollback against ~7 ms on the 9B shape).
 
 Top probability (`Rows.top_prob`, for confidence gating) is computed on the host from the
-logits, so it comes with `want_logits` (spec.py's drafters ask for logits when gating).
+logits where a call returns logits (`want_logits`). The greedy MTP drafter gates on the device
+instead: `mtp_draft(..., probs=True)` adds two small kernels a draft step
+(kernels/sampling.py launch_top_prob) and reads k floats back with the k drafts.
 """
 from __future__ import annotations
 
@@ -195,6 +197,7 @@ class GpuMTPHead:
         self.cat = cuda.device_array((e.wsp.T, 2 * c.hidden_size), np.float32)
         self.drafts = cuda.device_array(LOGIT_ROWS, np.int32)       # a round's drafts
         self.n_drafts = cuda.device_array(1, np.int32)
+        self.draft_probs = cuda.device_array(LOGIT_ROWS, np.float32)   # their top probabilities
         self.graphs = _Graphs(e)
         self.position = 0                                   # pairs in the head's KV cache
 
@@ -299,13 +302,24 @@ class GpuMTPHead:
             head.tokens, ws.x[row], c1.ids, c1.h, c1.positions, ws.positions, row, self.drafts,
             self.n_drafts, first, s))
 
-    def draft(self, chunks, k: int, vocab=None) -> list[int]:
+    def _top_prob(self, head: "_HeadRows", first: bool) -> tuple:
+        """The launch that puts the just-drafted token's top probability (max softmax of the
+        head's logits row) into draft_probs at the draft's slot (confidence gating, on the
+        device: 4 bytes a draft for the host instead of the logits row)."""
+        return ("mtp_top_prob", lambda: sampling.launch_top_prob(
+            head.logits[0], head.tokens[:1], head.sample_ws, self.draft_probs, self.n_drafts,
+            first, self.engine.stream))
+
+    def draft(self, chunks, k: int, vocab=None, probs: bool = False):
         """Greedy drafts on the device: append the true pairs of `chunks` ([(hidden [n, H],
         tokens [n])], the last one of <= VERIFY_ROWS pairs runs as a captured graph on the
         decode kernels), draft d_1 from the last of them, then chain k - 1 more, each step a
         replay of one captured graph whose inputs are the previous step's outputs on the device
-        (step.mtp_chain). The host reads the k drafts back once: 4k bytes a round."""
+        (step.mtp_chain). The host reads the k drafts back once: 4k bytes a round. With
+        `probs`, each step also computes its draft's top probability on the device, and the
+        result is (drafts, their top probabilities): 8k bytes a round."""
         e = self.engine
+        gate = (lambda first: [self._top_prob(head, first)]) if probs else (lambda first: [])
         head = self._head_for(vocab)
         hkey = None if self._trimmed is None or head is self.head else hash(self._trimmed[0])
         pairs = [self._check_pairs(h, t) for h, t in chunks]
@@ -317,25 +331,28 @@ class GpuMTPHead:
         n = tokens.size
         if n <= VERIFY_ROWS:
             self._fill(self.wsm, hidden, tokens, 0, n)
-            self.graphs.run(("draft", "feed", n, hkey), lambda: (
+            self.graphs.run(("draft", "feed", n, hkey, probs), lambda: (
                 self._launches(self.wsm, n) + self._head_row(head, self.wsm, n - 1)
-                + [self._chain(head, self.wsm, n - 1, True)]))
+                + gate(True) + [self._chain(head, self.wsm, n - 1, True)]))
             self.position += n
         else:                                   # a prompt's pairs: prefill chunks, eagerly
             ws, T = self._feed_eager(hidden, tokens)
-            e._run(self._head_row(head, ws, T - 1) + [self._chain(head, ws, T - 1, True)])
+            e._run(self._head_row(head, ws, T - 1) + gate(True)
+                   + [self._chain(head, ws, T - 1, True)])
         for _ in range(k - 1):
             if self.position + 1 > e.n_ctx:
                 raise ContextOverflow(f"MTP head: {self.position} + 1 pairs exceed the context "
                                       f"of {e.n_ctx}")
-            self.graphs.run(("draft", "chain", hkey), lambda: (
+            self.graphs.run(("draft", "chain", hkey, probs), lambda: (
                 self._launches(self.ws1, 1) + self._head_row(head, self.ws1, 0)
-                + [self._chain(head, self.ws1, 0, False)]))
+                + gate(False) + [self._chain(head, self.ws1, 0, False)]))
             self.position += 1
         ids = self.drafts[:k].copy_to_host(stream=e.stream)
+        p = self.draft_probs[:k].copy_to_host(stream=e.stream) if probs else None
         e.stream.synchronize()
         ids = ids.astype(np.int64)
-        return [int(t) for t in (ids if head.vocab is None else head.vocab[ids])]
+        drafts = [int(t) for t in (ids if head.vocab is None else head.vocab[ids])]
+        return (drafts, [float(x) for x in p]) if probs else drafts
 
 
 class EngineSpecTarget:
@@ -594,10 +611,11 @@ class EngineSpecTarget:
     def mtp_feed(self, hidden, tokens, vocab=None, want_logits: bool = False) -> Rows:
         return self._need_mtp().feed(hidden, tokens, vocab, want_logits)
 
-    def mtp_draft(self, chunks, k: int, vocab=None) -> list[int]:
+    def mtp_draft(self, chunks, k: int, vocab=None, probs: bool = False):
         """k greedy drafts after feeding the true pairs `chunks` (spec.MTPDrafter's fast path:
-        the draft chain runs as captured graphs, GpuMTPHead.draft)."""
-        return self._need_mtp().draft(chunks, k, vocab)
+        the draft chain runs as captured graphs, GpuMTPHead.draft); with `probs`, (drafts,
+        their top probabilities) -- confidence gating without the logits on the host."""
+        return self._need_mtp().draft(chunks, k, vocab, probs)
 
 
 __all__ = ["EngineSnapshot", "EngineSpecTarget", "GpuMTPHead", "LOGIT_ROWS"]

@@ -141,8 +141,9 @@ class SpecTarget(Protocol):
     def mtp_truncate(self, n: int) -> None: ...
     def mtp_feed(self, hidden, tokens: Sequence[int], vocab: np.ndarray | None = None,
                  want_logits: bool = False) -> Rows: ...
-    # optional, greedy ungated drafting in one call (a GPU target chains the draft steps on
-    # the device): `mtp_draft([(hidden, tokens), ...], k, vocab) -> [d_1 .. d_k]` = feeding
+    # optional, greedy drafting in one call (a GPU target chains the draft steps on
+    # the device): `mtp_draft([(hidden, tokens), ...], k, vocab[, probs]) -> [d_1 .. d_k]`
+    # (with probs=True: (drafts, their top probabilities), for confidence gating) = feeding
     # those pairs, then k - 1 chained `mtp_feed`s of the argmax (MTPDrafter.propose)
 
 
@@ -395,10 +396,18 @@ class MTPDrafter(Drafter):
             return [], []
         t, want = self.target, self.want_logits
         t.mtp_truncate(self.base)                     # drop last round's chained drafts
-        if not want and hasattr(t, "mtp_draft"):      # greedy, ungated: the device chain
-            drafts = t.mtp_draft(self.pending, k, self.vocab)
+        if not self.sampling and hasattr(t, "mtp_draft"):    # greedy: the device chain
+            gated = self.confidence is not None
+            out = t.mtp_draft(self.pending, k, self.vocab, probs=True) if gated \
+                else t.mtp_draft(self.pending, k, self.vocab)
             self.base += sum(len(tokens) for _, tokens in self.pending)
             self.pending = []
+            drafts = out[0] if gated else out
+            if gated:       # the host path's cut (`_unsure`), on the probabilities drafted with
+                keep = next((i for i, p in enumerate(out[1]) if p < self.confidence
+                             and (i == 0 or self.confidence_mode == "step")), len(drafts))
+                self.gated = keep < len(drafts)
+                drafts = drafts[:keep]
             return drafts, [None] * len(drafts)
         for hidden, tokens in self.pending:           # usually one chunk; the last row drafts d_1
             rows = t.mtp_feed(hidden, tokens, self.vocab, want)

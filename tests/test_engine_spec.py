@@ -260,3 +260,14 @@ def test_mtp_draft_equals_chained_feeds(case):
     target.mtp_truncate(0)
     assert target.mtp_draft(pairs, 3) == eager
     assert target.mtp_position == 3                 # the pair + 2 chained drafts
+    # with the drafts' top probabilities computed on the device (confidence gating)
+    target.mtp_truncate(0)
+    r = target.mtp_feed(*pairs[0], want_logits=True)
+    host = [float(r.top_prob[-1])]
+    for d in eager[:2]:
+        r = target.mtp_feed(r.hidden[-1:], [d], want_logits=True)
+        host.append(float(r.top_prob[-1]))
+    target.mtp_truncate(0)
+    drafts, probs = target.mtp_draft(pairs, 3, probs=True)
+    assert drafts == eager
+    np.testing.assert_allclose(probs, host, rtol=1e-4)

@@ -15,8 +15,8 @@ import pytest
 from numba import cuda
 
 from bw24nb.kernels.sampling import (TOPK_MAX, SampleWorkspace, launch_argmax, launch_sample,
-                                     make_rng_state, reference_sample, reference_uniform,
-                                     sampling_params)
+                                     launch_top_prob, make_rng_state, reference_sample,
+                                     reference_uniform, sampling_params)
 
 MARGIN = 1e-5
 
@@ -38,6 +38,28 @@ def test_argmax_ties_go_to_lowest_id(rng, V, threads):
     assert token == ids[0]
     if V == 3000:
         assert n_blocks > 1
+
+
+@pytest.mark.parametrize("scale,first", [(1.0, True), (8.0, False), (0.01, False)])
+def test_top_prob_is_the_largest_softmax_probability(rng, scale, first):
+    """launch_top_prob after launch_argmax: 1 / sum(exp(l - max)) in float32 against float64
+    (flat, peaked and almost uniform distributions), written at slot 0 for the first draft of
+    a chain and at counter[0] otherwise; nothing else of out_prob touched."""
+    V = 3000
+    logits = (scale * rng.standard_normal(V)).astype(np.float32)
+    work = SampleWorkspace(V, 32)
+    d_logits = cuda.to_device(logits)
+    tok = cuda.to_device(np.full(1, -7, np.int32))
+    launch_argmax(d_logits, tok, work)
+    probs = cuda.to_device(np.full(4, np.nan, np.float32))
+    counter = cuda.to_device(np.array([2], np.int32))
+    launch_top_prob(d_logits, tok, work, probs, counter, first)
+    got = probs.copy_to_host()
+    z = logits.astype(np.float64)
+    want = 1.0 / np.exp(z - z.max()).sum()
+    slot = 0 if first else 2
+    np.testing.assert_allclose(got[slot], want, rtol=2e-6 * np.log2(V))
+    assert np.isnan(np.delete(got, slot)).all()
 
 
 def test_argmax_ignores_nan_and_handles_all_nan(rng):

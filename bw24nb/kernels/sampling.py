@@ -558,6 +558,69 @@ def launch_sample(logits, params, rng_state, out_token, out_u, work: SampleWorks
         work.cand_idx, work.cand2_val, work.cand2_idx, rng_state, out_token, out_u)
 
 
+# ------------------------------------------------------------------ top probability
+
+
+@cuda.jit(device=True)
+def _block_total(sv, v):
+    """Block-wide float32 sum (tree over a power-of-two blockDim, the same fixed order every
+    call); every thread gets it."""
+    tid = cuda.threadIdx.x
+    sv[tid] = v
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            sv[tid] += sv[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    total = sv[0]
+    cuda.syncthreads()
+    return total
+
+
+@kernel
+def exp_sum_partial(logits, token, part_sum):
+    """Block b: sum over its vocabulary chunk of exp(logit - logits[token[0]]), token the
+    argmax just found -> part_sum[b] (every term <= 1: no overflow)."""
+    sv = cuda.shared.array(SAMPLE_THREADS, float32)
+    b = cuda.blockIdx.x
+    m = logits[token[0]]
+    lo, hi = _chunk(logits.shape[0], cuda.gridDim.x, b)
+    acc = float32(0.0)
+    for i in range(lo + cuda.threadIdx.x, hi, cuda.blockDim.x):
+        acc += math.exp(logits[i] - m)
+    total = _block_total(sv, acc)
+    if cuda.threadIdx.x == 0:
+        part_sum[b] = total
+
+
+@kernel
+def top_prob_final(part_sum, out_prob, counter, first):
+    """out_prob[c] = 1 / sum(part_sum): the largest softmax probability (temperature 1), c the
+    draft's slot (0 when `first`, else counter[0]: kernels/step.py mtp_chain's numbering)."""
+    sv = cuda.shared.array(SAMPLE_THREADS, float32)
+    acc = float32(0.0)
+    for j in range(cuda.threadIdx.x, part_sum.shape[0], cuda.blockDim.x):
+        acc += part_sum[j]
+    total = _block_total(sv, acc)
+    if cuda.threadIdx.x == 0:
+        c = 0 if first else counter[0]
+        out_prob[c] = float32(1.0) / total
+
+
+def launch_top_prob(logits, token, work: SampleWorkspace, out_prob, counter, first: bool,
+                    stream=0):
+    """out_prob[c] = max softmax(logits) at temperature 1, with token[0] = argmax(logits) from
+    `launch_argmax` (on the device: a draft chain's confidence, 4 bytes instead of the logits
+    row for the host). c = 0 when `first`, else counter[0]. Reference: 1 / sum(exp(l - max))
+    (engine_spec._top_prob, float64)."""
+    if logits.shape[0] != work.vocab_size:
+        raise ValueError(f"logits {logits.shape[0]} != workspace vocab {work.vocab_size}")
+    exp_sum_partial[work.n_blocks, work.threads, stream](logits, token, work.part_sum)
+    top_prob_final[1, work.threads, stream](work.part_sum, out_prob, counter, np.int32(first))
+
+
 # ------------------------------------------------------------------ numpy reference
 
 
@@ -606,6 +669,8 @@ _I1 = "int32[::1]"
 PTX_SIGNATURES = {
     "argmax_partial": [f"void({_F1}, {_F1}, {_I1})"],
     "argmax_final": [f"void({_F1}, {_I1}, {_I1})"],
+    "exp_sum_partial": [f"void({_F1}, {_I1}, {_F1})"],
+    "top_prob_final": [f"void({_F1}, {_F1}, {_I1}, int32)"],
     "sample_partial": [f"void({_F1}, {_F1}, {_F1}, {_I1}, {_F1}, float32[:, ::1], int32[:, ::1])"],
     "sample_pick": [f"void({_F1}, {_F1}, {_F1}, {_I1}, {_F1}, float32[:, ::1], int32[:, ::1], "
                     f"float32[:, ::1], int32[:, ::1], uint64[::1], {_I1}, {_F1})"],
