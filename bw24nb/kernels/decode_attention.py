@@ -17,7 +17,8 @@ registers:
     alpha = exp(m - m'), l = l alpha + warp_sum(p);
   * PV: lane l owns dims [lE, lE + E) (E = D / 32); acc[r, e] = acc[r, e] alpha_r, then
     += p[r, j] v[j, d] for the tile's keys j ascending (p through shared memory; the warp reads
-    one whole V row per key: coalesced);
+    one whole V row per key: coalesced), the V values of VB = 8 keys loaded before the first
+    of them is used (session 6: one key at a time, a tile cost ~10 us of waiting on the H200);
   * the four warps' (m, l, acc) merge in warp order (M = max m_w, weights exp(m_w - M)) into the
     split's partial, in attention.py's layout, so its `flash_decode_combine` finishes the job.
 Every sum has a fixed order and a block only ever sees one token, so a verify over K + 1 tokens
@@ -42,6 +43,7 @@ from .attention import _split_plan     # the plan the combine derives again: one
 WARPS = 4
 THREADS = 32 * WARPS
 TILE = 32                   # keys a warp scores at once: one per lane
+VB = 8                      # keys whose V values a lane loads before using any (PV loop)
 ROWS_MAX = 8                # query heads per KV head (Qwen family: 4 .. 8)
 HEAD_DIMS = (32, 64, 128, 256)
 _RD_MAX = ROWS_MAX * 256    # q rows of one block / one warp's accumulators in shared memory
@@ -63,6 +65,7 @@ def _make(R: int, E: int):
     DW = D // 2             # uint32 words in one K or V row
     CH = D // 8             # 16-byte chunks in one K row
     RE = R * E              # accumulators a lane holds (a constant for cuda.local.array)
+    VE = VB * E             # V values a lane holds for one group of keys
 
     @cuda.jit(device=True, inline="always")
     def v_dims(vw, row_word, lane, e):
@@ -84,7 +87,7 @@ def _make(R: int, E: int):
         lsum = cuda.local.array(R, float32)
         alpha = cuda.local.array(R, float32)
         acc = cuda.local.array(RE, float32)
-        vv = cuda.local.array(E, float32)
+        vv = cuda.local.array(VE, float32)
         split_i = cuda.blockIdx.x
         n_splits = cuda.gridDim.x
         kvh = cuda.blockIdx.y
@@ -150,14 +153,21 @@ def _make(R: int, E: int):
             for r in range(R):
                 for e in range(E):
                     acc[r * E + e] *= alpha[r]
-            for j in range(max(nk, 0)):
-                vrow = head_word + np.int64(k0 + j) * DW
-                for e in range(E):
-                    vv[e] = v_dims(vw, vrow, lane, e)
-                for r in range(R):
-                    pj = p_sh[(warp * ROWS_MAX + r) * TILE + j]
-                    for e in range(E):
-                        acc[r * E + e] += pj * vv[e]
+            # keys in groups of VB: the group's V words are all loaded (a key past `end` reads
+            # the last key's row, unused) before the first is used, so VB loads are in flight
+            # where a loop over keys waited for each (the tile's cost was ~32 DRAM latencies)
+            for j0 in range(0, TILE, VB):
+                if j0 < nk:                     # (nk is the same for the whole warp)
+                    for jj in range(VB):
+                        vrow = head_word + np.int64(min(k0 + j0 + jj, end - 1)) * DW
+                        for e in range(E):
+                            vv[jj * E + e] = v_dims(vw, vrow, lane, e)
+                    for jj in range(VB):
+                        if j0 + jj < nk:
+                            for r in range(R):
+                                pj = p_sh[(warp * ROWS_MAX + r) * TILE + j0 + jj]
+                                for e in range(E):
+                                    acc[r * E + e] += pj * vv[jj * E + e]
             cuda.syncthreads()                  # p_sh read before the next step rewrites it
         # merge the warps in order into the split's partial (q is dead: buf holds acc now)
         for r in range(R):
