@@ -132,17 +132,24 @@ def add_rms_norm_rows(x, r, w, eps, h, y):
         y[row, i] = h[row, i] * rstd * w[i]
 
 
+@cuda.jit(device=True, inline="always")
+def _gated_rstd(scratch, x, row, C, eps):
+    """1 / rms of x[row, :C] for the gated norm: this thread's squares x[row, j]^2 +
+    x[row, j+B]^2 + ... in order, then block_sum (the order both gated kernels share)."""
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        v = x[row, i]
+        acc += v * v
+    return _row_rstd(scratch, acc, C, eps)
+
+
 @kernel
 def gated_rms_norm_rows(x, z, w, eps, y):
     """y = (rms_norm(x) * w) * silu(z) per row; x, z, y [N, C], w [C]."""
     scratch = cuda.shared.array(SCRATCH_WARPS, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
-    acc = float32(0.0)
-    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
-        v = x[row, i]
-        acc += v * v
-    rstd = _row_rstd(scratch, acc, C, eps)
+    rstd = _gated_rstd(scratch, x, row, C, eps)
     for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
         y[row, i] = x[row, i] * rstd * w[i] * _silu(z[row, i])
 
@@ -203,11 +210,7 @@ def gated_rms_norm_q8_rows(x, z, w, eps, y, xq, xd):
     scratch = cuda.shared.array(SCRATCH_WARPS, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
-    acc = float32(0.0)
-    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
-        v = x[row, i]
-        acc += v * v
-    rstd = _row_rstd(scratch, acc, C, eps)
+    rstd = _gated_rstd(scratch, x, row, C, eps)
     for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
         v = x[row, i] * rstd * w[i] * _silu(z[row, i])
         _store_q8(y, xq, xd, row, i, v, warp_max(abs(v)))

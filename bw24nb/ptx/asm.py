@@ -190,6 +190,16 @@ FP4_BITS = _fp4_intrinsics(snippet("fp4x2_to_f16x2_bits"))   # sm_80 / sm_90: in
 FP4_CVT = _fp4_intrinsics(snippet("fp4x2_to_f16x2_cvt"))     # sm_100a / sm_120a: cvt.rn.f16x2.e2m1x2
 
 
+def _element_address(context, builder, sig, args):
+    """The 64-bit address of array[index] for an intrinsic taking (array, index): no bounds
+    check, no negative-index wraparound."""
+    aryty, idxty = sig.args
+    ary = context.make_array(aryty)(context, builder, value=args[0])
+    idx = context.cast(builder, args[1], idxty, types.intp)
+    ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+    return builder.ptrtoint(ptr, ir.IntType(64))
+
+
 # --- 16-byte non-coherent load --------------------------------------------------------------------
 
 _LD_NC_V4 = snippet("ld_nc_v4_u32")
@@ -210,11 +220,7 @@ def ld_nc_v4_u32(typingctx, array, index):
     _require_integers("ld_nc_v4_u32", index)
 
     def codegen(context, builder, sig, args):
-        aryty, idxty = sig.args
-        ary = context.make_array(aryty)(context, builder, value=args[0])
-        idx = context.cast(builder, args[1], idxty, types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
-        addr = builder.ptrtoint(ptr, ir.IntType(64))
+        addr = _element_address(context, builder, sig, args)
         return context.make_tuple(builder, _U32X4, _emit(builder, _LD_NC_V4, [addr]))
 
     return _U32X4(array, index), codegen
@@ -236,11 +242,7 @@ def prefetch_l2(typingctx, array, index):
     _require_integers("prefetch_l2", index)
 
     def codegen(context, builder, sig, args):
-        aryty, idxty = sig.args
-        ary = context.make_array(aryty)(context, builder, value=args[0])
-        idx = context.cast(builder, args[1], idxty, types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
-        addr = builder.ptrtoint(ptr, ir.IntType(64))
+        addr = _element_address(context, builder, sig, args)
         fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)])
         builder.call(ir.InlineAsm(fnty, _PREFETCH_L2.asm_template, _PREFETCH_L2.constraints,
                                   side_effect=True), [addr])
