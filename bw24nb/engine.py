@@ -535,7 +535,7 @@ class Engine:
             add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, q.reshape(T, Hq * D), T,
                                             bias=w.blk_opt(i, "attn_q.bias"), qx=qx,
                                                 rowwise=ws.rowwise)))
-        if c.attn_output_gate:
+        if c.attn_output_gate and not c.qk_norm:
             add(("split_q_gate", lambda: rope.launch_split_q_gate(qg, q, ws.gate[:T], s)))
         if stack is None:
             add(("attn_k", lambda: self._mv(w.blk(i, "attn_k.weight"), x, k.reshape(T, Hkv * D), T,
@@ -544,9 +544,11 @@ class Engine:
             add(("attn_v", lambda: self._mv(w.blk(i, "attn_v.weight"), x, v.reshape(T, Hkv * D), T,
                                             bias=w.blk_opt(i, "attn_v.bias"), qx=qx,
                                             rowwise=ws.rowwise)))
-        if c.qk_norm:
-            add(("q_norm", lambda: norm.launch_head_rms_norm(q, w.blk(i, "attn_q_norm.weight").buf, eps, q, s)))
-            add(("k_norm", lambda: norm.launch_head_rms_norm(k, w.blk(i, "attn_k_norm.weight").buf, eps, k, s)))
+        if c.qk_norm:           # q_norm + k_norm (+ the query / gate split): one launch
+            wq, wk = w.blk(i, "attn_q_norm.weight").buf, w.blk(i, "attn_k_norm.weight").buf
+            gate = ws.gate[:T] if c.attn_output_gate else None
+            add(("qk_norm", lambda: norm.launch_qk_head_norm(
+                qg if c.attn_output_gate else q, q, wq, k, wk, eps, gate=gate, stream=s)))
         # RoPE: q in place, k on its way into the cache, and the store of K and V: one launch
         add(("rope_kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq,
                                                     stream=s, q=q)))

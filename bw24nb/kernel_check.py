@@ -828,6 +828,35 @@ def check_add_rms_norm(rng, size):
                   rel * np.abs(_f64(ref)) + TINY_NORMAL, label, guard_ok=guard_ok)
 
 
+@check("qk_head_norm", "kernels.norm.launch_qk_head_norm")
+def check_qk_head_norm(rng, size):
+    """q_norm + k_norm + the gated query / gate split in one launch: q and k within the head
+    norm's bound, the gate halves copied exactly."""
+    from .kernels import norm
+    from .reference import ops
+    T, Hq, Hk, D = (2, 3, 2, 32) if size == "tiny" else (4, Q9.n_heads, Q9.n_kv_heads,
+                                                         Q9.head_dim)
+    qg = (2 * rng.standard_normal((T, Hq, 2 * D))).astype(np.float32)
+    k = (2 * rng.standard_normal((T, Hk, D))).astype(np.float32)
+    wq, wk = (rng.standard_normal(D).astype(np.float32) for _ in range(2))
+    eps = 1e-6
+    q, gate = Out((T, Hq, D)), Out((T, Hq, D))
+    k_dev = _dev(k)
+    norm.launch_qk_head_norm(_dev(qg.reshape(T, Hq * 2 * D)), q.dev, _dev(wq), k_dev, _dev(wk),
+                             eps, gate=gate.dev)
+    rel, label = _norm_bound(D)
+    got, guard_ok = q.get()
+    ref = ops.rms_norm(qg[..., :D], wq, eps)
+    yield compare("qk_head_norm q", "f32", _shape(T, Hq, D), got, ref,
+                  rel * np.abs(_f64(ref)) + TINY_NORMAL, label, guard_ok=guard_ok)
+    ref = ops.rms_norm(k, wk, eps)
+    yield compare("qk_head_norm k", "f32", _shape(T, Hk, D), k_dev.copy_to_host(), ref,
+                  rel * np.abs(_f64(ref)) + TINY_NORMAL, label)
+    got, guard_ok = gate.get()
+    yield compare("qk_head_norm gate", "f32", _shape(T, Hq, D), got, qg[..., D:],
+                  tol="bit-exact", bits=True, guard_ok=guard_ok)
+
+
 @check("head_rms_norm", "kernels.norm.launch_head_rms_norm")
 def check_head_rms_norm(rng, size):
     """Qwen3 q_norm / k_norm: one weight [D] over every (token, head) vector."""
@@ -1366,6 +1395,31 @@ def check_argmax(rng, size):
     ref = np.array([np.nanargmax(logits)], np.int32)
     yield compare("argmax", "f32", f"V{V} {work.n_blocks}blk", got, ref, tol="exact",
                   guard_ok=guard_ok, poison=_poison_value(np.int32))
+
+
+@check("top_prob", "kernels.sampling.launch_top_prob")
+def check_top_prob(rng, size):
+    """A draft's confidence on the device: 1 / sum(exp(l - max)) after launch_argmax, at the
+    draft's slot (counter[0]); float32 sums of V terms <= 1 against float64."""
+    from .kernels import sampling as sm
+    V, threads = (1500, 32) if size == "tiny" else (Q05.vocab, sm.SAMPLE_THREADS)
+    work = sm.SampleWorkspace(V, threads)
+    for scale in (1.0, 6.0):
+        logits = (scale * rng.standard_normal(V)).astype(np.float32)
+        d_logits, tok = _dev(logits), _dev(np.zeros(1, np.int32))
+        sm.launch_argmax(d_logits, tok, work)
+        out = Out(3)
+        counter = _dev(np.array([1], np.int32))
+        sm.launch_top_prob(d_logits, tok, work, out.dev, counter, False)
+        got, guard_ok = out.get()
+        z = logits.astype(np.float64)
+        ref = 1.0 / np.exp(z - z.max()).sum()
+        # V float32 adds of terms <= 1 (a block tree and a chunk loop): <= (V + log2 V) u rel.
+        bound = np.float64(V + 16) * 2.0 ** -24 * ref
+        yield compare("top_prob", "f32", f"V{V} x{scale:g}", got[1:2], np.array([ref]),
+                      np.array([bound]), "(V+16)u·p", guard_ok=guard_ok,
+                      problems=[] if np.isnan(got[0]) and np.isnan(got[2])
+                      else ["wrote another slot"])
 
 
 # a draw whose u lands within this relative distance of a boundary between two tokens may pick

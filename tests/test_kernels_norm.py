@@ -217,3 +217,38 @@ def test_gated_rms_norm_q8_refuses_rows_that_are_not_whole_blocks():
         launch_gated_rms_norm_q8(x, x, cuda.to_device(np.ones(48, np.float32)), 1e-6, x,
                                  cuda.to_device(np.zeros(96, np.int8)),
                                  cuda.to_device(np.zeros(3, np.float32)))
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_qk_head_norm_is_split_then_two_head_norms(rng, gated):
+    """One launch for q_norm, k_norm and (gated attention) the query / gate split: the same
+    bits as launch_split_q_gate then launch_head_rms_norm of q and of k."""
+    from bw24nb.kernels.norm import launch_head_rms_norm, launch_qk_head_norm
+    from bw24nb.kernels.rope import launch_split_q_gate
+    T, Hq, Hk, D = 2, 3, 2, 64
+    qg = _rand(rng, T, Hq * (2 if gated else 1) * D, scale=2.0)
+    k = _rand(rng, T, Hk * D).reshape(T, Hk, D)
+    wq, wk = _rand(rng, D), _rand(rng, D)
+    eps = 1e-6
+    # reference: the three launches
+    q_ref = _poisoned((T, Hq, D))
+    g_ref = _poisoned((T, Hq, D))
+    if gated:
+        launch_split_q_gate(cuda.to_device(qg), q_ref, g_ref)
+    else:
+        q_ref = cuda.to_device(qg.reshape(T, Hq, D))
+    k_ref = cuda.to_device(k)
+    launch_head_rms_norm(q_ref, cuda.to_device(wq), eps, q_ref)
+    launch_head_rms_norm(k_ref, cuda.to_device(wk), eps, k_ref)
+    # fused
+    k_dev = cuda.to_device(k)
+    if gated:
+        q, gate, src = _poisoned((T, Hq, D)), _poisoned((T, Hq, D)), cuda.to_device(qg)
+    else:
+        q = cuda.to_device(qg.reshape(T, Hq, D))
+        gate, src = None, q
+    launch_qk_head_norm(src, q, cuda.to_device(wq), k_dev, cuda.to_device(wk), eps, gate=gate)
+    np.testing.assert_array_equal(q.copy_to_host(), q_ref.copy_to_host())
+    np.testing.assert_array_equal(k_dev.copy_to_host(), k_ref.copy_to_host())
+    if gated:
+        np.testing.assert_array_equal(gate.copy_to_host(), g_ref.copy_to_host())

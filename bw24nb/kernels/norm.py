@@ -117,6 +117,30 @@ def rms_norm_rows(x, w, eps, y):
 
 
 @kernel
+def qk_head_norm_rows(qsrc, q, gate, wq, k, wk, eps, split):
+    """Qwen3.5 / Qwen3-Next attention's q_norm and k_norm (and, with `split`, the query / gate
+    split of the gated q_proj) in one launch: blocks 0 .. Nq-1 take query head row r of
+    qsrc [Nq, S] (S = 2D gated -- [query | gate] -- else D), q[r, :] = rms_norm(query) * wq and
+    gate[r, :] = qsrc[r, D:2D]; blocks Nq .. Nq+Nk-1 normalize k [Nk, D] rows in place with wk.
+    Every row is rms_norm_rows' arithmetic at the same block size, bit for bit."""
+    scratch = cuda.shared.array(SCRATCH_WARPS, float32)
+    b = cuda.blockIdx.x
+    Nq = q.shape[0]
+    D = q.shape[1]
+    if b < Nq:
+        rstd = _row_rstd(scratch, _sum_squares(qsrc, b, D), D, eps)
+        for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+            q[b, i] = qsrc[b, i] * rstd * wq[i]
+            if split:
+                gate[b, i] = qsrc[b, D + i]
+    else:
+        row = b - Nq
+        rstd = _row_rstd(scratch, _sum_squares(k, row, D), D, eps)
+        for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+            k[row, i] = k[row, i] * rstd * wk[i]
+
+
+@kernel
 def add_rms_norm_rows(x, r, w, eps, h, y):
     """h = x + r (the new residual stream), y = rms_norm(h) * w; all [N, C] but w [C]."""
     scratch = cuda.shared.array(SCRATCH_WARPS, float32)
@@ -254,6 +278,25 @@ def launch_head_rms_norm(x, w, eps: float, y, stream=0):
     launch_rms_norm(x, w, eps, y, stream)
 
 
+def launch_qk_head_norm(qsrc, q, wq, k, wk, eps: float, gate=None, stream=0):
+    """`launch_head_rms_norm` of q with wq and of k with wk in one launch (q[T, Hq, D], k
+    [T, Hkv, D], k in place). q's rows come from qsrc: q itself (in place), or with `gate`
+    the gated q_proj output qsrc[T, Hq * 2D] (per head [query | gate]), which is also split:
+    gate[T, Hq, D] <- its gate halves (rope.launch_split_q_gate + two head norms, one launch)."""
+    T, Hq, D = q.shape
+    Hk = k.shape[1]
+    if k.shape[0] != T or k.shape[2] != D or wq.shape[0] != D or wk.shape[0] != D:
+        raise ValueError(f"qk_head_norm: q {tuple(q.shape)}, k {tuple(k.shape)}, weights "
+                         f"{wq.shape[0]} / {wk.shape[0]} do not match")
+    S = D if gate is None else 2 * D
+    if qsrc.size != T * Hq * S:
+        raise ValueError(f"qk_head_norm: q source of {qsrc.size} values is not [{T}, {Hq}, {S}]")
+    q2, k2 = q.reshape(T * Hq, D), k.reshape(T * Hk, D)
+    g2 = q2 if gate is None else gate.reshape(T * Hq, D)
+    qk_head_norm_rows[T * (Hq + Hk), _row_threads(D), stream](
+        qsrc.reshape(T * Hq, S), q2, g2, wq, k2, wk, np.float32(eps), np.int32(gate is not None))
+
+
 def launch_add_rms_norm(x, r, w, eps: float, h, y, stream=0):
     """Fused residual add + RMSNorm: `h = x + r`, `y = rms_norm(h) * w` (rows of `[..., C]`).
     `h` may alias `r` (update the residual stream in place)."""
@@ -291,6 +334,8 @@ PTX_SIGNATURES = {
     "rms_norm_rows": [f"void({_A2}, float32[::1], float32, {_A2})"],
     "add_rms_norm_rows": [f"void({_A2}, {_A2}, float32[::1], float32, {_A2}, {_A2})"],
     "gated_rms_norm_rows": [f"void({_A2}, {_A2}, float32[::1], float32, {_A2})"],
+    "qk_head_norm_rows": [f"void({_A2}, {_A2}, {_A2}, float32[::1], {_A2}, float32[::1], float32, "
+                          f"int32)"],
     "rms_norm_q8_rows": [f"void({_A2}, float32[::1], float32, {_A2}, int8[:, ::1], {_A2})"],
     "gated_rms_norm_q8_rows": [f"void({_A2}, {_A2}, float32[::1], float32, {_A2}, int8[:, ::1], "
                                f"{_A2})"],
