@@ -611,12 +611,19 @@ class Engine:
         else:
             norm_q = [("gdn_norm", lambda: gated_deltanet.launch_gdn_output_norm(
                 o, z, norm_w, eps, o, s))] + qL
-        return L + proj + gates + [
-            ("gdn_conv", lambda: gated_deltanet.launch_conv1d_silu(qkv, conv_w, self.rs.conv[i], qkv,
-                                                                   s, steps=conv_steps)),
-            ("gdn_prep", lambda: gated_deltanet.launch_gdn_prep(
-                qkv, a, b, w.blk(i, "ssm_dt.bias").buf, w.blk(i, "ssm_a").buf, gq, gk, gv, g, beta,
-                stream=s)),
+        dt, ssm_a = w.blk(i, "ssm_dt.bias").buf, w.blk(i, "ssm_a").buf
+        if ws.rowwise and gated_deltanet.conv_prep_threads(
+                c.linear_num_key_heads, nv, c.linear_key_head_dim, dv) is not None:
+            # decode / verify: the conv and the per-head prep in one launch
+            mix = [("gdn_conv_prep", lambda: gated_deltanet.launch_gdn_conv_prep(
+                qkv, conv_w, self.rs.conv[i], a, b, dt, ssm_a, gq, gk, gv, g, beta, stream=s,
+                steps=conv_steps))]
+        else:
+            mix = [("gdn_conv", lambda: gated_deltanet.launch_conv1d_silu(
+                        qkv, conv_w, self.rs.conv[i], qkv, s, steps=conv_steps)),
+                   ("gdn_prep", lambda: gated_deltanet.launch_gdn_prep(
+                        qkv, a, b, dt, ssm_a, gq, gk, gv, g, beta, stream=s))]
+        return L + proj + gates + mix + [
             ("gdn_rule", lambda: gated_deltanet.launch_gated_delta_rule(
                 gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s, steps=ssm_steps)),
         ] + norm_q + [

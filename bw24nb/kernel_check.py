@@ -1563,6 +1563,48 @@ def check_gdn_conv1d(rng, size):
                       new_state, tol="bit-exact", bits=True)
 
 
+@check("gdn_conv_prep", "kernels.gated_deltanet.launch_gdn_conv_prep")
+def check_gdn_conv_prep(rng, size):
+    """The decode launch that fuses the conv and the per-head prep, against the two launches
+    it replaces (each checked against the numpy reference by its own row): the same
+    arithmetic in the same order, so equal but for the compiler's choice of FMA contractions in
+    either kernel: within 8u relative (the window and its row copies: bit-exact)."""
+    from .kernels import gated_deltanet as gdn
+    d = _gdn_dims(size)
+    T = 3
+    C = 2 * d.nk * d.dk + d.nv * d.dv
+    qkv = (1.5 * rng.standard_normal((T, C))).astype(np.float32)
+    w = (0.5 * rng.standard_normal((C, gdn.CONV_KERNEL))).astype(np.float32)
+    window = rng.standard_normal((gdn.CONV_KERNEL - 1, C)).astype(np.float32)
+    a = rng.uniform(-30, 30, (T, d.nv)).astype(np.float32)
+    b = (3 * rng.standard_normal((T, d.nv))).astype(np.float32)
+    dt_bias = rng.standard_normal(d.nv).astype(np.float32)
+    ssm_a = (-np.exp(rng.uniform(-2, 2, d.nv))).astype(np.float32)
+    gates = [_dev(arr) for arr in (a, b, dt_bias, ssm_a)]
+    shapes = [(T, d.nk, d.dk), (T, d.nk, d.dk), (T, d.nv, d.dv), (T, d.nv), (T, d.nv)]
+    x, st = _dev(qkv), _dev(window)
+    gdn.launch_conv1d_silu(x, _dev(w), st, x)
+    want = [Out(sh) for sh in shapes]
+    gdn.launch_gdn_prep(x, *gates, *(o.dev for o in want))
+    st2 = _dev(window)
+    got = [Out(sh) for sh in shapes]
+    steps = Out((T, gdn.CONV_KERNEL - 1, C))
+    gdn.launch_gdn_conv_prep(_dev(qkv), _dev(w), st2, *gates, *(o.dev for o in got),
+                             steps=steps.dev)
+    shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{d.dv}"
+    for name, g_, w_ in zip(("q", "k", "v", "g", "beta"), got, want):
+        ref, _ = w_.get()
+        val, guard_ok = g_.get()
+        yield compare(f"gdn_conv_prep {name}", "f32", shape, val, ref,
+                      8 * U * np.abs(_f64(ref)) + TINY_NORMAL, "8u·|two launches|",
+                      guard_ok=guard_ok)
+    yield compare("gdn_conv_prep window", "f32", shape, st2.copy_to_host(), st.copy_to_host(),
+                  tol="bit-exact", bits=True)
+    val, guard_ok = steps.get()
+    yield compare("gdn_conv_prep steps", "f32", shape, val[-1], st.copy_to_host(),
+                  tol="bit-exact", bits=True, guard_ok=guard_ok)
+
+
 @check("gdn_prep", "kernels.gated_deltanet.launch_gdn_prep")
 def check_gdn_prep(rng, size):
     """Per-head prep: L2-normalised q (scaled) and k, v copied, g = ssm_a softplus(a + dt),

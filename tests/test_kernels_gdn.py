@@ -24,8 +24,8 @@ import pytest
 from numba import cuda
 
 from bw24nb.kernels.gated_deltanet import (CONV_KERNEL, launch_conv1d_silu,
-                                           launch_gated_delta_rule, launch_gdn_output_norm,
-                                           launch_gdn_prep)
+                                           launch_gated_delta_rule, launch_gdn_conv_prep,
+                                           launch_gdn_output_norm, launch_gdn_prep)
 from bw24nb.models.qwen35 import value_to_key_head
 from bw24nb.reference import ops
 from bw24nb.reference.gated_deltanet import (GatedDeltaNet, causal_conv1d,
@@ -120,6 +120,47 @@ def test_gdn_prep_matches_reference(rng, T):
     np.testing.assert_array_equal(v.copy_to_host(), qkv[:, 2 * kd:].reshape(T, NV, DV))
     np.testing.assert_allclose(g.copy_to_host(), g_ref, rtol=1e-5, atol=1e-30)
     np.testing.assert_allclose(beta.copy_to_host(), beta_ref, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("T,dims,steps", [(1, (NK, NV, DK, DV), False),
+                                           (3, (2, 4, 32, 16), True),
+                                           (2, (1, 3, 16, 32), True)],
+                         ids=["decode", "verify3-steps", "one-key-head-3-values"])
+def test_conv_prep_is_conv_then_prep(rng, T, dims, steps):
+    """The fused decode launch writes what conv1d_silu then gdn_prep write -- q, k, v, g,
+    beta, the conv window and its per-row copies -- bit for bit, and leaves qkv as it was."""
+    nk, nv, dk, dv = dims
+    C = 2 * nk * dk + nv * dv
+    qkv = _rand(rng, T, C, scale=1.5)
+    w = _rand(rng, C, CONV_KERNEL, scale=0.5)
+    window = _rand(rng, CONV_KERNEL - 1, C)
+    a = rng.uniform(-30, 30, (T, nv)).astype(np.float32)
+    b = _rand(rng, T, nv, scale=3.0)
+    dt_bias = _rand(rng, nv)
+    ssm_a = (-np.exp(rng.uniform(-2, 2, nv))).astype(np.float32)
+    gates = [cuda.to_device(arr) for arr in (a, b, dt_bias, ssm_a)]
+
+    def outputs():
+        return (_poisoned(T, nk, dk), _poisoned(T, nk, dk), _poisoned(T, nv, dv), _poisoned(T, nv),
+                _poisoned(T, nv))
+
+    # two launches
+    x, st = cuda.to_device(qkv), cuda.to_device(window)
+    steps_ref = _poisoned(T, CONV_KERNEL - 1, C) if steps else None
+    launch_conv1d_silu(x, cuda.to_device(w), st, x, steps=steps_ref)
+    want = outputs()
+    launch_gdn_prep(x, *gates, *want)
+    # one launch
+    x2, st2 = cuda.to_device(qkv), cuda.to_device(window)
+    steps_got = _poisoned(T, CONV_KERNEL - 1, C) if steps else None
+    got = outputs()
+    launch_gdn_conv_prep(x2, cuda.to_device(w), st2, *gates, *got, steps=steps_got)
+    for name, g_, w_ in zip(("q", "k", "v", "g", "beta"), got, want):
+        np.testing.assert_array_equal(g_.copy_to_host(), w_.copy_to_host(), err_msg=name)
+    np.testing.assert_array_equal(st2.copy_to_host(), st.copy_to_host())
+    np.testing.assert_array_equal(x2.copy_to_host(), qkv)
+    if steps:
+        np.testing.assert_array_equal(steps_got.copy_to_host(), steps_ref.copy_to_host())
 
 
 # ------------------------------------------------------------------ (c, d) delta rule

@@ -67,6 +67,7 @@ from numba import cuda, float32
 from ..jit import kernel
 from ..reference.gated_deltanet import L2NORM_EPS
 from . import norm
+from ..ptx import warp_sum
 from .norm import SCRATCH_WARPS, launch_gated_rms_norm, launch_gated_rms_norm_q8
 
 # Depthwise conv width: Qwen3-Next and Qwen3.5 (linear_conv_kernel_dim) all use 4; the kernel
@@ -178,6 +179,98 @@ def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
         if cuda.threadIdx.x == 0:
             g[t, j] = ssm_a[j] * _softplus(a[t, j] + dt_bias[j])
             beta[t, j] = _sigmoid(b[t, j])
+
+
+# ------------------------------------------------------------------ (a + b) fused, decode
+
+_CONV_PREP_QK = 2 * GDN_DK_MAX      # a key head's q and k after the conv (shared memory)
+
+
+@kernel
+def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale, eps,
+                  q, k, v, g, beta):
+    """conv1d_silu and gdn_prep in one launch, for the few rows of decode / verify: block h
+    (key head) owns the conv channels of its q and k head and of the value heads j = h, h + nk,
+    ... (gdn_prep's split of the v copy and the gates), one thread a channel, and walks the T
+    rows in order. Per row: the conv exactly as conv1d_silu (window in registers, `steps`
+    saved alike); q and k to shared memory, v straight out; then warp 0 sums q's squares and
+    warp 1 k's in gdn_prep's order (lane l: i = l, l + 32, ...; a one-warp block_sum is
+    warp_sum: its second stage adds +0.0 to a non-negative total), and the channel threads
+    scale them. So every output is the two kernels' value (decode's two launches become one;
+    prefill's T rows keep the separate kernels, whose grid runs the rows in parallel)."""
+    ybuf = cuda.shared.array(_CONV_PREP_QK, float32)
+    rs = cuda.shared.array(2, float32)
+    h = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    nk, dk = q.shape[1], q.shape[2]
+    nv, dv = v.shape[1], v.shape[2]
+    key_dim = nk * dk
+    nvh = nv // nk                          # value heads of this block: h, h + nk, ...
+    # this thread's channel: [0, dk) q, [dk, 2dk) k, then the block's value heads' channels
+    c = -1
+    j = 0
+    i = 0
+    if tid < dk:
+        c = h * dk + tid
+    elif tid < 2 * dk:
+        c = key_dim + h * dk + tid - dk
+    elif tid < 2 * dk + nvh * dv:
+        r = tid - 2 * dk
+        j = h + (r // dv) * nk
+        i = r - (r // dv) * dv
+        c = 2 * key_dim + j * dv + i
+    w0 = float32(0.0)
+    w1 = float32(0.0)
+    w2 = float32(0.0)
+    w3 = float32(0.0)
+    s0 = float32(0.0)
+    s1 = float32(0.0)
+    s2 = float32(0.0)
+    if c >= 0:
+        w0, w1, w2, w3 = w[c, 0], w[c, 1], w[c, 2], w[c, 3]
+        s0, s1, s2 = state[0, c], state[1, c], state[2, c]
+    for t in range(x.shape[0]):
+        if c >= 0:
+            xt = x[t, c]
+            acc = w0 * s0
+            acc += w1 * s1
+            acc += w2 * s2
+            acc += w3 * xt
+            y = _silu(acc)
+            s0, s1, s2 = s1, s2, xt
+            if save_steps:
+                steps[t, 0, c] = s0
+                steps[t, 1, c] = s1
+                steps[t, 2, c] = s2
+            if tid < 2 * dk:
+                ybuf[tid] = y
+            else:
+                v[t, j, i] = y
+        cuda.syncthreads()                  # this row's q and k are in ybuf
+        wp = tid >> 5
+        if wp < 2:                          # warp 0: q's norm, warp 1: k's
+            sq = float32(0.0)
+            for e in range(lane, dk, 32):
+                val = ybuf[wp * dk + e]
+                sq += val * val
+            tot = warp_sum(sq)
+            if lane == 0:
+                rs[wp] = float32(1.0) / math.sqrt(tot + eps)
+        if tid == 64:                       # the gates of this block's value heads
+            for jj in range(h, nv, nk):
+                g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
+                beta[t, jj] = _sigmoid(b[t, jj])
+        cuda.syncthreads()                  # the two norms are in rs
+        if tid < dk:
+            q[t, h, tid] = ybuf[tid] * rs[0] * q_scale
+        elif tid < 2 * dk:
+            k[t, h, tid - dk] = ybuf[tid] * rs[1] * float32(1.0)
+        cuda.syncthreads()                  # ybuf and rs are rewritten by the next row
+    if c >= 0:
+        state[0, c] = s0
+        state[1, c] = s1
+        state[2, c] = s2
 
 
 # ------------------------------------------------------------------ (c, d) delta rule
@@ -337,6 +430,44 @@ def launch_gdn_prep(qkv, a, b, dt_bias, ssm_a, q, k, v, g, beta, eps: float = L2
                                             np.float32(eps), q, k, v, g, beta)
 
 
+def conv_prep_threads(nk: int, nv: int, dk: int, dv: int) -> int | None:
+    """Threads of a gdn_conv_prep block (one per channel of a key head, at least 3 warps: two
+    norms and the gates), or None when a key head's channels exceed a block."""
+    if dk > GDN_DK_MAX or nk <= 0 or nv % nk:
+        return None
+    threads = max(96, 32 * ((2 * dk + (nv // nk) * dv + 31) // 32))
+    return threads if threads <= 1024 else None
+
+
+def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v, g, beta,
+                         eps: float = L2NORM_EPS, stream=0, steps=None):
+    """`launch_conv1d_silu` then `launch_gdn_prep` in one launch (see gdn_conv_prep), for a
+    few rows (decode, verify): qkv [T, C] is the projection before the conv and is not
+    modified; the conv window (and `steps`) are updated as launch_conv1d_silu does; q, k, v,
+    g, beta as launch_gdn_prep writes them."""
+    T, C = qkv.shape
+    nk, dk = q.shape[1], q.shape[2]
+    nv, dv = v.shape[1], v.shape[2]
+    if C != 2 * nk * dk + nv * dv or tuple(conv_w.shape) != (C, CONV_KERNEL) \
+            or tuple(conv_state.shape) != (CONV_KERNEL - 1, C):
+        raise ValueError(f"gdn_conv_prep: qkv {tuple(qkv.shape)}, conv weight "
+                         f"{tuple(conv_w.shape)}, window {tuple(conv_state.shape)} do not fit "
+                         f"q/k [{nk}, {dk}], v [{nv}, {dv}]")
+    threads = conv_prep_threads(nk, nv, dk, dv)
+    if threads is None:
+        raise ValueError(f"gdn_conv_prep: a key head's {2 * dk + (nv // nk) * dv} channels do "
+                         f"not fit one block: use launch_conv1d_silu + launch_gdn_prep")
+    if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (CONV_KERNEL - 1, C)):
+        raise ValueError(f"gdn_conv_prep: steps must be [>= {T}, {CONV_KERNEL - 1}, {C}]")
+    if T == 0:
+        return
+    gdn_conv_prep[nk, threads, stream](
+        qkv, conv_w, conv_state,
+        conv_state.reshape(1, *conv_state.shape) if steps is None else steps,
+        np.int32(steps is not None), a, b, dt_bias, ssm_a, np.float32(dk ** -0.5),
+        np.float32(eps), q, k, v, g, beta)
+
+
 def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, steps=None):
     """T steps of the gated delta rule (decode: T = 1; prefill: T tokens, one launch).
 
@@ -384,6 +515,9 @@ PTX_SIGNATURES = {
     "conv1d_silu": [f"void({_A2}, {_A2}, {_A2}, {_A2}, float32[:, :, ::1], int32)"],
     "gdn_prep": [f"void({_A2}, {_A2}, {_A2}, float32[::1], float32[::1], float32, float32, "
                  f"{_A3}, {_A3}, {_A3}, {_A2}, {_A2})"],
+    "gdn_conv_prep": [f"void({_A2}, {_A2}, {_A2}, float32[:, :, ::1], int32, {_A2}, {_A2}, "
+                      f"float32[::1], float32[::1], float32, float32, {_A3}, {_A3}, {_A3}, "
+                      f"{_A2}, {_A2})"],
     "gated_delta_rule": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A3}, "
                          f"float32[:, :, :, ::1], int32)"],
 }
