@@ -37,7 +37,9 @@ Every kernel begins with ``grid_dependency_wait()`` (``griddepcontrol.wait``, bw
 kernel is compiled as a wrapper that waits, then runs the function as an inlined device
 function. So any graph of bw24nb kernels may link them with programmatic edges (graph.py):
 a kernel's blocks may then be launched while its predecessor still runs, and they touch no
-memory before the predecessor has completed. One place, so no kernel can forget it.
+memory before the predecessor has completed. One place, so no kernel can forget it. (The
+body is a device-function call, which numba compiles by asking for the current device:
+compile_ptx on a machine without a GPU needs tests/test_compile_ptx.py's stand-in device.)
 
 Under numba's CUDA simulator ``@kernel`` is plain ``cuda.jit`` (nothing is compiled, and
 launches run one after another anyway).
