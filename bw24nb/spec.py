@@ -347,12 +347,13 @@ class Drafter:
     def accepted(self, hidden, tokens: list[int]) -> None:
         pass
 
-    def _unsure(self, i: int, rows: Rows, j: int = 0) -> bool:
-        """Confidence gating: stop before draft i (0-based), drafted from row j of `rows`,
-        when its top probability is low ("round": only the round's first draft decides)."""
+    def _unsure(self, i: int, top_prob, j: int = 0) -> bool:
+        """Confidence gating: stop before draft i (0-based), drafted from the distribution whose
+        top probability is top_prob[j] (a Rows' `top_prob`, or the device chain's list), when
+        that is low ("round": only the round's first draft decides)."""
         if self.confidence is None or (self.confidence_mode == "round" and i > 0):
             return False
-        if rows.top_prob[j] >= self.confidence:
+        if top_prob[j] >= self.confidence:
             return False
         self.gated = True
         return True
@@ -397,17 +398,13 @@ class MTPDrafter(Drafter):
         t, want = self.target, self.want_logits
         t.mtp_truncate(self.base)                     # drop last round's chained drafts
         if not self.sampling and hasattr(t, "mtp_draft"):    # greedy: the device chain
-            gated = self.confidence is not None
-            out = t.mtp_draft(self.pending, k, self.vocab, probs=True) if gated \
-                else t.mtp_draft(self.pending, k, self.vocab)
+            if self.confidence is None:
+                drafts = t.mtp_draft(self.pending, k, self.vocab)
+            else:               # gated on the top probabilities the chain computed on the device
+                drafts, probs = t.mtp_draft(self.pending, k, self.vocab, probs=True)
+                drafts = drafts[:next((i for i in range(k) if self._unsure(i, probs, i)), k)]
             self.base += sum(len(tokens) for _, tokens in self.pending)
             self.pending = []
-            drafts = out[0] if gated else out
-            if gated:       # the host path's cut (`_unsure`), on the probabilities drafted with
-                keep = next((i for i, p in enumerate(out[1]) if p < self.confidence
-                             and (i == 0 or self.confidence_mode == "step")), len(drafts))
-                self.gated = keep < len(drafts)
-                drafts = drafts[:keep]
             return drafts, [None] * len(drafts)
         for hidden, tokens in self.pending:           # usually one chunk; the last row drafts d_1
             rows = t.mtp_feed(hidden, tokens, self.vocab, want)
@@ -415,7 +412,7 @@ class MTPDrafter(Drafter):
         self.pending = []
         drafts, qs, j = [], [], rows.argmax.shape[0] - 1
         for i in range(k):
-            if self._unsure(i, rows, j):
+            if self._unsure(i, rows.top_prob, j):
                 break
             d, q = self._choose(rows, j, self.vocab)
             drafts.append(d)
@@ -443,7 +440,7 @@ class OracleDrafter(Drafter):
         drafts, qs, tok = [], [], x
         for i in range(k):
             rows = t.decode(tok, self.want_logits)
-            if self._unsure(i, rows):
+            if self._unsure(i, rows.top_prob):
                 break
             tok, q = self._choose(rows)
             drafts.append(tok)
