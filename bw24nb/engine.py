@@ -346,6 +346,13 @@ class Engine:
         parts = {w.parts or matvec.warps_per_row(w.rows, w.cols) for w in ws}
         if len(parts) != 1:
             return None
+        return DeviceWeight(self._concat_as_views(ws), ws[0].qtype,
+                            (sum(w.rows for w in ws), ws[0].cols), parts=parts.pop())
+
+    @staticmethod
+    def _concat_as_views(ws):
+        """One device buffer holding the members' buffers back to back; each member's `buf`
+        becomes a view into it (same shape), so nothing is held twice."""
         buf = cuda.device_array(sum(w.buf.size for w in ws), ws[0].buf.dtype)
         off = 0
         for w in ws:
@@ -353,8 +360,7 @@ class Engine:
             buf[off:off + n].copy_to_device(w.buf.reshape(n))
             w.buf = buf[off:off + n].reshape(w.buf.shape)
             off += n
-        return DeviceWeight(buf, ws[0].qtype, (sum(w.rows for w in ws), ws[0].cols),
-                            parts=parts.pop())
+        return buf
 
     def _stack_decode_weights(self) -> dict:
         """(layer, what) -> stacked weight, for the matvecs that read the same input:
@@ -380,12 +386,8 @@ class Engine:
             if st is not None:
                 stacks[i, "qkv"] = st
                 if biases[0] is not None:
-                    buf = cuda.device_array(sum(b.buf.size for b in biases), np.float32)
-                    off = 0
-                    for b in biases:
-                        buf[off:off + b.buf.size].copy_to_device(b.buf.reshape(b.buf.size))
-                        off += b.buf.size
-                    stacks[i, "qkv_bias"] = DeviceWeight(buf, QType.F32, (off,))
+                    buf = self._concat_as_views(biases)
+                    stacks[i, "qkv_bias"] = DeviceWeight(buf, QType.F32, (buf.size,))
         return stacks
 
     def _scratch(self, i, T):
