@@ -164,6 +164,28 @@ def _sub_chunk(lo, hi):
 
 
 @cuda.jit(device=True)
+def _thread0_sum(sv, v):
+    """The block's values v added by thread 0 in thread order (returned there; other threads
+    get 0): one fixed order."""
+    sv[cuda.threadIdx.x] = v
+    cuda.syncthreads()
+    s = float32(0.0)
+    if cuda.threadIdx.x == 0:
+        for j in range(cuda.blockDim.x):
+            s += sv[j]
+    cuda.syncthreads()
+    return s
+
+
+@cuda.jit(device=True)
+def _chunk_exp_sum(sv, logits, lo, hi, m, inv_t):
+    """sum of exp((l - m) / T) over logits[lo:hi] (NaN weighs nothing): each thread its
+    contiguous slice (`_thread_exp_sum`), then `_thread0_sum`; thread 0 gets it."""
+    a, e = _sub_chunk(lo, hi)
+    return _thread0_sum(sv, _thread_exp_sum(logits, a, e, m, inv_t))
+
+
+@cuda.jit(device=True)
 def _thread_exp_sum(logits, a, b, m, inv_t):
     s = float32(0.0)
     if m == _NEG_INF:            # an all -inf (or all NaN) chunk weighs nothing
@@ -310,15 +332,9 @@ def sample_partial(logits, params, part_val, part_idx, part_sum, cand_val, cand_
     if temperature <= float32(0.0):
         return
     inv_t = float32(1.0) / temperature
-    a, e = _sub_chunk(lo, hi)
-    sv[tid] = _thread_exp_sum(logits, a, e, m, inv_t)
-    cuda.syncthreads()
+    s = _chunk_exp_sum(sv, logits, lo, hi, m, inv_t)
     if tid == 0:
-        s = float32(0.0)
-        for j in range(cuda.blockDim.x):
-            s += sv[j]
         part_sum[b] = s
-    cuda.syncthreads()
     k = _candidates(params)
     if k == 0:
         return
@@ -561,38 +577,20 @@ def launch_sample(logits, params, rng_state, out_token, out_u, work: SampleWorks
 # ------------------------------------------------------------------ top probability
 
 
-@cuda.jit(device=True)
-def _block_total(sv, v):
-    """Block-wide float32 sum (tree over a power-of-two blockDim, the same fixed order every
-    call); every thread gets it."""
-    tid = cuda.threadIdx.x
-    sv[tid] = v
-    cuda.syncthreads()
-    s = cuda.blockDim.x // 2
-    while s > 0:
-        if tid < s:
-            sv[tid] += sv[tid + s]
-        cuda.syncthreads()
-        s //= 2
-    total = sv[0]
-    cuda.syncthreads()
-    return total
-
-
 @kernel
 def exp_sum_partial(logits, token, part_sum):
     """Block b: sum over its vocabulary chunk of exp(logit - logits[token[0]]), token the
-    argmax just found -> part_sum[b] (every term <= 1: no overflow)."""
+    argmax just found -> part_sum[b] (every term <= 1: no overflow; sample_partial's sum at
+    temperature 1)."""
     sv = cuda.shared.array(SAMPLE_THREADS, float32)
     b = cuda.blockIdx.x
-    m = logits[token[0]]
-    lo, hi = _chunk(logits.shape[0], cuda.gridDim.x, b)
-    acc = float32(0.0)
-    for i in range(lo + cuda.threadIdx.x, hi, cuda.blockDim.x):
-        acc += math.exp(logits[i] - m)
-    total = _block_total(sv, acc)
+    V = logits.shape[0]
+    t = token[0]
+    m = logits[t] if 0 <= t < V else _NEG_INF       # no token (all NaN): the chunk weighs 0
+    lo, hi = _chunk(V, cuda.gridDim.x, b)
+    s = _chunk_exp_sum(sv, logits, lo, hi, m, float32(1.0))
     if cuda.threadIdx.x == 0:
-        part_sum[b] = total
+        part_sum[b] = s
 
 
 @kernel
@@ -603,7 +601,7 @@ def top_prob_final(part_sum, out_prob, counter, first):
     acc = float32(0.0)
     for j in range(cuda.threadIdx.x, part_sum.shape[0], cuda.blockDim.x):
         acc += part_sum[j]
-    total = _block_total(sv, acc)
+    total = _thread0_sum(sv, acc)
     if cuda.threadIdx.x == 0:
         c = 0 if first else counter[0]
         out_prob[c] = float32(1.0) / total
