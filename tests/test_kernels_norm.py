@@ -163,19 +163,28 @@ def test_rms_norm_q8_is_norm_then_quantize(rng, N, C):
     (A 4096-wide row runs 1024 threads, more than the simulator's warp exchanges keep up with:
     the kernel-check on the GPU covers it.)"""
     from bw24nb.kernels.norm import launch_rms_norm_q8
-    from bw24nb.kernels.quantize_act import launch_quantize_act
     x = _rand(rng, N, C, scale=3.0)
     w = _rand(rng, C)
     eps = 1e-6
+    xd_, wd = cuda.to_device(x), cuda.to_device(w)
+    _assert_fused_q8_is_norm_then_quantize(
+        N, C, lambda y: launch_rms_norm(xd_, wd, eps, y),
+        lambda y, q, d: launch_rms_norm_q8(xd_, wd, eps, y, q, d))
+
+
+def _assert_fused_q8_is_norm_then_quantize(N, C, norm, fused):
+    """fused(y, q, d) writes y, xq, xd bit for bit as norm(y) then quantize_act(y) do, and
+    nothing past the N * C codes / N * C / 32 scales."""
+    from bw24nb.kernels.quantize_act import launch_quantize_act
     y_ref = _poisoned((N, C))
-    launch_rms_norm(cuda.to_device(x), cuda.to_device(w), eps, y_ref)
+    norm(y_ref)
     q_ref = cuda.to_device(np.zeros(N * C, np.int8))
     d_ref = cuda.to_device(np.zeros(N * C // 32, np.float32))
     launch_quantize_act(y_ref, q_ref, d_ref)
     y = _poisoned((N, C))
     q = cuda.to_device(np.full(N * C + 8, 99, np.int8))
     d = cuda.to_device(np.full(N * C // 32 + 2, np.nan, np.float32))
-    launch_rms_norm_q8(cuda.to_device(x), cuda.to_device(w), eps, y, q, d)
+    fused(y, q, d)
     np.testing.assert_array_equal(y.copy_to_host(), y_ref.copy_to_host())
     qh, dh = q.copy_to_host(), d.copy_to_host()
     np.testing.assert_array_equal(qh[:N * C], q_ref.copy_to_host())
@@ -189,25 +198,14 @@ def test_gated_rms_norm_q8_is_gated_norm_then_quantize(rng, N, C):
     gated_rms_norm followed by quantize_act writes, bit for bit (rows = value heads; the
     128-wide row of the real models runs 32 threads, 4 steps of one block per warp)."""
     from bw24nb.kernels.norm import launch_gated_rms_norm_q8
-    from bw24nb.kernels.quantize_act import launch_quantize_act
     x = _rand(rng, N, C, scale=3.0)
     z = _rand(rng, N, C, scale=2.0)
     w = _rand(rng, C)
     eps = 1e-6
-    y_ref = _poisoned((N, C))
-    launch_gated_rms_norm(cuda.to_device(x), cuda.to_device(z), cuda.to_device(w), eps, y_ref)
-    q_ref = cuda.to_device(np.zeros(N * C, np.int8))
-    d_ref = cuda.to_device(np.zeros(N * C // 32, np.float32))
-    launch_quantize_act(y_ref, q_ref, d_ref)
-    y = _poisoned((N, C))
-    q = cuda.to_device(np.full(N * C + 8, 99, np.int8))
-    d = cuda.to_device(np.full(N * C // 32 + 2, np.nan, np.float32))
-    launch_gated_rms_norm_q8(cuda.to_device(x), cuda.to_device(z), cuda.to_device(w), eps, y, q, d)
-    np.testing.assert_array_equal(y.copy_to_host(), y_ref.copy_to_host())
-    qh, dh = q.copy_to_host(), d.copy_to_host()
-    np.testing.assert_array_equal(qh[:N * C], q_ref.copy_to_host())
-    np.testing.assert_array_equal(dh[:N * C // 32], d_ref.copy_to_host())
-    assert np.all(qh[N * C:] == 99) and np.all(np.isnan(dh[N * C // 32:]))
+    xd_, zd, wd = cuda.to_device(x), cuda.to_device(z), cuda.to_device(w)
+    _assert_fused_q8_is_norm_then_quantize(
+        N, C, lambda y: launch_gated_rms_norm(xd_, zd, wd, eps, y),
+        lambda y, q, d: launch_gated_rms_norm_q8(xd_, zd, wd, eps, y, q, d))
 
 
 def test_gated_rms_norm_q8_refuses_rows_that_are_not_whole_blocks():
