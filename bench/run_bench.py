@@ -429,11 +429,7 @@ def kv_cache_kwargs(name: str) -> dict:
     return dict(k_type=k_type, v_type=v_type)
 
 
-LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(programmatic=False),
-                "pdl-waitfirst": dict(programmatic=True)}
-# modes whose decode matvecs wait for their predecessor before loading any weight (matvec.py's
-# WEIGHT_PROLOGUE off): the side-by-side row for the weight prologue
-WAIT_FIRST = {"pdl-waitfirst"}
+LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(programmatic=False)}
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,
@@ -481,8 +477,6 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
                         ([kvc] if len(kv_caches) > 1 else []) + ([lm] if len(launches) > 1 else [])
                     label = name if not tags else f"{name} [{' '.join(tags)}]"
                     eng = None
-                    from bw24nb.kernels import matvec as _matvec
-                    _matvec.WEIGHT_PROLOGUE = lm not in WAIT_FIRST
                     try:
                         eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None, act_quant=aq,
                                      **kv_cache_kwargs(kvc), **LAUNCH_MODES[lm])
@@ -491,14 +485,12 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
                                      base_config=dict(base, act_quant=aq,
                                                       kv_cache=f"{eng.kv.k_type.name}/{eng.kv.v_type.name}",
                                                       programmatic=bool(getattr(eng, "programmatic", False)),
-                                                      weight_prologue=_matvec.WEIGHT_PROLOGUE,
                                                       load_s=round(getattr(eng, "load_s", 0.0), 2)))
                     except Exception as e:
                         traceback.print_exc(limit=3)
                         msg = f"{type(e).__name__}: {e}"[:500]
                         rec.add(label, "engine_ok", 0, "bool", engine="bw24nb", **base, error=msg)
                     finally:
-                        _matvec.WEIGHT_PROLOGUE = True
                         del eng             # free the engine's VRAM before torch loads
                         _free_numba_memory()
         hf = hf_dirs[i] if hf_dirs and i < len(hf_dirs) else None
@@ -547,9 +539,7 @@ def main(argv=None) -> int:
                          "engine's), q8 (Q8_0 K / Q5_1 V), f16")
     ap.add_argument("--launch", default="default",
                     help="comma list of decode-graph launch modes to run side by side: default "
-                         "(the engine's), pdl (programmatic edges), serial (plain edges), "
-                         "pdl-waitfirst (pdl, the decode matvecs loading no weight before their "
-                         "predecessor ends: matvec.WEIGHT_PROLOGUE off)")
+                         "(the engine's), pdl (programmatic edges), serial (plain edges)")
     ap.add_argument("--bw-gib", type=float, default=4.0, help="read-bandwidth buffer (GiB)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="append records here ('' = nowhere)")
     ap.add_argument("--commit", help="commit id to record (default: $BW24_COMMIT, else git)")

@@ -41,15 +41,6 @@ memory before the predecessor has completed. One place, so no kernel can forget 
 body is a device-function call, which numba compiles by asking for the current device:
 compile_ptx on a machine without a GPU needs tests/test_compile_ptx.py's stand-in device.)
 
-The one exception, ``@kernel(own_wait=True)``: the decode matvecs (kernels/matvec.py) load their
-first step of weights *before* waiting. A weight is written once, at load time, so reading it
-early is safe, and a kernel whose blocks are already resident while its predecessor runs (the
-programmatic edges launch them as soon as every block of the predecessor has begun) then has
-its first DRAM round trip behind it when the predecessor ends. Such a kernel calls the wait
-itself on every path, early exits included: a grid that finished without waiting could complete
-before its predecessor, and its successor, which waits only on it, would then run too early.
-tests/test_compile_ptx.py checks that every kernel's PTX holds the instruction.
-
 Under numba's CUDA simulator ``@kernel`` is plain ``cuda.jit`` (nothing is compiled, and
 launches run one after another anyway).
 """
@@ -87,18 +78,15 @@ def cache_dir() -> Path | None:
     return Path(value or DEFAULT_DIR).expanduser()
 
 
-def kernel(fn=None, *, own_wait: bool = False, **options):
-    """``cuda.jit(fn, **options)`` for a kernel, with the on-disk cache attached.
-    own_wait: fn calls ``grid_dependency_wait()`` itself, on every path through it, after a
-    prologue that reads only memory no kernel of a decode step writes (its weights); see the
-    module docstring."""
+def kernel(fn=None, **options):
+    """``cuda.jit(fn, **options)`` for a kernel, with the on-disk cache attached."""
     if fn is None:                                  # used as @kernel(...)
-        return lambda f: kernel(f, own_wait=own_wait, **options)
+        return lambda f: kernel(f, **options)
     if options.get("device"):
         raise TypeError("@kernel is for kernels; keep device functions @cuda.jit(device=True)")
     if simulator_enabled():
         return cuda.jit(fn, **options)
-    dispatcher = cuda.jit(fn if own_wait else waiting_kernel(fn), **options)
+    dispatcher = cuda.jit(waiting_kernel(fn), **options)
     KERNELS.append(dispatcher)
     root = cache_dir()
     if root is not None:

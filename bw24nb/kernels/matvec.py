@@ -74,7 +74,7 @@ from numba import cuda
 from ..device import simulator_enabled
 from ..jit import kernel
 from ..quant.types import QType, row_bytes
-from ..ptx import f32_from_bits, grid_dependency_wait, ld_nc_v4_u32, warp_sum
+from ..ptx import f32_from_bits, ld_nc_v4_u32, warp_sum
 from .dequant import LAYOUTS, layout, weight_views
 
 # One warp per row, 4 warps (128 threads) a block: the decode shapes have M = 128 .. 151936
@@ -249,65 +249,45 @@ class RowPath(NamedTuple):
     x_row: object
 
 
-def _step_loads(p):
-    """loads(w, base, u, stride, last): the weight words of one step's `unroll` slots at unit
-    u (each clamped to the row's last unit, u included: the prologue's u may lie past a short
-    row), for `_lane_values` / `_rows_values`. Apart from the arithmetic so that the kernels
-    can issue a step's weight loads before waiting for their predecessor (the prologue,
-    `row_kernel`), and so that a rows kernel loads them once for all its rows."""
-    weights = p.weights
+def _lane_step(p):
+    """step(acc, w, x, base, u, stride, last, n): acc plus one row's `unroll` slots at unit u.
+    Every slot's load is unconditional (its unit clamped to the row's last) and a slot past the
+    row's end adds +0.0 (`keep`), so all of a step's loads issue before the first multiply."""
+    weights, value = p.weights, p.value
     if p.unroll == 4:
         @cuda.jit(device=True, inline="always")
-        def loads(w, base, u, stride, last):
-            return (weights(w, base, min(u, last)), weights(w, base, min(u + stride, last)),
-                    weights(w, base, min(u + 2 * stride, last)),
-                    weights(w, base, min(u + 3 * stride, last)))
-    elif p.unroll == 2:
-        @cuda.jit(device=True, inline="always")
-        def loads(w, base, u, stride, last):
-            return (weights(w, base, min(u, last)), weights(w, base, min(u + stride, last)))
-    else:
-        raise ValueError(f"{p.name}: unroll must be 2 or 4, not {p.unroll}")
-    return loads
-
-
-def _lane_values(p):
-    """step(acc, w, x, base, u, stride, last, n, q): acc plus one row's `unroll` slots at unit
-    u < n, their weight words q from `_step_loads`. Every slot's unit is clamped to the row's
-    last and a slot past the row's end adds +0.0 (`keep`), so every load is unconditional and
-    the loads of a step issue before its first multiply."""
-    value = p.value
-    if p.unroll == 4:
-        @cuda.jit(device=True, inline="always")
-        def step(acc, w, x, base, u, stride, last, n, q):
-            q0, q1, q2, q3 = q
-            v0 = value(w, x, base, u, q0)
-            v1 = value(w, x, base, min(u + stride, last), q1)
-            v2 = value(w, x, base, min(u + 2 * stride, last), q2)
-            v3 = value(w, x, base, min(u + 3 * stride, last), q3)
+        def step(acc, w, x, base, u, stride, last, n):
+            v0 = value(w, x, base, u, weights(w, base, u))
+            u1 = min(u + stride, last)
+            v1 = value(w, x, base, u1, weights(w, base, u1))
+            u2 = min(u + 2 * stride, last)
+            v2 = value(w, x, base, u2, weights(w, base, u2))
+            u3 = min(u + 3 * stride, last)
+            v3 = value(w, x, base, u3, weights(w, base, u3))
             acc += v0
             acc += keep(v1, u + stride, n)
             acc += keep(v2, u + 2 * stride, n)
             acc += keep(v3, u + 3 * stride, n)
             return acc
-    else:
+    elif p.unroll == 2:
         @cuda.jit(device=True, inline="always")
-        def step(acc, w, x, base, u, stride, last, n, q):
-            q0, q1 = q
-            v0 = value(w, x, base, u, q0)
-            v1 = value(w, x, base, min(u + stride, last), q1)
+        def step(acc, w, x, base, u, stride, last, n):
+            v0 = value(w, x, base, u, weights(w, base, u))
+            u1 = min(u + stride, last)
+            v1 = value(w, x, base, u1, weights(w, base, u1))
             acc += v0
             acc += keep(v1, u + stride, n)
             return acc
+    else:
+        raise ValueError(f"{p.name}: unroll must be 2 or 4, not {p.unroll}")
     return step
 
 
-def _rows_values(p, nr):
-    """step(acc, w, x, base, u, stride, last, n, K, q): `_lane_values` for nr rows of
-    activations -- the slots' weight words q (loaded once) meet every row's activations, each
-    row's values added to acc[t] in the one-row order (the rows' code written out nr times by
-    `unrolled`)."""
-    value, x_row = p.value, p.x_row
+def _rows_step(p, nr):
+    """step(acc, w, x, base, u, stride, last, n, K): `_lane_step` for nr rows of activations --
+    each slot's weights loaded once, then every row's values added to acc[t] in the one-row
+    order (the rows' code written out nr times by `unrolled`)."""
+    weights, value, x_row = p.weights, p.value, p.x_row
     if p.unroll == 4:
         @nvvm_inlined
         def slots(t, acc, args):
@@ -327,11 +307,13 @@ def _rows_values(p, nr):
         each = unrolled(nr, slots)
 
         @cuda.jit(device=True, inline="always")
-        def step(acc, w, x, base, u, stride, last, n, K, q):
-            q0, q1, q2, q3 = q
-            each(acc, (w, x, base, u, min(u + stride, last), min(u + 2 * stride, last),
-                       min(u + 3 * stride, last), q0, q1, q2, q3, stride, n, K))
-    else:
+        def step(acc, w, x, base, u, stride, last, n, K):
+            u1 = min(u + stride, last)
+            u2 = min(u + 2 * stride, last)
+            u3 = min(u + 3 * stride, last)
+            each(acc, (w, x, base, u, u1, u2, u3, weights(w, base, u), weights(w, base, u1),
+                       weights(w, base, u2), weights(w, base, u3), stride, n, K))
+    elif p.unroll == 2:
         @nvvm_inlined
         def slots(t, acc, args):
             w, x, base, u, u1, q0, q1, stride, n, K = args
@@ -346,9 +328,12 @@ def _rows_values(p, nr):
         each = unrolled(nr, slots)
 
         @cuda.jit(device=True, inline="always")
-        def step(acc, w, x, base, u, stride, last, n, K, q):
-            q0, q1 = q
-            each(acc, (w, x, base, u, min(u + stride, last), q0, q1, stride, n, K))
+        def step(acc, w, x, base, u, stride, last, n, K):
+            u1 = min(u + stride, last)
+            each(acc, (w, x, base, u, u1, weights(w, base, u), weights(w, base, u1), stride, n,
+                       K))
+    else:
+        raise ValueError(f"{p.name}: unroll must be 2 or 4, not {p.unroll}")
     return step
 
 
@@ -362,108 +347,74 @@ def _warp_row(parts):
     return lane, row, warp - row * parts
 
 
-def _named(fn, p, fixed_parts, nr=1, prologue=True):
-    """Kernel name <p.name>[_p1][_r<nr>][_wf]: every build of a path has its own name (the disk
+def _named(fn, p, fixed_parts, nr=1):
+    """Kernel name <p.name>[_p1][_r<nr>]: every build of a path has its own name (the disk
     cache tells kernels apart by name and module)."""
     fn.__name__ = fn.__qualname__ = (p.name + (f"_p{fixed_parts}" if fixed_parts else "")
-                                     + (f"_r{nr}" if nr > 1 else "") + ("" if prologue else "_wf"))
+                                     + (f"_r{nr}" if nr > 1 else ""))
     fn.__module__ = p.module
-    return kernel(fn, own_wait=True)
+    return kernel(fn)
 
 
-def row_kernel(p, fixed_parts=0, prologue=True):
+def row_kernel(p, fixed_parts=0):
     """The one-row decode kernel of path p: kern[grid, THREADS](w, M, K, x, y, bias, residual,
     has_bias, has_residual, parts), one output row per `parts` warps. With fixed_parts the
     split is a compile-time constant and the `parts` argument is ignored: at parts = 1 the
     stride and the slot indices fold, and the Q4_K kernel went from 64 to 48 registers and 842
     to 637 PTX instructions (session 5; its run-time-parts build ran 15.2 us against 13.1 us at
-    12288 x 4096 on the H200, bench/q4k_probe.py `lib` vs `same`).
-
-    The prologue (jit.py, `own_wait`): every warp loads its first step of weights -- for K =
-    4096 Q4_K that is the whole row's share of the lane -- and only then waits for the
-    predecessor kernel; activations, outputs and everything else come after the wait. A warp
-    past the last row loads row M - 1's words (in bounds, unused) and waits before leaving.
-    prologue=False waits first (the `WEIGHT_PROLOGUE` switch: the side-by-side benchmark)."""
-    loads, values, units, row_base, U = _step_loads(p), _lane_values(p), p.units, p.base, p.unroll
+    12288 x 4096 on the H200, bench/q4k_probe.py `lib` vs `same`)."""
+    step, units, row_base, U = _lane_step(p), p.units, p.base, p.unroll
     FP = fixed_parts
-    PRO = prologue
 
     def matvec(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
-        if not PRO:
-            grid_dependency_wait()
         P = FP if FP else parts
         part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
         lane, row, part = _warp_row(P)
-        n = units(K)
-        last = n - 1
-        base = row_base(min(row, M - 1), K)
-        stride = 32 * P
-        u = 32 * part + lane
-        q = loads(w, base, u, stride, last)         # weights only: before the wait
-        if PRO:
-            grid_dependency_wait()
         if P == 1 and row >= M:       # the whole warp leaves: warp_sum stays full-warp
             return
-        if row >= M:                  # split rows: stay for the block barrier, add nothing
+        n = units(K)
+        last = n - 1
+        if row >= M:                  # split rows: stay for the block barrier, load nothing
             n = 0
+        base = row_base(row, K)
+        stride = 32 * P
         acc = np.float32(0.0)
-        while u < n:
-            acc = values(acc, w, x, base, u, stride, last, n, q)
-            u += stride * U
-            if u < n:
-                q = loads(w, base, u, stride, last)
+        for u in range(32 * part + lane, n, stride * U):
+            acc = step(acc, w, x, base, u, stride, last, n)
         total = combine_parts(part_sh, P, part, lane, warp_sum(acc))
         if lane == 0 and part == 0 and row < M:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
-    return _named(matvec, p, FP, prologue=PRO)
+    return _named(matvec, p, FP)
 
 
-def rows_kernel_of(p, nr, fixed_parts=0, prologue=True):
+def rows_kernel_of(p, nr, fixed_parts=0):
     """The decode kernel of path p for nr rows of activations (module docstring: rows = T > 1),
-    named <p.name>[_p1]_r<nr>[_wf]; the same parameters as `row_kernel`'s, x, y and residual
-    holding nr rows; fixed_parts and prologue as for `row_kernel`."""
-    loads, values, units, row_base, U = (_step_loads(p), _rows_values(p, nr), p.units, p.base,
-                                         p.unroll)
+    named <p.name>[_p1]_r<nr>; the same parameters as `row_kernel`'s, x, y and residual holding
+    nr rows; fixed_parts as for `row_kernel`."""
+    step, units, row_base, U = _rows_step(p, nr), p.units, p.base, p.unroll
     zero, finish = rows_epilogue(nr)
     FP = fixed_parts
-    PRO = prologue
 
     def matvec_rows(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
-        if not PRO:
-            grid_dependency_wait()
         P = FP if FP else parts
         part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
         acc = cuda.local.array(nr, np.float32)
         lane, row, part = _warp_row(P)
-        n = units(K)
-        last = n - 1
-        base = row_base(min(row, M - 1), K)
-        stride = 32 * P
-        u = 32 * part + lane
-        q = loads(w, base, u, stride, last)         # weights only: before the wait
-        if PRO:
-            grid_dependency_wait()
         if P == 1 and row >= M:
             return
+        n = units(K)
+        last = n - 1
         if row >= M:
             n = 0
+        base = row_base(row, K)
+        stride = 32 * P
         zero(acc, ())
-        while u < n:
-            values(acc, w, x, base, u, stride, last, n, K, q)
-            u += stride * U
-            if u < n:
-                q = loads(w, base, u, stride, last)
+        for u in range(32 * part + lane, n, stride * U):
+            step(acc, w, x, base, u, stride, last, n, K)
         finish(acc, part_sh, lane, part, row, M, P, y, bias, residual, has_bias, has_residual)
 
-    return _named(matvec_rows, p, FP, nr, PRO)
-
-
-# Decode matvecs load their first weights before waiting for their predecessor (`row_kernel`).
-# False builds (and launches) the wait-first kernels instead: bench/run_bench.py's side-by-side
-# `--launch pdl-waitfirst`; read when a launch picks its kernel, so set it before building an
-# engine (whose graph then keeps the kernels it captured).
-WEIGHT_PROLOGUE = True
+    return _named(matvec_rows, p, FP, nr)
 
 
 def path_kernels(p, who):
@@ -471,16 +422,16 @@ def path_kernels(p, who):
     `parts` warps a row, built (not compiled) on first request. parts = 1 -- every large-M
     decode matvec -- gets its own build with the split folded in (`row_kernel`'s fixed_parts);
     2 and 4 share the run-time-parts build. Either build computes the same sums in the same
-    order, so which one runs changes no bit (nor does `WEIGHT_PROLOGUE`: it only moves loads)."""
+    order, so which one runs changes no bit."""
     built = {}
 
     def kernels(rows, parts):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
-        key = (rows, 1 if parts == 1 else 0, WEIGHT_PROLOGUE)
+        key = (rows, 1 if parts == 1 else 0)
         if key not in built:
-            built[key] = (row_kernel(p, key[1], key[2]) if rows == 1
-                          else rows_kernel_of(p, rows, key[1], key[2]))
+            built[key] = (row_kernel(p, key[1]) if rows == 1
+                          else rows_kernel_of(p, rows, key[1]))
         return built[key]
 
     return kernels
