@@ -429,7 +429,10 @@ def kv_cache_kwargs(name: str) -> dict:
     return dict(k_type=k_type, v_type=v_type)
 
 
-LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(programmatic=False)}
+LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(programmatic=False),
+                # the attention output gate and int8 quantization as their own launches (the
+                # decode before session 7's fusion into the attention combine)
+                "unfused-attn": dict(fuse_attention_output=False)}
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,
@@ -485,6 +488,7 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
                                      base_config=dict(base, act_quant=aq,
                                                       kv_cache=f"{eng.kv.k_type.name}/{eng.kv.v_type.name}",
                                                       programmatic=bool(getattr(eng, "programmatic", False)),
+                                                      fuse_attention_output=eng.fuse_attention_output,
                                                       load_s=round(getattr(eng, "load_s", 0.0), 2)))
                     except Exception as e:
                         traceback.print_exc(limit=3)
@@ -539,7 +543,8 @@ def main(argv=None) -> int:
                          "engine's), q8 (Q8_0 K / Q5_1 V), f16")
     ap.add_argument("--launch", default="default",
                     help="comma list of decode-graph launch modes to run side by side: default "
-                         "(the engine's), pdl (programmatic edges), serial (plain edges)")
+                         "(the engine's), pdl (programmatic edges), serial (plain edges), "
+                         "unfused-attn (attention's output gate and int8 copy as separate launches)")
     ap.add_argument("--bw-gib", type=float, default=4.0, help="read-bandwidth buffer (GiB)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="append records here ('' = nowhere)")
     ap.add_argument("--commit", help="commit id to record (default: $BW24_COMMIT, else git)")

@@ -226,7 +226,7 @@ class Engine:
     def __init__(self, source, n_ctx: int = 4096, log=print, k_type=K_TYPE_DEFAULT,
                  v_type=V_TYPE_DEFAULT, vram_budget: int | None = None, use_graph: bool = True,
                  act_quant: str = "q8", prefill_gemm: str = "int8",
-                 programmatic: bool | None = None):
+                 programmatic: bool | None = None, fuse_attention_output: bool = True):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -282,6 +282,10 @@ class Engine:
         # decode/verify graphs with programmatic edges (graph.py): the next kernel's blocks are
         # launched while the previous one drains; None = wherever the GPU has them (sm_90+)
         self.programmatic = feats.grid_dependency if programmatic is None else bool(programmatic)
+        # decode/verify: the attention combine also applies the output gate and writes the
+        # attn_output matvec's int8 input (attention.launch_flash_decode's gate / xq / xd) instead
+        # of two more launches; False keeps those launches (same bits: the side-by-side bench)
+        self.fuse_attention_output = bool(fuse_attention_output)
         self._graph = None
         self.position = 0
         self.load_s = time.perf_counter() - t0
@@ -554,18 +558,33 @@ class Engine:
         # RoPE: q in place, k on its way into the cache, and the store of K and V: one launch
         add(("rope_kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq,
                                                     stream=s, q=q)))
-        if ws.rowwise:      # decode / verify: split-K attention, planned per token
+        wo, attn2 = w.blk(i, "attn_output.weight"), attn.reshape(T, Hq * D)
+        if ws.rowwise and self.fuse_attention_output:
+            # decode / verify: split-K attention, planned per token; its combine also gates the
+            # output and writes the int8 copy the attn_output matvec reads (when it takes one)
+            gate = ws.gate[:T] if c.attn_output_gate else None
+            qo = (QuantizedInput(xq=ws.xq[:T * Hq * D], xd=ws.xd[:T * Hq * D // 32])
+                  if self._dp4a(wo) and D % 32 == 0 else None)
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
-                ws.part_ml[:T], ws.part_acc[:T], stream=s)))
+                ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=gate,
+                xq=None if qo is None else qo.xq, xd=None if qo is None else qo.xd)))
+            if qo is None:
+                qL, qo = self._quantize_input(ws, attn2, T, [wo])
+                L += qL
         else:
-            add(("attention", lambda: attention.launch_flash_attn_cache(
-                q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))
-        if c.attn_output_gate:
-            add(("attn_gate", lambda: activation.launch_sigmoid_mul(attn, ws.gate[:T], s)))
-        wo, attn2 = w.blk(i, "attn_output.weight"), attn.reshape(T, Hq * D)
-        qL, qo = self._quantize_input(ws, attn2, T, [wo])
-        L += qL
+            if ws.rowwise:
+                add(("attention", lambda: attention.launch_flash_decode(
+                    q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
+                    ws.part_ml[:T], ws.part_acc[:T], stream=s)))
+            else:
+                add(("attention", lambda: attention.launch_flash_attn_cache(
+                    q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
+                    stream=s)))
+            if c.attn_output_gate:
+                add(("attn_gate", lambda: activation.launch_sigmoid_mul(attn, ws.gate[:T], s)))
+            qL, qo = self._quantize_input(ws, attn2, T, [wo])
+            L += qL
         add(("attn_output", lambda: self._mv(wo, attn2, h, T, bias=w.blk_opt(i, "attn_output.bias"),
                                              residual=h, qx=qo, rowwise=ws.rowwise)))
         return L

@@ -1374,6 +1374,56 @@ def check_flash_decode(rng, size):
                       _ATTN_TOL, guard_ok=guard_ok)
 
 
+@check("flash_decode_fused", "kernels.attention.launch_flash_decode")
+def check_flash_decode_fused(rng, size):
+    """The decode combine with the output gate and the attn_output matvec's int8 input folded in
+    (gate=, xq=, xd=): bit for bit what flash_decode, then sigmoid_mul, then quantize_act write
+    (the same operations in the same order, so no rounding may differ)."""
+    from .kernels import attention as at
+    from .kernels.activation import launch_sigmoid_mul
+    from .kernels.quantize_act import launch_quantize_act
+    from .quant import QType
+    if size == "tiny":
+        cases = [(1, 37, 3, 4, 2, 32, 40, True), (2, 20, 2, 2, 1, 64, 24, False)]
+    else:
+        cases = [(1, 4097, at.decode_splits(8192, Q9.n_kv_heads), Q9.n_heads, Q9.n_kv_heads,
+                  Q9.head_dim, 8192, True),
+                 (4, 1000, at.decode_splits(2048, Q05.n_kv_heads), Q05.n_heads, Q05.n_kv_heads,
+                  Q05.head_dim, 2048, False)]
+    for T, n_ctx, n_splits, Hq, Hkv, D, ctx, gated in cases:
+        cache = _filled_cache(rng, ctx, Hkv, D, ctx, QType.F16, QType.F16)
+        n = T * Hq * D
+        q = _dev(rng.standard_normal((T, Hq, D)).astype(np.float32))
+        positions = _dev(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
+        gate = _dev((3 * rng.standard_normal(n)).astype(np.float32)) if gated else None
+        k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+        # the separate launches
+        part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
+        ref = Out((T, Hq, D))
+        at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16,
+                               ref.dev, part_ml, part_acc)
+        if gated:
+            launch_sigmoid_mul(ref.dev, gate)
+        q_ref, d_ref = Out(n, np.int8, poison=-128), Out(n // 32)
+        launch_quantize_act(ref.dev.reshape(n), q_ref.dev, d_ref.dev)
+        # the one launch
+        part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
+        out, xq, xd = Out((T, Hq, D)), Out(n, np.int8, poison=-128), Out(n // 32)
+        at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16,
+                               out.dev, part_ml, part_acc, gate=gate, xq=xq.dev, xd=xd.dev)
+        shape = f"T{T} ctx{n_ctx}/{n_splits}sp H{Hq}/{Hkv} D{D}" + (" gated" if gated else "")
+        got, g_ok = out.get()
+        want, _ = ref.get()
+        yield compare("flash_decode_fused out", "f32", shape, got, want, tol="bit-exact",
+                      bits=True, guard_ok=g_ok)
+        got_q, gq = xq.get()
+        yield compare("flash_decode_fused q", "int8", shape, got_q, q_ref.get()[0],
+                      tol="exact", bits=True, guard_ok=gq, poison=np.int8(-128))
+        got_d, gd = xd.get()
+        yield compare("flash_decode_fused d", "f32", shape, got_d, d_ref.get()[0],
+                      tol="bit-exact", bits=True, guard_ok=gd)
+
+
 # ------------------------------------------------------------------ argmax, sampling, step
 
 

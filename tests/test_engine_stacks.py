@@ -51,3 +51,19 @@ def test_members_of_a_stack_are_views_into_it():
     whole = st.buf.copy_to_host()
     np.testing.assert_array_equal(whole[:g.buf.size], g.buf.copy_to_host().reshape(-1))
     np.testing.assert_array_equal(whole[g.buf.size:], u.buf.copy_to_host().reshape(-1))
+
+
+def test_fused_attention_output_gives_the_bits_of_separate_launches(rng):
+    """Decode's attention combine applies the output gate itself (and, where head_dim % 32 == 0
+    and attn_output takes int8 activations, writes that matvec's int8 input: kernel tests and
+    kernel-check cover that half, the fixtures' head_dim is 16): the same bits as the
+    sigmoid_mul and quantize_act launches it replaces."""
+    src, eng = _engine("qwen35")
+    assert eng.fuse_attention_output
+    ids = [int(rng.integers(0, src.config.vocab_size))]
+    names = [n for n, _ in eng._decode_step()]
+    fused = _decode(eng, ids)
+    eng.fuse_attention_output, eng._graph = False, None
+    separate = _decode(eng, ids)
+    assert "attn_gate" not in names and "attn_gate" in [n for n, _ in eng._decode_step()]
+    np.testing.assert_array_equal(fused, separate)

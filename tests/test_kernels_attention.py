@@ -199,3 +199,56 @@ def test_f16_path_only_where_it_applies():
     assert not supports(4, 256, QType.Q8_0, QType.Q5_1)        # quantized cache: attention.py
     assert not supports(4, 16, QType.F16, QType.F16)           # head_dim 16 (tiny fixtures)
     assert not supports(16, 128, QType.F16, QType.F16)         # more rows than ROWS_MAX
+
+
+@pytest.mark.parametrize("kv,gated,T", [(_F16, True, 1), (_F16, False, 2), (_Q8, True, 2)],
+                         ids=["f16-gated", "f16-verify2", "q8-gated-verify2"])
+def test_flash_decode_fused_gate_and_int8_output(rng, kv, gated, T):
+    """The combine with the output gate and the int8 copy folded in writes exactly what
+    flash_decode, then sigmoid_mul, then quantize_act write (the engine's decode before the
+    fusion), bit for bit, and nothing past its T * Hq * D codes / scales."""
+    from bw24nb.kernels.activation import launch_sigmoid_mul
+    from bw24nb.kernels.quantize_act import launch_quantize_act
+    Hq, Hkv, D, n_ctx, n_splits = 4, 2, 64, 41, 3
+    n = T * Hq * D
+    cache = _filled_cache(rng, n_ctx + 2, Hkv, D, n_ctx + 2, *kv)
+    q = cuda.to_device(rng.standard_normal((T, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
+    gate = cuda.to_device((rng.standard_normal(n) * 3).astype(np.float32)) if gated else None
+    layer = cache.layer(0)
+
+    def attend(**outs):
+        part_ml, part_acc = alloc_decode_partials(T, Hq, D, n_splits)
+        out = _poisoned((T, Hq, D))
+        launch_flash_decode(q, pos, layer[0], layer[1], kv[0], layer[2], layer[3], kv[1], out,
+                            part_ml, part_acc, **outs)
+        return out
+
+    ref = attend()
+    if gated:
+        launch_sigmoid_mul(ref, gate)
+    q_ref = cuda.to_device(np.zeros(n, np.int8))
+    d_ref = cuda.to_device(np.zeros(n // 32, np.float32))
+    launch_quantize_act(ref.reshape(n), q_ref, d_ref)
+    xq = cuda.to_device(np.full(n + 8, 99, np.int8))
+    xd = cuda.to_device(np.full(n // 32 + 2, np.nan, np.float32))
+    got = attend(gate=gate, xq=xq, xd=xd)
+    np.testing.assert_array_equal(got.copy_to_host(), ref.copy_to_host())
+    qh, dh = xq.copy_to_host(), xd.copy_to_host()
+    np.testing.assert_array_equal(qh[:n], q_ref.copy_to_host())
+    np.testing.assert_array_equal(dh[:n // 32], d_ref.copy_to_host())
+    assert np.all(qh[n:] == 99) and np.all(np.isnan(dh[n // 32:]))
+    assert np.any(qh[:n] != 0)
+
+
+def test_flash_decode_int8_output_needs_whole_blocks(rng):
+    Hq, Hkv, D = 2, 1, 16
+    cache = _filled_cache(rng, 8, Hkv, D, 8, *_F16)
+    part_ml, part_acc = alloc_decode_partials(1, Hq, D, 2)
+    layer = cache.layer(0)
+    with pytest.raises(ValueError, match="head_dim % 32"):
+        launch_flash_decode(cuda.to_device(np.ones((1, Hq, D), np.float32)),
+                            cuda.to_device(np.array([7], np.int32)), layer[0], layer[1],
+                            QType.F16, layer[2], layer[3], QType.F16, _poisoned((1, Hq, D)),
+                            part_ml, part_acc, xq=cuda.to_device(np.zeros(32, np.int8)),
+                            xd=cuda.to_device(np.zeros(1, np.float32)))

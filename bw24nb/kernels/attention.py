@@ -49,6 +49,8 @@ from numba import cuda, float32, int32
 from ..jit import kernel
 from ..cache.kv import kv_load
 from ..ptx import warp_max, warp_sum
+from .activation import sigmoid
+from .quantize_act import q8_code
 
 # 128 threads: scores are ATTN_ROWS x ATTN_KEYS = 128 dot products, one per thread.
 ATTN_THREADS = 128
@@ -450,7 +452,8 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
 
 
 @kernel
-def flash_decode_combine(positions, ctx, min_chunk, part_ml, part_acc, out):
+def flash_decode_combine(positions, ctx, min_chunk, part_ml, part_acc, out, gate, xq, xd,
+                         has_gate, has_q8):
     """Merge the split-K partials of one (t, head). Grid T * Hq, COMBINE_THREADS threads.
 
     Every step is parallel, with a fixed order (so the result is deterministic):
@@ -462,7 +465,13 @@ def flash_decode_combine(positions, ctx, min_chunk, part_ml, part_acc, out):
          power of two); group g sums splits [g * per, (g + 1) * per) ascending, four loads in
          flight per step; the groups' sums are added in group order; out = that / L.
     Walking the partials one dependent global load at a time (the first version) cost tens of
-    microseconds a launch."""
+    microseconds a launch.
+    Then, in the same threads (decode's next two launches folded in, each with its own
+    arithmetic, so the bits are those of the separate launches):
+      4. has_gate: out *= sigmoid(gate) (activation.sigmoid_mul; gate flat [T * Hq * D]);
+      5. has_q8: xq, xd = quantize_act_q8(out) over the flat [T * Hq * D] output (D % 32 == 0,
+         so a 32-value block is one warp of group 0 and its amax a warp_max), the int8 input
+         of the attn_output matvec."""
     w_sh = cuda.shared.array(DECODE_SPLITS_MAX, float32)
     red_sh = cuda.shared.array(_COMBINE_WARPS, float32)
     acc_sh = cuda.shared.array(COMBINE_THREADS, float32)
@@ -531,7 +540,16 @@ def flash_decode_combine(positions, ctx, min_chunk, part_ml, part_acc, out):
         total = acc_sh[d]
         for j in range(1, G):
             total += acc_sh[j * Dp + d]
-        out[t, h, d] = total / L
+        v = total / L
+        i = (t * Hq + h) * D + d
+        if has_gate:
+            v = v * sigmoid(gate[i])
+        out[t, h, d] = v
+        if has_q8:
+            code, scale = q8_code(v, warp_max(abs(v)))
+            xq[i] = code
+            if (d & 31) == 0:
+                xd[i >> 5] = scale
 
 
 # ------------------------------------------------------------------ launchers
@@ -592,17 +610,32 @@ def alloc_decode_partials(T: int, n_heads: int, head_dim: int, n_splits: int):
 
 
 def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
-                        part_ml, part_acc, scale=None, stream=0, min_chunk=None):
+                        part_ml, part_acc, scale=None, stream=0, min_chunk=None, gate=None,
+                        xq=None, xd=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
     count is `part_ml.shape[2]` (see `decode_splits`, `alloc_decode_partials`); q[T, Hq, D]
     with small T (1 for plain decode, K+1 for a speculative verify). min_chunk: fewest keys a
-    split takes (default DECODE_MIN_CHUNK; a runtime argument, so bench/ can sweep it)."""
+    split takes (default DECODE_MIN_CHUNK; a runtime argument, so bench/ can sweep it).
+    The combine also applies what decode does next, saving those launches: gate (T * Hq * D
+    floats) multiplies the output by sigmoid(gate) (= activation.launch_sigmoid_mul), and xq
+    (int8) / xd (float32), given together, receive quantize_act's int8 copy of the output
+    (= quantize_act.launch_quantize_act on out, flat; needs D % 32 == 0)."""
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
     if min_chunk < 1:
         raise ValueError(f"min_chunk must be >= 1, not {min_chunk}")
     T, Hq, D = _check_shapes(q, k_u8.shape[0])
+    n = T * Hq * D
+    if gate is not None and (gate.dtype != np.float32 or gate.size < n):
+        raise ValueError(f"flash_decode: gate must be float32 with >= {n} values, "
+                         f"not {gate.dtype}[{gate.size}]")
+    if (xq is None) != (xd is None):
+        raise ValueError("flash_decode: xq and xd go together (the int8 output and its scales)")
+    if xq is not None and (D % 32 or xq.dtype != np.int8 or xq.size < n
+                           or xd.dtype != np.float32 or xd.size < n // 32):
+        raise ValueError(f"flash_decode: the int8 output needs head_dim % 32 == 0 (it is {D}), "
+                         f"xq int8[>= {n}] and xd float32[>= {n // 32}]")
     Hkv = k_u8.shape[0]
     n_splits = part_ml.shape[2]
     if (tuple(part_ml.shape) != (T, Hq, n_splits, 2)
@@ -618,8 +651,14 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
         flash_decode_split[grid, DECODE_THREADS, stream](
             q, positions, k_u8, k_f16, np.int32(k_type), v_u8, v_f16, np.int32(v_type),
             _scale(scale, D), np.int32(min_chunk), part_ml, part_acc)
-    flash_decode_combine[T * Hq, COMBINE_THREADS, stream](positions, np.int32(k_u8.shape[1]),
-                                                          np.int32(min_chunk), part_ml, part_acc, out)
+    # absent outputs get stand-ins of the right type that the kernel never touches
+    flat_ml = part_ml.reshape(part_ml.size)
+    flash_decode_combine[T * Hq, COMBINE_THREADS, stream](
+        positions, np.int32(k_u8.shape[1]), np.int32(min_chunk), part_ml, part_acc, out,
+        flat_ml if gate is None else gate.reshape(gate.size),
+        flat_ml.view(np.int8) if xq is None else xq.reshape(xq.size),
+        flat_ml if xd is None else xd.reshape(xd.size),
+        np.int32(gate is not None), np.int32(xq is not None))
 
 
 _A3 = "float32[:, :, ::1]"
@@ -629,5 +668,6 @@ PTX_SIGNATURES = {
     "flash_attn_f32": [f"void({_A3}, {_A3}, {_A3}, int32[::1], float32, {_A3})"],
     "flash_attn_cache": [f"void({_A3}, int32[::1], {_C}, {_C}, float32, {_A3})"],
     "flash_decode_split": [f"void({_A3}, int32[::1], {_C}, {_C}, float32, int32, {_A4}, {_A4})"],
-    "flash_decode_combine": [f"void(int32[::1], int32, int32, {_A4}, {_A4}, {_A3})"],
+    "flash_decode_combine": [f"void(int32[::1], int32, int32, {_A4}, {_A4}, {_A3}, float32[::1], "
+                             "int8[::1], float32[::1], int32, int32)"],
 }
