@@ -432,7 +432,10 @@ def kv_cache_kwargs(name: str) -> dict:
 LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(programmatic=False),
                 # the attention output gate and int8 quantization as their own launches (the
                 # decode before session 7's fusion into the attention combine)
-                "unfused-attn": dict(fuse_attention_output=False)}
+                "unfused-attn": dict(fuse_attention_output=False),
+                # decode attention's split plan before session 7 (no 128-key rounding of long
+                # splits, a 256-thread combine)
+                "plain-attn": dict(attention_plan="plain")}
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,
@@ -489,6 +492,7 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
                                                       kv_cache=f"{eng.kv.k_type.name}/{eng.kv.v_type.name}",
                                                       programmatic=bool(getattr(eng, "programmatic", False)),
                                                       fuse_attention_output=eng.fuse_attention_output,
+                                                      attention_plan=eng.attention_plan,
                                                       load_s=round(getattr(eng, "load_s", 0.0), 2)))
                     except Exception as e:
                         traceback.print_exc(limit=3)
@@ -544,7 +548,8 @@ def main(argv=None) -> int:
     ap.add_argument("--launch", default="default",
                     help="comma list of decode-graph launch modes to run side by side: default "
                          "(the engine's), pdl (programmatic edges), serial (plain edges), "
-                         "unfused-attn (attention's output gate and int8 copy as separate launches)")
+                         "unfused-attn (attention's output gate and int8 copy as separate launches), "
+                         "plain-attn (the decode attention split plan before session 7)")
     ap.add_argument("--bw-gib", type=float, default=4.0, help="read-bandwidth buffer (GiB)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="append records here ('' = nowhere)")
     ap.add_argument("--commit", help="commit id to record (default: $BW24_COMMIT, else git)")

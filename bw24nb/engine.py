@@ -48,6 +48,10 @@ def gets_q6k_r(qtype, shape) -> bool:
     return QType(int(qtype)) == QType.Q6_K and len(shape) == 2 and shape[-1] % 256 == 0
 
 
+# Engine(attention_plan=...): the decode attention's split plan (attention.launch_flash_decode)
+ATTENTION_PLANS = {"aligned": {}, "plain": dict(chunk_align=1, combine_threads=256)}
+
+
 @dataclass
 class QuantizedInput:
     """One matvec input quantized for the integer weight types: int8 values + a float32 scale
@@ -226,7 +230,8 @@ class Engine:
     def __init__(self, source, n_ctx: int = 4096, log=print, k_type=K_TYPE_DEFAULT,
                  v_type=V_TYPE_DEFAULT, vram_budget: int | None = None, use_graph: bool = True,
                  act_quant: str = "q8", prefill_gemm: str = "int8",
-                 programmatic: bool | None = None, fuse_attention_output: bool = True):
+                 programmatic: bool | None = None, fuse_attention_output: bool = True,
+                 attention_plan: str = "aligned"):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -286,6 +291,13 @@ class Engine:
         # attn_output matvec's int8 input (attention.launch_flash_decode's gate / xq / xd) instead
         # of two more launches; False keeps those launches (same bits: the side-by-side bench)
         self.fuse_attention_output = bool(fuse_attention_output)
+        # decode/verify attention's split plan: "aligned" = the library's defaults (long splits
+        # rounded to 128 keys, a 1024-thread combine), "plain" = the plan before session 7 (for
+        # the side-by-side bench). Either gives each token one fixed summation order.
+        if attention_plan not in ATTENTION_PLANS:
+            raise ValueError(f"attention_plan must be one of {sorted(ATTENTION_PLANS)}, "
+                             f"not {attention_plan!r}")
+        self.attention_plan = attention_plan
         self._graph = None
         self.position = 0
         self.load_s = time.perf_counter() - t0
@@ -563,12 +575,13 @@ class Engine:
             # decode / verify: split-K attention, planned per token; its combine also gates the
             # output and writes the int8 copy the attn_output matvec reads (when it takes one)
             gate = ws.gate[:T] if c.attn_output_gate else None
-            qo = (QuantizedInput(xq=ws.xq[:T * Hq * D], xd=ws.xd[:T * Hq * D // 32])
-                  if self._dp4a(wo) and D % 32 == 0 else None)
+            fused = (QuantizedInput(xq=ws.xq[:T * Hq * D], xd=ws.xd[:T * Hq * D // 32])
+                     if self._dp4a(wo) and D % 32 == 0 else QuantizedInput())
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
-                ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=gate,
-                xq=None if qo is None else qo.xq, xd=None if qo is None else qo.xd)))
+                ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=gate, xq=fused.xq, xd=fused.xd,
+                **ATTENTION_PLANS[self.attention_plan])))
+            qo = fused if fused.xq is not None else None
             if qo is None:
                 qL, qo = self._quantize_input(ws, attn2, T, [wo])
                 L += qL
@@ -576,7 +589,8 @@ class Engine:
             if ws.rowwise:
                 add(("attention", lambda: attention.launch_flash_decode(
                     q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
-                    ws.part_ml[:T], ws.part_acc[:T], stream=s)))
+                    ws.part_ml[:T], ws.part_acc[:T], stream=s,
+                    **ATTENTION_PLANS[self.attention_plan])))
             else:
                 add(("attention", lambda: attention.launch_flash_attn_cache(
                     q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,

@@ -252,3 +252,25 @@ def test_flash_decode_int8_output_needs_whole_blocks(rng):
                             QType.F16, layer[2], layer[3], QType.F16, _poisoned((1, Hq, D)),
                             part_ml, part_acc, xq=cuda.to_device(np.zeros(32, np.int8)),
                             xd=cuda.to_device(np.zeros(1, np.float32)))
+
+
+@pytest.mark.parametrize("align,threads", [(1, 256), (128, 1024), (128, 256), (1, 512)])
+def test_flash_decode_split_plans(rng, align, threads):
+    """Every split plan (attention.launch_flash_decode's chunk_align / combine_threads) computes
+    the attention: 300 keys over 8 splits are 8 chunks of 38 keys plainly, 3 of 128 (the last
+    44) aligned; the combine's thread groups split the per-dimension sums 8 / 16 / 32 ways."""
+    Hq, Hkv, D, n_ctx, n_splits = 4, 2, 32, 300, 8
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    q = rng.standard_normal((1, Hq, D)).astype(np.float32)
+    part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
+    part_ml.copy_to_device(np.full(part_ml.shape, np.nan, np.float32))
+    out = _poisoned((1, Hq, D))
+    k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+    launch_flash_decode(cuda.to_device(q), cuda.to_device(np.array([n_ctx - 1], np.int32)),
+                        k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16, out, part_ml, part_acc,
+                        chunk_align=align, combine_threads=threads)
+    k_deq, v_deq = cache.read(0, n_ctx)
+    want = ops.attention(q, k_deq, v_deq, causal_offset=n_ctx - 1)
+    np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
+    written = ~np.isnan(part_ml.copy_to_host()[0, 0, :, 0])
+    assert written.sum() == (3 if align == 128 else 8)

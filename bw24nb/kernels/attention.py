@@ -71,6 +71,11 @@ DECODE_SPLITS_MAX = 256
 # both are the same (ceil(ctx / n_splits) > 32 there). Before the min chunk existed, 132 splits
 # of 4 keys each cost 67 us a layer, mostly in the combine.
 DECODE_MIN_CHUNK = 16
+# A split longer than min_chunk is rounded up to a multiple of this many keys: 128 = a 32-key
+# tile for each of decode_attention.py's 4 warps, so no warp of a long split idles (at 6144
+# tokens the plain ceil(n_ctx / n_splits) gave 0.5B splits of 47 keys: 2 busy warps of 4). 1 =
+# no rounding (the plan before session 7). Measured: research/tune-data/bench.jsonl, session 7.
+DECODE_CHUNK_ALIGN = 128
 # Decode split kernel tiles: 32 keys (one per lane in the softmax), 16 when head_dim > 128
 # so the K/V tile (keys x (D + 1) floats) fits beside the q rows in 48 KB of shared memory.
 DECODE_KT = 32
@@ -78,10 +83,14 @@ DECODE_KT_WIDE_D = 128
 _DEC_KV_SH = DECODE_KT * (DECODE_KT_WIDE_D + 1)     # >= 16 * (256 + 1) too
 _DEC_S_SH = ATTN_ROWS * DECODE_KT                   # p of every row for one tile
 DECODE_THREADS = 256                                # 8 warps: rows and PV groups spread wider
-# The combine: one split per thread for (m, l) (so DECODE_SPLITS_MAX <= COMBINE_THREADS), and
-# COMBINE_THREADS / D thread groups sharing the per-dimension sums over the splits.
-COMBINE_THREADS = 256
-_COMBINE_WARPS = COMBINE_THREADS // 32
+# The combine: one split per thread for (m, l) (so DECODE_SPLITS_MAX <= its threads), and
+# threads / D groups sharing the per-dimension sums over the splits, each walking its run of
+# splits one L2 round trip per 4. At 256 threads a head_dim-256 row had one group walking all
+# 66 splits of a long context (17 round trips); 1024 threads make that 4 groups (5). The block
+# size is a launch parameter (the plan's order follows it); COMBINE_THREADS_MAX sizes shared.
+COMBINE_THREADS = 1024
+COMBINE_THREADS_MAX = 1024
+_COMBINE_WARPS = COMBINE_THREADS_MAX // 32
 
 _NEG_INF = np.float32(-np.inf)
 # shared-array sizes (numba wants each size as one constant)
@@ -303,22 +312,25 @@ def flash_attn_cache(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, sca
 
 
 @cuda.jit(device=True, inline="always")
-def _split_plan(position, ctx, n_splits, min_chunk):
+def _split_plan(position, ctx, n_splits, min_chunk, align):
     """(n_ctx, chunk, used) for a query token at `position`: the keys it sees
     (min(position + 1, ctx)), keys per split -- ceil(n_ctx / n_splits), but at least
     min_chunk, so a short context runs on a few well-filled blocks instead of n_splits nearly
-    empty ones -- and how many splits that takes. A function of the token's own position only:
+    empty ones, and above min_chunk rounded up to a multiple of `align` (DECODE_CHUNK_ALIGN) --
+    and how many splits that takes (never more than n_splits: chunks only grow). A function of the token's own position only:
     the split pass and the combine derive it from the same device-side value (one captured
     graph serves every length), and a token verified among K+1 gets the plan, hence the
     summation order, it has when decoded alone."""
     n_ctx = min(position + 1, ctx)
     chunk = max(min_chunk, (n_ctx + n_splits - 1) // n_splits)
+    if chunk > min_chunk:
+        chunk = (chunk + align - 1) // align * align
     return n_ctx, chunk, (n_ctx + chunk - 1) // chunk
 
 
 @kernel
 def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, scale,
-                       min_chunk, part_ml, part_acc):
+                       min_chunk, chunk_align, part_ml, part_acc):
     """Split-K pass over the quantized cache. Grid (n_splits, Hkv, T * row tiles per token),
     DECODE_THREADS. part_ml[T, Hq, n_splits, 2] gets (m, l), part_acc[T, Hq, n_splits, D] the
     unnormalized accumulator of this block's chunk. A block serves the rows (heads of the
@@ -358,7 +370,8 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
     row0 = tok * n_rep + (cuda.blockIdx.z - tok * tiles) * ATTN_ROWS
     D = q.shape[2]
     DP = D + 1
-    n_ctx, chunk, used = _split_plan(positions[tok], k_u8.shape[1], n_splits, min_chunk)
+    n_ctx, chunk, used = _split_plan(positions[tok], k_u8.shape[1], n_splits, min_chunk,
+                                     chunk_align)
     if split >= used:
         return                      # past the context: the combine never reads this split
     key_begin = split * chunk
@@ -452,16 +465,17 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
 
 
 @kernel
-def flash_decode_combine(positions, ctx, min_chunk, part_ml, part_acc, out, gate, xq, xd,
-                         has_gate, has_q8):
-    """Merge the split-K partials of one (t, head). Grid T * Hq, COMBINE_THREADS threads.
+def flash_decode_combine(positions, ctx, min_chunk, chunk_align, part_ml, part_acc, out, gate,
+                         xq, xd, has_gate, has_q8):
+    """Merge the split-K partials of one (t, head). Grid T * Hq, a power of two >= 256 threads
+    (COMBINE_THREADS; <= COMBINE_THREADS_MAX).
 
     Every step is parallel, with a fixed order (so the result is deterministic):
       1. thread s < used reads (m_s, l_s); M = max over the visible splits (l_s > 0) by
          warp_max, then the 8 warp maxima (max is exact in any order);
       2. w_s = exp(m_s - M) (0 for an empty split) into shared; L = sum_s l_s w_s by warp_sum's
          tree within each warp of 32 splits, then the warps' sums in warp order;
-      3. the D outputs: G = COMBINE_THREADS / Dp groups of Dp threads (Dp = D rounded up to a
+      3. the D outputs: G = blockDim / Dp groups of Dp threads (Dp = D rounded up to a
          power of two); group g sums splits [g * per, (g + 1) * per) ascending, four loads in
          flight per step; the groups' sums are added in group order; out = that / L.
     Walking the partials one dependent global load at a time (the first version) cost tens of
@@ -474,7 +488,7 @@ def flash_decode_combine(positions, ctx, min_chunk, part_ml, part_acc, out, gate
          of the attn_output matvec."""
     w_sh = cuda.shared.array(DECODE_SPLITS_MAX, float32)
     red_sh = cuda.shared.array(_COMBINE_WARPS, float32)
-    acc_sh = cuda.shared.array(COMBINE_THREADS, float32)
+    acc_sh = cuda.shared.array(COMBINE_THREADS_MAX, float32)
     T, Hq, S, D = part_acc.shape
     t = cuda.blockIdx.x // Hq
     h = cuda.blockIdx.x - t * Hq
@@ -482,7 +496,7 @@ def flash_decode_combine(positions, ctx, min_chunk, part_ml, part_acc, out, gate
     lane = tid & 31
     warp = tid >> 5
     n_warps = cuda.blockDim.x >> 5
-    _, _, used = _split_plan(positions[t], ctx, S, min_chunk)
+    _, _, used = _split_plan(positions[t], ctx, S, min_chunk, chunk_align)
     m = _NEG_INF
     l_s = float32(0.0)
     if tid < used:
@@ -611,13 +625,16 @@ def alloc_decode_partials(T: int, n_heads: int, head_dim: int, n_splits: int):
 
 def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
                         part_ml, part_acc, scale=None, stream=0, min_chunk=None, gate=None,
-                        xq=None, xd=None):
+                        xq=None, xd=None, chunk_align=None, combine_threads=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
     count is `part_ml.shape[2]` (see `decode_splits`, `alloc_decode_partials`); q[T, Hq, D]
     with small T (1 for plain decode, K+1 for a speculative verify). min_chunk: fewest keys a
-    split takes (default DECODE_MIN_CHUNK; a runtime argument, so bench/ can sweep it).
+    split takes (default DECODE_MIN_CHUNK; a runtime argument, so bench/ can sweep it);
+    chunk_align, combine_threads: the rest of the plan (defaults DECODE_CHUNK_ALIGN and
+    COMBINE_THREADS; runtime too, for the side-by-side benchmark). The same arguments give
+    every token the same summation order however many tokens a launch carries.
     The combine also applies what decode does next, saving those launches: gate (T * Hq * D
     floats) multiplies the output by sigmoid(gate) (= activation.launch_sigmoid_mul), and xq
     (int8) / xd (float32), given together, receive quantize_act's int8 copy of the output
@@ -625,6 +642,12 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
     if min_chunk < 1:
         raise ValueError(f"min_chunk must be >= 1, not {min_chunk}")
+    chunk_align = DECODE_CHUNK_ALIGN if chunk_align is None else int(chunk_align)
+    if chunk_align < 1:
+        raise ValueError(f"chunk_align must be >= 1, not {chunk_align}")
+    combine_threads = COMBINE_THREADS if combine_threads is None else int(combine_threads)
+    if combine_threads not in (256, 512, 1024):
+        raise ValueError(f"combine_threads must be 256, 512 or 1024, not {combine_threads}")
     T, Hq, D = _check_shapes(q, k_u8.shape[0])
     n = T * Hq * D
     if gate is not None and (gate.dtype != np.float32 or gate.size < n):
@@ -645,16 +668,17 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     from . import decode_attention
     if decode_attention.supports(Hq // Hkv, D, k_type, v_type):     # F16 cache: 16-byte loads
         decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
-                                      part_ml, part_acc, stream)
+                                      part_ml, part_acc, stream, chunk_align)
     else:
         grid = (n_splits, Hkv, T * _row_tiles(1, Hq // Hkv))     # tiles of one token each
         flash_decode_split[grid, DECODE_THREADS, stream](
             q, positions, k_u8, k_f16, np.int32(k_type), v_u8, v_f16, np.int32(v_type),
-            _scale(scale, D), np.int32(min_chunk), part_ml, part_acc)
+            _scale(scale, D), np.int32(min_chunk), np.int32(chunk_align), part_ml, part_acc)
     # absent outputs get stand-ins of the right type that the kernel never touches
     flat_ml = part_ml.reshape(part_ml.size)
-    flash_decode_combine[T * Hq, COMBINE_THREADS, stream](
-        positions, np.int32(k_u8.shape[1]), np.int32(min_chunk), part_ml, part_acc, out,
+    flash_decode_combine[T * Hq, combine_threads, stream](
+        positions, np.int32(k_u8.shape[1]), np.int32(min_chunk), np.int32(chunk_align), part_ml,
+        part_acc, out,
         flat_ml if gate is None else gate.reshape(gate.size),
         flat_ml.view(np.int8) if xq is None else xq.reshape(xq.size),
         flat_ml if xd is None else xd.reshape(xd.size),
@@ -667,7 +691,8 @@ _C = "uint8[:, :, ::1], float16[:, :, ::1], int32"
 PTX_SIGNATURES = {
     "flash_attn_f32": [f"void({_A3}, {_A3}, {_A3}, int32[::1], float32, {_A3})"],
     "flash_attn_cache": [f"void({_A3}, int32[::1], {_C}, {_C}, float32, {_A3})"],
-    "flash_decode_split": [f"void({_A3}, int32[::1], {_C}, {_C}, float32, int32, {_A4}, {_A4})"],
-    "flash_decode_combine": [f"void(int32[::1], int32, int32, {_A4}, {_A4}, {_A3}, float32[::1], "
+    "flash_decode_split": [f"void({_A3}, int32[::1], {_C}, {_C}, float32, int32, int32, {_A4}, "
+                           f"{_A4})"],
+    "flash_decode_combine": [f"void(int32[::1], int32, int32, int32, {_A4}, {_A4}, {_A3}, float32[::1], "
                              "int8[::1], float32[::1], int32, int32)"],
 }

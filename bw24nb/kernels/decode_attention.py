@@ -77,7 +77,7 @@ def _make(R: int, E: int):
         lo, hi = f16x2_to_f32x2(w)
         return hi if (e & 1) else lo
 
-    def split(q, positions, kw, vw, ctx, scale, min_chunk, part_ml, part_acc):
+    def split(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc):
         buf = cuda.shared.array(_ACC_SH, float32)       # q rows, later the warps' accumulators
         p_sh = cuda.shared.array(_P_SH, float32)
         m_sh = cuda.shared.array(_ML_SH, float32)
@@ -92,7 +92,7 @@ def _make(R: int, E: int):
         n_splits = cuda.gridDim.x
         kvh = cuda.blockIdx.y
         tok = cuda.blockIdx.z
-        n_ctx, chunk, used = _split_plan(positions[tok], ctx, n_splits, min_chunk)
+        n_ctx, chunk, used = _split_plan(positions[tok], ctx, n_splits, min_chunk, chunk_align)
         if split_i >= used:
             return                  # the whole block: the combine never reads this split
         begin = split_i * chunk
@@ -212,7 +212,8 @@ def split_kernel(R: int, E: int):
     return _KERNELS[(R, E)]
 
 
-def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, part_ml, part_acc, stream=0):
+def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, part_ml, part_acc, stream=0,
+                 chunk_align=1):
     """The split pass (attention.launch_flash_decode runs the combine after it): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
     attention.alloc_decode_partials makes them."""
@@ -224,7 +225,7 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, part_ml, part_acc, 
     vw = v_u8.reshape(v_u8.size).view(np.uint32)
     split_kernel(R, E)[(n_splits, Hkv, T), THREADS, stream](
         q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
-        part_ml, part_acc)
+        np.int32(chunk_align), part_ml, part_acc)
 
 
 # the compile check (tests/test_compile_ptx.py): the 9B shape (4 rows, D 256) and the 0.5B
@@ -232,7 +233,7 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, part_ml, part_acc, 
 flash_decode_f16_r4_e8 = split_kernel(4, 8)
 flash_decode_f16_r7_e2 = split_kernel(7, 2)
 _SIG = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
-        "float32[:, :, :, ::1], float32[:, :, :, ::1])")
+        "int32, float32[:, :, :, ::1], float32[:, :, :, ::1])")
 PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
