@@ -434,7 +434,7 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 # decode before session 7's fusion into the attention combine)
                 "unfused-attn": dict(fuse_attention_output=False),
                 # decode attention's split plan before session 7 (no 128-key rounding of long
-                # splits, a 256-thread combine)
+                # splits)
                 "plain-attn": dict(attention_plan="plain")}
 
 

@@ -292,7 +292,7 @@ class Engine:
         # of two more launches; False keeps those launches (same bits: the side-by-side bench)
         self.fuse_attention_output = bool(fuse_attention_output)
         # decode/verify attention's split plan: "aligned" = the library's defaults (long splits
-        # rounded to 128 keys, a 1024-thread combine), "plain" = the plan before session 7 (for
+        # rounded to 128 keys), "plain" = the plan before session 7 (for
         # the side-by-side bench). Either gives each token one fixed summation order.
         if attention_plan not in ATTENTION_PLANS:
             raise ValueError(f"attention_plan must be one of {sorted(ATTENTION_PLANS)}, "

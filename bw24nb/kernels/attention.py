@@ -74,7 +74,9 @@ DECODE_MIN_CHUNK = 16
 # A split longer than min_chunk is rounded up to a multiple of this many keys: 128 = a 32-key
 # tile for each of decode_attention.py's 4 warps, so no warp of a long split idles (at 6144
 # tokens the plain ceil(n_ctx / n_splits) gave 0.5B splits of 47 keys: 2 busy warps of 4). 1 =
-# no rounding (the plan before session 7). Measured: research/tune-data/bench.jsonl, session 7.
+# no rounding (the plan before session 7). Measured on the H200 (session 7, attention.jsonl,
+# split + combine a layer): 0.5B heads at 6144 tokens 22.4 -> 20.2 us, 9B heads at 2048
+# 31.1 -> 29.0 and at 6144 35.2 -> 33.8; unchanged at 512 (chunks stay at min_chunk there).
 DECODE_CHUNK_ALIGN = 128
 # Decode split kernel tiles: 32 keys (one per lane in the softmax), 16 when head_dim > 128
 # so the K/V tile (keys x (D + 1) floats) fits beside the q rows in 48 KB of shared memory.
@@ -85,10 +87,12 @@ _DEC_S_SH = ATTN_ROWS * DECODE_KT                   # p of every row for one til
 DECODE_THREADS = 256                                # 8 warps: rows and PV groups spread wider
 # The combine: one split per thread for (m, l) (so DECODE_SPLITS_MAX <= its threads), and
 # threads / D groups sharing the per-dimension sums over the splits, each walking its run of
-# splits one L2 round trip per 4. At 256 threads a head_dim-256 row had one group walking all
-# 66 splits of a long context (17 round trips); 1024 threads make that 4 groups (5). The block
-# size is a launch parameter (the plan's order follows it); COMBINE_THREADS_MAX sizes shared.
-COMBINE_THREADS = 1024
+# splits one L2 round trip per 4. The block size is a launch parameter (the plan's order follows
+# it); COMBINE_THREADS_MAX sizes shared memory. 1024 threads (4x the groups, a quarter of the
+# round trips) measured slower on the H200 at every shape: 0.5B heads 15.5 -> 22.7 us a layer
+# at 512 tokens, 9B heads 35.2 -> 37.1 at 6144 (session 7, research/tune-data/attention.jsonl):
+# the wider block's barriers and its 32-warp max / sum cost more than the loads it overlaps.
+COMBINE_THREADS = 256
 COMBINE_THREADS_MAX = 1024
 _COMBINE_WARPS = COMBINE_THREADS_MAX // 32
 
