@@ -110,9 +110,8 @@ def main(argv=None) -> int:
                 times.append(cuda.event_elapsed_time(a, b) / 50 * 1000.0)
             g.close()
             us = statistics.median(times)
-            per = max(chunk, -(-ctx_len // n_splits))
-            per = -(-per // align) * align if per > chunk else per
-            used = -(-ctx_len // per)
+            # the kernels' own plan, run on the host (the device function's Python source)
+            _, _, used = attention._split_plan.py_func(ctx_len - 1, cap, n_splits, chunk, align)
             rec = dict(date=_dt.date.today().isoformat(), gpu=gpu, commit=commit, shape=name,
                        Hq=Hq, Hkv=Hkv, D=D, context=ctx_len, n_splits=n_splits,
                        min_chunk=chunk, chunk_align=align, combine_threads=cthreads,

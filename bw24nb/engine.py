@@ -571,32 +571,25 @@ class Engine:
         add(("rope_kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq,
                                                     stream=s, q=q)))
         wo, attn2 = w.blk(i, "attn_output.weight"), attn.reshape(T, Hq * D)
-        if ws.rowwise and self.fuse_attention_output:
-            # decode / verify: split-K attention, planned per token; its combine also gates the
-            # output and writes the int8 copy the attn_output matvec reads (when it takes one)
-            gate = ws.gate[:T] if c.attn_output_gate else None
-            fused = (QuantizedInput(xq=ws.xq[:T * Hq * D], xd=ws.xd[:T * Hq * D // 32])
-                     if self._dp4a(wo) and D % 32 == 0 else QuantizedInput())
+        # decode / verify: split-K attention, planned per token, whose combine also gates the
+        # output and writes the int8 copy the attn_output matvec reads (when it takes one)
+        fuse = ws.rowwise and self.fuse_attention_output
+        out_gate = ws.gate[:T] if fuse and c.attn_output_gate else None
+        qo = (QuantizedInput(xq=ws.xq[:T * Hq * D], xd=ws.xd[:T * Hq * D // 32])
+              if fuse and self._dp4a(wo) and D % 32 == 0 else None)
+        if ws.rowwise:
+            fused = qo
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
-                ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=gate, xq=fused.xq, xd=fused.xd,
+                ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,
+                xq=None if fused is None else fused.xq, xd=None if fused is None else fused.xd,
                 **ATTENTION_PLANS[self.attention_plan])))
-            qo = fused if fused.xq is not None else None
-            if qo is None:
-                qL, qo = self._quantize_input(ws, attn2, T, [wo])
-                L += qL
         else:
-            if ws.rowwise:
-                add(("attention", lambda: attention.launch_flash_decode(
-                    q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
-                    ws.part_ml[:T], ws.part_acc[:T], stream=s,
-                    **ATTENTION_PLANS[self.attention_plan])))
-            else:
-                add(("attention", lambda: attention.launch_flash_attn_cache(
-                    q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
-                    stream=s)))
-            if c.attn_output_gate:
-                add(("attn_gate", lambda: activation.launch_sigmoid_mul(attn, ws.gate[:T], s)))
+            add(("attention", lambda: attention.launch_flash_attn_cache(
+                q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))
+        if c.attn_output_gate and out_gate is None:
+            add(("attn_gate", lambda: activation.launch_sigmoid_mul(attn, ws.gate[:T], s)))
+        if qo is None:
             qL, qo = self._quantize_input(ws, attn2, T, [wo])
             L += qL
         add(("attn_output", lambda: self._mv(wo, attn2, h, T, bias=w.blk_opt(i, "attn_output.bias"),

@@ -321,8 +321,8 @@ def _split_plan(position, ctx, n_splits, min_chunk, align):
     (min(position + 1, ctx)), keys per split -- ceil(n_ctx / n_splits), but at least
     min_chunk, so a short context runs on a few well-filled blocks instead of n_splits nearly
     empty ones, and above min_chunk rounded up to a multiple of `align` (DECODE_CHUNK_ALIGN) --
-    and how many splits that takes (never more than n_splits: chunks only grow). A function of the token's own position only:
-    the split pass and the combine derive it from the same device-side value (one captured
+    and how many splits that takes (never more than n_splits: chunks only grow). A function of
+    the token's own position only: the split pass and the combine derive it from the same device-side value (one captured
     graph serves every length), and a token verified among K+1 gets the plan, hence the
     summation order, it has when decoded alone."""
     n_ctx = min(position + 1, ctx)
@@ -476,7 +476,7 @@ def flash_decode_combine(positions, ctx, min_chunk, chunk_align, part_ml, part_a
 
     Every step is parallel, with a fixed order (so the result is deterministic):
       1. thread s < used reads (m_s, l_s); M = max over the visible splits (l_s > 0) by
-         warp_max, then the 8 warp maxima (max is exact in any order);
+         warp_max, then the warp maxima (max is exact in any order);
       2. w_s = exp(m_s - M) (0 for an empty split) into shared; L = sum_s l_s w_s by warp_sum's
          tree within each warp of 32 splits, then the warps' sums in warp order;
       3. the D outputs: G = blockDim / Dp groups of Dp threads (Dp = D rounded up to a
@@ -672,7 +672,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     from . import decode_attention
     if decode_attention.supports(Hq // Hkv, D, k_type, v_type):     # F16 cache: 16-byte loads
         decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
-                                      part_ml, part_acc, stream, chunk_align)
+                                      chunk_align, part_ml, part_acc, stream)
     else:
         grid = (n_splits, Hkv, T * _row_tiles(1, Hq // Hkv))     # tiles of one token each
         flash_decode_split[grid, DECODE_THREADS, stream](

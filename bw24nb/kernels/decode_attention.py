@@ -212,9 +212,10 @@ def split_kernel(R: int, E: int):
     return _KERNELS[(R, E)]
 
 
-def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, part_ml, part_acc, stream=0,
-                 chunk_align=1):
-    """The split pass (attention.launch_flash_decode runs the combine after it): q[T, Hq, D],
+def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
+                 stream=0):
+    """The split pass (attention.launch_flash_decode runs the combine after it, with the same
+    min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
     attention.alloc_decode_partials makes them."""
     T, Hq, D = q.shape
