@@ -88,7 +88,7 @@ class Recorder:
             print(f"appended {len(self.rows)} records to {path}")
 
     def table(self) -> str:
-        keep = [r for r in self.rows if not r["metric"].startswith("kernel_ms:")]
+        keep = [r for r in self.rows if "kernel_ms:" not in r["metric"]]
         lines = [f"{'model':<28} {'engine':<22} {'metric':<24} {'value':>10}  unit"]
         for r in keep:
             v = r["value"]
@@ -284,6 +284,25 @@ def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_g
                 share=round(sum(v) / step_ms, 4) if step_ms else None, context=prompt)
     rec.add(model, "decode_step_eager_ms", step_ms, "ms", **base, context=prompt)
 
+    if not hasattr(engine, "profile_prefill"):
+        return
+    totals = {}
+    try:
+        rows = engine.profile_prefill(prompt_ids(prefill, cfg.vocab_size))
+    except Exception as e:      # a diagnostic: the measurements above stand without it
+        print(f"  prefill profile failed ({type(e).__name__}: {e})")
+        return
+    for name, ms in rows:
+        totals.setdefault(name, []).append(float(ms))
+    pf_ms = sum(sum(v) for v in totals.values())
+    print(f"  prefill of {prefill} tokens, per kernel: {pf_ms:.3f} ms in "
+          f"{sum(len(v) for v in totals.values())} launches")
+    for name, v in sorted(totals.items(), key=lambda kv: -sum(kv[1])):
+        print(f"    prefill_kernel_ms:{name} {sum(v):.3f} ({len(v)} launches)")
+        rec.add(model, f"prefill_kernel_ms:{name}", sum(v), "ms", **base, launches=len(v),
+                share=round(sum(v) / pf_ms, 4) if pf_ms else None, prompt=prefill)
+    rec.add(model, "prefill_eager_ms", pf_ms, "ms", **base, prompt=prefill)
+
 
 def _free_numba_memory() -> None:
     """Numba defers freeing device arrays; flush them now (torch needs the room)."""
@@ -470,6 +489,8 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
         source = open_model(path)
         base = {"file": str(path), "n_ctx": n_ctx}
         if engine:
+            from bw24nb.jit import pdl_trigger
+            base["pdl_trigger"] = pdl_trigger()     # BW24_PDL_TRIGGER (jit.py): the kernels' build
             try:
                 from bw24nb.engine import Engine
             except ImportError as e:

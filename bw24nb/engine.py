@@ -830,6 +830,32 @@ class Engine:
         return self.time_launches(self._decode_step(), replays,
                                   lambda: self._restore_step_state(saved))
 
+    def profile_prefill(self, ids, replays: int = 3) -> list[tuple[str, float]]:
+        """Device time (ms) of each launch of one prefill chunk of `ids` (at most one chunk,
+        from position 0), timed like `profile_decode_step`. The recurrent states are put back
+        after every launch (the rule kernels' cost does not depend on their values); the KV
+        rows written are those the same prefill writes anyway. Leaves a fresh sequence."""
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        ws = self.wsp
+        if not 0 < ids.size <= ws.T:
+            raise ValueError(f"profile_prefill takes 1..{ws.T} tokens, not {ids.size}")
+        T = ids.size
+        self.reset()
+        ws.ids[:T].copy_to_device(ids, stream=self.stream)
+        ws.positions[:T].copy_to_device(np.arange(T, dtype=np.int32), stream=self.stream)
+        launches = self._forward_launches(ws, T)
+        snap = self.rs.snapshot(stream=self.stream) if self.rs is not None else None
+
+        def restore():
+            if snap is not None:
+                self.rs.restore(snap, stream=self.stream)
+            self.stream.synchronize()
+        self._run(launches)                          # compile + load every kernel first
+        restore()
+        rows = self.time_launches(launches, replays, restore)
+        self.reset()
+        return rows
+
     def time_launches(self, launches, replays: int = 20, restore=None) -> list[tuple[str, float]]:
         """(name, ms) per launch: every launch is captured alone into a CUDA graph and replayed
         `replays` times between CUDA events, so host launch cost (~16 us per eager Numba launch)

@@ -110,6 +110,10 @@ class ReferenceEngine:
     def profile_decode_step(self):
         return [("attn_q", 0.5), ("ffn_up", 1.0), ("attn_q", 0.25)]
 
+    def profile_prefill(self, ids):
+        self.profiled_prefill = len(ids)
+        return [("attention", 2.0), ("ffn_up", 3.0), ("attention", 1.5)]
+
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
@@ -138,6 +142,10 @@ def test_bench_engine_records(small, tmp_path):
     assert metrics["kernel_ms:attn_q"]["value"] == 0.75
     assert metrics["kernel_ms:attn_q"]["config"]["launches"] == 2
     assert metrics["decode_step_eager_ms"]["value"] == 1.75
+    assert eng.profiled_prefill == 5                           # the pp prompt's length
+    assert metrics["prefill_kernel_ms:attention"]["value"] == 3.5
+    assert metrics["prefill_kernel_ms:attention"]["config"]["launches"] == 2
+    assert metrics["prefill_eager_ms"]["value"] == 6.5
     rec.write()
     lines = (tmp_path / "bench.jsonl").read_text().splitlines()
     assert len(lines) == len(rec.rows)

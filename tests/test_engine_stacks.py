@@ -67,3 +67,25 @@ def test_fused_attention_output_gives_the_bits_of_separate_launches(rng):
     separate = _decode(eng, ids)
     assert "attn_gate" not in names and "attn_gate" in [n for n, _ in eng._decode_step()]
     np.testing.assert_array_equal(fused, separate)
+
+
+def test_profile_prefill_times_every_launch_and_leaves_a_fresh_sequence(rng, monkeypatch):
+    """Engine.profile_prefill (run_bench's prefill breakdown): one (name, ms) per launch of the
+    prefill chunk, in launch order, and afterwards the engine is at position 0 with zeroed
+    recurrent states -- a prefill then gives the logits a fresh engine's prefill gives."""
+    from numba import cuda
+    if not hasattr(cuda, "event_elapsed_time"):     # the simulator's events keep no time
+        monkeypatch.setattr(cuda, "event_elapsed_time", lambda a, b: 0.0, raising=False)
+    src, eng = _engine("qwen35")
+    ids = rng.integers(0, src.config.vocab_size, 5)
+    want = eng.prefill(ids)
+    rows = eng.profile_prefill(ids, replays=1)
+    ws = eng.wsp
+    names = [n for n, _ in eng._forward_launches(ws, len(ids))]
+    assert [n for n, _ in rows] == names
+    assert "gdn_rule" in names and "attention" in names
+    assert all(ms >= 0 for _, ms in rows)
+    assert eng.position == 0
+    np.testing.assert_array_equal(eng.prefill(ids), want)
+    with pytest.raises(ValueError, match="profile_prefill takes"):
+        eng.profile_prefill(np.zeros(ws.T + 1, np.int64))
