@@ -2,7 +2,7 @@
 chunk, at the real models' head shapes and two context lengths.
 
     python3 bench/attention_bench.py [--jsonl PATH] [--chunks 8,16,32,64,128] [--kv q8,f16]
-                                     [--plans 128:256:0,128:256:1] [--splits-ctx 8192]
+                                     [--plans 1:256,128:1024] [--splits-ctx 8192]
 
 Each configuration is captured once into a CUDA graph and replayed (CUDA events around 50
 replays, median of 5 such runs), so the ~16 us eager launch cost stays out; the first
@@ -38,9 +38,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", default="8,16,32,64,128")
     ap.add_argument("--contexts", default="512,6144")
     ap.add_argument("--plans", default="default",
-                    help="comma list of chunk_align:combine_threads[:hoist_v] side by side (the rest "
-                         "of the split plan, attention.launch_flash_decode; hoist_v 0 = the "
-                         "F16 split kernel without its V hoist); default = the library's")
+                    help="comma list of chunk_align:combine_threads pairs side by side (the rest "
+                         "of the split plan, attention.launch_flash_decode); default = the "
+                         "library's")
     ap.add_argument("--splits-ctx", type=int, default=0,
                     help="size the split count for this cache length (the engine sizes it for "
                          "its n_ctx, run_bench's 8192); 0 = the benchmark's own cache")
@@ -84,17 +84,16 @@ def main(argv=None) -> int:
         part_ml, part_acc = attention.alloc_decode_partials(1, Hq, D, n_splits)
         kd, vd = kv.read(0, ctx_len)
         want = ops.attention(q, kd, vd, causal_offset=ctx_len - 1)
-        plans = [(attention.DECODE_CHUNK_ALIGN, attention.COMBINE_THREADS, 1)
-                 if p == "default" else (tuple(int(x) for x in p.split(":")) + (1, 1, 1))[:3]
+        plans = [(attention.DECODE_CHUNK_ALIGN, attention.COMBINE_THREADS)
+                 if p == "default" else tuple(int(x) for x in p.split(":"))
                  for p in args.plans.split(",")]
-        for chunk, (align, cthreads, hoist) in ((int(c), pl) for c in args.chunks.split(",")
-                                                for pl in plans):
+        for chunk, (align, cthreads) in ((int(c), pl) for c in args.chunks.split(",")
+                                         for pl in plans):
             def launch():
                 attention.launch_flash_decode(q_dev, pos, layer[0], layer[1], kt,
                                               layer[2], layer[3], vt, out, part_ml,
                                               part_acc, stream=stream, min_chunk=chunk,
-                                              chunk_align=align, combine_threads=cthreads,
-                                              hoist_v=bool(hoist))
+                                              chunk_align=align, combine_threads=cthreads)
             launch()
             stream.synchronize()
             err = float(np.abs(out.copy_to_host() - want).max() / np.abs(want).max())
@@ -116,14 +115,13 @@ def main(argv=None) -> int:
             rec = dict(date=_dt.date.today().isoformat(), gpu=gpu, commit=commit, shape=name,
                        Hq=Hq, Hkv=Hkv, D=D, context=ctx_len, n_splits=n_splits,
                        min_chunk=chunk, chunk_align=align, combine_threads=cthreads,
-                       hoist_v=bool(hoist),
                        used_splits=used, metric="decode_attention_us",
                        value=round(us, 2), unit="us", max_rel_err=err, kv=kv_name,
                        path=path,
                        note=f"split + combine, one graph replay, {kt.name} K / {vt.name} V")
             records.append(rec)
             print(f"{name:14s} {kv_name:3s} ctx {ctx_len:5d} min_chunk {chunk:4d} align {align:3d} "
-                  f"combine {cthreads:4d} hoist {hoist} splits {used:4d}: "
+                  f"combine {cthreads:4d} splits {used:4d}: "
                   f"{us:8.2f} us  (rel err {err:.1e})")
             if err > 2e-3:
                 print("  ERROR: result does not match the reference")

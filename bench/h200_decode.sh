@@ -36,16 +36,6 @@ on bench && { run ${BENCH_S:-150} bench_q9 python3 bench/run_bench.py /tmp/q9.gg
     --torch none --long-prompt 6144 --act-quant q8 --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager" "$L/bench_c05.log" | tail -8
   grep -A12 "prefill of" "$L/bench_c05.log"; }; }
-# bench0: bench + c05 again with kernels built without griddepcontrol.launch_dependents
-# (BW24_PDL_TRIGGER=0, jit.py; its own kernel-cache entries), the side-by-side for decision 0014
-on bench0 && { export BW24_PDL_TRIGGER=0
-  run ${BENCH_S:-150} bench0_q9 python3 bench/run_bench.py /tmp/q9.gguf --name q9-random-notrigger --runs 3 \
-    --torch none --long-prompt ${LONG:-6144} --act-quant q8 --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
-  grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager|Error" "$L/bench0_q9.log" | tail -8
-  run ${C05_S:-75} bench0_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c05-random-notrigger --runs 3 \
-    --torch none --long-prompt 6144 --act-quant q8 --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
-  grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager" "$L/bench0_c05.log" | tail -8
-  unset BW24_PDL_TRIGGER; }
 on q9gate && { run ${Q9GATE_S:-200} q9gate python3 bench/spec_gate.py /tmp/q9.gguf --ks ${GKS:-1-8} --n 64 \
     --prompt-len 32 --ctx 512 --scripted --commit $C --jsonl /tmp/spec.jsonl \
     ${Q9GATE_ARGS:-}

@@ -489,8 +489,6 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
         source = open_model(path)
         base = {"file": str(path), "n_ctx": n_ctx}
         if engine:
-            from bw24nb.jit import pdl_trigger
-            base["pdl_trigger"] = pdl_trigger()     # BW24_PDL_TRIGGER (jit.py): the kernels' build
             try:
                 from bw24nb.engine import Engine
             except ImportError as e:

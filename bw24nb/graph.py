@@ -23,10 +23,13 @@ Rules of capture (the driver's, not ours):
 Programmatic edges (``capture(stream, programmatic=True)``, sm_90+): a graph of many small
 kernels spends much of its time between them -- each kernel's blocks are launched only after
 the previous kernel has drained. With every kernel-to-kernel edge made programmatic (port
-"launch order"), the next kernel's blocks are launched once all blocks of the previous one have
-begun, and wait in ``griddepcontrol.wait`` -- which every bw24nb ``@kernel`` runs before
-touching memory (jit.py) -- until it has completed. Results are unchanged; only launch latency
-overlaps the previous kernel's tail. Only for graphs whose kernels all wait that way.
+"launch order"), the next kernel's blocks are launched once every block of the previous one has
+exited (none issues ``griddepcontrol.launch_dependents``, which would allow it earlier), and
+wait in ``griddepcontrol.wait`` -- which every bw24nb ``@kernel`` runs before touching memory
+(jit.py) -- until it has completed and its writes are visible. Results are unchanged; only the
+launch latency overlaps the previous kernel's drain. Only for graphs whose kernels all wait that
+way. (An explicit launch_dependents after each kernel's wait was measured in session 8 and
+changed nothing end to end: docs/decisions/0014.)
 
 Under numba's CUDA simulator there are no graphs. ``CudaGraph`` then records each simulated
 kernel launch made by the capturing thread (kernel, grid, block, dynamic shared memory,

@@ -33,12 +33,11 @@ environment variables read at import). A cache entry that cannot be read or load
 dropped and the kernel compiled again. Why this and not plain ``cache=True``:
 docs/decisions/0007-kernel-disk-cache.md.
 
-Every kernel begins with ``grid_dependency_wait()`` (``griddepcontrol.wait``, bw24nb/ptx) and
-then ``grid_dependency_launch()`` (``griddepcontrol.launch_dependents``): the kernel is compiled
-as a wrapper that waits, lets its successor be scheduled, then runs the function as an inlined
-device function. So any graph of bw24nb kernels may link them with programmatic edges
-(graph.py): a kernel's blocks may then be launched while its predecessor still runs, and they
-touch no memory before the predecessor has completed. One place, so no kernel can forget it. (The
+Every kernel begins with ``grid_dependency_wait()`` (``griddepcontrol.wait``, bw24nb/ptx): the
+kernel is compiled as a wrapper that waits, then runs the function as an inlined device
+function. So any graph of bw24nb kernels may link them with programmatic edges (graph.py):
+a kernel's blocks may then be launched while its predecessor still runs, and they touch no
+memory before the predecessor has completed. One place, so no kernel can forget it. (The
 body is a device-function call, which numba compiles by asking for the current device:
 compile_ptx on a machine without a GPU needs tests/test_compile_ptx.py's stand-in device.)
 
@@ -99,43 +98,26 @@ def kernel(fn=None, **options):
     return dispatcher
 
 
-# The kernels' early trigger (`waiting_kernel`). BW24_PDL_TRIGGER=0 builds them without it: a
-# benchmark knob for the side-by-side run (docs/decisions/0014). It changes the wrapper's code,
-# so code_key, hence the disk cache, tells the two builds apart.
-PDL_TRIGGER_ENV = "BW24_PDL_TRIGGER"
-
-
-def pdl_trigger() -> bool:
-    """Whether kernels defined from now on issue griddepcontrol.launch_dependents."""
-    return os.environ.get(PDL_TRIGGER_ENV, "1").strip().lower() not in _OFF
-
-
 def waiting_kernel(fn):
     """A function with fn's name, module and parameters that runs
-    ``grid_dependency_wait(); grid_dependency_launch(); fn(...)``, fn compiled as a device
-    function that NVVM inlines (forceinline). The launch lets the next kernel of a programmatic
-    chain be scheduled while this one runs (bw24nb/ptx/griddepcontrol.ptx); it comes after the
-    wait, so at most one kernel's blocks sit waiting beside a running one. The wrapper is made
-    by a generated factory so that fn and the intrinsics are closure cells: `code_key` then
-    describes them, fn's code and closure included."""
-    from .ptx import grid_dependency_launch, grid_dependency_wait
+    ``grid_dependency_wait(); fn(...)``, fn compiled as a device function that NVVM inlines
+    (forceinline). The wrapper is made by a generated factory so that fn and the intrinsic are
+    closure cells: `code_key` then describes them, fn's code and closure included."""
+    from .ptx import grid_dependency_wait
     params = list(inspect.signature(fn).parameters.values())
     if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.default is not p.empty
            for p in params):
         raise TypeError(f"@kernel {fn.__qualname__}: kernels take plain positional parameters")
     names = ", ".join(p.name for p in params)
-    trigger = pdl_trigger()
-    src = (f"def _make(_wait, _launch, _body):\n"
+    src = (f"def _make(_wait, _body):\n"
            f"    def {fn.__name__}({names}):\n"
            f"        _wait()\n"
-           + (f"        _launch()\n" if trigger else "")
-           + f"        _body({names})\n"
+           f"        _body({names})\n"
            f"    return {fn.__name__}\n")
     scope: dict = {}
     exec(compile(src, fn.__code__.co_filename, "exec"), scope)
     inline = {} if simulator_enabled() else {"forceinline": True}    # (the simulator has none)
-    wrapper = scope["_make"](grid_dependency_wait, grid_dependency_launch if trigger else None,
-                             cuda.jit(device=True, **inline)(fn))
+    wrapper = scope["_make"](grid_dependency_wait, cuda.jit(device=True, **inline)(fn))
     wrapper.__code__ = wrapper.__code__.replace(co_firstlineno=fn.__code__.co_firstlineno)
     wrapper.__module__, wrapper.__qualname__, wrapper.__doc__ = (fn.__module__, fn.__qualname__,
                                                                  fn.__doc__)

@@ -249,10 +249,8 @@ def _worker(out_path: str, modules: list[str]) -> None:
         for kname in sorted(set(sigs) - set(info["unknown"])):
             for sig in sigs[kname]:
                 for cc in CCS:
-                    # every @kernel waits for its predecessors first, then lets its
-                    # successor be scheduled (bw24nb/jit.py)
-                    waits = (["griddepcontrol.wait", "griddepcontrol.launch_dependents"]
-                             if name.startswith("bw24nb.kernels") else [])
+                    # every @kernel waits for its predecessors first (bw24nb/jit.py)
+                    waits = ["griddepcontrol.wait"] if name.startswith("bw24nb.kernels") else []
                     r = {"kernel": kname, "sig": sig, "cc": cc, "error": None, "target": None,
                          "expected_text": expected.get(kname, []) + waits, "missing_text": [],
                          "assemble_error": None}

@@ -259,30 +259,3 @@ def test_waiting_kernel_keeps_the_kernels_name_and_parameters():
 
     with pytest.raises(TypeError, match="positional"):
         waiting_kernel(with_default)
-
-
-def test_pdl_trigger_knob_builds_a_different_kernel(monkeypatch):
-    """BW24_PDL_TRIGGER=0 (the side-by-side benchmark's build without
-    griddepcontrol.launch_dependents) must give kernels another code_key -- else the disk cache
-    would hand one build's cubin to the other -- and still the same results."""
-    from bw24nb.jit import PDL_TRIGGER_ENV, code_key, pdl_trigger, waiting_kernel
-
-    def add_two(x):
-        i = cuda.grid(1)
-        if i < x.size:
-            x[i] += 2
-
-    monkeypatch.delenv(PDL_TRIGGER_ENV, raising=False)
-    assert pdl_trigger()
-    with_trigger = waiting_kernel(add_two)
-    monkeypatch.setenv(PDL_TRIGGER_ENV, "0")
-    assert not pdl_trigger()
-    without = waiting_kernel(add_two)
-    assert code_key(with_trigger) != code_key(without)
-    assert with_trigger.__code__.co_names != without.__code__.co_names or \
-        with_trigger.__code__.co_code != without.__code__.co_code
-    if simulator_enabled():
-        for w in (with_trigger, without):
-            x = np.arange(40, dtype=np.float32)
-            cuda.jit(w)[2, 32](x)
-            np.testing.assert_array_equal(x, np.arange(40, dtype=np.float32) + 2)

@@ -274,27 +274,3 @@ def test_flash_decode_split_plans(rng, align, threads):
     np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
     written = ~np.isnan(part_ml.copy_to_host()[0, 0, :, 0])
     assert written.sum() == (3 if align == 128 else 8)
-
-
-@pytest.mark.parametrize("n_ctx,min_chunk", [(45, 16), (300, 16), (9, 64)])
-def test_flash_decode_v_hoist_keeps_the_bits(rng, n_ctx, min_chunk):
-    """decode_attention.py loads the first group of each tile's V rows with its K rows
-    (hoist_v, the default); the sums are the same in the same order, so the output must be
-    bit-identical to the kernel without the hoist -- over partial tiles (45 keys: 16-key
-    splits), several steps (300 keys, one split: 10 tiles) and a tile shorter than a group."""
-    Hq, Hkv, D, n_splits = 8, 2, 32, 4
-    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
-    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))
-    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
-    k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
-    outs = []
-    for hoist in (True, False):
-        part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
-        out = _poisoned((1, Hq, D))
-        launch_flash_decode(q, pos, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16, out,
-                            part_ml, part_acc, min_chunk=min_chunk, hoist_v=hoist)
-        outs.append(out.copy_to_host())
-    k_deq, v_deq = cache.read(0, n_ctx)
-    want = ops.attention(q.copy_to_host(), k_deq, v_deq, causal_offset=n_ctx - 1)
-    np.testing.assert_allclose(outs[0], want, atol=ATOL, rtol=RTOL)
-    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))

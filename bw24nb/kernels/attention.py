@@ -629,8 +629,7 @@ def alloc_decode_partials(T: int, n_heads: int, head_dim: int, n_splits: int):
 
 def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
                         part_ml, part_acc, scale=None, stream=0, min_chunk=None, gate=None,
-                        xq=None, xd=None, chunk_align=None, combine_threads=None,
-                        hoist_v=True):
+                        xq=None, xd=None, chunk_align=None, combine_threads=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
@@ -643,8 +642,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     The combine also applies what decode does next, saving those launches: gate (T * Hq * D
     floats) multiplies the output by sigmoid(gate) (= activation.launch_sigmoid_mul), and xq
     (int8) / xd (float32), given together, receive quantize_act's int8 copy of the output
-    (= quantize_act.launch_quantize_act on out, flat; needs D % 32 == 0). hoist_v=False: the
-    F16 split kernel without its V hoist (decode_attention.py; the same bits, for the bench)."""
+    (= quantize_act.launch_quantize_act on out, flat; needs D % 32 == 0)."""
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
     if min_chunk < 1:
         raise ValueError(f"min_chunk must be >= 1, not {min_chunk}")
@@ -674,7 +672,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     from . import decode_attention
     if decode_attention.supports(Hq // Hkv, D, k_type, v_type):     # F16 cache: 16-byte loads
         decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
-                                      chunk_align, part_ml, part_acc, stream, hoist_v)
+                                      chunk_align, part_ml, part_acc, stream)
     else:
         grid = (n_splits, Hkv, T * _row_tiles(1, Hq // Hkv))     # tiles of one token each
         flash_decode_split[grid, DECODE_THREADS, stream](

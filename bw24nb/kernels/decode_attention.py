@@ -18,12 +18,7 @@ registers:
   * PV: lane l owns dims [lE, lE + E) (E = D / 32); acc[r, e] = acc[r, e] alpha_r, then
     += p[r, j] v[j, d] for the tile's keys j ascending (p through shared memory; the warp reads
     one whole V row per key: coalesced), the V values of VB = 8 keys loaded before the first
-    of them is used (session 6: one key at a time, a tile cost ~10 us of waiting on the H200),
-    the first group's together with the tile's K rows, before the scores (they do not depend
-    on them): one memory round trip fewer a tile (a 16-key split: two instead of three).
-    (More keys a group keep the values in local memory, not registers: ptxas shows a
-    128-256 byte stack frame at VB = 16 / 32 for the 0.5B's R = 7, E = 2 -- LLVM stops
-    unrolling the group's loops);
+    of them is used (session 6: one key at a time, a tile cost ~10 us of waiting on the H200);
   * the four warps' (m, l, acc) merge in warp order (M = max m_w, weights exp(m_w - M)) into the
     split's partial, in attention.py's layout, so its `flash_decode_combine` finishes the job.
 Every sum has a fixed order and a block only ever sees one token, so a verify over K + 1 tokens
@@ -64,9 +59,8 @@ def supports(n_rep: int, D: int, k_type, v_type) -> bool:
             and 1 <= n_rep <= ROWS_MAX and D in HEAD_DIMS)
 
 
-def _make(R: int, E: int, HOIST: bool = True):
-    """The split kernel for R query rows and E = D / 32 dims per lane; HOIST: the first V
-    group loaded with K (False: the kernel before session 8, for the side-by-side bench)."""
+def _make(R: int, E: int):
+    """The split kernel for R query rows and E = D / 32 dims per lane."""
     D = 32 * E
     DW = D // 2             # uint32 words in one K or V row
     CH = D // 8             # 16-byte chunks in one K row
@@ -125,12 +119,6 @@ def _make(R: int, E: int, HOIST: bool = True):
             row = head_word + np.int64(key) * DW
             for r in range(R):
                 s[r] = float32(0.0)
-            # V of the tile's first VB keys: loaded now, so their latency overlaps K's
-            if HOIST:
-                for jj in range(VB):
-                    vrow = head_word + np.int64(min(k0 + jj, end - 1)) * DW
-                    for e in range(E):
-                        vv[jj * E + e] = v_dims(vw, vrow, lane, e)
             for c in range(CH):
                 w0, w1, w2, w3 = ld_nc_v4_u32(kw, row + 4 * c)
                 k_0, k_1 = f16x2_to_f32x2(w0)
@@ -170,11 +158,10 @@ def _make(R: int, E: int, HOIST: bool = True):
             # where a loop over keys waited for each (the tile's cost was ~32 DRAM latencies)
             for j0 in range(0, TILE, VB):
                 if j0 < nk:                     # (nk is the same for the whole warp)
-                    if j0 > 0 or not HOIST:     # (the first group came with K)
-                        for jj in range(VB):
-                            vrow = head_word + np.int64(min(k0 + j0 + jj, end - 1)) * DW
-                            for e in range(E):
-                                vv[jj * E + e] = v_dims(vw, vrow, lane, e)
+                    for jj in range(VB):
+                        vrow = head_word + np.int64(min(k0 + j0 + jj, end - 1)) * DW
+                        for e in range(E):
+                            vv[jj * E + e] = v_dims(vw, vrow, lane, e)
                     for jj in range(VB):
                         if j0 + jj < nk:
                             for r in range(R):
@@ -211,36 +198,33 @@ def _make(R: int, E: int, HOIST: bool = True):
                 part_ml[tok, h, split_i, 0] = M
                 part_ml[tok, h, split_i, 1] = L
 
-    split.__name__ = split.__qualname__ = f"flash_decode_f16_r{R}_e{E}" + (
-        "" if HOIST else "_nohoist")
+    split.__name__ = split.__qualname__ = f"flash_decode_f16_r{R}_e{E}"
     return kernel(split)
 
 
 _KERNELS: dict = {}
 
 
-def split_kernel(R: int, E: int, hoist_v: bool = True):
+def split_kernel(R: int, E: int):
     """The (R, E) split kernel, built (not compiled) on first request."""
-    key = (R, E, bool(hoist_v))
-    if key not in _KERNELS:
-        _KERNELS[key] = _make(*key)
-    return _KERNELS[key]
+    if (R, E) not in _KERNELS:
+        _KERNELS[(R, E)] = _make(R, E)
+    return _KERNELS[(R, E)]
 
 
 def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
-                 stream=0, hoist_v=True):
+                 stream=0):
     """The split pass (attention.launch_flash_decode runs the combine after it, with the same
     min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
-    attention.alloc_decode_partials makes them; hoist_v=False runs the kernel without the V
-    hoist (the same bits; for bench/attention_bench.py's side-by-side rows)."""
+    attention.alloc_decode_partials makes them."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
     n_splits = part_ml.shape[2]
     kw = k_u8.reshape(k_u8.size).view(np.uint32)
     vw = v_u8.reshape(v_u8.size).view(np.uint32)
-    split_kernel(R, E, hoist_v)[(n_splits, Hkv, T), THREADS, stream](
+    split_kernel(R, E)[(n_splits, Hkv, T), THREADS, stream](
         q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
         np.int32(chunk_align), part_ml, part_acc)
 

@@ -19,10 +19,6 @@
     grid_dependency_wait()
         ``griddepcontrol.wait`` (sm_90+; nothing before): every @kernel runs it first
         (bw24nb/jit.py), so graphs may link kernels with programmatic edges (graph.py).
-    grid_dependency_launch()
-        ``griddepcontrol.launch_dependents`` (sm_90+; nothing before): every @kernel runs it
-        right after its wait, so the next kernel of a programmatic chain is scheduled while
-        this one runs instead of after its last block has exited.
     prefetch_l2(array, index)   ``prefetch.global.L2`` of the line of ``array[index]`` (a hint)
     fp4x2_to_f16x2(byte) -> uint32      two FP4 E2M1 codes -> packed f16x2 bits (low nibble low)
     fp4x2_to_f32x2(byte) -> (float32, float32)   (low nibble's value, high nibble's value)
@@ -56,7 +52,6 @@ if simulator_enabled():
         fp4x2_to_f16x2,
         fp4x2_to_f16x2_bits_linked,
         fp4x2_to_f32x2,
-        grid_dependency_launch,
         grid_dependency_wait,
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
@@ -75,7 +70,6 @@ else:
         dp4a,
         f16x2_to_f32x2,
         f32_from_bits,
-        grid_dependency_launch,
         grid_dependency_wait,
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
@@ -93,7 +87,7 @@ else:
 
 __all__ = [
     "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32", "warp_sum", "warp_max", "f32_from_bits",
-    "f16x2_to_f32x2", "grid_dependency_wait", "grid_dependency_launch", "prefetch_l2",
+    "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
 ]

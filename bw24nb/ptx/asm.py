@@ -109,27 +109,6 @@ def grid_dependency_wait(typingctx):
     return types.none(), codegen
 
 
-_GRID_LAUNCH = snippet("grid_dependency_launch")
-
-
-@intrinsic
-def grid_dependency_launch(typingctx):
-    """``griddepcontrol.launch_dependents`` (griddepcontrol.ptx says why): the grids that depend
-    on this one through programmatic edges may be scheduled from now on (they still wait for
-    this grid's completion in their own ``griddepcontrol.wait``). Volatile, with a memory
-    clobber, like the wait. Nothing is emitted before sm_90."""
-
-    def codegen(context, builder, sig, args):
-        from bw24nb.device import current_features
-        if current_features().grid_dependency:
-            fnty = ir.FunctionType(ir.VoidType(), [])
-            builder.call(ir.InlineAsm(fnty, _GRID_LAUNCH.asm_template, "~{memory}",
-                                      side_effect=True), [])
-        return context.get_dummy_value()
-
-    return types.none(), codegen
-
-
 # --- bit casts ----------------------------------------------------------------------------------
 
 

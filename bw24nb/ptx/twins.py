@@ -108,11 +108,6 @@ def grid_dependency_wait() -> None:
     return None
 
 
-def grid_dependency_launch() -> None:
-    """The simulator has no dependent grids to schedule early."""
-    return None
-
-
 def prefetch_l2(array, index) -> None:
     """A hint with no effect on results; the twin only checks the index is inside the array."""
     i = int(index)
