@@ -30,11 +30,11 @@ wait $FACT
 on bench && { run ${BENCH_S:-150} bench_q9 python3 bench/run_bench.py /tmp/q9.gguf --name q9-random --runs 3 \
     --torch none --long-prompt ${LONG:-6144} --act-quant q8 --kv-cache ${KVC:-default} --launch ${LAUNCH:-default} --commit $C \
     --jsonl /tmp/bench.jsonl
-  grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager|Error" "$L/bench_q9.log" | tail -8
+  grep -E "gate:|decode_tok|roofline_pct|prefill_(eager_)?tok|step_eager|Error" "$L/bench_q9.log" | tail -12
   grep kernel_ms "$L/bench_q9.log" | head -32; grep -A14 "prefill of" "$L/bench_q9.log"
   on c05 && { run ${C05_S:-75} bench_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c05-random --runs 3 \
     --torch none --long-prompt 6144 --act-quant q8 --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
-  grep -E "gate:|decode_tok|roofline_pct|prefill_tok|step_eager" "$L/bench_c05.log" | tail -8
+  grep -E "gate:|decode_tok|roofline_pct|prefill_(eager_)?tok|step_eager" "$L/bench_c05.log" | tail -12
   grep -A12 "prefill of" "$L/bench_c05.log"; }; }
 on q9gate && { run ${Q9GATE_S:-200} q9gate python3 bench/spec_gate.py /tmp/q9.gguf --ks ${GKS:-1-8} --n 64 \
     --prompt-len 32 --ctx 512 --scripted --commit $C --jsonl /tmp/spec.jsonl \

@@ -267,6 +267,16 @@ def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_g
     rates = [engine_prefill_rate(engine, ids) for _ in range(warmup + runs)][warmup:]
     rec.add(model, f"prefill_tok_s@{prefill}", median(rates), "tok/s", **base, prompt=prefill,
             samples=[round(x, 2) for x in rates])
+    if getattr(engine, "use_graph", False):
+        # side by side: the same prefill with every chunk launched eagerly (what the first
+        # chunk of a new size costs; the rates above replay the chunk's graph)
+        engine.use_graph = False
+        try:
+            eager = [engine_prefill_rate(engine, ids) for _ in range(runs)]
+        finally:
+            engine.use_graph = True
+        rec.add(model, f"prefill_eager_tok_s@{prefill}", median(eager), "tok/s", **base,
+                prompt=prefill, samples=[round(x, 2) for x in eager])
 
     if not hasattr(engine, "profile_decode_step"):
         print("  note: the engine has no profile_decode_step(); no per-kernel breakdown")
@@ -452,6 +462,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 # the attention output gate and int8 quantization as their own launches (the
                 # decode before session 7's fusion into the attention combine)
                 "unfused-attn": dict(fuse_attention_output=False),
+                # prefill attention on the one-pass tile kernel (before session 8's split-K)
+                "tile-prefill": dict(prefill_attention="tile"),
                 # decode attention's split plan before session 7 (no 128-key rounding of long
                 # splits)
                 "plain-attn": dict(attention_plan="plain")}

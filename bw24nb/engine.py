@@ -10,6 +10,10 @@ input token and its position live in device memory and the step's last kernel ad
 (`kernels/step.py`), so the only per-token traffic is reading back the 4-byte sampled token.
 The same list run with CUDA events around each launch is the per-kernel profile.
 
+Prefill chunks are graphs too, once a chunk size repeats (`_prefill_chunk`): an eager prefill
+spends more host time preparing ~400-600 launches than the GPU spends running them (0.5B
+shape, H200: 129 ms a 512-token chunk against 35 ms of kernels).
+
 Every buffer is allocated in `__init__` (graph capture forbids allocation).
 """
 from __future__ import annotations
@@ -25,13 +29,16 @@ from .cache.kv import K_TYPE_DEFAULT, V_TYPE_DEFAULT, KVCache
 from .cache.recurrent import RecurrentState
 from .errors import ContextOverflow, OutOfDeviceMemory
 from .formats.config import LINEAR_ATTENTION
-from .graph import CudaGraph
+from .graph import CudaGraph, CudaGraphError
 from .kernels import (activation, attention, embedding, gated_deltanet, matmul, matmul_q8, matvec,
                       moe, norm, quantize_act, rope, sampling, step)
 from .quant import QType, quantize
 
 # Prompt tokens per prefill launch sequence: bounds the prefill workspace (T x FFN floats).
 PREFILL_CHUNK = 512
+# Prefill graphs kept, one per chunk size, least recently used dropped first: every full chunk
+# is PREFILL_CHUNK tokens, so a long prompt needs one; the rest serve repeated short prompts.
+PREFILL_GRAPHS = 4
 # Rows a rowwise (decode-kernel) workspace takes: a speculative verify of K <= 8 drafts + 1.
 VERIFY_ROWS = 9
 
@@ -50,6 +57,14 @@ def gets_q6k_r(qtype, shape) -> bool:
 
 # Engine(attention_plan=...): the decode attention's split plan (attention.launch_flash_decode)
 ATTENTION_PLANS = {"aligned": {}, "plain": dict(chunk_align=1, combine_threads=256)}
+# Prefill attention: "split" = the decode split-K kernels over the chunk's T tokens (a block per
+# (split, KV head, token), PREFILL_SPLITS splits at most per token), "tile" = the one-pass
+# tiled kernel (attention.flash_attn_cache). Measured on the H200 (session 8, prefill of 512
+# tokens, per layer): the tile kernel took 3.9 ms (9B heads) / 0.94 ms (0.5B heads).
+PREFILL_ATTENTION = ("split", "tile")
+# Splits per token in prefill: bounds the partials (T x Hq x splits x head_dim floats: 67 MB
+# at the 9B shape), and a token sees at most T + position keys, so few splits fill the GPU.
+PREFILL_SPLITS = 8
 
 
 @dataclass
@@ -220,8 +235,8 @@ class Workspace:
         self.xf = cuda.device_array(T * KQ, f) if T > 1 else None
         self.ids = cuda.device_array(T, np.int32)
         self.positions = cuda.device_array(T, np.int32)
-        self.part_ml, self.part_acc = attention.alloc_decode_partials(T, Hq, D, n_splits) \
-            if self.rowwise else (None, None)
+        # split-K attention partials (decode, verify; prefill with n_splits = PREFILL_SPLITS)
+        self.part_ml, self.part_acc = attention.alloc_decode_partials(T, Hq, D, n_splits)
 
 
 class Engine:
@@ -231,7 +246,7 @@ class Engine:
                  v_type=V_TYPE_DEFAULT, vram_budget: int | None = None, use_graph: bool = True,
                  act_quant: str = "q8", prefill_gemm: str = "int8",
                  programmatic: bool | None = None, fuse_attention_output: bool = True,
-                 attention_plan: str = "aligned"):
+                 attention_plan: str = "aligned", prefill_attention: str = "split"):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -279,7 +294,7 @@ class Engine:
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
-        self.wsp = Workspace(c, min(PREFILL_CHUNK, n_ctx), n_splits)
+        self.wsp = Workspace(c, min(PREFILL_CHUNK, n_ctx), min(n_splits, PREFILL_SPLITS))
         self.logits = cuda.device_array(self.output.rows, np.float32)
         self.sample_ws = sampling.SampleWorkspace(self.output.rows)
         self.next_token = cuda.device_array(1, np.int32)
@@ -298,7 +313,16 @@ class Engine:
             raise ValueError(f"attention_plan must be one of {sorted(ATTENTION_PLANS)}, "
                              f"not {attention_plan!r}")
         self.attention_plan = attention_plan
+        if prefill_attention not in PREFILL_ATTENTION:
+            raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, "
+                             f"not {prefill_attention!r}")
+        self.prefill_attention = prefill_attention
         self._graph = None
+        # prefill: chunk size -> its captured graph (LRU, PREFILL_GRAPHS); sizes run eagerly
+        # once already (their kernels compiled and loaded); sizes that failed to capture
+        self._prefill_graphs: dict[int, CudaGraph] = {}
+        self._prefill_seen: set[int] = set()
+        self._prefill_eager_only: set[int] = set()
         self.position = 0
         self.load_s = time.perf_counter() - t0
 
@@ -584,6 +608,10 @@ class Engine:
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,
                 xq=None if fused is None else fused.xq, xd=None if fused is None else fused.xd,
                 **ATTENTION_PLANS[self.attention_plan])))
+        elif self.prefill_attention == "split":     # prefill: the decode kernels over T tokens
+            add(("attention", lambda: attention.launch_flash_decode(
+                q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
+                ws.part_ml[:T], ws.part_acc[:T], stream=s)))
         else:
             add(("attention", lambda: attention.launch_flash_attn_cache(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))
@@ -747,13 +775,40 @@ class Engine:
             ws.ids[:T].copy_to_device(chunk, stream=self.stream)
             ws.positions[:T].copy_to_device(
                 np.arange(self.position, self.position + T, dtype=np.int32), stream=self.stream)
-            self._run(self._forward_launches(ws, T))
+            self._prefill_chunk(ws, T)
             self.position += T
         # the decode step continues from here: its input token is set by decode()/the sampler
         self.ws1.positions.copy_to_device(np.array([self.position], np.int32), stream=self.stream)
         out = self.logits.copy_to_host(stream=self.stream)
         self.stream.synchronize()
         return out
+
+    def _prefill_chunk(self, ws: Workspace, T: int) -> None:
+        """Run the forward of the T tokens staged in `ws`. The first chunk of a size runs
+        eagerly (it compiles and loads any kernel not yet loaded, which capture forbids); the
+        second is captured into a graph and replayed, later ones replay it. The launches are
+        the same either way (same kernels, same order: the same bits), and a chunk's inputs --
+        tokens, positions -- are device buffers written before it, so one graph serves every
+        chunk of its size. A capture that fails (something in the launches is not capturable)
+        leaves that size eager, with a log line."""
+        if not self.use_graph or T in self._prefill_eager_only or T not in self._prefill_seen:
+            self._run(self._forward_launches(ws, T))
+            self._prefill_seen.add(T)
+            return
+        g = self._prefill_graphs.pop(T, None)
+        if g is None:
+            try:
+                with CudaGraph.capture(self.stream, programmatic=self.programmatic) as g:
+                    self._run(self._forward_launches(ws, T))
+            except CudaGraphError as e:
+                self.log(f"engine: prefill of {T} tokens not capturable ({e}); it stays eager")
+                self._prefill_eager_only.add(T)
+                self._run(self._forward_launches(ws, T))
+                return
+            while len(self._prefill_graphs) >= PREFILL_GRAPHS:
+                self._prefill_graphs.pop(next(iter(self._prefill_graphs))).close()
+        self._prefill_graphs[T] = g                 # (re)inserted last: most recently used
+        g.replay(self.stream)
 
     def _save_step_state(self):
         """What one decode step mutates besides the KV row it writes: position, input token and

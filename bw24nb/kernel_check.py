@@ -635,7 +635,8 @@ _MATMUL_REAL = [("0.5b.ffn_down", Q05.hidden, Q05.ffn), ("9b.attn_qkv", 8192, Q9
 
 @check("matmul", "kernels.matmul.launch_matmul")
 def check_matmul(rng, size):
-    """Prefill matmul, every weight type, partial tiles in T and M, + bias + residual."""
+    """Prefill matmul, every weight type, partial tiles in T and M, + bias + residual; and the
+    skinny F32 kernel (matmul_f32_skinny: few rows, e.g. GDN's ssm_alpha / ssm_beta)."""
     from .kernels import matmul as mm
     from .quant import QType, block_size
     cases = []
@@ -645,12 +646,20 @@ def check_matmul(rng, size):
             # 32-wide slice + a partial one; Q8_0 also takes a bias and an in-place residual
             bs = block_size(qt)
             cases.append((qt, "+b+r" if qt == QType.Q8_0 else "", 3, 5,
-                          40 if bs == 1 else max(bs, 32), qt == QType.Q8_0))
+                          40 if bs == 1 else max(bs, 32), qt == QType.Q8_0, False))
         else:
-            cases += [(qt, label, 100, M, K, False) for label, M, K in _MATMUL_REAL if _fits(qt, K)]
+            cases += [(qt, label, 100, M, K, False, False) for label, M, K in _MATMUL_REAL
+                      if _fits(qt, K)]
+    # skinny: a partial block of tokens (11 = 2 x 4 + 3), rows not a multiple of the 8 warps, K
+    # with a partial last 128-wide step (136) / the 9B's ssm_alpha (32 x 4096)
+    if size == "tiny":
+        cases.append((QType.F32, "skinny+b+r", 11, 13, 136, True, True))
+    else:
+        cases += [(QType.F32, "9b.ssm_alpha skinny", 512, 32, 4096, False, True),
+                  (QType.F32, "skinny+b+r", 37, 64, 4096, True, True)]
     if size == "real":
-        cases.append((QType.Q8_0, "0.5b.attn_q+b+r", 100, Q05.hidden, Q05.hidden, True))
-    for qt, label, T, M, K, epilogue in cases:
+        cases.append((QType.Q8_0, "0.5b.attn_q+b+r", 100, Q05.hidden, Q05.hidden, True, False))
+    for qt, label, T, M, K, epilogue, skinny in cases:
         w = _random_weight(rng, qt, M, K)
         x = rng.standard_normal((T, K)).astype(np.float32)
         bias = residual = None
@@ -661,7 +670,7 @@ def check_matmul(rng, size):
             y.dev.copy_to_device(residual)
         mm.launch_matmul(_dev(w), qt, M, K, _dev(x), y.dev,
                          bias=None if bias is None else _dev(bias),
-                         residual=y.dev if epilogue else None)
+                         residual=y.dev if epilogue else None, skinny=skinny)
         got, guard_ok = y.get()
         ref = mm.matmul_reference(w, qt, M, K, x, bias, residual)
         mag = np.abs(_f64(x)) @ _abs_weight(w, qt, M, K).T

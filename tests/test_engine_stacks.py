@@ -89,3 +89,45 @@ def test_profile_prefill_times_every_launch_and_leaves_a_fresh_sequence(rng, mon
     np.testing.assert_array_equal(eng.prefill(ids), want)
     with pytest.raises(ValueError, match="profile_prefill takes"):
         eng.profile_prefill(np.zeros(ws.T + 1, np.int64))
+
+
+def test_prefill_graphs_give_the_eager_bits(rng, monkeypatch):
+    """Prefill chunks replay a captured graph once their size repeats (Engine._prefill_chunk):
+    4-token chunks of a 10-token prompt (4, 4, 2) and the same prompt again must give the
+    eager engine's logits and decode continuation bit for bit, with the 4- and 2-token graphs
+    kept; a size whose capture fails stays eager and still gives those bits."""
+    import bw24nb.engine as engine_mod
+    from bw24nb.graph import CudaGraph, CudaGraphError
+    monkeypatch.setattr(engine_mod, "PREFILL_CHUNK", 4)
+    src = open_model("tests/fixtures/qwen35/model.gguf")
+
+    def make(use_graph, logs=None):
+        return Engine(src, n_ctx=16, k_type=QType.F16, v_type=QType.F16,
+                      log=(logs.append if logs is not None else lambda m: None),
+                      use_graph=use_graph)
+    ids = rng.integers(0, src.config.vocab_size, 10)
+
+    def run(eng):
+        eng.reset()
+        return eng.prefill(ids), eng.decode(int(ids[0]))
+    want = run(make(False))
+    eng = make(True)
+    for attempt in range(3):            # eager / captured + eager / replayed, per size
+        got = run(eng)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert sorted(eng._prefill_graphs) == [2, 4]
+
+    logs = []
+    eng = make(True, logs)
+
+    @classmethod
+    def refuse(cls, *a, **k):
+        raise CudaGraphError("cuStreamEndCapture failed: test")
+        yield   # (a generator, as the real contextmanager)
+    monkeypatch.setattr(CudaGraph, "capture", refuse)
+    for attempt in range(2):            # (prefill only: the decode graph would fail too)
+        eng.reset()
+        np.testing.assert_array_equal(eng.prefill(ids).view(np.uint32), want[0].view(np.uint32))
+    assert eng._prefill_graphs == {} and eng._prefill_eager_only == {2, 4}
+    assert any("not capturable" in m for m in logs)

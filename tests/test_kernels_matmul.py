@@ -27,14 +27,15 @@ def _tolerance(w_raw, qt, M, K, x, bias=None, residual=None):
     return gamma * s
 
 
-def _run(w, qt, M, K, x, bias=None, residual=None, in_place=False):
+def _run(w, qt, M, K, x, bias=None, residual=None, in_place=False, skinny=True):
     T = x.shape[0]
     y = cuda.to_device(np.full((T, M), np.nan, np.float32))
     if in_place:
         y.copy_to_device(residual)
     launch_matmul(cuda.to_device(w), qt, M, K, cuda.to_device(x), y,
                   bias=None if bias is None else cuda.to_device(bias),
-                  residual=None if residual is None else (y if in_place else cuda.to_device(residual)))
+                  residual=None if residual is None else (y if in_place else cuda.to_device(residual)),
+                  skinny=skinny)
     return y.copy_to_host()
 
 
@@ -47,6 +48,29 @@ def test_matmul_matches_codec(rng, qt, T, M, K):
     ref = matmul_reference(w, qt, M, K, x)
     assert np.all(np.isfinite(y))
     np.testing.assert_array_less(np.abs(y - ref), _tolerance(w, qt, M, K, x) + 1e-30)
+
+
+@pytest.mark.parametrize("T,M,K,epilogue,skinny", [
+    (11, 13, 136, True, True),      # 2 x 4 + 3 tokens, 13 rows over 8 warps, K = 128 + a partial step
+    (3, 64, 260, False, True),      # every row a warp can own, K % 128 = 4: one lane's tail
+    (1, 1, 4, True, True),          # one token, one row, one 16-byte group
+    (11, 13, 136, True, False),     # the tiled kernel on the same F32 shape (skinny=False)
+], ids=["11x13x136+b+r", "3x64x260", "1x1x4+b+r", "tiled-11x13x136+b+r"])
+def test_matmul_f32_skinny(rng, T, M, K, epilogue, skinny):
+    """matmul_f32_skinny (F32 weights of <= 64 rows: GDN's ssm_alpha / ssm_beta in prefill):
+    any summation order of K products stays inside the same gamma bound."""
+    qt = QType.F32
+    w = random_weight_bytes(rng, qt, M, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    bias = residual = None
+    if epilogue:
+        bias = (100 * rng.standard_normal(M)).astype(np.float32)
+        residual = (100 * rng.standard_normal((T, M))).astype(np.float32)
+    y = _run(w, qt, M, K, x, bias, residual, in_place=epilogue, skinny=skinny)
+    ref = matmul_reference(w, qt, M, K, x, bias, residual)
+    assert np.all(np.isfinite(y))
+    np.testing.assert_array_less(np.abs(y - ref),
+                                 _tolerance(w, qt, M, K, x, bias, residual) + 1e-30)
 
 
 def test_matmul_dense_k_tail(rng):
