@@ -36,6 +36,14 @@ on bench && { run ${BENCH_S:-150} bench_q9 python3 bench/run_bench.py /tmp/q9.gg
     --torch none --long-prompt 6144 --act-quant q8 --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok|roofline_pct|prefill_(eager_)?tok|step_eager" "$L/bench_c05.log" | tail -12
   grep -A12 "prefill of" "$L/bench_c05.log"; }; }
+# pfsweep: prefill only (gate, pp512 graph / eager, per-kernel breakdown) per LAUNCH mode, e.g.
+# LAUNCH=psplit1,psplit2,psplit4,psplit8 (prefill attention's splits per token)
+on pfsweep && { run ${PF_S:-240} pf_q9 python3 bench/run_bench.py /tmp/q9.gguf --name q9-random --runs 3 \
+    --torch none --prefill-only --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|prefill_(eager_)?tok|prefill_kernel_ms:attention |Error" "$L/pf_q9.log" | grep -v "^  q9"
+  run ${PF_S:-240} pf_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c05-random --runs 3 \
+    --torch none --prefill-only --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|prefill_(eager_)?tok|prefill_kernel_ms:attention |Error" "$L/pf_c05.log" | grep -v "^  c05"; }
 on q9gate && { run ${Q9GATE_S:-200} q9gate python3 bench/spec_gate.py /tmp/q9.gguf --ks ${GKS:-1-8} --n 64 \
     --prompt-len 32 --ctx 512 --scripted --commit $C --jsonl /tmp/spec.jsonl \
     ${Q9GATE_ARGS:-}

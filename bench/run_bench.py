@@ -226,9 +226,10 @@ def exactness_gate(engine, ids: list[int]) -> tuple[bool, int, int]:
 def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_gb_s: float | None,
                  gen: int = N_GEN, prompt: int = PROMPT, long_prompt: int = LONG_PROMPT,
                  prefill: int = PREFILL, warmup: int = 1, gate_tokens: int = GATE_TOKENS,
-                 base_config: dict | None = None) -> None:
+                 base_config: dict | None = None, decode: bool = True) -> None:
     """The bw24nb measurements of one loaded engine (any object with reset / prefill / decode
-    [/ generate_greedy / profile_decode_step])."""
+    [/ generate_greedy / profile_decode_step / profile_prefill]); decode=False: the gate and
+    the prefill ones only."""
     from bench import roofline
     cfg = source.config
     base = dict(base_config or {}, engine="bw24nb", runs=runs, warmup=warmup)
@@ -239,7 +240,7 @@ def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_g
     print(f"  gate: {'MATCH' if ok else 'MISMATCH'} (prefill argmax {a}, decode argmax {b})")
     rec.add(model, "gate", int(ok), "match", **base, prompt=gate_tokens)
 
-    points = [prompt] + ([long_prompt] if long_prompt else [])
+    points = ([prompt] + ([long_prompt] if long_prompt else [])) if decode else []
     for label, n_prompt in ((f"decode_tok_s@{p}", p) for p in points):
         if n_prompt + gen > getattr(engine, "n_ctx", n_prompt + gen):
             print(f"  skip {label}: n_ctx {engine.n_ctx} < {n_prompt + gen}")
@@ -278,9 +279,15 @@ def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_g
         rec.add(model, f"prefill_eager_tok_s@{prefill}", median(eager), "tok/s", **base,
                 prompt=prefill, samples=[round(x, 2) for x in eager])
 
-    if not hasattr(engine, "profile_decode_step"):
+    if decode and not hasattr(engine, "profile_decode_step"):
         print("  note: the engine has no profile_decode_step(); no per-kernel breakdown")
         return
+    if decode:
+        _profile_decode(rec, model, engine, cfg, prompt, base)
+    _profile_prefill(rec, model, engine, cfg, prefill, base)
+
+
+def _profile_decode(rec: Recorder, model: str, engine, cfg, prompt: int, base: dict) -> None:
     engine.reset()
     engine.prefill(prompt_ids(prompt, cfg.vocab_size))
     totals: dict[str, list[float]] = {}
@@ -294,6 +301,8 @@ def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_g
                 share=round(sum(v) / step_ms, 4) if step_ms else None, context=prompt)
     rec.add(model, "decode_step_eager_ms", step_ms, "ms", **base, context=prompt)
 
+
+def _profile_prefill(rec: Recorder, model: str, engine, cfg, prefill: int, base: dict) -> None:
     if not hasattr(engine, "profile_prefill"):
         return
     totals = {}
@@ -464,6 +473,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "unfused-attn": dict(fuse_attention_output=False),
                 # prefill attention on the one-pass tile kernel (before session 8's split-K)
                 "tile-prefill": dict(prefill_attention="tile"),
+                # prefill attention's splits per token (Engine's PREFILL_SPLITS is the default)
+                **{f"psplit{n}": dict(prefill_splits=n) for n in (1, 2, 4, 8, 16)},
                 # decode attention's split plan before session 7 (no 128-key rounding of long
                 # splits)
                 "plain-attn": dict(attention_plan="plain")}
@@ -475,7 +486,7 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
               long_prompt: int = LONG_PROMPT, bw_gib: float = 4.0,
               jsonl: str | Path | None = DEFAULT_JSONL, commit: str | None = None,
               names: list[str] | None = None, act_quants=("q8",),
-              kv_caches=("default",), launches=("default",)) -> Recorder:
+              kv_caches=("default",), launches=("default",), decode: bool = True) -> Recorder:
     """Benchmark every GGUF in `models`; returns the Recorder (records already written)."""
     paths = [Path(jsonl)] if jsonl else []
     if os.environ.get("OUT"):                 # the device machine: make the records come back
@@ -518,12 +529,14 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
                         eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None, act_quant=aq,
                                      **kv_cache_kwargs(kvc), **LAUNCH_MODES[lm])
                         bench_engine(rec, label, eng, source, runs=runs, read_gb_s=read_gb_s,
-                                     long_prompt=long_prompt,
+                                     long_prompt=long_prompt, decode=decode,
                                      base_config=dict(base, act_quant=aq,
                                                       kv_cache=f"{eng.kv.k_type.name}/{eng.kv.v_type.name}",
                                                       programmatic=bool(getattr(eng, "programmatic", False)),
                                                       fuse_attention_output=eng.fuse_attention_output,
                                                       attention_plan=eng.attention_plan,
+                                                      prefill_attention=eng.prefill_attention,
+                                                      prefill_splits=int(eng.wsp.part_ml.shape[2]),
                                                       load_s=round(getattr(eng, "load_s", 0.0), 2)))
                     except Exception as e:
                         traceback.print_exc(limit=3)
@@ -584,6 +597,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bw-gib", type=float, default=4.0, help="read-bandwidth buffer (GiB)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="append records here ('' = nowhere)")
     ap.add_argument("--commit", help="commit id to record (default: $BW24_COMMIT, else git)")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="bw24nb: the gate and the prefill measurements only (no decode runs)")
     args = ap.parse_args(argv)
     if args.runs < 3:
         ap.error("--runs must be >= 3 (medians of at least three runs)")
@@ -600,7 +615,8 @@ def main(argv=None) -> int:
               engine=not args.no_engine, long_prompt=args.long_prompt, bw_gib=args.bw_gib,
               jsonl=args.jsonl or None, commit=args.commit, names=args.name,
               act_quants=tuple(a for a in args.act_quant.split(",") if a),
-              kv_caches=tuple(c for c in args.kv_cache.split(",") if c), launches=launches)
+              kv_caches=tuple(c for c in args.kv_cache.split(",") if c), launches=launches,
+              decode=not args.prefill_only)
     return 0
 
 

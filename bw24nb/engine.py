@@ -246,7 +246,8 @@ class Engine:
                  v_type=V_TYPE_DEFAULT, vram_budget: int | None = None, use_graph: bool = True,
                  act_quant: str = "q8", prefill_gemm: str = "int8",
                  programmatic: bool | None = None, fuse_attention_output: bool = True,
-                 attention_plan: str = "aligned", prefill_attention: str = "split"):
+                 attention_plan: str = "aligned", prefill_attention: str = "split",
+                 prefill_splits: int = PREFILL_SPLITS):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -294,7 +295,9 @@ class Engine:
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
-        self.wsp = Workspace(c, min(PREFILL_CHUNK, n_ctx), min(n_splits, PREFILL_SPLITS))
+        if prefill_splits < 1:
+            raise ValueError(f"prefill_splits must be >= 1, not {prefill_splits}")
+        self.wsp = Workspace(c, min(PREFILL_CHUNK, n_ctx), min(n_splits, int(prefill_splits)))
         self.logits = cuda.device_array(self.output.rows, np.float32)
         self.sample_ws = sampling.SampleWorkspace(self.output.rows)
         self.next_token = cuda.device_array(1, np.int32)
@@ -487,7 +490,7 @@ class Engine:
             return [("quant_act", lambda: quantize_act.launch_quantize_act(x, qx.xq, qx.xd, n=T * K,
                                                                            stream=s))], qx
         qx = QuantizedInput(xf=ws.xf[:T * K].reshape(T, K))
-        return [("quant_act", lambda: quantize_act.launch_fake_quant_act(x, qx.xf, stream=s))], qx
+        return [("fake_quant_act", lambda: quantize_act.launch_fake_quant_act(x, qx.xf, stream=s))], qx
 
     def _mv(self, w: DeviceWeight, x, y, T, bias=None, residual=None, qx=None, rowwise=None):
         """y = W x (+b) (+r) for T rows: matvec (`rowwise`, default T == 1: each weight read
@@ -534,12 +537,14 @@ class Engine:
         return L + self._norm_then(("ffn_norm", post), h, x, ws, T, ffn)
 
     def _norm_then(self, name_weight, h, x, ws: Workspace, T: int, launches: list) -> list:
-        """x = rms_norm(h) * w, then `launches`. When those begin by quantizing x for dp4a
-        matvecs (`_quantize_input`'s "quant_act" at T = 1), the norm writes the int8 copy
-        itself (norm.launch_rms_norm_q8: the same bytes, one launch fewer)."""
+        """x = rms_norm(h) * w, then `launches`. When those begin by quantizing x to int8
+        (`_quantize_input`'s "quant_act": for dp4a matvecs, or for the int8 prefill GEMM -- the
+        same flat [T * K] int8 + [T * K / 32] scales either way), the norm writes the int8
+        copy itself (norm.launch_rms_norm_q8: the same bytes, one launch fewer; prefill too
+        since session 8: 64 launches of a 9B-shape chunk)."""
         name, wn = name_weight
         eps, s = self.config.rms_norm_eps, self.stream
-        if (ws.rowwise or T == 1) and launches and launches[0][0] == "quant_act":
+        if launches and launches[0][0] == "quant_act":
             K = x.shape[len(x.shape) - 1]      # (the simulator's shape tuple has no [-1])
             xq, xd = ws.xq[:T * K], ws.xd[:T * K // 32]  # the views _quantize_input hands out
             return [(name + "_q8", lambda: norm.launch_rms_norm_q8(h, wn.buf, eps, x, xq, xd, s))] \

@@ -154,6 +154,17 @@ def test_bench_engine_records(small, tmp_path):
     assert row["gpu"] == "test-gpu" and row["model"] == "tiny" and row["config"]["engine"] == "bw24nb"
 
 
+def test_bench_engine_prefill_only(small):
+    """decode=False (run_bench --prefill-only): the gate and the prefill records, no decode."""
+    eng = ReferenceEngine(small, n_ctx=64)
+    rec = Recorder(gpu="g", commit="c", paths=[])
+    bench_engine(rec, "tiny", eng, small, runs=3, read_gb_s=100.0, gen=3, prompt=6,
+                 long_prompt=0, prefill=5, warmup=1, gate_tokens=6, decode=False)
+    metrics = {r["metric"] for r in rec.rows}
+    assert {"gate", "prefill_tok_s@5", "prefill_kernel_ms:attention", "prefill_eager_ms"} <= metrics
+    assert not any(m.startswith(("decode_", "kernel_ms:")) for m in metrics)
+
+
 class FastEngine:
     """generate_greedy with timings, no profile: the other branches of the harness."""
     n_ctx = 10_000
