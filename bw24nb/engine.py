@@ -62,9 +62,12 @@ ATTENTION_PLANS = {"aligned": {}, "plain": dict(chunk_align=1, combine_threads=2
 # tiled kernel (attention.flash_attn_cache). Measured on the H200 (session 8, prefill of 512
 # tokens, per layer): the tile kernel took 3.9 ms (9B heads) / 0.94 ms (0.5B heads).
 PREFILL_ATTENTION = ("split", "tile")
-# Splits per token in prefill: bounds the partials (T x Hq x splits x head_dim floats: 67 MB
-# at the 9B shape), and a token sees at most T + position keys, so few splits fill the GPU.
-PREFILL_SPLITS = 8
+# Splits per token in prefill: a chunk's T tokens x KV heads already fill the GPU, and every
+# split adds partials (T x Hq x splits x head_dim floats) and combine work. Measured on the
+# H200 (session 8, 512 tokens from position 0, attention per chunk, 1 / 2 / 4 / 8 / 16 splits):
+# 9B heads 2.83 / 2.97 / 3.20 / 3.68 / 5.30 ms, 0.5B heads 3.37 / 3.60 / 3.62 / 4.04 / 5.13 ms.
+# 2, not 1: a chunk deep in a long prompt gives each block up to 2x fewer keys to walk alone.
+PREFILL_SPLITS = 2
 
 
 @dataclass
