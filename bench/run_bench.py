@@ -473,6 +473,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "unfused-attn": dict(fuse_attention_output=False),
                 # prefill attention on the one-pass tile kernel (before session 8's split-K)
                 "tile-prefill": dict(prefill_attention="tile"),
+                # the gated delta rule on the shared-memory tile kernel (before session 8)
+                "tile-rule": dict(gdn_rule="tile"),
                 # prefill attention's splits per token (Engine's PREFILL_SPLITS is the default)
                 **{f"psplit{n}": dict(prefill_splits=n) for n in (1, 2, 4, 8, 16)},
                 # decode attention's split plan before session 7 (no 128-key rounding of long
@@ -537,6 +539,7 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
                                                       attention_plan=eng.attention_plan,
                                                       prefill_attention=eng.prefill_attention,
                                                       prefill_splits=int(eng.wsp.part_ml.shape[2]),
+                                                      gdn_rule=getattr(eng, "gdn_rule", None),
                                                       load_s=round(getattr(eng, "load_s", 0.0), 2)))
                     except Exception as e:
                         traceback.print_exc(limit=3)

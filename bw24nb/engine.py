@@ -250,7 +250,7 @@ class Engine:
                  act_quant: str = "q8", prefill_gemm: str = "int8",
                  programmatic: bool | None = None, fuse_attention_output: bool = True,
                  attention_plan: str = "aligned", prefill_attention: str = "split",
-                 prefill_splits: int = PREFILL_SPLITS):
+                 prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "lane"):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -323,6 +323,14 @@ class Engine:
             raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, "
                              f"not {prefill_attention!r}")
         self.prefill_attention = prefill_attention
+        # the gated delta rule's kernel (gated_deltanet.RULE_VARIANTS): "lane" = half a column
+        # of the state per lane in registers, "tile" = the shared-memory tile kernel before
+        # session 8 (for the side-by-side bench); decode, verify and prefill all use the one
+        # chosen, so speculative decoding stays token-identical either way
+        if gdn_rule not in gated_deltanet.RULE_VARIANTS:
+            raise ValueError(f"gdn_rule must be one of {gated_deltanet.RULE_VARIANTS}, "
+                             f"not {gdn_rule!r}")
+        self.gdn_rule = gdn_rule
         self._graph = None
         # prefill: chunk size -> its captured graph (LRU, PREFILL_GRAPHS); sizes run eagerly
         # once already (their kernels compiled and loaded); sizes that failed to capture
@@ -689,7 +697,8 @@ class Engine:
                         qkv, a, b, dt, ssm_a, gq, gk, gv, g, beta, stream=s))]
         return L + proj + gates + mix + [
             ("gdn_rule", lambda: gated_deltanet.launch_gated_delta_rule(
-                gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s, steps=ssm_steps)),
+                gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s, steps=ssm_steps,
+                variant=self.gdn_rule)),
         ] + norm_q + [
             ("gdn_out", lambda: self._mv(wout, o2, h, T, residual=h, qx=qo, rowwise=ws.rowwise)),
         ]

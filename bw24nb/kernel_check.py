@@ -1736,13 +1736,15 @@ def check_gdn_prep(rng, size):
 @check("gated_delta_rule", "kernels.gated_deltanet.launch_gated_delta_rule")
 def check_gated_delta_rule(rng, size):
     """T recurrent steps of the gated delta rule from a random state (decode T = 1, prefill
-    T > 1), against the reference's recurrent form."""
+    T > 1), against the reference's recurrent form; both kernels ("lane", the default, and
+    "tile")."""
     from .kernels import gated_deltanet as gdn
     from .models.qwen35 import value_to_key_head
     from .reference.gated_deltanet import gated_delta_rule_recurrent, l2norm
     d = _gdn_dims(size)
     key_head = value_to_key_head("qwen35", d.nk, d.nv)
-    for T in ((3,) if size == "tiny" else (1, 16)):
+    for T, variant in ((t, var) for t in ((3,) if size == "tiny" else (1, 16))
+                       for var in gdn.RULE_VARIANTS):
         qn = l2norm(rng.standard_normal((T, d.nk, d.dk)))
         kn = l2norm(rng.standard_normal((T, d.nk, d.dk)))
         q = (qn * d.dk ** -0.5).astype(np.float32)        # as launch_gdn_prep leaves them
@@ -1754,7 +1756,8 @@ def check_gated_delta_rule(rng, size):
         state = _dev(s0)
         o = Out((T, d.nv, d.dv))
         gdn.launch_gated_delta_rule(*(_dev(a) for a in (q, k, v, g, beta)),
-                                    _dev(key_head.astype(np.int32)), state, o.dev)
+                                    _dev(key_head.astype(np.int32)), state, o.dev,
+                                    variant=variant)
         got, guard_ok = o.get()
         # the reference takes q, k repeated onto the value heads and scales q itself
         o_ref, s_ref = gated_delta_rule_recurrent(_f64(q)[:, key_head] * np.sqrt(d.dk),
@@ -1765,7 +1768,7 @@ def check_gated_delta_rule(rng, size):
         scale = max(np.abs(o_ref).max(), np.abs(s_ref).max())
         bound = MARGIN * T * (d.dk + 4) * U * scale
         label = f"{MARGIN:g}·T(dk+4)u·max|S|"
-        shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{d.dv}"
+        shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{d.dv} {variant}"
         yield compare("gated_delta_rule o", "f32", shape, got, o_ref, bound, label,
                       guard_ok=guard_ok)
         yield compare("gated_delta_rule S", "f32", shape, state.copy_to_host(), s_ref, bound,

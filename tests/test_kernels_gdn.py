@@ -190,8 +190,9 @@ def _bound(o_ref, s_ref):
     return RULE_REL * max(np.max(np.abs(o_ref)), np.max(np.abs(s_ref)))
 
 
+@pytest.mark.parametrize("variant", ["lane", "tile"])   # the two rule kernels
 @pytest.mark.parametrize("family", ["qwen35", "qwen3next"])      # tiled / grouped head maps
-def test_delta_rule_decode_steps_match_recurrent(rng, family):
+def test_delta_rule_decode_steps_match_recurrent(rng, family, variant):
     T = 4
     key_head = value_to_key_head(family, NK, NV)
     q, k, v, g, beta, s0 = _rule_inputs(rng, T)
@@ -201,7 +202,7 @@ def test_delta_rule_decode_steps_match_recurrent(rng, family):
     for t in range(T):                           # one launch per decode step, state in place
         o = _poisoned(1, NV, DV)
         launch_gated_delta_rule(*(cuda.to_device(a[t:t + 1]) for a in (q, k, v, g, beta)),
-                                d_kh, d_state, o)
+                                d_kh, d_state, o, variant=variant)
         outs.append(o.copy_to_host())
     o_ref, s_ref = _reference_rule(gated_delta_rule_recurrent, q, k, v, g, beta, s0, key_head)
     out, state = np.concatenate(outs), d_state.copy_to_host()
@@ -211,14 +212,15 @@ def test_delta_rule_decode_steps_match_recurrent(rng, family):
     assert np.max(np.abs(state - s_ref)) <= tol
 
 
+@pytest.mark.parametrize("variant", ["lane", "tile"])   # the two rule kernels
 @pytest.mark.parametrize("T", [1, 7])
-def test_delta_rule_prefill_matches_chunked(rng, T):
+def test_delta_rule_prefill_matches_chunked(rng, T, variant):
     key_head = value_to_key_head("qwen35", NK, NV)
     q, k, v, g, beta, s0 = _rule_inputs(rng, T)
     d_state = cuda.to_device(s0)
     o = _poisoned(T, NV, DV)
     launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)),
-                            cuda.to_device(key_head.astype(np.int32)), d_state, o)
+                            cuda.to_device(key_head.astype(np.int32)), d_state, o, variant=variant)
     out, state = o.copy_to_host(), d_state.copy_to_host()
     assert np.isfinite(out).all()
     # the reference's prefill form: chunk 64 (one partial chunk) and chunk 3 (several chunks)
@@ -230,7 +232,8 @@ def test_delta_rule_prefill_matches_chunked(rng, T):
         assert np.max(np.abs(state - s_ref)) <= tol, f"chunk {chunk}"
 
 
-def test_delta_rule_wide_value_heads(rng):
+@pytest.mark.parametrize("variant", ["lane", "tile"])   # the two rule kernels
+def test_delta_rule_wide_value_heads(rng, variant):
     # d_v = 40: two column blocks per head, the second only partly filled.
     T, dv = 2, 40
     key_head = value_to_key_head("qwen35", NK, NV)
@@ -238,7 +241,7 @@ def test_delta_rule_wide_value_heads(rng):
     d_state = cuda.to_device(s0)
     o = _poisoned(T, NV, dv)
     launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)),
-                            cuda.to_device(key_head.astype(np.int32)), d_state, o)
+                            cuda.to_device(key_head.astype(np.int32)), d_state, o, variant=variant)
     o_ref, s_ref = _reference_rule(gated_delta_rule_recurrent, q, k, v, g, beta, s0, key_head)
     tol = _bound(o_ref, s_ref)
     assert np.max(np.abs(o.copy_to_host() - o_ref)) <= tol
@@ -474,3 +477,29 @@ def test_step_states_equal_one_token_launches_and_restore(rng):
     with pytest.raises(ValueError, match="steps"):
         launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head,
                                 rs.ssm[layer], _poisoned(T, NV, DV), steps=ssm_steps[:2])
+
+
+@pytest.mark.parametrize("variant", ["lane", "tile"])
+def test_delta_rule_saved_steps_are_the_one_token_states(rng, variant):
+    """steps[t] (a speculative verify's rollback points) must be, bit for bit, the state that
+    t + 1 one-token launches leave -- each kernel runs the same arithmetic per token whatever
+    T is -- and the T-token launch's outputs those launches' outputs."""
+    T = 5
+    key_head = cuda.to_device(value_to_key_head("qwen35", NK, NV).astype(np.int32))
+    q, k, v, g, beta, s0 = _rule_inputs(rng, T)
+    d_state = cuda.to_device(s0)
+    o = _poisoned(T, NV, DV)
+    steps = cuda.to_device(np.full((T, NV, DK, DV), np.nan, np.float32))
+    launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head,
+                            d_state, o, steps=steps, variant=variant)
+    one = cuda.to_device(s0)
+    for t in range(T):
+        o1 = _poisoned(1, NV, DV)
+        launch_gated_delta_rule(*(cuda.to_device(a[t:t + 1]) for a in (q, k, v, g, beta)),
+                                key_head, one, o1, variant=variant)
+        np.testing.assert_array_equal(steps.copy_to_host()[t].view(np.uint32),
+                                      one.copy_to_host().view(np.uint32))
+        np.testing.assert_array_equal(o.copy_to_host()[t].view(np.uint32),
+                                      o1.copy_to_host()[0].view(np.uint32))
+    np.testing.assert_array_equal(d_state.copy_to_host().view(np.uint32),
+                                  one.copy_to_host().view(np.uint32))

@@ -334,6 +334,25 @@ def test_warp_max_twin_gives_every_lane_the_maximum():
     assert np.all(got[:32] == x[:32].max()) and np.all(got[32:] == np.float32(7.5))
 
 
+def test_warp_pair_sum_gives_both_lanes_of_a_pair_their_sum():
+    """warp_pair_sum (the delta rule's half-column sums): lane l gets x_l + x_(l ^ 16), one
+    float32 rounding, the same bits on both lanes of the pair; per warp of a 64-thread block."""
+    from bw24nb.ptx import warp_pair_sum
+
+    @cuda.jit
+    def k(x, out):
+        i = cuda.grid(1)
+        out[i] = warp_pair_sum(x[i])
+
+    x = np.random.default_rng(5).standard_normal(64).astype(np.float32) * np.float32(1e3)
+    out = cuda.device_array(64, np.float32)
+    k[1, 64](cuda.to_device(x), out)
+    got = out.copy_to_host()
+    partner = (np.arange(64) & ~31) | ((np.arange(64) & 31) ^ 16)
+    np.testing.assert_array_equal(got, (x + x[partner]).astype(np.float32))
+    np.testing.assert_array_equal(got.view(np.uint32), got[partner].view(np.uint32))
+
+
 @cuda.jit
 def _two_shared_arrays(out):
     a = cuda.shared.array(256, np.float32)

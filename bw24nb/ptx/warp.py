@@ -14,6 +14,10 @@ and that value is the shfl_down tree's:
 
     s_l += s_{l + off} for l < off,  off = 16, 8, 4, 2, 1;  result s_0.
 
+    warp_pair_sum(v) -> float32
+        v + the value of lane l ^ 16: lanes l and l + 16 each get the sum of the pair (the same
+        bits on both: IEEE addition is commutative). One shfl.sync.bfly + one add.
+
 The GPU version (`warp_sum`) is five ``shfl.sync.bfly.b32`` + five ``add.f32`` -- no shared
 memory, no block barrier. Numba's CUDA simulator has no warp shuffles, so `warp_sum_twin` (what
 ``bw24nb.ptx`` exports under the simulator) meets its warp at a per-(block, warp) rendezvous --
@@ -44,6 +48,19 @@ def warp_sum(v):
     s = s + cuda.shfl_xor_sync(FULL_MASK, s, 2)
     s = s + cuda.shfl_xor_sync(FULL_MASK, s, 1)
     return s
+
+
+@cuda.jit(device=True, inline="always")
+def warp_pair_sum(v):
+    """GPU: v + shfl_xor(v, 16) (module docstring)."""
+    s = np.float32(v)
+    return s + cuda.shfl_xor_sync(FULL_MASK, s, 16)
+
+
+def _pair_sums_host(vals) -> np.ndarray:
+    """float32[32] -> each lane's v_l + v_(l ^ 16), one float32 rounding each."""
+    vals = np.asarray(vals, np.float32)
+    return (vals + vals[np.arange(32) ^ 16]).astype(np.float32)
 
 
 @cuda.jit(device=True, inline="always")
@@ -97,7 +114,8 @@ class _SumExchange(twins._WarpExchange):
             entry[1] -= 1
             if entry[1] == 0:
                 del self.results[gen]
-            return entry[0]
+            r = entry[0]
+            return r[lane] if np.ndim(r) else r     # (a per-lane result: warp_pair_sum)
 
 
 _lock = threading.Lock()
@@ -107,6 +125,11 @@ _exchanges: "weakref.WeakKeyDictionary[object, dict[int, _SumExchange]]" = weakr
 def warp_sum_twin(v) -> np.float32:
     """Simulator twin of `warp_sum`: one lane's call; bit-identical to the GPU butterfly."""
     return _meet_warp("sum", warp_tree_sum_host, v)
+
+
+def warp_pair_sum_twin(v) -> np.float32:
+    """Simulator twin of `warp_pair_sum`."""
+    return _meet_warp("pair", _pair_sums_host, v)
 
 
 def warp_max_twin(v) -> np.float32:
