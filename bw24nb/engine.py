@@ -611,22 +611,23 @@ class Engine:
         add(("rope_kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq,
                                                     stream=s, q=q)))
         wo, attn2 = w.blk(i, "attn_output.weight"), attn.reshape(T, Hq * D)
-        # decode / verify / split prefill: split-K attention, planned per token, whose combine
-        # also gates the output and writes the int8 copy the attn_output matvec (decode) or
-        # int8 GEMM (prefill) reads, when it takes one
-        split = ws.rowwise or self.prefill_attention == "split"
-        fuse = split and self.fuse_attention_output
+        # decode / verify: split-K attention, planned per token, whose combine also gates the
+        # output and writes the int8 copy the attn_output matvec reads (when it takes one)
+        fuse = ws.rowwise and self.fuse_attention_output
         out_gate = ws.gate[:T] if fuse and c.attn_output_gate else None
-        takes_int8 = ws.rowwise or (self.prefill_int8 and wo.qtype in matmul_q8.MATMUL_Q8)
         qo = (QuantizedInput(xq=ws.xq[:T * Hq * D], xd=ws.xd[:T * Hq * D // 32])
-              if fuse and self._dp4a(wo) and D % 32 == 0 and takes_int8 else None)
-        if split:
+              if fuse and self._dp4a(wo) and D % 32 == 0 else None)
+        if ws.rowwise:
             fused = qo
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,
                 xq=None if fused is None else fused.xq, xd=None if fused is None else fused.xd,
                 **ATTENTION_PLANS[self.attention_plan])))
+        elif self.prefill_attention == "split":     # prefill: the decode kernels over T tokens
+            add(("attention", lambda: attention.launch_flash_decode(
+                q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
+                ws.part_ml[:T], ws.part_acc[:T], stream=s)))
         else:
             add(("attention", lambda: attention.launch_flash_attn_cache(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))
@@ -675,9 +676,8 @@ class Engine:
                      ("gdn_alpha", lambda: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T, qx=qx,
                          rowwise=ws.rowwise))]
         norm_w, eps = w.blk(i, "ssm_norm.weight").buf, c.rms_norm_eps
-        if qL and qL[0][0] == "quant_act" and dv % 32 == 0:
-            # the output norm writes ssm_out's int8 input itself (one launch fewer; prefill too
-            # when it quantizes for the int8 GEMM: the same flat layout)
+        if qL and (ws.rowwise or T == 1) and dv % 32 == 0:
+            # decode / verify: the output norm writes ssm_out's int8 input itself (one launch)
             norm_q = [("gdn_norm_q8", lambda: gated_deltanet.launch_gdn_output_norm(
                 o, z, norm_w, eps, o, s, xq=qo.xq, xd=qo.xd))]
         else:
@@ -723,7 +723,7 @@ class Engine:
             proj = [("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
                     ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise))]
         qL, qg = self._quantize_input(ws, g, T, [wd])
-        if qL and qL[0][0] == "quant_act":   # swiglu writes ffn_down's int8 input itself
+        if ws.rowwise and qL:    # decode / verify: swiglu writes ffn_down's int8 input itself
             act = [("swiglu_q8", lambda: activation.launch_swiglu_q8(g, u, g, qg.xq, qg.xd, s))]
         else:
             act = [("swiglu", lambda: activation.launch_swiglu(g, u, g, s))] + qL
