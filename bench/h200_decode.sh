@@ -7,7 +7,9 @@
 # --size real, ONLY=patterns, e.g. ONLY='matvec*'), fixspec / q9gate (the speculative exactness
 # gate on the fixtures / the 9B shape), spec (spec_bench on the 9B shape, with the FR-Spec draft
 # head at 32768 and 8192 tokens), att (bench/attention_bench.py: the decode attention per KV
-# cache type, KVA, side by side). Logs in $OUT/logs.tgz, JSON records in $OUT/*.jsonl.
+# cache type, KVA, side by side), pfsweep (run_bench --prefill-only per LAUNCH mode, e.g. the
+# psplitN prefill-attention splits), big (run_bench on the 35B-A3B / 27B shapes, BIG). Logs in
+# $OUT/logs.tgz, JSON records in $OUT/*.jsonl.
 # Env: KVC / LAUNCH (run_bench's --kv-cache / --launch lists, default "default"), SPEC_MODES,
 # ATT_ARGS. Stage tests: the GPU-only tests of tests/test_graph.py and tests/test_ptx.py.
 #   usage (device tool, carry .whl):  BW24_COMMIT=<sha> bash bench/h200_decode.sh STAGES
@@ -44,6 +46,14 @@ on pfsweep && { run ${PF_S:-240} pf_q9 python3 bench/run_bench.py /tmp/q9.gguf -
   run ${PF_S:-240} pf_c05 python3 bench/run_bench.py /tmp/c05.gguf --name c05-random --runs 3 \
     --torch none --prefill-only --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|prefill_(eager_)?tok|prefill_kernel_ms:attention |Error" "$L/pf_c05.log" | grep -v "^  c05"; }
+# big: the larger shapes, never benched before session 9 (files written on the device
+# by the factory: 35B-A3B ~20 GiB, 27B ~16 GiB; BIG picks which)
+on big && { for m in ${BIG:-qwen3.6-35b-a3b qwen3.6-27b}; do f=/tmp/$m.gguf
+  [ -f $f ] || run ${FACT_S:-400} fact_$m python3 -m bw24nb.factory $m --out $f --seed 1 --tokenizer none
+  run ${BIG_S:-300} bench_$m python3 bench/run_bench.py $f --name $m-random --runs 3 --torch none \
+    --long-prompt 6144 --act-quant q8 --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|decode_tok|roofline_pct|prefill_(eager_)?tok|step_eager|Error" "$L/bench_$m.log" | tail -12
+  done; }
 on q9gate && { run ${Q9GATE_S:-200} q9gate python3 bench/spec_gate.py /tmp/q9.gguf --ks ${GKS:-1-8} --n 64 \
     --prompt-len 32 --ctx 512 --scripted --commit $C --jsonl /tmp/spec.jsonl \
     ${Q9GATE_ARGS:-}
