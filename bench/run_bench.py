@@ -9,9 +9,12 @@ Per model file, after one warm-up, medians of `--runs` runs of:
 plus, measured once in the same run, the device's read bandwidth (a read-only stream of 16-byte
 `ld.global.nc.v4.u32` loads: bench/device_smoke.py's kernel) and, for decode, % of the roofline
 (bench/roofline.py: weight + KV + state bytes per token over that bandwidth), a per-kernel time
-breakdown of one decode step (`Engine.profile_decode_step`, CUDA events around each launch),
-and the exactness gate (prefill's last argmax == token-by-token decode's, printed first:
-timings of a MISMATCH engine do not count).
+breakdown of one decode step (`Engine.profile_decode_step`, CUDA events around each launch)
+and of one prefill chunk (`Engine.profile_prefill`: `prefill_kernel_ms:*`), the same prefill
+with CUDA graphs off (`prefill_eager_tok_s`: what a chunk size's first chunk costs), and the
+exactness gate (prefill's last argmax == token-by-token decode's, printed first: timings of a
+MISMATCH engine do not count). `--prefill-only` skips the decode runs (sweeps of prefill
+options, e.g. `--launch psplit1,psplit2`).
 
 Side by side, same prompts and lengths:
     torch   transformers on the GPU in bf16: eager, and with a static cache (+ torch.compile,
