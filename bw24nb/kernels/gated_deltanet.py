@@ -28,9 +28,12 @@ on the device, for `x[T, H]` (the projections are ordinary matvecs / matmuls):
 
         S <- exp(g_t) S;   delta = beta_t (v_t - S^T k_t);   S <- S + k_t delta^T;   o_t = S^T q_t
 
-    The same kernel serves decode (T = 1) and prefill (T tokens in one launch, a loop over t
-    inside the block). Column j of S only ever meets column j (every product above is S times a
-    vector on the left), so the state splits by columns with no communication: one block per
+    Two kernels compute it (`rule_kernel(dk, variant)`; each serves decode (T = 1), verify and
+    prefill (T tokens in one launch, a loop over t inside the block)). Column j of S only ever
+    meets column j (every product above is S times a vector on the left), so the state splits
+    by columns with no communication. The default, "lane" (`_lane_rule_kernel`, session 8),
+    gives each column to two lanes holding half of it in registers: no shared memory, no
+    barrier, its order in its docstring. The "tile" kernel, described here, gives a block
     (value head, 32 columns of d_v). Its 4 warps split the d_k rows (warp w owns rows w, w+4,
     w+8, ...; lane l owns column l), so every thread holds d_k/4 entries of S. The block's S
     tile lives in shared memory for the whole launch — read from device memory once, written
