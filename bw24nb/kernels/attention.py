@@ -322,9 +322,9 @@ def _split_plan(position, ctx, n_splits, min_chunk, align):
     min_chunk, so a short context runs on a few well-filled blocks instead of n_splits nearly
     empty ones, and above min_chunk rounded up to a multiple of `align` (DECODE_CHUNK_ALIGN) --
     and how many splits that takes (never more than n_splits: chunks only grow). A function of
-    the token's own position only: the split pass and the combine derive it from the same device-side value (one captured
-    graph serves every length), and a token verified among K+1 gets the plan, hence the
-    summation order, it has when decoded alone."""
+    the token's own position only: the split pass and the combine derive it from the same
+    device-side value (one captured graph serves every length), and a token verified among K+1
+    gets the plan, hence the summation order, it has when decoded alone."""
     n_ctx = min(position + 1, ctx)
     chunk = max(min_chunk, (n_ctx + n_splits - 1) // n_splits)
     if chunk > min_chunk:

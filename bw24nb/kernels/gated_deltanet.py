@@ -49,8 +49,8 @@ on the device, for `x[T, H]` (the projections are ordinary matvecs / matmuls):
     needs no triangular solve, and it reads/writes the state once per launch. Its cost is T
     sequential steps per block (5 barriers each; token t + 1's q, k, v, g, beta are loaded while
     step t computes -- session 8: 1.1 ms a 512-token chunk and layer on the H200 before that);
-    the chunked (UT-transform, tensor-core)
-    prefill is the known next step once prefill time matters. Summation order vs the
+    the chunked (UT-transform, tensor-core) prefill is the known next step once prefill time
+    matters. Summation order vs the
     reference's chunked form: the reference folds each chunk's rank-one updates into a
     triangular solve in float64 and reads the carried state once per chunk; we apply them one
     by one in float32. The two are equal in exact arithmetic (tests/test_gated_deltanet.py
@@ -317,16 +317,16 @@ def _rule_kernel(DK):
                 tile[i, lane] = state[h, i, jc]
 
         # token t's inputs are loaded during step t - 1 (registers; thread i < DK stages q[i]
-        # and k[i]): their latency overlaps a step's arithmetic instead of adding to it
+        # and k[i]): their latency overlaps a step's arithmetic instead of adding to it.
+        # Token 0's come first (T >= 1: the launcher returns for T = 0)
         nT = q.shape[0]
         staged = tid < DK                           # (DK <= GDN_DK_MAX = GDN_THREADS)
         ti = min(tid, DK - 1)
-        tn = min(0, nT - 1)
-        qn = q[tn, kh, ti]
-        kn = k[tn, kh, ti]
-        gn = g[tn, h]
-        bn = beta[tn, h]
-        vn = v[tn, h, jc]
+        qn = q[0, kh, ti]
+        kn = k[0, kh, ti]
+        gn = g[0, h]
+        bn = beta[0, h]
+        vn = v[0, h, jc]
         for t in range(nT):
             if staged:
                 qs[tid] = qn
@@ -400,8 +400,8 @@ def _lane_rule_kernel(DK):
     and (S^T q)[j], is summed in a fixed order: each lane over its rows in LANE_ACCS
     interleaved partial sums (row i into partial i mod LANE_ACCS, rows ascending; then
     ((p0 + p1) + (p2 + p3))), then the two halves added (`warp_pair_sum`: one shfl.xor 16;
-    a + b = b + a, so both lanes hold the same bits). q and k are read by the 16 lanes of a half at one address
-    (a broadcast load)."""
+    a + b = b + a, so both lanes hold the same bits). q and k are read by the 16 lanes of a
+    half at one address (a broadcast load)."""
     HALF = DK // 2
 
     def gated_delta_rule_lane(q, k, v, g, beta, key_head, state, o, steps, save_steps):
@@ -488,7 +488,8 @@ def rule_kernel(dk: int, variant: str = "lane"):
     """The delta-rule kernel for d_k = dk (built on first use; 128 in every real model):
     "lane" (a column of S per lane, registers) or "tile" (the shared-memory tile kernel)."""
     if variant not in RULE_VARIANTS:
-        raise ValueError(f"gated_delta_rule: variant must be one of {RULE_VARIANTS}, not {variant!r}")
+        raise ValueError(f"gated_delta_rule: variant must be one of {RULE_VARIANTS}, "
+                         f"not {variant!r}")
     if variant == "lane" and dk % (2 * LANE_ACCS):
         variant = "tile"             # (no real model: d_k is 128 everywhere)
     key = (dk, variant)

@@ -13,8 +13,8 @@ Skinny F32 weights (M <= SKINNY_M_MAX rows, e.g. Gated DeltaNet's ssm_alpha / ss
 32 x 4096): the tiled kernel gives them T / 32 blocks (16 at T = 512), each walking K one
 32-wide slice at a time -- 0.52 ms a launch on the H200 (session 8). `matmul_f32_skinny`
 instead gives each block SKINNY_TOKENS = 4 tokens (128 blocks at T = 512) and every row: warp
-w of 8 owns rows w, w + 8, ...,
-lane l the 16-byte groups k = 4 l + 128 j of K, all in registers, then a warp sum. Its order:
+w of 8 owns rows w, w + 8, ..., lane l the 16-byte groups k = 4 l + 128 j of K, all in
+registers, then a warp sum. Its order:
     s_l = sum over j ascending of (x[k] w[k] + x[k+1] w[k+1] + x[k+2] w[k+2] + x[k+3] w[k+3]),
           k = 4 l + 128 j, each product added in turn (float32);
     y = ((warp_sum tree of s_l) + bias[m]) + R[t, m]
@@ -136,7 +136,8 @@ def matmul_f32_skinny(w32, x32, T, M, K, y, bias, residual, has_bias, has_residu
         for r in range(_SKINNY_RPW):
             m = min(warp + r * SKINNY_WARPS, M - 1)   # a row past M: the last row, unused
             b0, b1, b2, b3 = ld_nc_v4_u32(w32, np.int64(m) * K + k)
-            w0, w1, w2, w3 = f32_from_bits(b0), f32_from_bits(b1), f32_from_bits(b2), f32_from_bits(b3)
+            w0, w1 = f32_from_bits(b0), f32_from_bits(b1)
+            w2, w3 = f32_from_bits(b2), f32_from_bits(b3)
             for t in range(SKINNY_TOKENS):
                 a = acc[r * SKINNY_TOKENS + t]
                 a += xv[4 * t] * w0
@@ -190,19 +191,18 @@ def launch_matmul(w_dev, qtype, M, K, x_dev, y_dev, bias=None, residual=None, st
     if T == 0 or M == 0:
         return
     w8, w16, wh = weight_views(w_dev)
-    has = (np.int32(bias is not None), np.int32(residual is not None))
+    # stand-ins of the right type for absent bias / residual (the kernels never read them)
+    tail = (y_dev[0] if bias is None else bias, y_dev if residual is None else residual,
+            np.int32(bias is not None), np.int32(residual is not None))
     if (skinny and lay.qtype == QType.F32 and M <= SKINNY_M_MAX and K % 4 == 0
             and tuple(x_dev.strides) == (K * 4, 4)):
         matmul_f32_skinny[(T + SKINNY_TOKENS - 1) // SKINNY_TOKENS, SKINNY_THREADS, stream](
             w8.view(np.uint32), x_dev.reshape(T * K).view(np.uint32), np.int32(T), np.int32(M),
-            np.int32(K), y_dev, y_dev[0] if bias is None else bias,
-            y_dev if residual is None else residual, *has)
+            np.int32(K), y_dev, *tail)
         return
     grid = ((M + TILE_M - 1) // TILE_M, (T + TILE_T - 1) // TILE_T)
     MATMUL[lay.qtype][grid, THREADS, stream](
-        w8, w16, wh, np.int32(M), np.int32(K), x_dev, y_dev,
-        y_dev[0] if bias is None else bias, y_dev if residual is None else residual,
-        np.int32(bias is not None), np.int32(residual is not None))
+        w8, w16, wh, np.int32(M), np.int32(K), x_dev, y_dev, *tail)
 
 
 def matmul_reference(w_raw, qtype, M, K, x, bias=None, residual=None):
