@@ -221,7 +221,7 @@ class _WarpExchange:
             tid = t.thread_id
             if t is me or tid // 32 != self.warp or self.present[tid % 32]:
                 continue
-            if not t.is_alive():
+            if getattr(t, "finished", not t.is_alive()):
                 raise WarpCollectiveError(
                     f"lane {tid % 32} of warp {self.warp} finished without executing "
                     "mma_s8_m16n8k32: mma.sync needs all 32 lanes converged")
@@ -269,6 +269,8 @@ def _manager_locals(manager):
 
 def _block_threads(manager):
     """Every thread of a simulated block once all are started, else None."""
+    if isinstance(getattr(manager, "threads", None), list):    # simblock's manager
+        return manager.threads
     local = _manager_locals(manager)
     return None if local is None else list(local["threads"])
 
@@ -280,6 +282,8 @@ def _releasing(manager) -> bool:
     can take seconds, so a lane still flagged then is on its way out, not stuck. (Taking it for
     stuck after 2 s is the likeliest cause of a kernel-check failure in one 2-core CI run that
     the same seed did not reproduce.)"""
+    if isinstance(getattr(manager, "threads", None), list):
+        return False     # simblock's manager clears the flags under the barrier's lock
     local = _manager_locals(manager)
     return local is not None and local["livethreads"] == local["blockedthreads"]
 
@@ -353,9 +357,13 @@ _NUMBA_SHARED_ARRAY = None
 
 
 def install_simulator_fixes() -> None:
-    """Patch numba's simulator where it races (`_shared_array`); idempotent."""
+    """Patch numba's simulator where it races (`_shared_array`) and where it spins (its block
+    scheduler: `simblock.py`); idempotent."""
     global _NUMBA_SHARED_ARRAY
     from numba.cuda.simulator import kernelapi
+
+    from bw24nb.ptx import simblock
+    simblock.install()
     if _NUMBA_SHARED_ARRAY is None:
         _NUMBA_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
         kernelapi.FakeCUDAShared.array = _shared_array
