@@ -24,7 +24,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import traceback
 import weakref
 
 import numpy as np
@@ -165,6 +164,7 @@ class _WarpExchange:
         self.b = np.zeros((32, 2), np.int64)
         self.c = np.zeros((32, 4), np.int64)
         self.present = np.zeros(32, bool)
+        self.arrived = 0                       # lanes present (a counter: cheaper than .all())
         self.generation = 0
         self.results: dict[int, list] = {}     # generation -> [d int32[32, 4], readers left]
         self.parked_since: dict[int, float] = {}  # thread id -> when first seen in syncthreads
@@ -175,11 +175,13 @@ class _WarpExchange:
             if self.present[lane]:
                 raise WarpCollectiveError(f"lane {lane} of warp {self.warp} entered mma twice")
             self.present[lane] = True
+            self.arrived += 1
             self.a[lane], self.b[lane], self.c[lane] = a, b, c
-            if self.present.all():
+            if self.arrived == 32:
                 d = mma_s8_m16n8k32_warp(self.a, self.b, self.c)
                 self.results[gen] = [d, 32]
                 self.present[:] = False
+                self.arrived = 0
                 self.parked_since.clear()
                 self.generation += 1
                 self.cond.notify_all()
@@ -269,7 +271,7 @@ def _manager_locals(manager):
 
 def _block_threads(manager):
     """Every thread of a simulated block once all are started, else None."""
-    if isinstance(getattr(manager, "threads", None), list):    # simblock's manager
+    if isinstance(getattr(manager, "threads", None), list):    # simfast's manager
         return manager.threads
     local = _manager_locals(manager)
     return None if local is None else list(local["threads"])
@@ -283,7 +285,7 @@ def _releasing(manager) -> bool:
     stuck after 2 s is the likeliest cause of a kernel-check failure in one 2-core CI run that
     the same seed did not reproduce.)"""
     if isinstance(getattr(manager, "threads", None), list):
-        return False     # simblock's manager clears the flags under the barrier's lock
+        return False     # simfast's manager clears the flags under the barrier's lock
     local = _manager_locals(manager)
     return local is not None and local["livethreads"] == local["blockedthreads"]
 
@@ -345,7 +347,8 @@ def _shared_array(self, shape, dtype, alignment=None):
         return _NUMBA_SHARED_ARRAY(self, shape, dtype, alignment)
     if isinstance(dtype, types.Type):
         dtype = numpy_support.as_dtype(dtype)
-    caller = traceback.extract_stack(sys._getframe(1), limit=1)[-1][0:2]
+    f = sys._getframe(1)        # (not traceback.extract_stack: it stats the file every call)
+    caller = (f.f_code.co_filename, f.f_lineno)
     with _SHARED_LOCK:
         res = self._allocations.get(caller)
         if res is None:
@@ -358,12 +361,12 @@ _NUMBA_SHARED_ARRAY = None
 
 def install_simulator_fixes() -> None:
     """Patch numba's simulator where it races (`_shared_array`) and where it spins (its block
-    scheduler: `simblock.py`); idempotent."""
+    scheduler: `simfast.py`); idempotent."""
     global _NUMBA_SHARED_ARRAY
     from numba.cuda.simulator import kernelapi
 
-    from bw24nb.ptx import simblock
-    simblock.install()
+    from bw24nb.ptx import simfast
+    simfast.install()
     if _NUMBA_SHARED_ARRAY is None:
         _NUMBA_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
         kernelapi.FakeCUDAShared.array = _shared_array

@@ -101,10 +101,12 @@ class _SumExchange(twins._WarpExchange):
             if self.present[lane]:
                 raise twins.WarpCollectiveError(f"lane {lane} of warp {self.warp} entered warp_sum twice")
             self.present[lane] = True
+            self.arrived += 1
             self.vals[lane] = v
-            if self.present.all():
+            if self.arrived == 32:
                 self.results[gen] = [self.reduce(self.vals), 32]
                 self.present[:] = False
+                self.arrived = 0
                 self.parked_since.clear()
                 self.generation += 1
                 self.cond.notify_all()
@@ -146,16 +148,24 @@ def _meet_warp(op: str, reduce, v) -> np.float32:
         raise twins.WarpCollectiveError(
             "warp_sum's twin runs inside a simulated kernel (NUMBA_ENABLE_CUDASIM=1); "
             "from host code use warp_tree_sum_host on all 32 lanes' values")
-    nthreads = int(np.prod(manager._block_dim))
-    warp = tid // 32
-    lanes = min(32, nthreads - 32 * warp)
-    if lanes < 32:
-        raise twins.WarpCollectiveError(
-            f"warp_sum in a partial warp ({lanes} threads): the block size ({nthreads}) "
-            "must be a multiple of 32")
-    with _lock:
-        per_block = _exchanges.setdefault(manager, {})
-        ex = per_block.get((op, warp))
-        if ex is None:
-            ex = per_block[(op, warp)] = _SumExchange(warp, lanes, reduce)
+    # the thread's exchanges for its current block, kept on the thread (simulator threads are
+    # reused across blocks: keyed by the block's manager)
+    mine = getattr(thread, "_bw24_warp_exchanges", None)
+    if mine is None or mine[0] is not manager:
+        mine = thread._bw24_warp_exchanges = (manager, {})
+    ex = mine[1].get(op)
+    if ex is None:
+        nthreads = int(np.prod(manager._block_dim))
+        warp = tid // 32
+        lanes = min(32, nthreads - 32 * warp)
+        if lanes < 32:
+            raise twins.WarpCollectiveError(
+                f"warp_sum in a partial warp ({lanes} threads): the block size ({nthreads}) "
+                "must be a multiple of 32")
+        with _lock:
+            per_block = _exchanges.setdefault(manager, {})
+            ex = per_block.get((op, warp))
+            if ex is None:
+                ex = per_block[(op, warp)] = _SumExchange(warp, lanes, reduce)
+        mine[1][op] = ex
     return ex.sum(tid % 32, thread, np.float32(v))

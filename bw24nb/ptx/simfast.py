@@ -1,16 +1,24 @@
-"""A block scheduler for numba's CUDA simulator that reuses its threads and waits, not spins.
+"""numba's CUDA simulator without its three fixed costs (docs/decisions/0015).
 
-numba's simulator runs each thread of a block as a Python thread. Its ``BlockManager.run``
-(numba_cuda/numba/cuda/simulator/kernel.py) has two costs that have nothing to do with the
-kernel:
-- it starts a new OS thread for every simulated thread of every block (~0.2 ms each; a
-  128-thread block of a tiny matvec spent most of its ~60 ms there);
+numba's simulator runs each thread of a block as a Python thread. Three of its costs have
+nothing to do with the kernel (numba_cuda/numba/cuda/simulator/kernel.py, kernelapi.py):
+- ``BlockManager.run`` starts a new OS thread for every simulated thread of every block (~0.2 ms
+  each; a 128-thread block of a tiny matvec spent most of its ~60 ms there);
 - it then loops over the live threads without ever blocking, checking whether all are parked
   in ``syncthreads``; that loop holds the GIL for whole time slices while the simulated threads
-  wait for it (a 256-thread block doing a hundred float adds a thread: ~0.2 s).
+  wait for it (a 256-thread block doing a hundred float adds a thread: ~0.2 s);
+- every call of a device function swaps the module global ``cuda`` of the function's module for
+  the launch's fake module and back (``swapped_cuda_module``), scanning all the module's globals
+  each time the module is not already swapped -- for a kernel whose device functions live in
+  another module (dequant.py's readers, called per weight group), on nearly every call.
 Together they were most of the engine's simulator tests' time.
 
-Here a pool of worker threads runs the blocks, one block at a time (as numba does), each worker
+The swap: here a module is swapped on the first call that needs it within a launch and stays
+swapped until the launch ends; later device calls into it go straight to the function. Host code
+between launches sees the real ``cuda`` again, as with numba.
+
+The block scheduler:
+a pool of worker threads runs the blocks, one block at a time (as numba does), each worker
 taking one simulated thread's place per block. The barrier is a counter under a condition
 variable: the last live thread to arrive releases the others; a thread that finishes no longer
 counts (as in numba, a barrier waits for the threads still running); the launching thread sleeps
@@ -179,13 +187,81 @@ class WaitingBlockManager:
             raise failed.exception[0].with_traceback(failed.exception[1])
 
 
+# --- the module swap --------------------------------------------------------------------------
+
+_SWAP_LOCK = threading.Lock()
+_launch_fake = None      # the fake cuda module of the launch in progress
+_swapped: dict = {}      # id(module globals) -> (globals, {name: the real cuda}) swapped for it
+
+
+def _swap_in(globs, fake) -> None:
+    """Point `globs`' names of the real cuda module at `fake`, once per launch (under the lock)."""
+    if id(globs) in _swapped:
+        return
+    from numba import cuda
+    orig = {k: v for k, v in globs.items() if v is cuda}
+    for k in orig:
+        globs[k] = fake
+    _swapped[id(globs)] = (globs, orig)
+
+
+@contextlib.contextmanager
+def launch_swapped_cuda_module(fn, fake):
+    """Drop-in for numba's ``swapped_cuda_module``. The first entry with a launch's fake module
+    (the launch itself, kernel.py) owns the swaps: on its exit every module swapped during the
+    launch gets the real module back. Later entries (device calls) only swap in their module."""
+    global _launch_fake
+    if fake is None:                     # a device function called outside any launch
+        with _NUMBA_SWAP(fn, fake):
+            yield
+        return
+    with _SWAP_LOCK:
+        owner = _launch_fake is not fake
+        if owner:
+            _launch_fake = fake
+        _swap_in(fn.__globals__, fake)
+    if not owner:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with _SWAP_LOCK:
+            for globs, orig in _swapped.values():
+                globs.update(orig)
+            _swapped.clear()
+            _launch_fake = None
+
+
+def _device_call(self, *args):
+    """``FakeCUDAKernel.__call__`` with a direct path for a device function whose module is
+    already swapped for the launch in progress (the rest is numba's)."""
+    if self._device and _launch_fake is not None and id(self.fn.__globals__) in _swapped \
+            and _kernel_module.mod._kernel_context is _launch_fake:
+        return self.fn(*args)
+    return _NUMBA_CALL(self, *args)
+
+
+class _kernel_module:
+    mod = None
+
+
 _NUMBA_BLOCK_MANAGER = None
+_NUMBA_SWAP = None
+_NUMBA_CALL = None
 
 
 def install() -> None:
-    """Make numba's simulator launch blocks through `WaitingBlockManager`; idempotent."""
-    global _NUMBA_BLOCK_MANAGER
+    """Make numba's simulator launch blocks through `WaitingBlockManager` and swap modules once
+    per launch; idempotent."""
+    global _NUMBA_BLOCK_MANAGER, _NUMBA_SWAP, _NUMBA_CALL
     from numba.cuda.simulator import kernel
     if _NUMBA_BLOCK_MANAGER is None:
         _NUMBA_BLOCK_MANAGER = kernel.BlockManager
         kernel.BlockManager = WaitingBlockManager
+    if _NUMBA_SWAP is None:
+        _kernel_module.mod = kernel
+        _NUMBA_SWAP = kernel.swapped_cuda_module
+        kernel.swapped_cuda_module = launch_swapped_cuda_module
+        _NUMBA_CALL = kernel.FakeCUDAKernel.__call__
+        kernel.FakeCUDAKernel.__call__ = _device_call

@@ -1,4 +1,4 @@
-"""bw24nb/ptx/simblock.py: the simulator's block scheduler keeps numba's semantics.
+"""bw24nb/ptx/simfast.py: the simulator's block scheduler keeps numba's semantics.
 
 Every kernel test runs through it, so these pin down what a kernel can observe: barriers order
 shared-memory writes, a barrier waits only for threads still running, syncthreads_count counts,
@@ -10,14 +10,14 @@ import pytest
 from numba import cuda
 
 from bw24nb.device import simulator_enabled
-from bw24nb.ptx import simblock
+from bw24nb.ptx import simfast
 
 pytestmark = pytest.mark.skipif(not simulator_enabled(), reason="numba CUDA simulator only")
 
 
 def test_it_is_the_simulator_block_manager():
     from numba.cuda.simulator import kernel
-    assert kernel.BlockManager is simblock.WaitingBlockManager
+    assert kernel.BlockManager is simfast.WaitingBlockManager
 
 
 @cuda.jit
