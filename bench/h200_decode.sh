@@ -8,8 +8,9 @@
 # gate on the fixtures / the 9B shape), spec (spec_bench on the 9B shape, with the FR-Spec draft
 # head at 32768 and 8192 tokens), att (bench/attention_bench.py: the decode attention per KV
 # cache type, KVA, side by side), pfsweep (run_bench --prefill-only per LAUNCH mode, e.g. the
-# psplitN prefill-attention splits), big (run_bench on the 35B-A3B / 27B shapes, BIG). Logs in
-# $OUT/logs.tgz, JSON records in $OUT/*.jsonl.
+# psplitN prefill-attention splits), big (run_bench on the 35B-A3B / 27B shapes, BIG), tiles
+# (bench/matmul_q8_bench.py: the int8 GEMM's tile candidates beside the default, TILES, on the
+# SHAPES prefill shapes). Logs in $OUT/logs.tgz, JSON records in $OUT/*.jsonl.
 # Env: KVC / LAUNCH (run_bench's --kv-cache / --launch lists, default "default"), SPEC_MODES,
 # ATT_ARGS. Stage tests: the GPU-only tests of tests/test_graph.py and tests/test_ptx.py.
 #   usage (device tool, carry .whl):  BW24_COMMIT=<sha> bash bench/h200_decode.sh STAGES
@@ -22,6 +23,9 @@ on tests && { run ${TESTS_S:-240} tests python3 -m pytest -q -o addopts="" -p no
     tests/test_graph.py tests/test_ptx.py ${TESTS_ARGS:-}; tail -4 "$L/tests.log"; }
 on att && { run ${ATT_S:-120} att python3 bench/attention_bench.py --jsonl /tmp/attention.jsonl \
     --kv ${KVA:-q8,f16} ${ATT_ARGS:-}; grep -E "ctx|ERROR" "$L/att.log" | tail -30; }
+on tiles && { run ${TILES_S:-240} tiles python3 bench/matmul_q8_bench.py --shapes ${SHAPES:-9b} \
+    --tiles ${TILES:-all} --commit $C --jsonl /tmp/matmul_q8.jsonl
+  grep -E "^ *512x.*matmul_q8|BAD|FAILED|Error" "$L/tiles.log" | grep -v quant+ | tail -40; }
 on probe && { run ${PROBE_S:-240} probe python3 bench/q4k_probe.py ${PROBE_ARGS:-}; cat "$L/probe.log" | tail -40; }
 on check && { run ${CHECK_S:-200} check python3 -m bw24nb.cli kernel-check --size real ${ONLY:+--only $ONLY}
   grep -cE " PASS" "$L/check.log"; grep -E "FAIL|passed|failed|Error" "$L/check.log" | tail -8; }

@@ -2,7 +2,7 @@
 tiled kernel (kernels/matmul.py) at the prefill shapes of the served models.
 
     python3 bench/matmul_q8_bench.py [--shapes all|9b|0.5b] [--T 512] [--jsonl PATH]
-                                     [--commit SHA] [--smoke]
+                                     [--commit SHA] [--smoke] [--tiles all|NAME,NAME]
 
 For each (T x M x K, weight type) -- Qwen3.5-9B (hidden 4096, FFN 12288; Q4_K, Q6_K, Q8_0) and
 Qwen2.5-0.5B (hidden 896, FFN 4864; Q8_0, Q5_0), T = 512 prompt tokens:
@@ -20,8 +20,10 @@ Qwen2.5-0.5B (hidden 896, FFN 4864; Q8_0, Q5_0), T = 512 prompt tokens:
      `matmul_q8` (the GEMM alone, activations already quantized), `quant+matmul_q8` (the
      activation quantizer then the GEMM: what prefill pays per projection), `matmul_q8_cvt` (the
      same GEMM converting each int32 dot with cvt.rn.f32.s32 instead of matmul_q8.py's
-     magic-number add: the A/B of that choice; its output must be bit-identical) and `matmul`
-     (the float kernel).
+     magic-number add: the A/B of that choice; its output must be bit-identical), `matmul`
+     (the float kernel) and, with --tiles, `matmul_q8_<tile>` for each named candidate of
+     matmul_q8.TILES (another block tile / K step; its output must equal the default tile's
+     bit for bit, `same_bits`).
      The weight stays resident in L2 where it fits (<= 60 MB): these shapes are compute-bound.
   3. TOPS = 2 T M K / time / 1e12 (int8 MACs for matmul_q8, float32 FMAs for matmul).
 
@@ -71,6 +73,8 @@ WARMUP = 2
 GRAPH_MS = 2.0               # a replay lasts at least this long
 MAX_LAUNCHES = 200
 _CVT = {}                    # weight type -> the cvt variant of its kernel
+_TILED = {}                  # (weight type, tile name) -> the kernel with that tile
+TILE_NAMES: list[str] = []   # --tiles
 SAMPLE_ROWS = 64             # reference rows: first, last and random, SAMPLE_ROWS each
 
 H9, F9 = 4096, 12288         # Qwen3.5-9B hidden, FFN
@@ -195,6 +199,21 @@ def bench_shape(T, M, K, qt, stream, rng, smoke):
                                                   got.view(np.uint32)))
     stream.synchronize()
 
+    # --- the tile candidates: same order of every sum, so the same bits
+    tiled = []
+    for name in TILE_NAMES:
+        if (qt, name) not in _TILED:
+            _TILED[qt, name] = mq._make_matmul_q8(qt, tile=mq.TILES[name])
+        y_t = cuda.device_array((T, M), np.float32, stream=stream)
+        y_t.copy_to_device(np.full((T, M), np.nan, np.float32), stream=stream)
+        mq._launch(_TILED[qt, name], w, M, K, T, xq, xd, y_t, None, None, stream)
+        same = np.array_equal(y_t.copy_to_host(stream=stream).view(np.uint32), got.view(np.uint32))
+        checks[f"tile_{name}_same_bits"] = bool(same)
+        checks["ok"] = bool(checks["ok"] and same)
+        tiled.append((f"matmul_q8_{name}",
+                      lambda k=_TILED[qt, name], yt=y_t: mq._launch(k, w, M, K, T, xq, xd, yt,
+                                                                   None, None, stream)))
+
     # --- timing
     kernels = [
         ("matmul_q8", lambda: launch_matmul_q8(w, qt, M, K, xq, xd, y, stream=stream)),
@@ -203,7 +222,7 @@ def bench_shape(T, M, K, qt, stream, rng, smoke):
         ("matmul_q8_cvt", lambda: mq._launch(_CVT[qt], w, M, K, T, xq, xd, y_c, None, None,
                                              stream)),
         ("matmul", lambda: launch_matmul(w, qt, M, K, x, y_f, stream=stream)),
-    ]
+    ] + tiled
     times = []
     for name, launch in kernels:
         us, n = time_per_launch_us(launch, stream, smoke)
@@ -220,7 +239,15 @@ def main() -> int:
                     "$BW24_COMMIT, else git rev-parse HEAD)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes in numba's CUDA simulator: checks the script, times mean nothing")
+    ap.add_argument("--tiles", default="", help="also time these matmul_q8.TILES candidates "
+                    f"(comma-separated, or 'all'): {', '.join(mq.TILES)}")
     args = ap.parse_args()
+    names = [n for n in mq.TILES if mq.TILES[n] != mq.DEFAULT_TILE] if args.tiles == "all" \
+        else [n for n in args.tiles.split(",") if n]
+    unknown = [n for n in names if n not in mq.TILES]
+    if unknown:
+        ap.error(f"--tiles: unknown {unknown}; known: {', '.join(mq.TILES)}")
+    TILE_NAMES[:] = names
     out_path = Path(args.jsonl) if args.jsonl else \
         Path(os.environ.get("OUT", ".")) / "matmul_q8_bench.jsonl"
     if args.smoke:
@@ -261,6 +288,9 @@ def main() -> int:
                 record(shape, qt, "quantize_act", "bit_exact", int(checks["quant_ok"]), **extra)
                 record(shape, qt, "matmul_q8", "rel_diff_vs_float", checks["vs_float"], **extra)
                 record(shape, qt, "matmul_q8_cvt", "same_bits", int(checks["cvt_same_bits"]), **extra)
+                for name in TILE_NAMES:
+                    record(shape, qt, f"matmul_q8_{name}", "same_bits",
+                           int(checks[f"tile_{name}_same_bits"]), **extra)
                 flops = 2.0 * T * M * K
                 base = {name: us for name, us, _ in times}["matmul"]
                 for name, us, n in times:

@@ -13,7 +13,14 @@ from numba import cuda
 
 from bw24nb.kernel_check import _min_offsets, gamma
 from bw24nb.kernels.dequant import random_weight_bytes
-from bw24nb.kernels.matmul_q8 import MATMUL_Q8, launch_matmul_q8, matmul_q8_reference
+from bw24nb.kernels.matmul_q8 import (
+    DEFAULT_TILE,
+    MATMUL_Q8,
+    TILES,
+    Tile,
+    launch_matmul_q8,
+    matmul_q8_reference,
+)
 from bw24nb.kernels.quantize_act import (
     dequantize_act_q8,
     launch_quantize_act,
@@ -165,3 +172,30 @@ def test_magic_int_to_float_is_exact():
     for i in [0, 1, -1, 12345, -54321, 32 * 128 * 128, -32 * 128 * 128, 2 ** 22 - 1, -2 ** 22]:
         got = f32_from_bits(int(MAGIC_I32) + i) - MAGIC_F32
         assert got.dtype == np.float32 and got == i, i
+
+
+@pytest.mark.parametrize("name", [n for n in TILES if TILES[n] != DEFAULT_TILE])
+def test_every_tile_gives_the_default_tiles_bits(rng, name):
+    """bench/matmul_q8_bench.py's tile candidates: every output is summed in the module
+    docstring's order whatever the tile, so each must give the default tile's bits -- here on
+    shapes with partial tiles in T and M, a partial last K step for both step sizes (K = 352:
+    11 sub-blocks) and several steps of the K-quants (K = 512), for scale-only, scale-and-min
+    and split-scale types."""
+    from bw24nb.kernels import matmul_q8 as mq
+    tile = TILES[name]
+    T, M = 37, 70
+    for qt, K in ((QType.Q8_0, 352), (QType.Q5_0, 352), (QType.Q4_K, 512), (QType.Q6_K, 512)):
+        w = random_weight_bytes(rng, qt, M, K)
+        xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
+        want = _run(w, qt, M, K, xq, xd)
+        y = cuda.to_device(np.full((T, M), np.nan, np.float32))
+        kern = mq._make_matmul_q8(qt, tile=tile)
+        mq._launch(kern, cuda.to_device(w), M, K, T, cuda.to_device(xq.reshape(T, K)),
+                   cuda.to_device(xd), y, None, None, 0)
+        np.testing.assert_array_equal(y.copy_to_host().view(np.uint32), want.view(np.uint32))
+
+
+def test_tiles_over_the_shared_memory_limit_are_refused():
+    from bw24nb.kernels import matmul_q8 as mq
+    with pytest.raises(ValueError, match="48 KB"):
+        mq._make_matmul_q8(QType.Q8_0, tile=Tile(4, 4, 8))

@@ -19,7 +19,10 @@ T-tile; Q4_K / Q5_K blocks are 16-byte aligned and read with 16-byte ``ld.global
 a row of K int8 is 16-byte aligned because K % 32 == 0) and scales, then every warp runs its
 mma tiles sub-block by sub-block and scales each int32 result into its float32 accumulators.
 The shared rows are PITCH = 68 words: a fragment load (lanes g = 0..7 on 8 rows, t = 0..3 on
-4 words) hits bank (4 g + t) mod 32, all different.
+4 words) hits bank (4 g + t) mod 32, all different. That tile is `DEFAULT_TILE`; `Tile` /
+`TILES` describe others (more warps of the same 32 x 32, 4 sub-blocks a step) for
+bench/matmul_q8_bench.py --tiles to measure against it (sm_90 ptxas, session 9: 92-125
+registers for every candidate and type, no spills, 23-47 KB of shared memory).
 
 Summation order (exactness contract): for every output y[t, m], with b running over the 32-wide
 sub-blocks of K in ascending order, xd = Xd[t, b], x_sum = sum_k Xq[t, 32 b + k] (int), and
@@ -39,6 +42,8 @@ computed in this order whatever its position in the tile, so Y does not depend o
 
 numpy reference: `matmul_q8_reference` (float64 of the dequantized operands).
 """
+from typing import NamedTuple
+
 import numpy as np
 from numba import cuda
 
@@ -75,7 +80,8 @@ from .dequant import (
 # 64 x 64 outputs per 128-thread block, 32 x 32 per warp (2 x 4 mma tiles, 32 float32
 # accumulators a lane): each staged weight sub-block is used by 64 activation rows and each
 # staged activation sub-block by 64 weight rows, and the ~44 KB of shared memory per block
-# still lets 5 blocks (20 warps) share an SM. Untuned: bench/matmul_q8_bench.py measures it.
+# still lets 5 blocks (20 warps) share an SM. bench/matmul_q8_bench.py measures it against the
+# other tiles of `TILES`.
 TILE_T = 64
 TILE_M = 64
 THREADS = 128
@@ -84,6 +90,45 @@ STEP_SUBS = 8                     # sub-blocks staged per K step (one K-quant su
 STEP_WORDS = STEP_SUBS * SUB // 4  # int8x4 words per staged row and step
 PITCH = STEP_WORDS + 4            # words per shared row: conflict-free fragment loads (above)
 SPITCH = STEP_SUBS + 1            # floats per shared scale row: 8 lanes' rows on 8 banks
+
+
+class Tile(NamedTuple):
+    """A block's share of Y and of K: warps_m x warps_t warps of 32 x 32 outputs (weight rows x
+    activation rows) each, step_subs sub-blocks of K staged in shared memory a step (4 or 8: a
+    unit of every type fits; PITCH = 8 step_subs + 4 keeps the fragment loads conflict-free).
+    Every output is summed in the same order whatever the tile (module docstring), so every tile
+    gives the same bits."""
+    warps_m: int = 2
+    warps_t: int = 2
+    step_subs: int = STEP_SUBS
+
+    @property
+    def m(self) -> int:
+        return 32 * self.warps_m
+
+    @property
+    def t(self) -> int:
+        return 32 * self.warps_t
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_t
+
+    @property
+    def name(self) -> str:
+        return f"m{self.m}t{self.t}s{self.step_subs}"
+
+    def shared_bytes(self) -> int:
+        pitch, spitch = 8 * self.step_subs + 4, self.step_subs + 1
+        return 4 * (self.m + self.t) * (pitch + 2 * spitch)
+
+
+DEFAULT_TILE = Tile()
+# Candidates for bench/matmul_q8_bench.py --tiles (static shared memory stays under numba's
+# 48 KB: the larger tiles stage 4 sub-blocks a step). Not measured yet: the default is the
+# session-2 tile until a side-by-side run says otherwise.
+TILES = {t.name: t for t in (DEFAULT_TILE, Tile(2, 2, 4), Tile(4, 2, 4), Tile(2, 4, 4),
+                             Tile(4, 4, 4))}
 
 _LOW_NIBBLES = np.uint32(0x0F0F0F0F)
 _BYTE_SIGN = np.uint32(0x80808080)
@@ -294,10 +339,17 @@ def _store(y, bias, residual, has_bias, has_residual, T, M, t, m, v):
         y[t, m] = v
 
 
-def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT):
+def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
     lay = layout(qt)
     unit, subs_per_unit, scaling = _UNITS[lay.qtype]
-    units_per_step = STEP_SUBS // subs_per_unit
+    if tile.step_subs not in (4, 8) or tile.shared_bytes() > 48 * 1024:
+        raise ValueError(f"matmul_q8: tile {tile.name} needs step_subs 4 or 8 and at most "
+                         f"48 KB of shared memory ({tile.shared_bytes()} B)")
+    TM, TT, NTHREADS, WARPS_M = tile.m, tile.t, tile.threads, tile.warps_m
+    SSUBS = tile.step_subs
+    PITCH_W = 8 * SSUBS + 4
+    SPITCH_W = SSUBS + 1
+    units_per_step = SSUBS // subs_per_unit
     qk, ts = lay.block, lay.type_size
     mins = scaling == _SCALE_MIN
     split16 = scaling == _SCALE_16
@@ -343,12 +395,12 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT):
         scaled(acc, i + 3, s1a, s1b, xd1, xs1, lo[3], hi[3])
 
     def matmul_q8(w8, w16, w32, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual):
-        ws = cuda.shared.array((TILE_M, PITCH), np.uint32)     # weight int8 words
-        xs = cuda.shared.array((TILE_T, PITCH), np.uint32)     # activation int8 words
-        wsa = cuda.shared.array((TILE_M, SPITCH), np.float32)  # weight scales
-        wsb = cuda.shared.array((TILE_M, SPITCH), np.float32)  # mins / Q6_K high-half scales
-        xds = cuda.shared.array((TILE_T, SPITCH), np.float32)  # activation scales
-        xss = cuda.shared.array((TILE_T, SPITCH), np.float32)  # activation sums (Q4_K/Q5_K)
+        ws = cuda.shared.array((TM, PITCH_W), np.uint32)     # weight int8 words
+        xs = cuda.shared.array((TT, PITCH_W), np.uint32)     # activation int8 words
+        wsa = cuda.shared.array((TM, SPITCH_W), np.float32)  # weight scales
+        wsb = cuda.shared.array((TM, SPITCH_W), np.float32)  # mins / Q6_K high-half scales
+        xds = cuda.shared.array((TT, SPITCH_W), np.float32)  # activation scales
+        xss = cuda.shared.array((TT, SPITCH_W), np.float32)  # activation sums (Q4_K/Q5_K)
         acc = cuda.local.array(32, np.float32)                 # [ni][mi][c0..c3], registers
         for i in range(32):
             acc[i] = np.float32(0.0)
@@ -357,19 +409,19 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT):
         warp = tid >> 5
         g = lane >> 2
         t4 = lane & 3
-        m0 = cuda.blockIdx.x * TILE_M
-        t0 = cuda.blockIdx.y * TILE_T
+        m0 = cuda.blockIdx.x * TM
+        t0 = cuda.blockIdx.y * TT
         T = y.shape[0]
         nsub = K // SUB
         rb = np.int64(K // qk) * ts                 # bytes per weight row
         xrow = np.int64(K // 4)                     # words per activation row
-        rm = 32 * (warp & 1) + g                    # this lane's first weight row in the tile
-        rt = 32 * (warp >> 1)                       # the warp's first activation row
-        for s0 in range(0, nsub, STEP_SUBS):
-            nsb = min(STEP_SUBS, nsub - s0)
+        rm = 32 * (warp % WARPS_M) + g              # this lane's first weight row in the tile
+        rt = 32 * (warp // WARPS_M)                 # the warp's first activation row
+        for s0 in range(0, nsub, SSUBS):
+            nsb = min(SSUBS, nsub - s0)
             cuda.syncthreads()                      # every warp is done with the last step
             # --- weights: unit by unit, rows past M zero
-            for item in range(tid, TILE_M * units_per_step, THREADS):
+            for item in range(tid, TM * units_per_step, NTHREADS):
                 r = item // units_per_step
                 uj = (item - r * units_per_step) * subs_per_unit
                 if uj < nsb:
@@ -384,9 +436,9 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT):
                             for i in range(8):
                                 ws[r, 8 * (uj + s) + i] = _ZERO_U
             # --- activations: one sub-block (two 16-byte loads) per item, rows past T zero
-            for item in range(tid, TILE_T * STEP_SUBS, THREADS):
-                r = item // STEP_SUBS
-                j = item - r * STEP_SUBS
+            for item in range(tid, TT * SSUBS, NTHREADS):
+                r = item // SSUBS
+                j = item - r * SSUBS
                 if j < nsb:
                     t = t0 + r
                     c = 8 * j
@@ -458,8 +510,11 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT):
                 _store(y, bias, residual, has_bias, has_residual, T, M, t + 1, m + 8, acc[i + 3])
 
     matmul_q8.__name__ = matmul_q8.__qualname__ = \
-        f"matmul_q8_{lay.name}" + ("" if magic_cvt else "_cvt")
-    return kernel(matmul_q8)
+        f"matmul_q8_{lay.name}" + ("" if magic_cvt else "_cvt") \
+        + ("" if tile == DEFAULT_TILE else f"_{tile.name}")
+    k = kernel(matmul_q8)
+    k.tile = tile                 # read by _launch for the grid and block
+    return k
 
 
 # kernel objects by weight type; also module attributes matmul_q8_<type>
@@ -521,8 +576,9 @@ def _launch(kern, w_dev, M, K, T, xq, xd, y, bias, residual, stream):
     # the other types leave this view unused (their buffer need not be a multiple of 4 bytes)
     w32 = w8[:w8.size - w8.size % 4].view(np.uint32)
     xq32 = xq.reshape(T * K).view(np.uint32)                  # 4 int8 per mma register
-    grid = ((M + TILE_M - 1) // TILE_M, (T + TILE_T - 1) // TILE_T)
-    kern[grid, THREADS, stream](
+    tile = getattr(kern, "tile", DEFAULT_TILE)
+    grid = ((M + tile.m - 1) // tile.m, (T + tile.t - 1) // tile.t)
+    kern[grid, tile.threads, stream](
         w8, w16, w32, wh, np.int32(M), np.int32(K), xq32, xd.reshape(xd.size), y,
         y[0] if bias is None else bias.reshape(bias.size), y if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None))
