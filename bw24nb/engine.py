@@ -250,7 +250,8 @@ class Engine:
                  act_quant: str = "q8", prefill_gemm: str = "int8",
                  programmatic: bool | None = None, fuse_attention_output: bool = True,
                  attention_plan: str = "aligned", prefill_attention: str = "split",
-                 prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "lane"):
+                 prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "lane",
+                 fuse_prefill: bool = False):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -312,6 +313,11 @@ class Engine:
         # attn_output matvec's int8 input (attention.launch_flash_decode's gate / xq / xd) instead
         # of two more launches; False keeps those launches (same bits: the side-by-side bench)
         self.fuse_attention_output = bool(fuse_attention_output)
+        # prefill fuses like decode: swiglu, the GDN output norm and (split-K prefill attention,
+        # with fuse_attention_output) the attention combine write the int8 GEMM's input
+        # themselves (same kernels, same bits: three launches a layer fewer). Off until the
+        # side-by-side bench has measured it (run_bench --launch default,fused-prefill)
+        self.fuse_prefill = bool(fuse_prefill)
         # decode/verify attention's split plan: "aligned" = the library's defaults (long splits
         # rounded to 128 keys), "plain" = the plan before session 7 (for
         # the side-by-side bench). Either gives each token one fixed summation order.
@@ -612,22 +618,23 @@ class Engine:
                                                     stream=s, q=q)))
         wo, attn2 = w.blk(i, "attn_output.weight"), attn.reshape(T, Hq * D)
         # decode / verify: split-K attention, planned per token, whose combine also gates the
-        # output and writes the int8 copy the attn_output matvec reads (when it takes one)
-        fuse = ws.rowwise and self.fuse_attention_output
+        # output and writes the int8 copy the attn_output matvec reads (when it takes one);
+        # prefill runs the same kernels over its T tokens, fused likewise with fuse_prefill
+        # (the int8 copy then feeds the int8 GEMM: the same flat [T, K] layout)
+        split = ws.rowwise or self.prefill_attention == "split"
+        fuse = self.fuse_attention_output and (ws.rowwise or (split and self.fuse_prefill))
+        takes_int8 = ws.rowwise or (self.prefill_int8 and wo.qtype in matmul_q8.MATMUL_Q8)
         out_gate = ws.gate[:T] if fuse and c.attn_output_gate else None
         qo = (QuantizedInput(xq=ws.xq[:T * Hq * D], xd=ws.xd[:T * Hq * D // 32])
-              if fuse and self._dp4a(wo) and D % 32 == 0 else None)
-        if ws.rowwise:
+              if fuse and takes_int8 and self._dp4a(wo) and D % 32 == 0 else None)
+        if split:
             fused = qo
+            plan = ATTENTION_PLANS[self.attention_plan] if ws.rowwise else {}
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,
                 xq=None if fused is None else fused.xq, xd=None if fused is None else fused.xd,
-                **ATTENTION_PLANS[self.attention_plan])))
-        elif self.prefill_attention == "split":     # prefill: the decode kernels over T tokens
-            add(("attention", lambda: attention.launch_flash_decode(
-                q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
-                ws.part_ml[:T], ws.part_acc[:T], stream=s)))
+                **plan)))
         else:
             add(("attention", lambda: attention.launch_flash_attn_cache(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))
@@ -676,8 +683,10 @@ class Engine:
                      ("gdn_alpha", lambda: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T, qx=qx,
                          rowwise=ws.rowwise))]
         norm_w, eps = w.blk(i, "ssm_norm.weight").buf, c.rms_norm_eps
-        if qL and (ws.rowwise or T == 1) and dv % 32 == 0:
-            # decode / verify: the output norm writes ssm_out's int8 input itself (one launch)
+        if qL and qL[0][0] == "quant_act" and dv % 32 == 0 \
+                and (ws.rowwise or T == 1 or self.fuse_prefill):
+            # decode / verify (prefill with fuse_prefill): the output norm writes ssm_out's
+            # int8 input itself (one launch; the same flat layout for the int8 GEMM)
             norm_q = [("gdn_norm_q8", lambda: gated_deltanet.launch_gdn_output_norm(
                 o, z, norm_w, eps, o, s, xq=qo.xq, xd=qo.xd))]
         else:
@@ -723,7 +732,8 @@ class Engine:
             proj = [("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
                     ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise))]
         qL, qg = self._quantize_input(ws, g, T, [wd])
-        if ws.rowwise and qL:    # decode / verify: swiglu writes ffn_down's int8 input itself
+        if qL and qL[0][0] == "quant_act" and (ws.rowwise or self.fuse_prefill):
+            # decode / verify (prefill with fuse_prefill): swiglu writes ffn_down's int8 input
             act = [("swiglu_q8", lambda: activation.launch_swiglu_q8(g, u, g, qg.xq, qg.xd, s))]
         else:
             act = [("swiglu", lambda: activation.launch_swiglu(g, u, g, s))] + qL

@@ -78,3 +78,23 @@ def test_act_quant_is_checked(quantized_gguf):
     from bw24nb.engine import Engine
     with pytest.raises(ValueError, match="act_quant"):
         Engine(open_model(quantized_gguf), n_ctx=16, act_quant="int4", log=lambda m: None)
+
+
+def test_fused_prefill_gives_the_unfused_bits(quantized_gguf, rng):
+    """Engine(fuse_prefill=True): swiglu writes ffn_down's int8 GEMM input itself (decode's
+    fusion; run_bench --launch fused-prefill) -- the same bits as swiglu + quantize_act, one
+    launch a layer fewer. (The attention combine and the GDN output norm fuse likewise where
+    head dims are multiples of 32; this fixture's are 16: kernel tests and kernel-check cover
+    those kernels.)"""
+    from bw24nb.engine import Engine
+    src = open_model(quantized_gguf)
+    ids = rng.integers(0, src.config.vocab_size, 3)
+    out, names = {}, {}
+    for fuse in (False, True):
+        eng = Engine(src, n_ctx=8, k_type=QType.F16, v_type=QType.F16, use_graph=False,
+                     log=lambda m: None, act_quant="q8", fuse_prefill=fuse)
+        out[fuse] = eng.prefill(ids)
+        names[fuse] = [n for n, _ in eng._forward_launches(eng.wsp, len(ids))]
+    assert "swiglu_q8" in names[True] and "swiglu_q8" not in names[False]
+    assert len(names[True]) == len(names[False]) - src.config.num_hidden_layers
+    np.testing.assert_array_equal(out[True].view(np.uint32), out[False].view(np.uint32))

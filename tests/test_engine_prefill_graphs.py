@@ -92,3 +92,4 @@ def test_profile_prefill_times_every_launch_and_leaves_a_fresh_sequence(rng, mon
     np.testing.assert_array_equal(_bits(eng.prefill(ids)), _bits(want))
     with pytest.raises(ValueError, match="profile_prefill takes"):
         eng.profile_prefill(np.zeros(eng.wsp.T + 1, np.int64))
+
