@@ -10,7 +10,9 @@
 # cache type, KVA, side by side), pfsweep (run_bench --prefill-only per LAUNCH mode, e.g. the
 # psplitN prefill-attention splits), big (run_bench on the 35B-A3B / 27B shapes, BIG), tiles
 # (bench/matmul_q8_bench.py: the int8 GEMM's tile candidates beside the default, TILES, on the
-# SHAPES prefill shapes). Logs in $OUT/logs.tgz, JSON records in $OUT/*.jsonl.
+# SHAPES prefill shapes), rowsmv (bench/matvec_bench.py --act-rows: the verify's rows kernels
+# against the one-row kernel, per shape and type). Logs in $OUT/logs.tgz, JSON records in
+# $OUT/*.jsonl.
 # Env: KVC / LAUNCH (run_bench's --kv-cache / --launch lists, default "default"), SPEC_MODES,
 # ATT_ARGS. Stage tests: the GPU-only tests of tests/test_graph.py and tests/test_ptx.py.
 #   usage (device tool, carry .whl):  BW24_COMMIT=<sha> bash bench/h200_decode.sh STAGES
@@ -26,6 +28,9 @@ on att && { run ${ATT_S:-120} att python3 bench/attention_bench.py --jsonl /tmp/
 on tiles && { run ${TILES_S:-240} tiles python3 bench/matmul_q8_bench.py --shapes ${SHAPES:-9b} \
     --tiles ${TILES:-all} --commit $C --jsonl /tmp/matmul_q8.jsonl
   grep -E "^ *512x.*matmul_q8|BAD|FAILED|Error" "$L/tiles.log" | grep -v quant+ | tail -40; }
+on rowsmv && { run ${MV_S:-240} rowsmv python3 bench/matvec_bench.py --no-old \
+    --act-rows ${ACT_ROWS:-2,4,9} --out /tmp/matvec.jsonl
+  grep -E "dp4a|BAD|FAILED|Error" "$L/rowsmv.log" | grep -v "^ *[0-9]*x[0-9]* .*dp4a_r.* 0.0 " | tail -48; }
 on probe && { run ${PROBE_S:-240} probe python3 bench/q4k_probe.py ${PROBE_ARGS:-}; cat "$L/probe.log" | tail -40; }
 on check && { run ${CHECK_S:-200} check python3 -m bw24nb.cli kernel-check --size real ${ONLY:+--only $ONLY}
   grep -cE " PASS" "$L/check.log"; grep -E "FAIL|passed|failed|Error" "$L/check.log" | tail -8; }

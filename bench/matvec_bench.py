@@ -1,6 +1,7 @@
 """Decode matvec on a real GPU: how close to the read roofline is each real shape?
 
     python3 bench/matvec_bench.py [--shapes all|small] [--launches 50] [--no-old] [--out PATH]
+                                  [--act-rows 4,9]
 
 For each (M x K, weight type) of the default model (Qwen2.5-Coder-0.5B: Q5_0 / Q8_0 / Q6_K) and
 the 9B shape (Q4_K), times `launch_matvec` -- and, side by side, the first kernel of this module
@@ -15,6 +16,10 @@ quantized once beforehand):
     time *including* the ~0.9 us graph launch gap between kernels (what the decode step pays);
   * GB/s = weight bytes / that time; pct = GB/s / read roofline, the roofline measured in the
     same run by bench/device_smoke.py's 16-byte ld.global.nc read kernel (1 GiB buffer);
+  * --act-rows T,..: also the dp4a kernels over T rows of activations at once (`dp4a_r<T>`,
+    what speculative decoding's verify of K = T - 1 drafts runs, decision 0009): per-launch
+    time for all T rows, and `x_r1` = that time over the one-row dp4a time in the same run
+    (the verify's cost per matvec; T would be the cost of T separate launches);
   * max_rel_err: max over rows of |y - matvec_reference| / (|W| @ |x|)   (float64 reference;
     the kernels' bound is ~2e-6, see tests/test_kernels_matvec.py; > 1e-5 is flagged BAD;
     dp4a rows against matvec_q8_reference, i.e. x as quantized, flagged above 1e-4).
@@ -171,7 +176,7 @@ def _commit() -> str:
         return "unknown"
 
 
-def bench_shape(M, K, qt, launches, with_old, stream, rng):
+def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
     nbytes = M * row_bytes(qt, K)
     n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
     copies = min(n, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes) + 1)
@@ -183,13 +188,15 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng):
 
     ref = matvec_reference(w_host, qt, M, K, x_host)
     # what the rounding error is proportional to: |W| @ |x| per row (float64)
-    scale = np.abs(dequantize(w_host.reshape(-1), qt, (M, K)).astype(np.float64)) \
-        @ np.abs(x_host.astype(np.float64))
+    w_abs = np.abs(dequantize(w_host.reshape(-1), qt, (M, K)).astype(np.float64))
+    scale = w_abs @ np.abs(x_host.astype(np.float64))
 
-    # (name, launch, reference, error flagged above)
-    kernels = [("new", lambda w: launch_matvec(w, qt, M, K, x, y, stream=stream), ref, REL_ERR_BAD)]
+    # (name, launch, reference, error flagged above, output, its |W| @ |x| per row)
+    kernels = [("new", lambda w: launch_matvec(w, qt, M, K, x, y, stream=stream), ref, REL_ERR_BAD,
+                y, scale)]
     if with_old:
-        kernels.append(("old", lambda w: launch_old(w, qt, M, K, x, y, stream), ref, REL_ERR_BAD))
+        kernels.append(("old", lambda w: launch_old(w, qt, M, K, x, y, stream), ref, REL_ERR_BAD,
+                        y, scale))
     if qt in MATVEC_Q8:
         xq = cuda.device_array(K, np.int8, stream=stream)
         xd = cuda.device_array(K // 32, np.float32, stream=stream)
@@ -199,11 +206,25 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng):
         ref_q8 = matvec_q8_reference(w_host, qt, M, K, xq.copy_to_host(stream=stream),
                                      xd.copy_to_host(stream=stream))
         kernels.append(("dp4a", lambda w: launch_matvec_q8(w, qt, M, K, xq, xd, y, stream=stream),
-                        ref_q8, 10 * REL_ERR_BAD))
+                        ref_q8, 10 * REL_ERR_BAD, y, scale))
+        for nr in act_rows:                   # verify's rows kernels: T activation rows at once
+            x_r = rng.standard_normal((nr, K)).astype(np.float32)
+            xq_r = cuda.device_array(nr * K, np.int8, stream=stream)
+            xd_r = cuda.device_array(nr * K // 32, np.float32, stream=stream)
+            y_r = cuda.device_array(nr * M, np.float32, stream=stream)
+            launch_quantize_act(cuda.to_device(x_r, stream=stream), xq_r, xd_r, stream=stream)
+            q_h, d_h = xq_r.copy_to_host(stream=stream), xd_r.copy_to_host(stream=stream)
+            ref_r = np.concatenate([matvec_q8_reference(w_host, qt, M, K, q_h[t * K:(t + 1) * K],
+                                                        d_h[t * K // 32:(t + 1) * K // 32])
+                                    for t in range(nr)])
+            scale_r = np.concatenate([w_abs @ np.abs(x_r[t].astype(np.float64)) for t in range(nr)])
+            kernels.append((f"dp4a_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_r=y_r:
+                            launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r, stream=stream, rows=nr),
+                            ref_r, 10 * REL_ERR_BAD, y_r, scale_r))
 
     rows = []
-    for name, launch, want, bad_above in kernels:
-        y.copy_to_device(np.full(M, np.nan, np.float32), stream=stream)
+    for name, launch, want, bad_above, y, scale in kernels:
+        y.copy_to_device(np.full(y.size, np.nan, np.float32), stream=stream)
         launch(ws[0])                            # compile + load before capture
         stream.synchronize()
         with CudaGraph.capture(stream) as graph:
@@ -230,10 +251,15 @@ def main() -> int:
     ap.add_argument("--launches", type=int, default=50)
     ap.add_argument("--no-old", action="store_true", help="skip the old kernel's rows")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--act-rows", default="", help="also time the dp4a kernels over these "
+                    "numbers of activation rows (verify's K + 1), e.g. 2,4,9")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
     args = ap.parse_args()
     out_path = Path(args.out) if args.out else Path(os.environ.get("OUT", ".")) / "matvec_bench.jsonl"
+    act_rows = [int(n) for n in args.act_rows.split(",") if n]
+    if any(not 2 <= n <= 9 for n in act_rows):
+        ap.error("--act-rows: numbers of rows from 2 to 9 (matvec.MAX_ROWS)")
 
     dev = cuda.get_current_device()
     name = getattr(dev, "name", "cuda-simulator")
@@ -257,24 +283,29 @@ def main() -> int:
     with open(out_path, "a") as f:
         for M, K, qt, what in shapes:
             try:
-                rows = bench_shape(M, K, qt, args.launches, not args.no_old, stream, rng)
+                rows = bench_shape(M, K, qt, args.launches, not args.no_old, stream, rng,
+                                   act_rows)
             except Exception as e:                      # report and go on with the next shape
                 print(f"# {M}x{K} {qt.name}: FAILED {type(e).__name__}: {e}", flush=True)
                 bad = True
                 continue
+            one = {r["kernel"]: r["us"] for r in rows}.get("dp4a")
             for r in rows:
                 r.update(pct=100 * r["gbs"] / roof)
+                x_r1 = round(r["us"] / one, 3) if one and r["kernel"].startswith("dp4a_r") else None
                 ok = r["max_rel_err"] <= r["bad_above"]
                 bad |= not ok
                 rec = dict(date=date, gpu=gpu, commit=commit, shape=f"{M}x{K}", M=M, K=K,
                            qtype=qt.name, what=what, kernel=r["kernel"], us=round(r["us"], 3),
                            gbs=round(r["gbs"], 1), pct=round(r["pct"], 1),
                            roofline_gbs=round(roof, 1), max_rel_err=r["max_rel_err"],
-                           ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"])
+                           ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"],
+                           **({} if x_r1 is None else dict(x_r1=x_r1)))
                 f.write(json.dumps(rec) + "\n")
                 table.append(rec)
-                print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<4} {r['us']:9.2f} us "
+                print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<7} {r['us']:9.2f} us "
                       f"{r['gbs']:7.0f} GB/s {r['pct']:5.1f}%  err {r['max_rel_err']:.1e}"
+                      f"{'' if x_r1 is None else f'  x{x_r1} of one row'}"
                       f"{'' if ok else '  BAD'}", flush=True)
 
     print(f"\nmatvec bench, {gpu}, commit {commit}, roofline {roof:.0f} GB/s "
