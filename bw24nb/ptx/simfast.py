@@ -113,6 +113,10 @@ def _workers(n: int) -> list:
         t = _worker_cls()
         t.start()
         _POOL.append(t)
+    for i in range(n):
+        if not _POOL[i].is_alive():     # left its loop on a BaseException: replace it
+            _POOL[i] = _worker_cls()
+            _POOL[i].start()
     return _POOL[:n]
 
 
