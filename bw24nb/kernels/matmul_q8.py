@@ -9,17 +9,17 @@ Q5_K keep q >= 0 and carry their min separately) plus its float32 scale(s). The 
 a sub-block, isum = sum_k qw_k * qx_k over its 32 k, is one ``mma.sync.m16n8k32.s8`` term,
 exact in int32 (|isum| <= 32 * 128 * 127 < 2^19); the scales are applied to it in float32.
 
-Tiles. A 128-thread block (4 warps) owns a TILE_T x TILE_M = 64 x 64 tile of Y; warp w owns the
-32 x 32 quarter (weight rows 32 (w & 1) .., activation rows 32 (w >> 1) ..): 2 x 4 mma tiles of
-16 (weight rows, the mma's A) x 8 (activation rows, the mma's B). K advances in steps of
-STEP_SUBS = 8 sub-blocks (256 values, one K-quant super-block): the block decodes the step's
+Tiles. A 128-thread block (4 warps) owns a 64 x 64 tile of Y; warp w owns the 32 x 32
+quarter (weight rows 32 (w & 1) .., activation rows 32 (w >> 1) ..): 2 x 4 mma tiles of 16
+(weight rows, the mma's A) x 8 (activation rows, the mma's B). K advances in steps of 8
+sub-blocks (256 values, one K-quant super-block): the block decodes the step's
 weight sub-blocks to int8 words + scales in shared memory (each weight byte read once per
 T-tile; Q4_K / Q5_K blocks are 16-byte aligned and read with 16-byte ``ld.global.nc``, the
 2-byte aligned types with 2-byte loads), copies the activations' int8 words (16-byte loads:
 a row of K int8 is 16-byte aligned because K % 32 == 0) and scales, then every warp runs its
 mma tiles sub-block by sub-block and scales each int32 result into its float32 accumulators.
-The shared rows are PITCH = 68 words: a fragment load (lanes g = 0..7 on 8 rows, t = 0..3 on
-4 words) hits bank (4 g + t) mod 32, all different. That tile is `DEFAULT_TILE`; `Tile` /
+The shared rows are 68 words (`Tile.pitch`): a fragment load (lanes g = 0..7 on 8 rows,
+t = 0..3 on 4 words) hits bank (4 g + t) mod 32, all different. That tile is `DEFAULT_TILE`; `Tile` /
 `TILES` describe others (more warps of the same 32 x 32, 4 sub-blocks a step) for
 bench/matmul_q8_bench.py --tiles to measure against it (sm_90 ptxas, session 9: 92-125
 registers for every candidate and type, no spills, 23-47 KB of shared memory).
@@ -77,30 +77,17 @@ from .dequant import (
     weight_views,
 )
 
-# 64 x 64 outputs per 128-thread block, 32 x 32 per warp (2 x 4 mma tiles, 32 float32
-# accumulators a lane): each staged weight sub-block is used by 64 activation rows and each
-# staged activation sub-block by 64 weight rows, and the ~44 KB of shared memory per block
-# still lets 5 blocks (20 warps) share an SM. bench/matmul_q8_bench.py measures it against the
-# other tiles of `TILES`.
-TILE_T = 64
-TILE_M = 64
-THREADS = 128
 SUB = 32                          # values per sub-block: one mma k-step, one activation scale
-STEP_SUBS = 8                     # sub-blocks staged per K step (one K-quant super-block)
-STEP_WORDS = STEP_SUBS * SUB // 4  # int8x4 words per staged row and step
-PITCH = STEP_WORDS + 4            # words per shared row: conflict-free fragment loads (above)
-SPITCH = STEP_SUBS + 1            # floats per shared scale row: 8 lanes' rows on 8 banks
 
 
 class Tile(NamedTuple):
     """A block's share of Y and of K: warps_m x warps_t warps of 32 x 32 outputs (weight rows x
     activation rows) each, step_subs sub-blocks of K staged in shared memory a step (4 or 8: a
-    unit of every type fits; PITCH = 8 step_subs + 4 keeps the fragment loads conflict-free).
-    Every output is summed in the same order whatever the tile (module docstring), so every tile
-    gives the same bits."""
+    unit of every type fits). Every output is summed in the same order whatever the tile
+    (module docstring), so every tile gives the same bits."""
     warps_m: int = 2
     warps_t: int = 2
-    step_subs: int = STEP_SUBS
+    step_subs: int = 8
 
     @property
     def m(self) -> int:
@@ -115,14 +102,29 @@ class Tile(NamedTuple):
         return 32 * self.warps_m * self.warps_t
 
     @property
+    def pitch(self) -> int:
+        """Words per shared int8 row: a step's 8 step_subs words + 4, so that a fragment load
+        (8 rows x 4 words) hits 32 different banks."""
+        return 8 * self.step_subs + 4
+
+    @property
+    def spitch(self) -> int:
+        """Floats per shared scale row: 8 lanes' rows on 8 banks."""
+        return self.step_subs + 1
+
+    @property
     def name(self) -> str:
         return f"m{self.m}t{self.t}s{self.step_subs}"
 
     def shared_bytes(self) -> int:
-        pitch, spitch = 8 * self.step_subs + 4, self.step_subs + 1
-        return 4 * (self.m + self.t) * (pitch + 2 * spitch)
+        return 4 * (self.m + self.t) * (self.pitch + 2 * self.spitch)
 
 
+# 64 x 64 outputs per 128-thread block, 32 x 32 per warp (2 x 4 mma tiles, 32 float32
+# accumulators a lane), 8 sub-blocks (one K-quant super-block) a step: each staged weight
+# sub-block is used by 64 activation rows and each staged activation sub-block by 64 weight
+# rows, and the ~44 KB of shared memory per block still lets 5 blocks (20 warps) share an SM.
+# bench/matmul_q8_bench.py measures it against the other tiles of `TILES`.
 DEFAULT_TILE = Tile()
 # Candidates for bench/matmul_q8_bench.py --tiles (static shared memory stays under numba's
 # 48 KB: the larger tiles stage 4 sub-blocks a step). Not measured yet: the default is the
@@ -346,9 +348,7 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
         raise ValueError(f"matmul_q8: tile {tile.name} needs step_subs 4 or 8 and at most "
                          f"48 KB of shared memory ({tile.shared_bytes()} B)")
     TM, TT, NTHREADS, WARPS_M = tile.m, tile.t, tile.threads, tile.warps_m
-    SSUBS = tile.step_subs
-    PITCH_W = 8 * SSUBS + 4
-    SPITCH_W = SSUBS + 1
+    SSUBS, PITCH_W, SPITCH_W = tile.step_subs, tile.pitch, tile.spitch
     units_per_step = SSUBS // subs_per_unit
     qk, ts = lay.block, lay.type_size
     mins = scaling == _SCALE_MIN
@@ -576,7 +576,7 @@ def _launch(kern, w_dev, M, K, T, xq, xd, y, bias, residual, stream):
     # the other types leave this view unused (their buffer need not be a multiple of 4 bytes)
     w32 = w8[:w8.size - w8.size % 4].view(np.uint32)
     xq32 = xq.reshape(T * K).view(np.uint32)                  # 4 int8 per mma register
-    tile = getattr(kern, "tile", DEFAULT_TILE)
+    tile = kern.tile
     grid = ((M + tile.m - 1) // tile.m, (T + tile.t - 1) // tile.t)
     kern[grid, tile.threads, stream](
         w8, w16, w32, wh, np.int32(M), np.int32(K), xq32, xd.reshape(xd.size), y,
