@@ -502,12 +502,19 @@ class Engine:
             return [("quant_act", lambda: quantize_act.launch_quantize_act(xv, qx.xq, qx.xd, n=T * K,
                                                                            stream=s))], qx
         contiguous = tuple(x.strides) == (K * 4, 4)
-        if self.prefill_int8 and contiguous and all(w.qtype in matmul_q8.MATMUL_Q8 for w in consumers):
+        if contiguous and self._int8_input(ws, T, consumers):
             qx = QuantizedInput(xq=ws.xq[:T * K], xd=ws.xd[:T * K // 32])
             return [("quant_act", lambda: quantize_act.launch_quantize_act(x, qx.xq, qx.xd, n=T * K,
                                                                            stream=s))], qx
         qx = QuantizedInput(xf=ws.xf[:T * K].reshape(T, K))
         return [("fake_quant_act", lambda: quantize_act.launch_fake_quant_act(x, qx.xf, stream=s))], qx
+
+    def _int8_input(self, ws: Workspace, T: int, consumers) -> bool:
+        """Whether `consumers` (weights taking int8 activations, `_dp4a`) read T rows of a
+        contiguous input as int8 + scales (decode / verify matvecs, the int8 prefill GEMM)
+        rather than as their float values (`_quantize_input`'s choice)."""
+        return ws.rowwise or T == 1 or (
+            self.prefill_int8 and all(w.qtype in matmul_q8.MATMUL_Q8 for w in consumers))
 
     def _mv(self, w: DeviceWeight, x, y, T, bias=None, residual=None, qx=None, rowwise=None):
         """y = W x (+b) (+r) for T rows: matvec (`rowwise`, default T == 1: each weight read
@@ -623,10 +630,10 @@ class Engine:
         # (the int8 copy then feeds the int8 GEMM: the same flat [T, K] layout)
         split = ws.rowwise or self.prefill_attention == "split"
         fuse = self.fuse_attention_output and (ws.rowwise or (split and self.fuse_prefill))
-        takes_int8 = ws.rowwise or (self.prefill_int8 and wo.qtype in matmul_q8.MATMUL_Q8)
         out_gate = ws.gate[:T] if fuse and c.attn_output_gate else None
         qo = (QuantizedInput(xq=ws.xq[:T * Hq * D], xd=ws.xd[:T * Hq * D // 32])
-              if fuse and takes_int8 and self._dp4a(wo) and D % 32 == 0 else None)
+              if fuse and D % 32 == 0 and self._dp4a(wo) and self._int8_input(ws, T, [wo])
+              else None)
         if split:
             fused = qo
             plan = ATTENTION_PLANS[self.attention_plan] if ws.rowwise else {}
@@ -683,7 +690,7 @@ class Engine:
                      ("gdn_alpha", lambda: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T, qx=qx,
                          rowwise=ws.rowwise))]
         norm_w, eps = w.blk(i, "ssm_norm.weight").buf, c.rms_norm_eps
-        if qL and qL[0][0] == "quant_act" and dv % 32 == 0 \
+        if qo is not None and qo.xq is not None and dv % 32 == 0 \
                 and (ws.rowwise or T == 1 or self.fuse_prefill):
             # decode / verify (prefill with fuse_prefill): the output norm writes ssm_out's
             # int8 input itself (one launch; the same flat layout for the int8 GEMM)
@@ -732,7 +739,7 @@ class Engine:
             proj = [("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
                     ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise))]
         qL, qg = self._quantize_input(ws, g, T, [wd])
-        if qL and qL[0][0] == "quant_act" and (ws.rowwise or self.fuse_prefill):
+        if qg is not None and qg.xq is not None and (ws.rowwise or self.fuse_prefill):
             # decode / verify (prefill with fuse_prefill): swiglu writes ffn_down's int8 input
             act = [("swiglu_q8", lambda: activation.launch_swiglu_q8(g, u, g, qg.xq, qg.xd, s))]
         else:
