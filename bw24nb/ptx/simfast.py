@@ -240,14 +240,9 @@ def launch_swapped_cuda_module(fn, fake):
 def _device_call(self, *args):
     """``FakeCUDAKernel.__call__`` with a direct path for a device function whose module is
     already swapped for the launch in progress (the rest is numba's)."""
-    if self._device and _launch_fake is not None and id(self.fn.__globals__) in _swapped \
-            and _kernel_module.mod._kernel_context is _launch_fake:
+    if self._device and _launch_fake is not None and id(self.fn.__globals__) in _swapped:
         return self.fn(*args)
     return _NUMBA_CALL(self, *args)
-
-
-class _kernel_module:
-    mod = None
 
 
 _NUMBA_BLOCK_MANAGER = None
@@ -264,7 +259,6 @@ def install() -> None:
         _NUMBA_BLOCK_MANAGER = kernel.BlockManager
         kernel.BlockManager = WaitingBlockManager
     if _NUMBA_SWAP is None:
-        _kernel_module.mod = kernel
         _NUMBA_SWAP = kernel.swapped_cuda_module
         kernel.swapped_cuda_module = launch_swapped_cuda_module
         _NUMBA_CALL = kernel.FakeCUDAKernel.__call__

@@ -213,81 +213,28 @@ class _WarpExchange:
 
     def _check_missing_lanes(self, me) -> None:
         """Raise if a lane of this warp that has not arrived never will (finished, or parked in
-        syncthreads). Finished threads are no longer listed by ``threading.enumerate()``, so the
-        block's full thread set is read from the simulator's ``BlockManager.run`` frame."""
-        manager = getattr(me, "_manager", None)
-        threads = _block_threads(manager)
-        if threads is None:              # simulator internals changed: the timeout still applies
-            return
-        for t in threads:
+        syncthreads). The block's threads are its manager's (``simfast.WaitingBlockManager``,
+        which every simulated launch runs through: ``install_simulator_fixes``); its pool
+        threads outlive the block, so a lane's ``finished`` says whether it left the kernel."""
+        for t in me._manager.threads:
             tid = t.thread_id
             if t is me or tid // 32 != self.warp or self.present[tid % 32]:
                 continue
-            if getattr(t, "finished", not t.is_alive()):
+            if t.finished:
                 raise WarpCollectiveError(
                     f"lane {tid % 32} of warp {self.warp} finished without executing "
                     "mma_s8_m16n8k32: mma.sync needs all 32 lanes converged")
-            # A lane can still be flagged for a moment after the block manager released a
-            # barrier (it clears the flags one thread at a time): only a lane that stays parked
-            # while this warp waits is a deadlock.
-            if not getattr(t, "syncthreads_blocked", False):
+            # The flag is read without the barrier's lock, so it can be stale for a moment
+            # while a barrier is released: only a lane that stays parked while this warp waits
+            # is a deadlock.
+            if not t.syncthreads_blocked:
                 self.parked_since.pop(tid, None)
                 continue
-            if _releasing(manager):      # a barrier is being let go: the flag is stale
-                self.parked_since.clear()
-                return
             first = self.parked_since.setdefault(tid, time.monotonic())
             if time.monotonic() - first > _PARKED_S:
                 raise WarpCollectiveError(
                     f"lane {tid % 32} of warp {self.warp} waits in syncthreads while its warp "
                     "waits in mma_s8_m16n8k32: mma.sync needs all 32 lanes converged")
-
-
-def _manager_locals(manager):
-    """The local variables of the simulated block's ``BlockManager.run`` frame
-    (numba_cuda/numba/cuda/simulator/kernel.py), once all its threads are started; else None.
-    It keeps the block's threads in its local ``threads`` set (created and started one by one
-    before it polls them), the live ones in ``livethreads`` and those seen parked in
-    syncthreads in ``blockedthreads``."""
-    import sys
-
-    run_code = getattr(getattr(type(manager), "run", None), "__code__", None)
-    if run_code is None:
-        return None
-    nthreads = int(np.prod(manager._block_dim))
-    for frame in sys._current_frames().values():
-        while frame is not None:
-            if frame.f_code is run_code:
-                local = frame.f_locals
-                if local.get("self") is manager:
-                    threads = local.get("threads")
-                    if isinstance(threads, set) and len(threads) == nthreads \
-                            and "livethreads" in local and "blockedthreads" in local:
-                        return local
-                    return None
-            frame = frame.f_back
-    return None
-
-
-def _block_threads(manager):
-    """Every thread of a simulated block once all are started, else None."""
-    if isinstance(getattr(manager, "threads", None), list):    # simfast's manager
-        return manager.threads
-    local = _manager_locals(manager)
-    return None if local is None else list(local["threads"])
-
-
-def _releasing(manager) -> bool:
-    """True while the block manager lets a barrier go: it does so once every live thread is
-    parked (``livethreads == blockedthreads``), clearing the threads' flags one by one. On a
-    loaded machine that loop competes for the GIL with the threads it has already woken and
-    can take seconds, so a lane still flagged then is on its way out, not stuck. (Taking it for
-    stuck after 2 s is the likeliest cause of a kernel-check failure in one 2-core CI run that
-    the same seed did not reproduce.)"""
-    if isinstance(getattr(manager, "threads", None), list):
-        return False     # simfast's manager clears the flags under the barrier's lock
-    local = _manager_locals(manager)
-    return local is not None and local["livethreads"] == local["blockedthreads"]
 
 
 _exchanges_lock = threading.Lock()
