@@ -26,7 +26,7 @@ on tests && { run ${TESTS_S:-240} tests python3 -m pytest -q -o addopts="" -p no
 on att && { run ${ATT_S:-120} att python3 bench/attention_bench.py --jsonl /tmp/attention.jsonl \
     --kv ${KVA:-q8,f16} ${ATT_ARGS:-}; grep -E "ctx|ERROR" "$L/att.log" | tail -30; }
 on tiles && { run ${TILES_S:-240} tiles python3 bench/matmul_q8_bench.py --shapes ${SHAPES:-9b} \
-    --tiles ${TILES:-all} --commit $C --jsonl /tmp/matmul_q8.jsonl
+    --tiles ${TILES:-all} ${TILES_ARGS:-} --commit $C --jsonl /tmp/matmul_q8.jsonl
   grep -E "^ *512x.*matmul_q8|BAD|FAILED|Error" "$L/tiles.log" | grep -v quant+ | tail -40; }
 on rowsmv && { run ${MV_S:-240} rowsmv python3 bench/matvec_bench.py --no-old \
     --act-rows ${ACT_ROWS:-2,4,9} --out /tmp/matvec.jsonl

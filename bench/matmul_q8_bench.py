@@ -203,7 +203,8 @@ def bench_shape(T, M, K, qt, stream, rng, smoke):
     tiled = []
     for name in TILE_NAMES:
         if (qt, name) not in _TILED:
-            _TILED[qt, name] = mq._make_matmul_q8(qt, tile=mq.TILES[name])
+            tile, cvt = mq.TILES[name.removesuffix("_cvt")], name.endswith("_cvt")
+            _TILED[qt, name] = mq._make_matmul_q8(qt, magic_cvt=not cvt, tile=tile)
         y_t = cuda.device_array((T, M), np.float32, stream=stream)
         y_t.copy_to_device(np.full((T, M), np.nan, np.float32), stream=stream)
         mq._launch(_TILED[qt, name], w, M, K, T, xq, xd, y_t, None, None, stream)
@@ -240,11 +241,16 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes in numba's CUDA simulator: checks the script, times mean nothing")
     ap.add_argument("--tiles", default="", help="also time these matmul_q8.TILES candidates "
-                    f"(comma-separated, or 'all'): {', '.join(mq.TILES)}")
+                    f"(comma-separated, or 'all'): {', '.join(mq.TILES)}; a name ending in "
+                    "_cvt converts with cvt instead of the magic-number add")
+    ap.add_argument("--cvt-tiles", action="store_true",
+                    help="with --tiles: also time each named tile with cvt (NAME_cvt)")
     args = ap.parse_args()
     names = [n for n in mq.TILES if mq.TILES[n] != mq.DEFAULT_TILE] if args.tiles == "all" \
         else [n for n in args.tiles.split(",") if n]
-    unknown = [n for n in names if n not in mq.TILES]
+    if args.cvt_tiles:
+        names += [n + "_cvt" for n in names if not n.endswith("_cvt")]
+    unknown = [n for n in names if n.removesuffix("_cvt") not in mq.TILES]
     if unknown:
         ap.error(f"--tiles: unknown {unknown}; known: {', '.join(mq.TILES)}")
     TILE_NAMES[:] = names

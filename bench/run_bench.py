@@ -213,17 +213,25 @@ def engine_prefill_rate(engine, ids: list[int]) -> float:
     return len(ids) / (time.perf_counter() - t0)
 
 
-def exactness_gate(engine, ids: list[int]) -> tuple[bool, int, int]:
-    """Prefill's next-token argmax vs token-by-token decode's (DESIGN.md, gate 2)."""
+def exactness_gate(engine, ids: list[int]) -> tuple[bool, int, int, str]:
+    """Prefill's next-token argmax vs token-by-token decode's (DESIGN.md, gate 2), and how
+    close the call was: prefill's top-2 logit gap and the largest prefill - decode logit
+    difference, both relative to prefill's largest |logit| (a MISMATCH at a gap below that
+    difference is a near tie; one far above it a wrong path)."""
     engine.reset()
-    a = _argmax(engine.prefill(ids))
+    pre = np.array(engine.prefill(ids), np.float64).reshape(-1)
     engine.reset()
     logits = None
     for t in ids:
         logits = engine.decode(t)
-    b = _argmax(logits)
+    dec = np.array(logits, np.float64).reshape(-1)
     engine.reset()
-    return a == b, a, b
+    a, b = int(pre.argmax()), int(dec.argmax())
+    scale = max(float(np.abs(pre).max()), 1e-30)
+    top2 = np.sort(pre)[-2:]
+    info = (f"top-2 gap {(top2[1] - top2[0]) / scale:.2e}, "
+            f"max |prefill - decode| {float(np.abs(pre - dec).max()) / scale:.2e} of max |logit|")
+    return a == b, a, b, info
 
 
 def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_gb_s: float | None,
@@ -239,9 +247,10 @@ def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_g
     k_type = getattr(getattr(engine, "kv", None), "k_type", roofline.K_TYPE)
     v_type = getattr(getattr(engine, "kv", None), "v_type", roofline.V_TYPE)
 
-    ok, a, b = exactness_gate(engine, prompt_ids(gate_tokens, cfg.vocab_size))
-    print(f"  gate: {'MATCH' if ok else 'MISMATCH'} (prefill argmax {a}, decode argmax {b})")
-    rec.add(model, "gate", int(ok), "match", **base, prompt=gate_tokens)
+    ok, a, b, info = exactness_gate(engine, prompt_ids(gate_tokens, cfg.vocab_size))
+    print(f"  gate: {'MATCH' if ok else 'MISMATCH'} (prefill argmax {a}, decode argmax {b}; "
+          f"{info})")
+    rec.add(model, "gate", int(ok), "match", **base, prompt=gate_tokens, detail=info)
 
     points = ([prompt] + ([long_prompt] if long_prompt else [])) if decode else []
     for label, n_prompt in ((f"decode_tok_s@{p}", p) for p in points):
@@ -485,7 +494,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 **{f"psplit{n}": dict(prefill_splits=n) for n in (1, 2, 4, 8, 16)},
                 # decode attention's split plan before session 7 (no 128-key rounding of long
                 # splits)
-                "plain-attn": dict(attention_plan="plain")}
+                "plain-attn": dict(attention_plan="plain"),
+                # the float MoE block (before session 10's int8 block, moe.launch_moe_block_q8)
+                "moe-float": dict(moe_q8=False)}
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,

@@ -51,8 +51,10 @@ ACT_QUANT = ("q8", "f32")
 
 def gets_q6k_r(qtype, shape) -> bool:
     """Whether a weight of this type and shape also gets a Q6_K_R copy with int8 activations
-    (Engine._repack_q6k; Engine._check_budget counts it): every Q6_K matrix of whole blocks."""
-    return QType(int(qtype)) == QType.Q6_K and len(shape) == 2 and shape[-1] % 256 == 0
+    (Engine._repack_q6k; Engine._check_budget counts it): every Q6_K matrix of whole blocks,
+    and every stack of Q6_K expert matrices (the int8 MoE block reads them as one matrix of
+    E * M rows)."""
+    return QType(int(qtype)) == QType.Q6_K and len(shape) in (2, 3) and shape[-1] % 256 == 0
 
 
 # Engine(attention_plan=...): the decode attention's split plan (attention.launch_flash_decode)
@@ -251,7 +253,7 @@ class Engine:
                  programmatic: bool | None = None, fuse_attention_output: bool = True,
                  attention_plan: str = "aligned", prefill_attention: str = "split",
                  prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "lane",
-                 fuse_prefill: bool = False):
+                 fuse_prefill: bool = False, moe_q8: bool = True):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -296,6 +298,13 @@ class Engine:
         self.output = self.w.get("output.weight") or self.w["token_embd.weight"]
         self._repack_q6k()
         self.stacks = self._stack_decode_weights()      # after the Q6_K_R copies are made
+        # MoE layers whose expert matrices all have dp4a types run the int8 block
+        # (moe.launch_moe_block_q8: every token's rows the decode kernels', bit for bit, in
+        # prefill, verify and decode alike); moe_q8=False keeps the float block (the
+        # side-by-side bench's --launch moe-float)
+        self.moe_q8 = {i: moe.expert_matrices_q8(ew, self._expert_q6k_r(i))
+                       for i, ew in self.experts.items()
+                       if self.act_q8 and moe_q8 and moe.int8_experts(ew)}
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
@@ -375,6 +384,17 @@ class Engine:
             router_type=router.qtype, gate=gate.buf, gate_type=gate.qtype, up=up.buf,
             up_type=up.qtype, down=down.buf, down_type=down.qtype, **kw)
 
+    def _expert_q6k_r(self, i) -> dict:
+        """The Q6_K_R copies of MoE layer i's matrices, by ExpertMatricesQ8 field name."""
+        names = {"gate": "ffn_gate_exps", "up": "ffn_up_exps", "down": "ffn_down_exps",
+                 "sh_gate": "ffn_gate_shexp", "sh_up": "ffn_up_shexp", "sh_down": "ffn_down_shexp"}
+        out = {}
+        for field, name in names.items():
+            dw = self.w.blk_opt(i, name + ".weight")
+            if dw is not None and dw.q6k_r is not None:
+                out[field] = dw.q6k_r
+        return out
+
     def _repack_q6k(self) -> None:
         """Every Q6_K matrix a decode matvec reads (the LM head of Q4_K_M files, ffn_down and
         attn_v of its "more bits" layers) also gets the Q6_K_R copy its 16-byte-load kernel
@@ -387,7 +407,8 @@ class Engine:
         from .kernels.matvec_q6k import repack_q6_k
         for w in self.w.tensors.values():
             if gets_q6k_r(w.qtype, w.shape):
-                body, d = repack_q6_k(w.buf.copy_to_host(), w.rows, w.cols)
+                rows = int(np.prod(w.shape[:-1]))           # an expert stack: E * M rows
+                body, d = repack_q6_k(w.buf.copy_to_host(), rows, w.cols)
                 w.q6k_r = (cuda.to_device(body), cuda.to_device(d))
 
     def _stack_rows(self, names) -> DeviceWeight | None:
@@ -452,10 +473,11 @@ class Engine:
 
     def _scratch(self, i, T):
         """MoE scratch for T tokens (decode: allocated at capture time; prefill: per chunk size)."""
-        key = (T,)
+        q8 = i in self.moe_q8
+        key = (T, q8)
         if key not in self._moe_scratch:
             any_w = next(iter(self.experts.values()))
-            self._moe_scratch[key] = moe.MoEScratch(T, any_w)
+            self._moe_scratch[key] = (moe.MoEScratchQ8 if q8 else moe.MoEScratch)(T, any_w)
         return self._moe_scratch[key]
 
     @staticmethod
@@ -751,9 +773,19 @@ class Engine:
     def _moe_launches(self, i: int, ws: Workspace, T: int) -> list:
         """h += sum_k w_k expert_k(x) [+ sigmoid(gate) shared(x)] — one fixed-grid block."""
         h, x = ws.h[:T], ws.x[:T]
-        scratch = self._scratch(i, T)
+        scratch, s = self._scratch(i, T), self.stream
+        if i in self.moe_q8:
+            # the int8 block: x quantized first (the norm before it writes the int8 copy,
+            # `_norm_then`), the float x kept for a float router
+            H = x.shape[len(x.shape) - 1]
+            xq, xd, xv = ws.xq[:T * H], ws.xd[:T * H // 32], x.reshape(x.size)
+            return [("quant_act", lambda: quantize_act.launch_quantize_act(xv, xq, xd, n=T * H,
+                                                                           stream=s)),
+                    ("moe", lambda: moe.launch_moe_block_q8(x, xq, xd, self.experts[i],
+                                                            self.moe_q8[i], scratch, h,
+                                                            residual=h, stream=s))]
         return [("moe", lambda: moe.launch_moe_block(x, self.experts[i], scratch, h, residual=h,
-                                                     stream=self.stream))]
+                                                     stream=s))]
 
     def _head_launches(self, ws: Workspace, row: int) -> list:
         """Final norm of one row + LM head into self.logits + argmax into self.next_token."""

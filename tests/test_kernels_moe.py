@@ -225,3 +225,91 @@ def test_moe_block_decode_eager_then_graph_with_other_routing(rng):
         np.testing.assert_array_equal(ids, route(x, host["router"], K_TOP, True)[0])
         seen.append(tuple(ids[0]))
     assert seen[0] != seen[1], "the replay did not change the routing; the test proved nothing"
+
+
+# ------------------------------------------------------------------ the int8 block (dp4a)
+
+
+def _int8(x):
+    """quantize_act's int8 + scales of float32 rows x (flat), on the device."""
+    from bw24nb.kernels.quantize_act import launch_quantize_act
+    xq = cuda.device_array(x.size, np.int8)
+    xd = cuda.device_array(x.size // 32, np.float32)
+    launch_quantize_act(cuda.to_device(x.reshape(-1)), xq, xd)
+    return xq, xd
+
+
+@pytest.mark.parametrize("qt,per_expert", [(QType.Q4_K, False), (QType.Q8_0, True),
+                                           (QType.Q6_K, False)])
+def test_token_matvec_equals_matvec_q8_on_the_expert_slice(rng, qt, per_expert):
+    # every (token, rank) row of the token kernel is the one-row dp4a kernel's result on that
+    # expert's slice and that row of activations, bit for bit (matvec.token_kernel)
+    from bw24nb.kernels.matvec import launch_matvec_q8
+    from bw24nb.kernels.moe import launch_token_matvec, token_matrix
+    T, k, Ex, M, K = 2, 2, 3, 5, 256
+    raw = quantize(_rand(rng, Ex, M, K, scale=K ** -0.5), qt)
+    x = _rand(rng, T * (k if per_expert else 1), K)
+    xq, xd = _int8(x)
+    ids = np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32)
+    tm = token_matrix(cuda.to_device(raw), qt, M, K, k=k)
+    y = _poisoned((T, k, M))
+    launch_token_matvec(tm, cuda.to_device(ids), True, k, tm.x_args(xq, xd), per_expert, y, T)
+    got = y.copy_to_host()
+    xq_h, xd_h = xq.copy_to_host(), xd.copy_to_host()
+    for t in range(T):
+        for r in range(k):
+            row = t * k + r if per_expert else t
+            one = _poisoned((M,))
+            launch_matvec_q8(cuda.to_device(raw[ids[t, r]]), qt, M, K,
+                             cuda.to_device(xq_h[row * K:(row + 1) * K]),
+                             cuda.to_device(xd_h[row * K // 32:(row + 1) * K // 32]), one,
+                             parts=tm.parts)
+            np.testing.assert_array_equal(got[t, r], one.copy_to_host(), f"t={t} r={r}")
+
+
+def test_moe_block_q8_matches_moe_forward_and_each_token_alone(rng):
+    # T = 3 tokens at once against the float64 reference (to int8 activations' error), and
+    # each token's row bit for bit what a T = 1 launch (decode) gives it
+    from bw24nb.kernels.moe import (MoEScratchQ8, expert_matrices_q8, int8_experts,
+                                    launch_moe_block_q8)
+    T = 3
+    w, host = _random_block(rng, True)
+    assert int8_experts(w)
+    q = expert_matrices_q8(w)
+    x = _rand(rng, T, H)
+    r0 = _rand(rng, T, H)
+    xq, xd = _int8(x)
+    s = MoEScratchQ8(T, w)
+    y = cuda.to_device(r0)
+    launch_moe_block_q8(cuda.to_device(x), xq, xd, w, q, s, y, residual=y)
+    got = y.copy_to_host()
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(s.ids.copy_to_host(), route(x, host["router"], K_TOP, True)[0])
+    ref = r0.astype(np.float64) + _reference_block(x, host, True)
+    # int8 activations (x and the expert activations): ~1 % of each value's block max
+    assert _rel(got - r0, ref - r0) <= 3e-2
+    s1 = MoEScratchQ8(1, w)
+    xq_h, xd_h = xq.copy_to_host(), xd.copy_to_host()
+    for t in range(T):
+        y1 = cuda.to_device(r0[t:t + 1])
+        launch_moe_block_q8(cuda.to_device(x[t:t + 1]), cuda.to_device(xq_h[t * H:(t + 1) * H]),
+                            cuda.to_device(xd_h[t * H // 32:(t + 1) * H // 32]), w, q, s1, y1,
+                            residual=y1)
+        np.testing.assert_array_equal(got[t], y1.copy_to_host()[0], f"token {t}")
+
+
+def test_moe_combine_rank_order_and_shared_gate(rng):
+    from bw24nb.kernels.moe import launch_moe_combine
+    T = 2
+    yd = _rand(rng, T, K_TOP, H)
+    wts = rng.uniform(0.1, 1.0, (T, K_TOP)).astype(np.float32)
+    sy, sg, res = _rand(rng, T, H), _rand(rng, T, 1), _rand(rng, T, H)
+    y = _poisoned((T, H))
+    launch_moe_combine(cuda.to_device(yd), cuda.to_device(wts), y, cuda.to_device(sy),
+                       cuda.to_device(sg), cuda.to_device(res))
+    ref = np.zeros((T, H), np.float32)
+    for r in range(K_TOP):                       # the kernel's order, in float32
+        ref += wts[:, r:r + 1] * yd[:, r]
+    gate = (np.float32(1) / (np.float32(1) + np.exp(-sg))).astype(np.float32)
+    ref = (ref + gate * sy) + res
+    np.testing.assert_allclose(y.copy_to_host(), ref, rtol=1e-6, atol=1e-6)

@@ -417,6 +417,70 @@ def rows_kernel_of(p, nr, fixed_parts=0):
     return _named(matvec_rows, p, FP, nr)
 
 
+def token_kernel(p, fixed_parts=0):
+    """The one-row kernel of path p over many tokens and (optionally) experts: the MoE block's
+    matvecs (kernels/moe.py), where every token picks its own k experts and the prefill must
+    give each token the bits its decode step would.
+
+    kern[(ceil(k M parts / 4), 1, T), THREADS](w, ids, use_ids, k, M, K, x, x_per_expert, y,
+    parts): token t = blockIdx.z has k M virtual rows; virtual row v = r M + m reads weight row
+    e M + m of a stack of experts [E, M, K] (GGUF rows, expert e's row m at row e M + m), e =
+    ids[t, r] when use_ids, else r (k = 1, e = 0: an ordinary weight, one matvec per token).
+    Its activations are row t (x_per_expert = 0: the k experts share the token's input) or row
+    t k + r (x_per_expert = 1: each expert its own, e.g. the down projections) of x, and it
+    writes y[(t k + r) M + m] = y[t, r, m]. Each virtual row is summed exactly as `row_kernel`
+    sums an M-row matvec of that expert's rows -- the same lane loop, warp tree and split
+    combine (steps 1-4 of the module docstring, no bias or residual) -- so a token's value does
+    not depend on T, the other tokens, or which launch carried it."""
+    step, units, row_base = _lane_step(p), p.units, p.base
+    x_row, U = p.x_row, p.unroll
+    FP = fixed_parts
+
+    def matvec_tokens(w, ids, use_ids, k, M, K, x, x_per_expert, y, parts):
+        P = FP if FP else parts
+        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
+        lane, v, part = _warp_row(P)
+        R = k * M
+        if P == 1 and v >= R:         # the whole warp leaves: warp_sum stays full-warp
+            return
+        t = cuda.blockIdx.z
+        n = units(K)
+        last = n - 1
+        r = v // M
+        if v >= R:                    # split rows: stay for the block barrier, load nothing
+            n = 0
+            r = 0
+        e = ids[t, r] if use_ids else r
+        base = row_base(np.int64(e) * M + (v - r * M), K)
+        xt = x_row(x, t * k + r if x_per_expert else t, K)
+        stride = 32 * P
+        acc = np.float32(0.0)
+        for u in range(32 * part + lane, n, stride * U):
+            acc = step(acc, w, xt, base, u, stride, last, n)
+        total = combine_parts(part_sh, P, part, lane, warp_sum(acc))
+        if lane == 0 and part == 0 and v < R:
+            y[np.int64(t) * R + v] = total
+
+    matvec_tokens.__name__ = matvec_tokens.__qualname__ = (
+        p.name + "_tok" + (f"_p{FP}" if FP else ""))
+    matvec_tokens.__module__ = p.module
+    return kernel(matvec_tokens)
+
+
+def token_kernels(p):
+    """kernels(parts): path p's `token_kernel`, the parts = 1 build with the split folded in
+    (as `path_kernels`), built on first request."""
+    built = {}
+
+    def kernels(parts):
+        key = 1 if parts == 1 else 0
+        if key not in built:
+            built[key] = token_kernel(p, key)
+        return built[key]
+
+    return kernels
+
+
 def path_kernels(p, who):
     """kernels(rows, parts): path p's kernel for `rows` = 1 .. MAX_ROWS rows of activations and
     `parts` warps a row, built (not compiled) on first request. parts = 1 -- every large-M

@@ -44,9 +44,10 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ..jit import kernel
-from ..quant.types import row_bytes
+from ..quant.types import QType, row_bytes
 from . import norm
-from .activation import launch_swiglu
+from . import matvec
+from .activation import launch_swiglu, launch_swiglu_q8
 from .dequant import LAYOUTS, layout, weight_views
 from .matmul import launch_matmul
 from ..ptx import warp_sum
@@ -421,5 +422,231 @@ def launch_moe_block(x, w: ExpertWeights, s: MoEScratch, y, residual=None, strea
                     shared_y=shared_y, shared_gate=shared_gate, residual=residual, stream=stream)
 
 
-__all__ = ["EXPERT_MATVEC", "MOE_DOWN", "ExpertWeights", "MoEScratch", "launch_expert_matvec",
-           "launch_moe_block", "launch_moe_down", "launch_moe_route"]
+# ------------------------------------------------------------------ the int8 block (dp4a)
+#
+# The block above reads float activations with the float matvec (decode) or matmul (prefill):
+# correct, and the reference-exact path for every weight type, but its expert kernels are the
+# first-generation warp-per-row loop (~140 GB/s on the H200 at the 35B-A3B shape, session 10),
+# and a prefill row does not get the bits its decode step would (the matmul sums in another
+# order than the matvec, and a router logit that moves by one ulp can swap an expert).
+#
+# `launch_moe_block_q8` is the engine's path when every expert matrix has a dp4a type: the
+# normed input arrives as int8 + scales (quantize_act.py, written by the norm itself), and
+# every matvec of the block -- router, k gate / up / down projections, the shared expert --
+# runs on matvec.py's `token_kernel` of the decode path of its type (Q4_K: the 16-byte-load
+# kernel, Q6_K: Q6_K_R when the engine made that copy, the other integer types: the generic
+# dp4a path; a float router: the float path), one token per grid z. A token's every value is
+# then what its decode step computes, bit for bit, whatever T is: prefill, speculative
+# verify and decode agree by construction. The down projections write y_e[t, r, :] and
+# `moe_combine` adds them in rank order (acc = 0; acc += wts_r y_e[t, r, m], r = 0..k-1),
+# then the gated shared expert and the residual, as moe_down does.
+# Prefill still reads each token's experts for that token (as the float block does);
+# expert-major batching is the planned prefill path.
+
+
+@kernel
+def moe_combine(yd, wts, shared_y, shared_gate, shared_mode, residual, has_residual, y):
+    """y[t, m] = sum_r wts[t, r] * yd[t, r, m] (r = 0..k-1 in order), then + gate *
+    shared_y[t, m] (shared_mode 1: gate 1, 2: sigmoid(shared_gate[t])), then + residual[t, m].
+    Grid (ceil(H / THREADS), T)."""
+    m = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    t = cuda.blockIdx.y
+    if m >= y.shape[1]:
+        return
+    out = np.float32(0.0)
+    for r in range(wts.shape[1]):
+        out += wts[t, r] * yd[t, r, m]
+    if shared_mode == 1:
+        out += shared_y[t, m]
+    elif shared_mode == 2:
+        gate = np.float32(1.0) / (np.float32(1.0) + math.exp(-shared_gate[t]))
+        out += gate * shared_y[t, m]
+    if has_residual:
+        out += residual[t, m]
+    y[t, m] = out
+
+
+PTX_SIGNATURES["moe_combine"] = [f"void({_A3}, {_A2}, {_A2}, float32[::1], int32, {_A2}, int32, "
+                                 f"{_A2})"]
+
+
+@dataclass
+class TokenMatrix:
+    """One matrix (or stack of E expert matrices, `rows` rows each) as `matvec.token_kernel`
+    reads it: the decode path's kernels (parts -> kernel), its weight tuple, and which form of
+    the activations it takes (`x_args`)."""
+    kernels: object
+    w: tuple
+    x_kind: str          # "q8" (xq as int32 words, xd), "q8u" (uint32 words, xd), "q8uu"
+                         # (both as uint32 words), "f32v4" (x as uint32 words), "f" (float x)
+    rows: int
+    cols: int
+    parts: int
+
+    def x_args(self, xq=None, xd=None, x=None):
+        """The kernel's activation tuple from int8 xq + scales xd (flat) or float x."""
+        if self.x_kind == "f32v4":
+            return (_flat1(x).view(np.uint32),)
+        if self.x_kind == "f":
+            return (_flat1(x),)
+        words = _flat1(xq).view(np.int32 if self.x_kind == "q8" else np.uint32)
+        return words, (_flat1(xd).view(np.uint32) if self.x_kind == "q8uu" else _flat1(xd))
+
+
+def _flat1(a):
+    return a if a.ndim == 1 else a.reshape(a.size)
+
+
+def token_matrix(buf, qtype, rows: int, cols: int, q6k_r=None, k: int = 1) -> TokenMatrix:
+    """The TokenMatrix of a weight: GGUF rows in `buf` (a matrix, or a stack of experts of
+    `rows` rows each, read k at a time), or for Q6_K the Q6_K_R copy `q6k_r` = (body, d) when
+    given. Float types take float activations (the router, the shared-expert gate); integer
+    types int8 ones. The warps per row are matvec.warps_per_row's for the k * rows rows a
+    token's launch computes: fixed here, so that a token's sums never depend on T."""
+    from . import matvec_q4k, matvec_q6k
+    lay = layout(qtype)
+    qt, parts = lay.qtype, matvec.warps_per_row(k * rows, cols)
+    if q6k_r is not None:
+        body, d = q6k_r
+        return TokenMatrix(matvec.token_kernels(matvec_q6k.PATH),
+                           (_flat1(body).view(np.uint32), _flat1(d)), "q8uu", rows, cols, parts)
+    w8, w16, wh = weight_views(buf)
+    if qt == QType.Q4_K:
+        return TokenMatrix(matvec.token_kernels(matvec_q4k.PATH),
+                           (w8.view(np.uint32), w8.view(np.float16)), "q8u", rows, cols, parts)
+    if qt in matvec.PATHS_Q8 and cols % 32 == 0:
+        return TokenMatrix(matvec.token_kernels(matvec.PATHS_Q8[qt]), (w8, w16, wh), "q8",
+                           rows, cols, parts)
+    if qt == QType.F32 and cols % 4 == 0:
+        return TokenMatrix(matvec.token_kernels(matvec.F32_V4), (w8.view(np.uint32),), "f32v4",
+                           rows, cols, parts)
+    return TokenMatrix(matvec.token_kernels(matvec.PATHS[qt]), (w8, w16, wh), "f", rows, cols,
+                       parts)
+
+
+def launch_token_matvec(tm: TokenMatrix, ids, use_ids: bool, k: int, x_args, x_per_expert: bool,
+                        y, T: int, stream=0):
+    """y[t, r, :] = W[e] @ x_t(r) for T tokens and r < k (matvec.token_kernel): e = ids[t, r]
+    (use_ids) or r; x_t(r) = activation row t k + r (x_per_expert) or t of x_args."""
+    if T > GRID_YZ_MAX:
+        raise ValueError(f"token_matvec: {T} tokens exceed the grid's {GRID_YZ_MAX}; "
+                         "split the prefill into smaller chunks")
+    if y.size < T * k * tm.rows:
+        raise ValueError(f"token_matvec: y holds {y.size} values, not T x k x M = "
+                         f"{T} x {k} x {tm.rows}")
+    grid = ((k * tm.rows * tm.parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, 1, T)
+    tm.kernels(tm.parts)[grid, THREADS, stream](
+        tm.w, ids, np.int32(bool(use_ids)), np.int32(k), np.int32(tm.rows), np.int32(tm.cols),
+        x_args, np.int32(bool(x_per_expert)), _flat1(y), np.int32(tm.parts))
+
+
+@dataclass
+class ExpertMatricesQ8:
+    """The TokenMatrix of every matrix of one MoE layer (`expert_matrices_q8`)."""
+    router: TokenMatrix
+    gate: TokenMatrix
+    up: TokenMatrix
+    down: TokenMatrix
+    sh_gate: TokenMatrix | None = None
+    sh_up: TokenMatrix | None = None
+    sh_down: TokenMatrix | None = None
+    sh_gate_inp: TokenMatrix | None = None
+
+
+def int8_experts(w: ExpertWeights) -> bool:
+    """Whether `launch_moe_block_q8` can run this layer: every expert and shared-expert matrix
+    of a dp4a type, with K and the expert FFN whole 32-blocks."""
+    types = [w.gate_type, w.up_type, w.down_type] + (
+        [w.sh_gate_type, w.sh_up_type, w.sh_down_type] if w.sh_down is not None else [])
+    return (all(layout(t).qtype in matvec.PATHS_Q8 for t in types)
+            and w.hidden % 32 == 0 and w.ffn % 32 == 0 and w.shared_ffn % 32 == 0)
+
+
+def expert_matrices_q8(w: ExpertWeights, q6k_r=None) -> ExpertMatricesQ8:
+    """TokenMatrices of a layer (`int8_experts(w)` must hold); q6k_r: name -> (body, d) Q6_K_R
+    copies of its Q6_K matrices ("gate", "up", "down", "sh_gate", "sh_up", "sh_down")."""
+    q6 = q6k_r or {}
+    E, H, F = w.n_experts, w.hidden, w.ffn
+    m = ExpertMatricesQ8(
+        router=token_matrix(w.router, w.router_type, E, H),
+        gate=token_matrix(w.gate, w.gate_type, F, H, q6.get("gate"), w.top_k),
+        up=token_matrix(w.up, w.up_type, F, H, q6.get("up"), w.top_k),
+        down=token_matrix(w.down, w.down_type, H, F, q6.get("down"), w.top_k))
+    if w.sh_down is not None:
+        Is = w.shared_ffn
+        m.sh_gate = token_matrix(w.sh_gate, w.sh_gate_type, Is, H, q6.get("sh_gate"))
+        m.sh_up = token_matrix(w.sh_up, w.sh_up_type, Is, H, q6.get("sh_up"))
+        m.sh_down = token_matrix(w.sh_down, w.sh_down_type, H, Is, q6.get("sh_down"))
+        if w.sh_gate_inp is not None:
+            m.sh_gate_inp = token_matrix(w.sh_gate_inp, w.sh_gate_inp_type, 1, H)
+    return m
+
+
+class MoEScratchQ8(MoEScratch):
+    """MoEScratch plus the int8 block's buffers: the experts' int8 activations and scales,
+    their down projections before the combine, the shared expert's int8 activations."""
+
+    def __init__(self, T: int, w: ExpertWeights):
+        super().__init__(T, w)
+        k, F, Is = w.top_k, w.ffn, w.shared_ffn
+        self.act_q = cuda.device_array(T * k * F, np.int8)
+        self.act_d = cuda.device_array(T * k * F // 32, np.float32)
+        self.yd = cuda.device_array((T, k, w.hidden), np.float32)
+        has_shared = w.sh_down is not None
+        self.sh_q = cuda.device_array(T * Is, np.int8) if has_shared else None
+        self.sh_d = cuda.device_array(T * Is // 32, np.float32) if has_shared else None
+
+
+def launch_moe_combine(yd, weights, y, shared_y=None, shared_gate=None, residual=None, stream=0):
+    """y = sum_r weights[:, r] * yd[:, r] (rank order) [+ sigmoid(shared_gate) * shared_y]
+    [+ residual]; yd float32[T, k, H], y / shared_y / residual float32[T, H]."""
+    T, k, H = yd.shape
+    if tuple(y.shape) != (T, H) or tuple(weights.shape) != (T, k):
+        raise ValueError(f"moe_combine: yd [{T}, {k}, {H}] needs weights [{T}, {k}] and y [{T}, {H}]")
+    mode = 0 if shared_y is None else (1 if shared_gate is None else 2)
+    sg = weights.reshape(weights.size) if shared_gate is None else shared_gate.reshape(T)
+    moe_combine[((H + THREADS - 1) // THREADS, T), THREADS, stream](
+        yd, weights, y if shared_y is None else shared_y, sg, np.int32(mode),
+        y if residual is None else residual, np.int32(residual is not None), y)
+
+
+def launch_moe_block_q8(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8, s: MoEScratchQ8, y,
+                        residual=None, stream=0):
+    """`launch_moe_block` on int8 activations (the section comment above): x float32[T, H] the
+    normed input (for a float router), xq / xd its int8 copy (quantize_act's flat [T * H] and
+    [T * H / 32]). Every token's output is bit for bit what the block computes for it alone
+    (T = 1). Reference: `moe_forward` with dequantized weights on the dequantized activations."""
+    T, H = x.shape
+    if T != s.T or H != w.hidden:
+        raise ValueError(f"moe_block_q8: x is [{T}, {H}], scratch was made for T = {s.T} and "
+                         f"the weights for H = {w.hidden}")
+    k = w.top_k
+    xi = dict(xq=xq, xd=xd, x=x)
+    launch_token_matvec(q.router, s.ids, False, 1, q.router.x_args(**xi), False, s.logits, T, stream)
+    launch_moe_route(s.logits, w.norm_topk_prob, s.ids, s.weights, stream)
+    launch_token_matvec(q.gate, s.ids, True, k, q.gate.x_args(**xi), False, s.gate, T, stream)
+    launch_token_matvec(q.up, s.ids, True, k, q.up.x_args(**xi), False, s.up, T, stream)
+    launch_swiglu_q8(s.gate, s.up, s.act, s.act_q, s.act_d, stream)
+    shared_y = shared_gate = None
+    if q.sh_down is not None:
+        launch_token_matvec(q.sh_gate, s.ids, False, 1, q.sh_gate.x_args(**xi), False, s.sh_gate,
+                            T, stream)
+        launch_token_matvec(q.sh_up, s.ids, False, 1, q.sh_up.x_args(**xi), False, s.sh_up, T,
+                            stream)
+        launch_swiglu_q8(s.sh_gate, s.sh_up, s.sh_act, s.sh_q, s.sh_d, stream)
+        launch_token_matvec(q.sh_down, s.ids, False, 1, q.sh_down.x_args(s.sh_q, s.sh_d), False,
+                            s.sh_y, T, stream)
+        shared_y = s.sh_y
+        if q.sh_gate_inp is not None:
+            launch_token_matvec(q.sh_gate_inp, s.ids, False, 1, q.sh_gate_inp.x_args(**xi), False,
+                                s.sh_logit, T, stream)
+            shared_gate = s.sh_logit
+    launch_token_matvec(q.down, s.ids, True, k, q.down.x_args(s.act_q, s.act_d), True, s.yd, T,
+                        stream)
+    launch_moe_combine(s.yd, s.weights, y, shared_y, shared_gate, residual, stream)
+
+
+__all__ = ["EXPERT_MATVEC", "MOE_DOWN", "ExpertMatricesQ8", "ExpertWeights", "MoEScratch",
+           "MoEScratchQ8", "TokenMatrix", "expert_matrices_q8", "int8_experts",
+           "launch_expert_matvec", "launch_moe_block", "launch_moe_block_q8", "launch_moe_combine",
+           "launch_moe_down", "launch_moe_route", "launch_token_matvec", "token_matrix"]

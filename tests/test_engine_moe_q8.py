@@ -1,0 +1,74 @@
+"""The engine's int8 MoE block (moe.launch_moe_block_q8) on the Qwen3-MoE fixture re-encoded
+with Q8_0 / Q4_0 matrices (expert stacks included): the checked-in fixtures hold F16 weights,
+which keep the float block.
+
+What must hold:
+  * the engine takes the int8 block for every MoE layer of the re-encoded file, and keeps the
+    float one with moe_q8=False or with float expert weights;
+  * prefill and decode agree: the MoE block gives each token the bits its decode step would,
+    so they differ only where the dense kernels do (summation order) -> 1e-4 of max |logit|;
+  * against the numpy reference (float activations) within the int8-activation bound of
+    tests/test_engine_act_q8.py (3e-2 of max |logit|), and so within that of the float block.
+"""
+import numpy as np
+import pytest
+
+from bw24nb.formats import open_model
+from bw24nb.formats.gguf_writer import QuantizedTensor, write_gguf
+from bw24nb.quant import QType, quantize
+from bw24nb.reference import load_reference
+
+FIXTURE = "tests/fixtures/qwen3moe/model.gguf"
+TYPES = (QType.Q8_0, QType.Q4_0)
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def quantized_gguf(tmp_path_factory):
+    src = open_model(FIXTURE)
+    tensors = {}
+    for j, name in enumerate(src.names()):
+        x = np.ascontiguousarray(src.dequantize(name), np.float32)
+        if x.ndim in (2, 3) and x.shape[-1] % 32 == 0 and "gate_inp" not in name:
+            qt = TYPES[j % len(TYPES)]
+            tensors[name] = QuantizedTensor(quantize(x.reshape(-1, x.shape[-1]), qt), int(qt),
+                                            x.shape)
+        else:
+            tensors[name] = x
+    path = tmp_path_factory.mktemp("moeq8") / "qwen3moe-q.gguf"
+    return write_gguf(path, src.config, tensors)
+
+
+def _engine(path, **kw):
+    from bw24nb.engine import Engine
+    return Engine(open_model(path), n_ctx=16, k_type=QType.F16, v_type=QType.F16,
+                  log=lambda m: None, use_graph=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def engine(quantized_gguf):
+    return _engine(quantized_gguf)
+
+
+def test_moe_layers_take_the_int8_block(engine, quantized_gguf):
+    assert engine.experts and set(engine.moe_q8) == set(engine.experts)
+    assert not _engine(quantized_gguf, moe_q8=False).moe_q8
+    assert not _engine(FIXTURE).moe_q8                      # F16 experts: the float block
+
+
+def test_moe_q8_prefill_and_decode_agree_and_track_the_reference(engine, quantized_gguf):
+    ref, _ = load_reference(quantized_gguf)
+    prompt = [7, 200, 31]
+    engine.reset()
+    ref.reset()
+    want = ref.prefill(prompt)
+    full = engine.prefill(prompt)                  # the MoE block with T = 3 (grid z = 3)
+    assert rel(full, want[-1]) <= 3e-2
+    engine.reset()
+    engine.prefill(prompt[:-1])
+    stepped = engine.decode(prompt[-1])            # T = 1
+    assert rel(stepped, full) <= 1e-4
+    assert stepped.argmax() == full.argmax()
