@@ -246,7 +246,7 @@ def main() -> int:
     ap.add_argument("--cvt-tiles", action="store_true",
                     help="with --tiles: also time each named tile with cvt (NAME_cvt)")
     args = ap.parse_args()
-    names = [n for n in mq.TILES if mq.TILES[n] != mq.DEFAULT_TILE] if args.tiles == "all" \
+    names = list(mq.TILES) if args.tiles == "all" \
         else [n for n in args.tiles.split(",") if n]
     if args.cvt_tiles:
         names += [n + "_cvt" for n in names if not n.endswith("_cvt")]

@@ -488,8 +488,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 # the gated delta rule on the shared-memory tile kernel (before session 8)
                 "tile-rule": dict(gdn_rule="tile"),
                 # prefill fused like decode (swiglu / GDN norm / attention combine write the
-                # int8 GEMM input): Engine(fuse_prefill=True), off by default until measured
+                # int8 GEMM input): the default since session 10; unfused-prefill = before
                 "fused-prefill": dict(fuse_prefill=True),
+                "unfused-prefill": dict(fuse_prefill=False),
                 # prefill attention's splits per token (Engine's PREFILL_SPLITS is the default)
                 **{f"psplit{n}": dict(prefill_splits=n) for n in (1, 2, 4, 8, 16)},
                 # decode attention's split plan before session 7 (no 128-key rounding of long

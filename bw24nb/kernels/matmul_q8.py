@@ -20,9 +20,11 @@ a row of K int8 is 16-byte aligned because K % 32 == 0) and scales, then every w
 mma tiles sub-block by sub-block and scales each int32 result into its float32 accumulators.
 The shared rows are 68 words (`Tile.pitch`): a fragment load (lanes g = 0..7 on 8 rows,
 t = 0..3 on 4 words) hits bank (4 g + t) mod 32, all different. That tile is `DEFAULT_TILE`; `Tile` /
-`TILES` describe others (more warps of the same 32 x 32, 4 sub-blocks a step) for
-bench/matmul_q8_bench.py --tiles to measure against it (sm_90 ptxas, session 9: 92-125
-registers for every candidate and type, no spills, 23-47 KB of shared memory).
+`TILES` describe others (more warps of the same 32 x 32, 4 sub-blocks a step; sm_90 ptxas,
+session 9: 92-125 registers for every candidate and type, no spills, 23-47 KB of shared
+memory). `KERNEL_CHOICE` picks each type's tile and int-to-float conversion from the H200
+measurements (bench/matmul_q8_bench.py --tiles ... --cvt-tiles); every choice gives the same
+bits.
 
 Summation order (exactness contract): for every output y[t, m], with b running over the 32-wide
 sub-blocks of K in ascending order, xd = Xd[t, b], x_sum = sum_k Xq[t, 32 b + k] (int), and
@@ -144,7 +146,9 @@ _ZERO_U = np.uint32(0)
 # and 32 of them per lane per sub-block): every mma starts from C = MAGIC_I32, the bits of
 # 1.5 * 2^23, so it returns the bits of the float32 1.5 * 2^23 + isum (exact: |isum| < 2^22 and
 # that binade's ulp is 1), and one subtraction of MAGIC_F32 leaves f32(isum) exactly -- the same
-# value as a cvt. bench/matmul_q8_bench.py times it against the plain cvt (magic_cvt=False).
+# value as a cvt. bench/matmul_q8_bench.py times it against the plain cvt (magic_cvt=False);
+# on the H200 cvt measured faster at every tile (session 10: KERNEL_CHOICE below), so the
+# magic add stays only for the types no larger tile was measured for.
 MAGIC_CVT = True
 MAGIC_I32 = np.int32(0x4B400000)
 MAGIC_F32 = np.float32(12582912.0)
@@ -517,8 +521,28 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
     return k
 
 
+# The kernel each weight type runs: (tile, magic_cvt). Measured side by side on the H200
+# (bench/matmul_q8_bench.py --tiles m64t128s4,m128t128s4 --cvt-tiles, session 10, T = 512 at
+# the 9B shapes, us per launch; research/tune-data/matmul_q8.jsonl):
+#   Q4_K 12288x4096  default 511.1  cvt 499.4  m64t128s4 500.8  m64t128s4_cvt 491.3
+#   Q6_K 12288x4096  default 924.8  cvt 851.1  m128t128s4 848.6  m128t128s4_cvt 827.3
+#   Q8_0 12288x4096  default 570.7  cvt 561.3  m64t128s4 552.8  m64t128s4_cvt 532.7
+# (ffn_down's 4096x12288 ranks them the same way). cvt wins once the FP32 pipe is not the
+# limit: the magic-number add spends an FP32 instruction where cvt uses another pipe. Types
+# not measured at a large tile keep the session-2 kernel.
+KERNEL_CHOICE = {
+    QType.Q4_K: (TILES["m64t128s4"], False),
+    QType.Q6_K: (TILES["m128t128s4"], False),
+    QType.Q8_0: (TILES["m64t128s4"], False),
+}
+
 # kernel objects by weight type; also module attributes matmul_q8_<type>
-MATMUL_Q8 = {qt: _make_matmul_q8(qt) for qt in _UNITS}
+def _chosen_kernel(qt):
+    tile, magic_cvt = KERNEL_CHOICE.get(qt, (DEFAULT_TILE, MAGIC_CVT))
+    return _make_matmul_q8(qt, magic_cvt=magic_cvt, tile=tile)
+
+
+MATMUL_Q8 = {qt: _chosen_kernel(qt) for qt in _UNITS}
 for _qt, _k in MATMUL_Q8.items():
     globals()[f"matmul_q8_{_qt.name.lower()}"] = _k
 
