@@ -79,7 +79,8 @@ def main() -> int:
         dec = list(calls)
     finally:
         moe.launch_moe_block_q8 = original
-    L = len(eng.moe_q8)
+    # the main stack's MoE layers (an MTP block past it has one too, which plain decode skips)
+    L = sum(1 for i in eng.moe_q8 if i < src.config.num_hidden_layers)
     T, k = len(ids), src.config.num_experts_per_tok
     if len(pre) != L or len(dec) != L * T:
         print(f"recorded {len(pre)} prefill / {len(dec)} decode blocks, expected {L} / {L * T}")

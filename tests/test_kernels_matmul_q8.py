@@ -200,3 +200,36 @@ def test_tiles_over_the_shared_memory_limit_are_refused():
     from bw24nb.kernels import matmul_q8 as mq
     with pytest.raises(ValueError, match="48 KB"):
         mq._make_matmul_q8(QType.Q8_0, tile=Tile(4, 4, 8))
+
+
+def test_kernel_for_takes_a_large_tile_only_when_its_grid_fills_the_gpu(monkeypatch):
+    """KERNEL_CHOICE's rule: the first candidate whose grid has >= MIN_GRID_FILL blocks per SM
+    (at 132 SMs: >= 119 blocks), else the session-2 kernel."""
+    from bw24nb.kernels import matmul_q8 as mq
+    monkeypatch.setattr(mq, "_SM_COUNT", [132])
+    T = 512
+    assert mq.kernel_for(QType.Q6_K, 12288, T).tile.name == "m128t128s4"   # 96 x 4 blocks
+    assert mq.kernel_for(QType.Q6_K, 4096, T).tile.name == "m128t128s4"    # 32 x 4 = 128
+    assert mq.kernel_for(QType.Q6_K, 896, T) is mq.MATMUL_Q8[QType.Q6_K]   # 28, 56 blocks
+    assert mq.kernel_for(QType.Q4_K, 4096, T).tile.name == "m64t128s4"     # 64 x 4
+    assert mq.kernel_for(QType.Q4_K, 4096, 64) is mq.MATMUL_Q8[QType.Q4_K]  # 64 x 1
+    assert mq.kernel_for(QType.Q5_0, 4864, T) is mq.MATMUL_Q8[QType.Q5_0]  # no candidate
+
+
+@pytest.mark.parametrize("qt", [QType.Q4_K, QType.Q6_K, QType.Q8_0])
+def test_every_candidate_kernel_gives_the_session2_kernels_bits(rng, qt):
+    """KERNEL_CHOICE's candidates (larger tiles, cvt conversion) against MATMUL_Q8's kernel on
+    a shape with partial tiles and several K steps."""
+    from bw24nb.kernels import matmul_q8 as mq
+    T, M, K = 37, 70, 512
+    w = random_weight_bytes(rng, qt, M, K)
+    xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
+    outs = []
+    for kern in [mq.MATMUL_Q8[qt], *mq._CANDIDATES[qt]]:
+        y = cuda.to_device(np.full((T, M), np.nan, np.float32))
+        mq._launch(kern, cuda.to_device(w), M, K, T, cuda.to_device(xq.reshape(T, K)),
+                   cuda.to_device(xd), y, None, None, 0)
+        outs.append(y.copy_to_host().view(np.uint32))
+    assert len(outs) > 1
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])

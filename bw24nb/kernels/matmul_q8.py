@@ -22,9 +22,9 @@ The shared rows are 68 words (`Tile.pitch`): a fragment load (lanes g = 0..7 on 
 t = 0..3 on 4 words) hits bank (4 g + t) mod 32, all different. That tile is `DEFAULT_TILE`; `Tile` /
 `TILES` describe others (more warps of the same 32 x 32, 4 sub-blocks a step; sm_90 ptxas,
 session 9: 92-125 registers for every candidate and type, no spills, 23-47 KB of shared
-memory). `KERNEL_CHOICE` picks each type's tile and int-to-float conversion from the H200
-measurements (bench/matmul_q8_bench.py --tiles ... --cvt-tiles); every choice gives the same
-bits.
+memory). `KERNEL_CHOICE` / `kernel_for` pick each launch's tile and int-to-float conversion
+from the weight type and the grid it would make, after the H200 measurements
+(bench/matmul_q8_bench.py --tiles ... --cvt-tiles); every choice gives the same bits.
 
 Summation order (exactness contract): for every output y[t, m], with b running over the 32-wide
 sub-blocks of K in ascending order, xd = Xd[t, b], x_sum = sum_k Xq[t, 32 b + k] (int), and
@@ -147,8 +147,8 @@ _ZERO_U = np.uint32(0)
 # 1.5 * 2^23, so it returns the bits of the float32 1.5 * 2^23 + isum (exact: |isum| < 2^22 and
 # that binade's ulp is 1), and one subtraction of MAGIC_F32 leaves f32(isum) exactly -- the same
 # value as a cvt. bench/matmul_q8_bench.py times it against the plain cvt (magic_cvt=False);
-# on the H200 cvt measured faster at every tile (session 10: KERNEL_CHOICE below), so the
-# magic add stays only for the types no larger tile was measured for.
+# on the H200 cvt measured faster at the larger tiles and the 9B shapes, slower on the 64 x 64
+# tile at the 0.5B's (session 10: KERNEL_CHOICE below).
 MAGIC_CVT = True
 MAGIC_I32 = np.int32(0x4B400000)
 MAGIC_F32 = np.float32(12582912.0)
@@ -521,30 +521,58 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
     return k
 
 
-# The kernel each weight type runs: (tile, magic_cvt). Measured side by side on the H200
-# (bench/matmul_q8_bench.py --tiles m64t128s4,m128t128s4 --cvt-tiles, session 10, T = 512 at
-# the 9B shapes, us per launch; research/tune-data/matmul_q8.jsonl):
-#   Q4_K 12288x4096  default 511.1  cvt 499.4  m64t128s4 500.8  m64t128s4_cvt 491.3
-#   Q6_K 12288x4096  default 924.8  cvt 851.1  m128t128s4 848.6  m128t128s4_cvt 827.3
-#   Q8_0 12288x4096  default 570.7  cvt 561.3  m64t128s4 552.8  m64t128s4_cvt 532.7
-# (ffn_down's 4096x12288 ranks them the same way). cvt wins once the FP32 pipe is not the
-# limit: the magic-number add spends an FP32 instruction where cvt uses another pipe. Types
-# not measured at a large tile keep the session-2 kernel.
+# The kernels each weight type runs, best first: (tile, magic_cvt). Measured side by side on
+# the H200 (bench/matmul_q8_bench.py --tiles ... --cvt-tiles, session 10, T = 512, us per
+# launch; research/tune-data/matmul_q8.jsonl), at the 9B shapes:
+#   Q4_K 12288x4096  session-2 kernel 511.1  cvt 499.4  m64t128s4 500.8  m64t128s4_cvt 491.3
+#   Q6_K 12288x4096  session-2 kernel 924.8  cvt 851.1  m128t128s4 848.6  m128t128s4_cvt 827.3
+#   Q8_0 12288x4096  session-2 kernel 570.7  cvt 561.3  m64t128s4 552.8  m64t128s4_cvt 532.7
+# (ffn_down's 4096x12288 ranks them the same way). A large tile only pays while its grid
+# fills the GPU: at the 0.5B's ffn_down (M = 896) m128t128s4 makes 28 blocks for 132 SMs and
+# the prefill's ffn_down took 5.6 ms against 3.2 (session 10). So `kernel_for` takes the first
+# candidate whose grid has at least MIN_GRID_FILL blocks per SM, else the session-2 kernel
+# (64 x 64, magic-number conversion), which is also every other type's. At the 0.5B shapes
+# cvt on the 64 x 64 tile measured slower than the magic add (Q5_0 ffn_down 122.6 vs 93.5 us),
+# so the fallback keeps it. Every candidate gives the same bits.
 KERNEL_CHOICE = {
-    QType.Q4_K: (TILES["m64t128s4"], False),
-    QType.Q6_K: (TILES["m128t128s4"], False),
-    QType.Q8_0: (TILES["m64t128s4"], False),
+    QType.Q4_K: ((TILES["m64t128s4"], False),),
+    QType.Q6_K: ((TILES["m128t128s4"], False), (TILES["m64t128s4"], False)),
+    QType.Q8_0: ((TILES["m64t128s4"], False),),
 }
+MIN_GRID_FILL = 0.9
+SM_COUNT_DEFAULT = 132            # the H200's, where the device cannot be asked (simulator)
+_CANDIDATES = {qt: [_make_matmul_q8(qt, magic_cvt=magic, tile=tile)
+                    for tile, magic in KERNEL_CHOICE.get(qt, ())] for qt in _UNITS}
 
-# kernel objects by weight type; also module attributes matmul_q8_<type>
-def _chosen_kernel(qt):
-    tile, magic_cvt = KERNEL_CHOICE.get(qt, (DEFAULT_TILE, MAGIC_CVT))
-    return _make_matmul_q8(qt, magic_cvt=magic_cvt, tile=tile)
-
-
-MATMUL_Q8 = {qt: _chosen_kernel(qt) for qt in _UNITS}
+# the session-2 kernel of every type (the fallback); also module attributes matmul_q8_<type>
+MATMUL_Q8 = {qt: _make_matmul_q8(qt) for qt in _UNITS}
 for _qt, _k in MATMUL_Q8.items():
     globals()[f"matmul_q8_{_qt.name.lower()}"] = _k
+_SM_COUNT = []
+
+
+def _sm_count() -> int:
+    if not _SM_COUNT:
+        try:
+            _SM_COUNT.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
+        except Exception:                   # noqa: BLE001 -- the simulator has no such attribute
+            _SM_COUNT.append(SM_COUNT_DEFAULT)
+    return _SM_COUNT[0]
+
+
+def grid_of(tile: Tile, M: int, T: int) -> tuple[int, int]:
+    return (M + tile.m - 1) // tile.m, (T + tile.t - 1) // tile.t
+
+
+def kernel_for(qt, M: int, T: int):
+    """The kernel a T x M output of weight type qt runs (KERNEL_CHOICE's rule)."""
+    need = MIN_GRID_FILL * _sm_count()
+    for kern in _CANDIDATES[QType(qt)]:
+        gm, gt = grid_of(kern.tile, M, T)
+        if gm * gt >= need:
+            return kern
+    return MATMUL_Q8[QType(qt)]
+
 
 _SIG = "void(uint8[::1], uint16[::1], uint32[::1], float16[::1], int32, int32, uint32[::1], " \
        "float32[::1], float32[:, ::1], float32[::1], float32[:, ::1], int32, int32)"
@@ -590,7 +618,7 @@ def launch_matmul_q8(w_dev, qtype, M, K, xq, xd, y, bias=None, residual=None, st
         raise ValueError(f"matmul_q8: bias must be float32[{M}]")
     if T == 0 or M == 0:
         return
-    _launch(MATMUL_Q8[qt], w_dev, M, K, T, xq, xd, y, bias, residual, stream)
+    _launch(kernel_for(qt, M, T), w_dev, M, K, T, xq, xd, y, bias, residual, stream)
 
 
 def _launch(kern, w_dev, M, K, T, xq, xd, y, bias, residual, stream):
@@ -601,8 +629,7 @@ def _launch(kern, w_dev, M, K, T, xq, xd, y, bias, residual, stream):
     w32 = w8[:w8.size - w8.size % 4].view(np.uint32)
     xq32 = xq.reshape(T * K).view(np.uint32)                  # 4 int8 per mma register
     tile = kern.tile
-    grid = ((M + tile.m - 1) // tile.m, (T + tile.t - 1) // tile.t)
-    kern[grid, tile.threads, stream](
+    kern[grid_of(tile, M, T), tile.threads, stream](
         w8, w16, w32, wh, np.int32(M), np.int32(K), xq32, xd.reshape(xd.size), y,
         y[0] if bias is None else bias.reshape(bias.size), y if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None))
