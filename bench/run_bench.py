@@ -497,7 +497,10 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 # splits)
                 "plain-attn": dict(attention_plan="plain"),
                 # the float MoE block (before session 10's int8 block, moe.launch_moe_block_q8)
-                "moe-float": dict(moe_q8=False)}
+                "moe-float": dict(moe_q8=False),
+                # prefill on the decode kernels, 9 tokens a chunk (Engine(prefill_path="rows"):
+                # prefill gives decode's bits, the configuration the MoE gate binds in)
+                "rows-prefill": dict(prefill_path="rows")}
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,

@@ -81,13 +81,19 @@ def engine_options(f):
     f = click.option("--act-quant", type=click.Choice(["q8", "f32"]), default="q8",
                      help="Activations of matvecs on integer weights: q8 = int8 + dp4a "
                           "(default, llama.cpp's way), f32 = float (the reference's arithmetic).")(f)
+    f = click.option("--prefill", "prefill_path", type=click.Choice(["gemm", "rows"]),
+                     default="gemm",
+                     help="Prefill kernels: gemm = int8 tensor-core GEMM over 512-token chunks "
+                          "(default, fast); rows = the decode kernels over 9-token chunks, so "
+                          "prefill gives exactly decode's bits (the argmax gate then binds for "
+                          "MoE models too; slower on dense ones).")(f)
     return f
 
 
-def engine_kwargs(kv_cache, vram_budget, act_quant) -> dict:
+def engine_kwargs(kv_cache, vram_budget, act_quant, prefill_path="gemm") -> dict:
     from .cache.kv import KV_CACHE_KINDS
     k_type, v_type = KV_CACHE_KINDS[kv_cache]
-    return dict(k_type=k_type, v_type=v_type, act_quant=act_quant,
+    return dict(k_type=k_type, v_type=v_type, act_quant=act_quant, prefill_path=prefill_path,
                 vram_budget=None if vram_budget is None else int(vram_budget * 2**30))
 
 
@@ -110,7 +116,7 @@ def engine_kwargs(kv_cache, vram_budget, act_quant) -> dict:
               help="MTP speculative decoding with K drafted tokens (0: off; needs an MTP head).")
 @engine_options
 def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, backend, gate, spec_k,
-        kv_cache, vram_budget, act_quant):
+        kv_cache, vram_budget, act_quant, prefill_path):
     """Generate text from MODEL (default: the pulled default model), streaming it."""
     from . import backends
     from .generate import GenerationStats, argmax_gate, generate
@@ -119,7 +125,7 @@ def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, b
     t_start = time.perf_counter()
     path = _model_path(model)
     lm = backends.load(path, n_ctx=ctx, which=backend, log=lambda m: click.echo(m, err=True),
-                       engine_options=engine_kwargs(kv_cache, vram_budget, act_quant))
+                       engine_options=engine_kwargs(kv_cache, vram_budget, act_quant, prefill_path))
     click.echo(f"backend: {lm.backend.name}; load {lm.load_s:.2f} s", err=True)
     text = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     ids = lm.tokenizer.encode(text)
@@ -161,12 +167,12 @@ def gen(model, prompt, chat, max_tokens, temperature, top_k, top_p, seed, ctx, b
 @click.option("--model-name", default=None, help="Name served in /v1/models (default: the file's stem).")
 @engine_options
 def serve(model, host, port, api_key, ctx, backend, queue_size, model_name, kv_cache, vram_budget,
-          act_quant):
+          act_quant, prefill_path):
     """OpenAI-compatible HTTP server (completions, chat completions, SSE streaming)."""
     from .server import run_server
     run_server(_model_path(model), host=host, port=port, api_key=api_key, n_ctx=ctx,
                backend=backend, queue_size=queue_size, model_name=model_name,
-               engine_options=engine_kwargs(kv_cache, vram_budget, act_quant))
+               engine_options=engine_kwargs(kv_cache, vram_budget, act_quant, prefill_path))
 
 
 @main.command("kernel-check")

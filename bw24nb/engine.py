@@ -64,6 +64,15 @@ ATTENTION_PLANS = {"aligned": {}, "plain": dict(chunk_align=1, combine_threads=2
 # tiled kernel (attention.flash_attn_cache). Measured on the H200 (session 8, prefill of 512
 # tokens, per layer): the tile kernel took 3.9 ms (9B heads) / 0.94 ms (0.5B heads).
 PREFILL_ATTENTION = ("split", "tile")
+# Prefill's kernels: "gemm" = the prefill kernels (int8 tensor-core GEMM, prefill attention)
+# over chunks of PREFILL_CHUNK tokens, the fast default; "rows" = the decode kernels over
+# chunks of VERIFY_ROWS tokens (a speculative verify's rowwise forward), so that every prompt
+# token gets the bits its decode step would and prefill agrees with decode exactly. The two
+# kernel families sum in different orders; a MoE router or an int8 rounding can turn that
+# into a different expert or value at a near tie (docs/decisions/0016), so "rows" is the
+# configuration in which the argmax gate binds for MoE models. It reads the dense weights once
+# per 9 tokens instead of once per 512.
+PREFILL_PATHS = ("gemm", "rows")
 # Splits per token in prefill: a chunk's T tokens x KV heads already fill the GPU, and every
 # split adds partials (T x Hq x splits x head_dim floats) and combine work. Measured on the
 # H200 (session 8, 512 tokens from position 0, attention per chunk, 1 / 2 / 4 / 8 / 16 splits):
@@ -253,7 +262,7 @@ class Engine:
                  programmatic: bool | None = None, fuse_attention_output: bool = True,
                  attention_plan: str = "aligned", prefill_attention: str = "split",
                  prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "lane",
-                 fuse_prefill: bool = True, moe_q8: bool = True):
+                 fuse_prefill: bool = True, moe_q8: bool = True, prefill_path: str = "gemm"):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -310,7 +319,12 @@ class Engine:
         self.ws1 = Workspace(c, 1, n_splits)
         if prefill_splits < 1:
             raise ValueError(f"prefill_splits must be >= 1, not {prefill_splits}")
-        self.wsp = Workspace(c, min(PREFILL_CHUNK, n_ctx), min(n_splits, int(prefill_splits)))
+        if prefill_path not in PREFILL_PATHS:
+            raise ValueError(f"prefill_path must be one of {PREFILL_PATHS}, not {prefill_path!r}")
+        self.prefill_path = prefill_path
+        self.wsp = (Workspace(c, min(VERIFY_ROWS, n_ctx), n_splits, rowwise=True)
+                    if prefill_path == "rows" else
+                    Workspace(c, min(PREFILL_CHUNK, n_ctx), min(n_splits, int(prefill_splits))))
         self.logits = cuda.device_array(self.output.rows, np.float32)
         self.sample_ws = sampling.SampleWorkspace(self.output.rows)
         self.next_token = cuda.device_array(1, np.int32)

@@ -72,3 +72,39 @@ def test_moe_q8_prefill_and_decode_agree_and_track_the_reference(engine, quantiz
     stepped = engine.decode(prompt[-1])            # T = 1
     assert rel(stepped, full) <= 1e-4
     assert stepped.argmax() == full.argmax()
+
+
+@pytest.mark.parametrize("fixture", ["moe", "dense"])
+def test_rows_prefill_gives_decodes_bits(quantized_gguf, fixture, tmp_path):
+    """Engine(prefill_path="rows"): prefill runs the decode kernels (the rowwise forward of a
+    speculative verify) over chunks of VERIFY_ROWS tokens, so its last logits are bit for bit
+    those of decoding the prompt token by token -- here over two chunks (12 tokens)."""
+    from bw24nb.engine import VERIFY_ROWS
+    path = quantized_gguf if fixture == "moe" else _dense_int8(tmp_path)
+    eng = _engine(path, prefill_path="rows")
+    assert eng.wsp.rowwise and eng.wsp.T == VERIFY_ROWS
+    prompt = [(37 * i + 11) % 250 for i in range(VERIFY_ROWS + 3)]
+    eng.reset()
+    full = eng.prefill(prompt)
+    eng.reset()
+    for t in prompt:
+        stepped = eng.decode(t)
+    np.testing.assert_array_equal(full.view(np.uint32), stepped.view(np.uint32))
+
+
+def _dense_int8(tmp_path):
+    src = open_model("tests/fixtures/qwen3/model.gguf")
+    tensors = {}
+    for j, name in enumerate(src.names()):
+        x = np.ascontiguousarray(src.dequantize(name), np.float32)
+        if x.ndim == 2 and x.shape[1] % 32 == 0:
+            qt = TYPES[j % len(TYPES)]
+            tensors[name] = QuantizedTensor(quantize(x, qt), int(qt), x.shape)
+        else:
+            tensors[name] = x
+    return write_gguf(tmp_path / "qwen3-q.gguf", src.config, tensors)
+
+
+def test_prefill_path_is_checked(quantized_gguf):
+    with pytest.raises(ValueError, match="prefill_path"):
+        _engine(quantized_gguf, prefill_path="fast")
