@@ -500,7 +500,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "moe-float": dict(moe_q8=False),
                 # prefill on the decode kernels, 9 tokens a chunk (Engine(prefill_path="rows"):
                 # prefill gives decode's bits, the configuration the MoE gate binds in)
-                "rows-prefill": dict(prefill_path="rows")}
+                "rows-prefill": dict(prefill_path="rows"),
+                # MoE prefill expert-major (Engine(moe_prefill="grouped"), session 10, unmeasured)
+                "moe-grouped": dict(moe_prefill="grouped")}
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,

@@ -73,6 +73,7 @@ PREFILL_ATTENTION = ("split", "tile")
 # configuration in which the argmax gate binds for MoE models. It reads the dense weights once
 # per 9 tokens instead of once per 512.
 PREFILL_PATHS = ("gemm", "rows")
+MOE_PREFILL = ("tokens", "grouped")
 # Splits per token in prefill: a chunk's T tokens x KV heads already fill the GPU, and every
 # split adds partials (T x Hq x splits x head_dim floats) and combine work. Measured on the
 # H200 (session 8, 512 tokens from position 0, attention per chunk, 1 / 2 / 4 / 8 / 16 splits):
@@ -262,7 +263,8 @@ class Engine:
                  programmatic: bool | None = None, fuse_attention_output: bool = True,
                  attention_plan: str = "aligned", prefill_attention: str = "split",
                  prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "lane",
-                 fuse_prefill: bool = True, moe_q8: bool = True, prefill_path: str = "gemm"):
+                 fuse_prefill: bool = True, moe_q8: bool = True, prefill_path: str = "gemm",
+                 moe_prefill: str = "tokens"):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -314,6 +316,15 @@ class Engine:
         self.moe_q8 = {i: moe.expert_matrices_q8(ew, self._expert_q6k_r(i))
                        for i, ew in self.experts.items()
                        if self.act_q8 and moe_q8 and moe.int8_experts(ew)}
+        # a GEMM prefill chunk's MoE blocks: "tokens" = the int8 block, each token reading its
+        # experts (measured, session 10); "grouped" = expert-major, each expert's weights read
+        # once for the chunk by an int8 tensor-core GEMM (moe.launch_moe_block_q8_grouped; not
+        # yet measured on the device: run_bench --launch moe-grouped)
+        if moe_prefill not in MOE_PREFILL:
+            raise ValueError(f"moe_prefill must be one of {MOE_PREFILL}, not {moe_prefill!r}")
+        self.moe_grouped = {i for i, ew in self.experts.items()
+                            if moe_prefill == "grouped" and i in self.moe_q8
+                            and self.prefill_int8 and moe.grouped_experts(ew)}
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
@@ -486,13 +497,14 @@ class Engine:
                     stacks[i, "qkv_bias"] = DeviceWeight(buf, QType.F32, (buf.size,))
         return stacks
 
-    def _scratch(self, i, T):
+    def _scratch(self, i, T, grouped=False):
         """MoE scratch for T tokens (decode: allocated at capture time; prefill: per chunk size)."""
-        q8 = i in self.moe_q8
-        key = (T, q8)
+        kind = (moe.MoEScratchGrouped if grouped else
+                moe.MoEScratchQ8 if i in self.moe_q8 else moe.MoEScratch)
+        key = (T, kind)
         if key not in self._moe_scratch:
             any_w = next(iter(self.experts.values()))
-            self._moe_scratch[key] = (moe.MoEScratchQ8 if q8 else moe.MoEScratch)(T, any_w)
+            self._moe_scratch[key] = kind(T, any_w)
         return self._moe_scratch[key]
 
     @staticmethod
@@ -788,7 +800,8 @@ class Engine:
     def _moe_launches(self, i: int, ws: Workspace, T: int) -> list:
         """h += sum_k w_k expert_k(x) [+ sigmoid(gate) shared(x)] — one fixed-grid block."""
         h, x = ws.h[:T], ws.x[:T]
-        scratch, s = self._scratch(i, T), self.stream
+        grouped = i in self.moe_grouped and T > 1 and not ws.rowwise
+        scratch, s = self._scratch(i, T, grouped), self.stream
         if i in self.moe_q8:
             # the int8 block: x quantized first (the norm before it writes the int8 copy,
             # `_norm_then`), the float x kept for a float router
@@ -796,9 +809,10 @@ class Engine:
             xq, xd, xv = ws.xq[:T * H], ws.xd[:T * H // 32], x.reshape(x.size)
             return [("quant_act", lambda: quantize_act.launch_quantize_act(xv, xq, xd, n=T * H,
                                                                            stream=s)),
-                    ("moe", lambda: moe.launch_moe_block_q8(x, xq, xd, self.experts[i],
-                                                            self.moe_q8[i], scratch, h,
-                                                            residual=h, stream=s))]
+                    ("moe", lambda: (moe.launch_moe_block_q8_grouped if grouped else
+                                     moe.launch_moe_block_q8)(x, xq, xd, self.experts[i],
+                                                              self.moe_q8[i], scratch, h,
+                                                              residual=h, stream=s))]
         return [("moe", lambda: moe.launch_moe_block(x, self.experts[i], scratch, h, residual=h,
                                                      stream=s))]
 

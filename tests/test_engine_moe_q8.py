@@ -108,3 +108,20 @@ def _dense_int8(tmp_path):
 def test_prefill_path_is_checked(quantized_gguf):
     with pytest.raises(ValueError, match="prefill_path"):
         _engine(quantized_gguf, prefill_path="fast")
+
+
+def test_grouped_moe_prefill_tracks_the_token_block(engine, quantized_gguf):
+    """Engine(moe_prefill="grouped"): a prefill chunk's MoE blocks run expert-major (sorted
+    rows, one int8 GEMM per expert); the same routing and int8 activations as the token block,
+    sums in the GEMM's order -> logits within float32 rounding of the default's."""
+    grouped = _engine(quantized_gguf, moe_prefill="grouped")
+    assert grouped.moe_grouped == set(grouped.moe_q8)
+    prompt = [7, 200, 31, 99, 5]
+    engine.reset()
+    grouped.reset()
+    want = engine.prefill(prompt)
+    got = grouped.prefill(prompt)
+    assert rel(got, want) <= 1e-4
+    assert got.argmax() == want.argmax()
+    with pytest.raises(ValueError, match="moe_prefill"):
+        _engine(quantized_gguf, moe_prefill="csr")

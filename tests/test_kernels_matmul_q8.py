@@ -233,3 +233,32 @@ def test_every_candidate_kernel_gives_the_session2_kernels_bits(rng, qt):
     assert len(outs) > 1
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
+
+
+@pytest.mark.parametrize("qt", [QType.Q4_K, QType.Q6_K, QType.Q8_0])
+def test_grouped_gemm_gives_each_expert_slice_the_plain_kernels_bits(rng, qt):
+    """launch_matmul_q8_grouped (the MoE prefill's expert-major GEMM): rows group_off[e] ..
+    group_off[e + 1] of Y are the session-2 kernel's output for expert e's weights and those
+    rows of X, bit for bit; an expert with no rows writes nothing (poison stays)."""
+    from bw24nb.kernels import matmul_q8 as mq
+    E, M, K = 3, 70, 512
+    counts = [37, 0, 5]
+    R = sum(counts)
+    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)
+    w = np.concatenate([random_weight_bytes(rng, qt, M, K).reshape(-1) for _ in range(E)])
+    xq, xd = quantize_act_q8_reference(rng.standard_normal((R, K)).astype(np.float32))
+    y = cuda.to_device(np.full((R, M), np.nan, np.float32))
+    mq.launch_matmul_q8_grouped(cuda.to_device(w), qt, E, M, K, cuda.to_device(xq.reshape(R, K)),
+                                cuda.to_device(xd), cuda.to_device(off), y, max(counts))
+    got = y.copy_to_host()
+    per = w.size // E
+    for e in range(E):
+        a, b = int(off[e]), int(off[e + 1])
+        if a == b:
+            continue
+        want = cuda.to_device(np.full((b - a, M), np.nan, np.float32))
+        mq._launch(mq.MATMUL_Q8[qt], cuda.to_device(w[e * per:(e + 1) * per]), M, K, b - a,
+                   cuda.to_device(xq.reshape(R, K)[a:b].copy()),
+                   cuda.to_device(xd.reshape(R, -1)[a:b].copy()), want, None, None, 0)
+        np.testing.assert_array_equal(got[a:b].view(np.uint32),
+                                      want.copy_to_host().view(np.uint32), f"expert {e}")

@@ -313,3 +313,48 @@ def test_moe_combine_rank_order_and_shared_gate(rng):
     gate = (np.float32(1) / (np.float32(1) + np.exp(-sg))).astype(np.float32)
     ref = (ref + gate * sy) + res
     np.testing.assert_allclose(y.copy_to_host(), ref, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ expert-major prefill
+
+
+def test_moe_sort_lists_each_experts_pairs_in_order(rng):
+    from bw24nb.kernels.moe import moe_sort
+    T, k, Ex = 7, 3, 5
+    ids = np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32)
+    off = cuda.to_device(np.full(Ex + 1, 99, np.uint32))
+    pos, src = _poisoned(T * k, np.int32), _poisoned(T * k, np.int32)
+    moe_sort[1, Ex](cuda.to_device(ids), off, pos, src)
+    pairs = [p for e in range(Ex) for p in range(T * k) if ids[p // k, p % k] == e]
+    want_off = np.concatenate([[0], np.cumsum(np.bincount(ids.reshape(-1), minlength=Ex))])
+    np.testing.assert_array_equal(off.copy_to_host(), want_off)
+    np.testing.assert_array_equal(src.copy_to_host(), [p // k for p in pairs])
+    want_pos = np.empty(T * k, np.int32)
+    want_pos[pairs] = np.arange(T * k)
+    np.testing.assert_array_equal(pos.copy_to_host(), want_pos)
+
+
+def test_moe_block_grouped_matches_the_token_block(rng):
+    # the expert-major prefill against the per-token int8 block: the same routing and int8
+    # activations, sums in the GEMM's order instead of the matvec's -> float32 rounding only
+    from bw24nb.kernels.moe import (MoEScratchGrouped, MoEScratchQ8, expert_matrices_q8,
+                                    grouped_experts, launch_moe_block_q8,
+                                    launch_moe_block_q8_grouped)
+    T = 5
+    w, host = _random_block(rng, True)
+    assert grouped_experts(w)
+    q = expert_matrices_q8(w)
+    x = _rand(rng, T, H)
+    r0 = _rand(rng, T, H)
+    xq, xd = _int8(x)
+    outs = []
+    for grouped in (False, True):
+        s = (MoEScratchGrouped if grouped else MoEScratchQ8)(T, w)
+        y = cuda.to_device(r0)
+        (launch_moe_block_q8_grouped if grouped else launch_moe_block_q8)(
+            cuda.to_device(x), xq, xd, w, q, s, y, residual=y)
+        outs.append((y.copy_to_host(), s.ids.copy_to_host()))
+    (tok, ids_t), (grp, ids_g) = outs
+    np.testing.assert_array_equal(ids_g, ids_t)
+    assert np.isfinite(grp).all()
+    assert _rel(grp - r0, tok - r0) <= 1e-5

@@ -345,7 +345,7 @@ def _store(y, bias, residual, has_bias, has_residual, T, M, t, m, v):
         y[t, m] = v
 
 
-def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
+def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=False):
     lay = layout(qt)
     unit, subs_per_unit, scaling = _UNITS[lay.qtype]
     if tile.step_subs not in (4, 8) or tile.shared_bytes() > 48 * 1024:
@@ -398,7 +398,8 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
         scaled(acc, i + 2, s1a, s1b, xd0, xs0, lo[2], hi[2])
         scaled(acc, i + 3, s1a, s1b, xd1, xs1, lo[3], hi[3])
 
-    def matmul_q8(w8, w16, w32, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual):
+    def matmul_q8(w8, w16, w32, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual,
+                  group_off):
         ws = cuda.shared.array((TM, PITCH_W), np.uint32)     # weight int8 words
         xs = cuda.shared.array((TT, PITCH_W), np.uint32)     # activation int8 words
         wsa = cuda.shared.array((TM, SPITCH_W), np.float32)  # weight scales
@@ -415,7 +416,19 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
         t4 = lane & 3
         m0 = cuda.blockIdx.x * TM
         t0 = cuda.blockIdx.y * TT
-        T = y.shape[0]
+        if grouped:
+            # expert e = blockIdx.z owns rows group_off[e] .. group_off[e + 1] of X and Y and
+            # weight rows e M .. e M + M - 1; T-tiles past its rows have nothing to do
+            e = cuda.blockIdx.z
+            g0 = np.int64(group_off[e])
+            T = np.int64(group_off[e + 1]) - g0
+            if t0 >= T:
+                return
+            wrow0 = np.int64(e) * M
+        else:
+            g0 = np.int64(0)
+            T = np.int64(y.shape[0])
+            wrow0 = np.int64(0)
         nsub = K // SUB
         rb = np.int64(K // qk) * ts                 # bytes per weight row
         xrow = np.int64(K // 4)                     # words per activation row
@@ -431,7 +444,7 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
                 if uj < nsb:
                     m = m0 + r
                     if m < M:
-                        unit(w8, w16, w32, wh, np.int64(m) * rb, (s0 + uj) // subs_per_unit,
+                        unit(w8, w16, w32, wh, (wrow0 + m) * rb, (s0 + uj) // subs_per_unit,
                              ws, wsa, wsb, r, uj)
                     else:
                         for s in range(subs_per_unit):
@@ -447,7 +460,7 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
                     t = t0 + r
                     c = 8 * j
                     if t < T:
-                        base = t * xrow + 8 * (s0 + j)
+                        base = (g0 + t) * xrow + 8 * (s0 + j)
                         v0, v1, v2, v3 = ld_nc_v4_u32(xq32, base)
                         v4, v5, v6, v7 = ld_nc_v4_u32(xq32, base + 4)
                         xs[r, c] = v0
@@ -458,7 +471,7 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
                         xs[r, c + 5] = v5
                         xs[r, c + 6] = v6
                         xs[r, c + 7] = v7
-                        xds[r, j] = xd[t * nsub + s0 + j]
+                        xds[r, j] = xd[(g0 + t) * nsub + s0 + j]
                         if mins:
                             sx = dp4a(_ONES, v0, dp4a(_ONES, v1, dp4a(_ONES, v2, dp4a(_ONES, v3, 0))))
                             sx = dp4a(_ONES, v4, dp4a(_ONES, v5, dp4a(_ONES, v6, dp4a(_ONES, v7, sx))))
@@ -503,19 +516,21 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE):
                                s2a, s2b, s3a, s3b, xd0, xd1, xs0, xs1)
         # --- epilogue: acc[8 ni + 4 mi + e] is row rm + 16 mi + 8 (e >> 1), column
         # rt + 8 ni + 2 t4 + (e & 1)
+        yg = y[g0:]
+        rg = residual[g0:]
         for ni in range(4):
             t = t0 + rt + 8 * ni + 2 * t4
             for mi in range(2):
                 m = m0 + rm + 16 * mi
                 i = 8 * ni + 4 * mi
-                _store(y, bias, residual, has_bias, has_residual, T, M, t, m, acc[i])
-                _store(y, bias, residual, has_bias, has_residual, T, M, t + 1, m, acc[i + 1])
-                _store(y, bias, residual, has_bias, has_residual, T, M, t, m + 8, acc[i + 2])
-                _store(y, bias, residual, has_bias, has_residual, T, M, t + 1, m + 8, acc[i + 3])
+                _store(yg, bias, rg, has_bias, has_residual, T, M, t, m, acc[i])
+                _store(yg, bias, rg, has_bias, has_residual, T, M, t + 1, m, acc[i + 1])
+                _store(yg, bias, rg, has_bias, has_residual, T, M, t, m + 8, acc[i + 2])
+                _store(yg, bias, rg, has_bias, has_residual, T, M, t + 1, m + 8, acc[i + 3])
 
     matmul_q8.__name__ = matmul_q8.__qualname__ = \
         f"matmul_q8_{lay.name}" + ("" if magic_cvt else "_cvt") \
-        + ("" if tile == DEFAULT_TILE else f"_{tile.name}")
+        + ("" if tile == DEFAULT_TILE else f"_{tile.name}") + ("_grouped" if grouped else "")
     k = kernel(matmul_q8)
     k.tile = tile                 # read by _launch for the grid and block
     return k
@@ -575,8 +590,13 @@ def kernel_for(qt, M: int, T: int):
 
 
 _SIG = "void(uint8[::1], uint16[::1], uint32[::1], float16[::1], int32, int32, uint32[::1], " \
-       "float32[::1], float32[:, ::1], float32[::1], float32[:, ::1], int32, int32)"
+       "float32[::1], float32[:, ::1], float32[::1], float32[:, ::1], int32, int32, uint32[::1])"
 PTX_SIGNATURES = {f"matmul_q8_{qt.name.lower()}": [_SIG] for qt in MATMUL_Q8}
+PTX_SIGNATURES["matmul_q8_q4_k_grouped"] = [_SIG]
+for _ks in _CANDIDATES.values():          # KERNEL_CHOICE's kernels (sm_120 is only compiled)
+    for _k in _ks:
+        globals()[_k.__name__] = _k
+        PTX_SIGNATURES[_k.__name__] = [_SIG]
 # the tensor-core instruction must be there (tests/test_compile_ptx.py checks the text)
 EXPECTED_PTX = {name: ["mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"] for name in PTX_SIGNATURES}
 
@@ -632,7 +652,56 @@ def _launch(kern, w_dev, M, K, T, xq, xd, y, bias, residual, stream):
     kern[grid_of(tile, M, T), tile.threads, stream](
         w8, w16, w32, wh, np.int32(M), np.int32(K), xq32, xd.reshape(xd.size), y,
         y[0] if bias is None else bias.reshape(bias.size), y if residual is None else residual,
-        np.int32(bias is not None), np.int32(residual is not None))
+        np.int32(bias is not None), np.int32(residual is not None), xq32)   # group_off unread
+
+
+# grouped kernels by weight type (the session-2 tile: an expert's share of a prefill chunk is
+# T k / E rows on average, 16 at the 35B-A3B shape, so a taller tile would mostly idle)
+MATMUL_Q8_GROUPED = {qt: _make_matmul_q8(qt, grouped=True) for qt in _UNITS}
+for _qt, _k in MATMUL_Q8_GROUPED.items():
+    globals()[f"matmul_q8_{_qt.name.lower()}_grouped"] = _k
+
+
+def launch_matmul_q8_grouped(w_dev, qtype, n_experts, M, K, xq, xd, group_off, y, rows_max,
+                             stream=0):
+    """The MoE prefill's expert-major GEMM: Y[i] = dequant(Xq[i], Xd[i]) @ W[e]^T for every row
+    i in group_off[e] .. group_off[e + 1] - 1 and every expert e, with `W[E, M, K]` a stack of
+    experts (GGUF rows, expert e's row m at row e M + m), each expert's weights read once for
+    all its rows. xq int8[R, K] and xd float32[R, K / 32] hold the rows sorted by expert (R = the
+    sum of the groups), y float32[R, M]; group_off uint32[E + 1] lives on the device (the
+    router's choice, so the grid covers rows_max rows per expert -- at most T in a prefill chunk
+    -- and tiles past an expert's rows return at once). Each row is summed in the module
+    docstring's order, as `launch_matmul_q8` would sum it."""
+    lay = layout(qtype)
+    qt = lay.qtype
+    if qt not in MATMUL_Q8_GROUPED:
+        raise ValueError(f"matmul_q8_grouped: no int8 path for {qt.name}")
+    if K % block_size(qt) or K % SUB:
+        raise ValueError(f"matmul_q8_grouped: K = {K} is not a multiple of {qt.name}'s block "
+                         f"({block_size(qt)}) and of {SUB}")
+    need = n_experts * M * row_bytes(qt, K)
+    if w_dev.size * w_dev.dtype.itemsize != need:
+        raise ValueError(f"matmul_q8_grouped: {n_experts} experts of {M} x {K} {qt.name} rows "
+                         f"are {need} bytes; the device buffer holds "
+                         f"{w_dev.size * w_dev.dtype.itemsize}")
+    R = y.shape[0]
+    if y.ndim != 2 or y.shape[1] != M or y.dtype != np.float32:
+        raise ValueError(f"matmul_q8_grouped: y must be float32[R, {M}]")
+    if xq.dtype != np.int8 or xq.size != R * K or xd.size != R * (K // SUB):
+        raise ValueError(f"matmul_q8_grouped: xq must be int8[{R}, {K}] and xd "
+                         f"float32[{R}, {K // SUB}]")
+    if group_off.dtype != np.uint32 or group_off.size != n_experts + 1:
+        raise ValueError(f"matmul_q8_grouped: group_off must be uint32[{n_experts + 1}]")
+    if R == 0 or rows_max == 0:
+        return
+    kern = MATMUL_Q8_GROUPED[qt]
+    w8, w16, wh = weight_views(w_dev)
+    w32 = w8[:w8.size - w8.size % 4].view(np.uint32)
+    tile = kern.tile
+    gm, gt = grid_of(tile, M, rows_max)
+    kern[(gm, gt, n_experts), tile.threads, stream](
+        w8, w16, w32, wh, np.int32(M), np.int32(K), xq.reshape(R * K).view(np.uint32),
+        xd.reshape(xd.size), y, y[0], y, np.int32(0), np.int32(0), group_off)
 
 
 # ---------------------------------------------------------------- numpy reference

@@ -40,7 +40,7 @@ from numba import cuda
 
 from ..ptx import dp4a, ld_nc_v4_u32
 from ..quant.types import QType, type_size
-from .matvec import RowPath, path_kernels, x_row_q8
+from .matvec import RowPath, path_kernels, token_kernels, x_row_q8
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -158,12 +158,18 @@ KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 matvec_q8_q4_k_v4 = KERNELS(1, 2)
 matvec_q8_q4_k_v4_p1 = KERNELS(1, 1)
 matvec_q8_q4_k_v4_r4 = KERNELS(4, 2)
+# the MoE block's per-token / per-expert build of the same loop (matvec.token_kernel)
+matvec_q8_q4_k_v4_tok = token_kernels(PATH)(2)
 
 _SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
 PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
-                  "matvec_q8_q4_k_v4_r4": [_SIG]}
+                  "matvec_q8_q4_k_v4_r4": [_SIG],
+                  "matvec_q8_q4_k_v4_tok": [
+                      "void(Tuple((uint32[::1], float16[::1])), int32[:, ::1], int32, int32, "
+                      "int32, int32, Tuple((uint32[::1], float32[::1])), int32, float32[::1], "
+                      "int32)"]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 

@@ -646,7 +646,173 @@ def launch_moe_block_q8(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8, s: MoE
     launch_moe_combine(s.yd, s.weights, y, shared_y, shared_gate, residual, stream)
 
 
+# ------------------------------------------------------------------ expert-major prefill
+#
+# `launch_moe_block_q8` reads each token's k experts for that token: a 512-token chunk of the
+# 35B-A3B shape reads ~4 GB of expert weights a layer (617 ms for the 40 layers, session 10).
+# `launch_moe_block_q8_grouped` is the expert-major alternative (the seed's CSR batching):
+#   1. `moe_sort` (one block, a thread per expert) lists the (token, rank) pairs of each expert
+#      in ascending pair order -- group_off[e] .. group_off[e + 1] of the sorted rows -- and
+#      writes each pair's sorted row (`pos`) and each sorted row's token (`src`);
+#   2. `moe_gather` copies the tokens' int8 activations into that order;
+#   3. matmul_q8.launch_matmul_q8_grouped runs gate and up, then (after swiglu_q8 on the sorted
+#      rows) down as one int8 tensor-core GEMM per expert, each expert's weights read once for
+#      all its rows;
+#   4. `moe_combine_sorted` adds each token's k rows in rank order (pos), then the shared
+#      expert (a dense GEMM over the chunk) and the residual, as moe_combine does.
+# The sort is deterministic (no atomics), so the output is. The GEMM sums in matmul_q8's order,
+# not the decode matvec's: like the rest of the GEMM prefill it agrees with decode up to
+# rounding, not bit for bit (decision 0016); prefill_path="rows" keeps the token kernels.
+
+
+_SORT_SLOTS = ROUTER_E_MAX + 1      # a compile-time constant for the shared array
+
+
+@kernel
+def moe_sort(ids, group_off, pos, src):
+    """ids int32[T, k] -> group_off uint32[E + 1] (E = blockDim.x, one thread per expert),
+    pos int32[T k] (pair t k + r -> its sorted row), src int32[T k] (sorted row -> token).
+    Expert e's rows are its pairs in ascending pair order."""
+    e = cuda.threadIdx.x
+    E = cuda.blockDim.x
+    T, k = ids.shape
+    cnt = cuda.shared.array(_SORT_SLOTS, int32)
+    n = 0
+    for p in range(T * k):
+        if ids[p // k, p % k] == e:
+            n += 1
+    cnt[e] = n
+    cuda.syncthreads()
+    if e == 0:                        # exclusive scan, serial: E <= ROUTER_E_MAX values
+        acc = 0
+        for j in range(E):
+            c = cnt[j]
+            cnt[j] = acc
+            group_off[j] = acc
+            acc += c
+        group_off[E] = acc
+    cuda.syncthreads()
+    row = cnt[e]
+    for p in range(T * k):
+        if ids[p // k, p % k] == e:
+            pos[p] = row
+            src[row] = p // k
+            row += 1
+
+
+@kernel
+def moe_gather(xq32, xd, src, words, subs, xs32, xsd):
+    """Row i of (xs32, xsd) = row src[i] of (xq32, xd): int8 activations as `words` uint32
+    words a row, their `subs` scales. Grid (rows), any block size."""
+    i = cuda.blockIdx.x
+    t = src[i]
+    for j in range(cuda.threadIdx.x, words, cuda.blockDim.x):
+        xs32[i * words + j] = xq32[t * words + j]
+    for j in range(cuda.threadIdx.x, subs, cuda.blockDim.x):
+        xsd[i * subs + j] = xd[t * subs + j]
+
+
+@kernel
+def moe_combine_sorted(yd, pos, wts, shared_y, shared_gate, shared_mode, residual, has_residual,
+                       y):
+    """moe_combine with the k rows of token t at yd[pos[t k + r]] (the sorted order)."""
+    m = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    t = cuda.blockIdx.y
+    if m >= y.shape[1]:
+        return
+    k = wts.shape[1]
+    out = np.float32(0.0)
+    for r in range(k):
+        out += wts[t, r] * yd[pos[t * k + r], m]
+    if shared_mode == 1:
+        out += shared_y[t, m]
+    elif shared_mode == 2:
+        gate = np.float32(1.0) / (np.float32(1.0) + math.exp(-shared_gate[t]))
+        out += gate * shared_y[t, m]
+    if has_residual:
+        out += residual[t, m]
+    y[t, m] = out
+
+
+PTX_SIGNATURES["moe_sort"] = [f"void({_I2}, uint32[::1], int32[::1], int32[::1])"]
+PTX_SIGNATURES["moe_gather"] = ["void(uint32[::1], float32[::1], int32[::1], int32, int32, "
+                                "uint32[::1], float32[::1])"]
+PTX_SIGNATURES["moe_combine_sorted"] = [f"void({_A2}, int32[::1], {_A2}, {_A2}, float32[::1], "
+                                        f"int32, {_A2}, int32, {_A2})"]
+
+
+def grouped_experts(w: ExpertWeights) -> bool:
+    """Whether `launch_moe_block_q8_grouped` can run this layer: `int8_experts`, every expert
+    and shared-expert matrix of a type with an int8 GEMM, and at most ROUTER_E_MAX experts."""
+    from .matmul_q8 import MATMUL_Q8
+    types = [w.gate_type, w.up_type, w.down_type] + (
+        [w.sh_gate_type, w.sh_up_type, w.sh_down_type] if w.sh_down is not None else [])
+    return int8_experts(w) and w.n_experts <= ROUTER_E_MAX and \
+        all(layout(t).qtype in MATMUL_Q8 for t in types)
+
+
+class MoEScratchGrouped(MoEScratchQ8):
+    """MoEScratchQ8 plus the expert-major prefill's sort and gathered activations."""
+
+    def __init__(self, T: int, w: ExpertWeights):
+        super().__init__(T, w)
+        R = T * w.top_k
+        self.group_off = cuda.device_array(w.n_experts + 1, np.uint32)
+        self.pos = cuda.device_array(R, np.int32)
+        self.src = cuda.device_array(R, np.int32)
+        self.xs_q = cuda.device_array(R * w.hidden, np.int8)
+        self.xs_d = cuda.device_array(R * w.hidden // 32, np.float32)
+        self.sh_xq = None
+
+
+def launch_moe_block_q8_grouped(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8,
+                                s: MoEScratchGrouped, y, residual=None, stream=0):
+    """`launch_moe_block_q8` for a prefill chunk, expert-major (the section comment above):
+    the same router and routing, each expert's weights read once for the chunk."""
+    from .matmul_q8 import launch_matmul_q8, launch_matmul_q8_grouped
+    T, H = x.shape
+    if T != s.T or H != w.hidden:
+        raise ValueError(f"moe_block_grouped: x is [{T}, {H}], scratch was made for T = {s.T} "
+                         f"and the weights for H = {w.hidden}")
+    k, E, F = w.top_k, w.n_experts, w.ffn
+    R = T * k
+    xi = dict(xq=xq, xd=xd, x=x)
+    launch_token_matvec(q.router, s.ids, False, 1, q.router.x_args(**xi), False, s.logits, T, stream)
+    launch_moe_route(s.logits, w.norm_topk_prob, s.ids, s.weights, stream)
+    moe_sort[1, E, stream](s.ids, s.group_off, s.pos, s.src)
+    moe_gather[R, 128, stream](_flat1(xq).view(np.uint32), _flat1(xd), s.src, np.int32(H // 4),
+                               np.int32(H // 32), s.xs_q.view(np.uint32), s.xs_d)
+    xs_q, xs_d = s.xs_q.reshape(R, H), s.xs_d.reshape(R, H // 32)
+    gate, up, act = (a.reshape(R, F) for a in (s.gate, s.up, s.act))
+    launch_matmul_q8_grouped(w.gate, w.gate_type, E, F, H, xs_q, xs_d, s.group_off, gate, T, stream)
+    launch_matmul_q8_grouped(w.up, w.up_type, E, F, H, xs_q, xs_d, s.group_off, up, T, stream)
+    launch_swiglu_q8(gate, up, act, s.act_q, s.act_d, stream)
+    yd = s.yd.reshape(R, H)
+    launch_matmul_q8_grouped(w.down, w.down_type, E, H, F, s.act_q.reshape(R, F),
+                             s.act_d.reshape(R, F // 32), s.group_off, yd, T, stream)
+    shared_y = shared_gate = None
+    if w.sh_down is not None:
+        Is = w.shared_ffn
+        xq2, xd2 = _flat1(xq).reshape(T, H), _flat1(xd).reshape(T, H // 32)
+        launch_matmul_q8(w.sh_gate, w.sh_gate_type, Is, H, xq2, xd2, s.sh_gate, stream=stream)
+        launch_matmul_q8(w.sh_up, w.sh_up_type, Is, H, xq2, xd2, s.sh_up, stream=stream)
+        launch_swiglu_q8(s.sh_gate, s.sh_up, s.sh_act, s.sh_q, s.sh_d, stream)
+        launch_matmul_q8(w.sh_down, w.sh_down_type, H, Is, s.sh_q.reshape(T, Is),
+                         s.sh_d.reshape(T, Is // 32), s.sh_y, stream=stream)
+        shared_y = s.sh_y
+        if q.sh_gate_inp is not None:
+            launch_token_matvec(q.sh_gate_inp, s.ids, False, 1, q.sh_gate_inp.x_args(**xi), False,
+                                s.sh_logit, T, stream)
+            shared_gate = s.sh_logit
+    mode = 0 if shared_y is None else (1 if shared_gate is None else 2)
+    sg = s.weights.reshape(s.weights.size) if shared_gate is None else shared_gate.reshape(T)
+    moe_combine_sorted[((H + THREADS - 1) // THREADS, T), THREADS, stream](
+        yd, s.pos, s.weights, y if shared_y is None else shared_y, sg, np.int32(mode),
+        y if residual is None else residual, np.int32(residual is not None), y)
+
+
 __all__ = ["EXPERT_MATVEC", "MOE_DOWN", "ExpertMatricesQ8", "ExpertWeights", "MoEScratch",
-           "MoEScratchQ8", "TokenMatrix", "expert_matrices_q8", "int8_experts",
+           "MoEScratchGrouped", "MoEScratchQ8", "TokenMatrix", "expert_matrices_q8",
+           "grouped_experts", "int8_experts", "launch_moe_block_q8_grouped",
            "launch_expert_matvec", "launch_moe_block", "launch_moe_block_q8", "launch_moe_combine",
            "launch_moe_down", "launch_moe_route", "launch_token_matvec", "token_matrix"]
