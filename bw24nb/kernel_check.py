@@ -1978,6 +1978,92 @@ def check_moe_down(rng, size):
                       guard_ok=guard_ok)
 
 
+@check("token_matvec", "kernels.moe.launch_token_matvec")
+def check_token_matvec(rng, size):
+    """The int8 MoE block's matvec (matvec.token_kernel): y[t, r] = W[ids[t, r]] @ x_t(r) on
+    int8 activations, each token's own (gate / up) or each expert's own row (down)."""
+    from .kernels import matvec as mv
+    from .kernels import moe
+    from .kernels import quantize_act as qa
+    from .quant import QType
+    types = [QType.Q4_K, QType.Q8_0] if size == "tiny" else \
+        [qt for qt in mv.MATVEC_Q8 if _fits(qt, MOE.hidden) and _fits(qt, MOE.expert_ffn)]
+    for qt in types:
+        for per_expert in (False, True):
+            T, E, k, H, F = _moe_dims(size)
+            M, K = (H, F) if per_expert else (F, H)       # down [E, hidden, ffn] / gate [E, ffn, hidden]
+            M = 3 if size == "tiny" else M
+            w = _random_weight(rng, qt, E * M, K)
+            rows = T * k if per_expert else T
+            x = rng.standard_normal((rows, K)).astype(np.float32)
+            xq, xd = qa.quantize_act_q8_reference(x)
+            ids = _expert_ids(rng, T, E, k)
+            ids[-1, -1] = E - 1
+            tm = moe.token_matrix(_dev(w), qt, M, K, k=k)
+            y = Out((T, k, M))
+            moe.launch_token_matvec(tm, _dev(ids), True, k, tm.x_args(_dev(xq), _dev(xd)),
+                                    per_expert, y.dev, T)
+            got, guard_ok = y.get()
+            w3 = w.reshape(E, M, -1)
+            xq2, xd2 = xq.reshape(rows, K), xd.reshape(rows, K // 32)
+            ref = np.zeros((T, k, M))
+            mag = np.zeros((T, k, M))
+            for t in range(T):
+                for r in range(k):
+                    j = t * k + r if per_expert else t
+                    e = ids[t, r]
+                    ref[t, r] = mv.matvec_q8_reference(w3[e], qt, M, K, xq2[j], xd2[j])
+                    xa = np.abs(qa.dequantize_act_q8(xq2[j], xd2[j]))
+                    mag[t, r] = (_abs_weight(w3[e], qt, M, K) + 2 * _min_offsets(w3[e], qt, M, K)) @ xa
+            h = _matvec_chain(qt, K) + 4                  # matvec_q8's loop and order
+            yield compare("token_matvec", qt.name,
+                          f"T{T} k{k} {E}x{M}x{K}" + (" per-expert x" if per_expert else ""),
+                          got, ref, MARGIN * gamma(h) * mag + TINY_NORMAL,
+                          f"{MARGIN:g}γ{h}·Σ|wx|", guard_ok=guard_ok)
+
+
+@check("matmul_q8_grouped", "kernels.matmul_q8.launch_matmul_q8_grouped")
+def check_matmul_q8_grouped(rng, size):
+    """The MoE prefill's expert-major GEMM: rows group_off[e] .. group_off[e + 1] of Y against
+    expert e's weights, each expert with its own count of rows (one with none)."""
+    from .kernels import matmul_q8 as mq
+    from .kernels import quantize_act as qa
+    from .quant import QType
+    types = [QType.Q4_K, QType.Q8_0] if size == "tiny" else list(mq.MATMUL_Q8_GROUPED)
+    for qt in types:
+        _, E, _, H, F = _moe_dims(size)
+        E = min(E, 8)
+        M, K = (3 if size == "tiny" else F), H
+        if not _fits(qt, K):
+            continue
+        counts = rng.integers(0, 40, E)
+        counts[1] = 0
+        R = int(counts.sum())
+        off = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)
+        w = _random_weight(rng, qt, E * M, K)
+        x = rng.standard_normal((R, K)).astype(np.float32)
+        xq, xd = qa.quantize_act_q8_reference(x)
+        xq, xd = xq.reshape(R, K), xd.reshape(R, K // 32)
+        y = Out((R, M))
+        mq.launch_matmul_q8_grouped(_dev(w), qt, E, M, K, _dev(xq), _dev(xd), _dev(off), y.dev,
+                                    int(counts.max()))
+        got, guard_ok = y.get()
+        w3 = w.reshape(E, M, -1)
+        ref = np.zeros((R, M))
+        mag = np.zeros((R, M))
+        xa = np.abs(qa.dequantize_act_q8(xq, xd)).reshape(R, K)
+        for e in range(E):
+            a, b = int(off[e]), int(off[e + 1])
+            if a < b:
+                ref[a:b] = mq.matmul_q8_reference(w3[e], qt, M, K, xq[a:b], xd[a:b])
+                mag[a:b] = xa[a:b] @ (_abs_weight(w3[e], qt, M, K)
+                                      + 2 * _min_offsets(w3[e], qt, M, K)).T
+        h = (2 if qt == QType.Q6_K else 1) * (K // 32) + 5    # matmul_q8's order
+        yield compare("matmul_q8_grouped", qt.name, f"E{E} R{R} {M}x{K}", got, ref,
+                      MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
+                      guard_ok=guard_ok)
+
+
 def _mlp_error(x, gate, up, down, g_a):
     """(y, bound on |Δy|) for one SwiGLU MLP `down @ (silu(gate @ x) * (up @ x))` whose dots err
     by g_a relative to their magnitudes (first order): gate/up values err by g_a |W| |x|;
@@ -2082,6 +2168,139 @@ def check_moe_block(rng, size):
                       MARGIN * bound + U * np.abs(_f64(ref)) + TINY_NORMAL,
                       f"{MARGIN:g}·Σ stage bounds", guard_ok=guard_ok,
                       problems=["" if ids_ok else "router picked other experts than route()"])
+
+
+@check("moe_combine", "kernels.moe.launch_moe_combine")
+def check_moe_combine(rng, size):
+    """y[t] = sum_r w_r yd[t, r] (rank order) + sigmoid(g) shared_y + residual."""
+    from .kernels import moe
+    from .reference import ops
+    T, _, k, H, _ = _moe_dims(size)
+    yd = rng.standard_normal((T, k, H)).astype(np.float32)
+    wts = rng.uniform(0.05, 1.0, (T, k)).astype(np.float32)
+    sy = rng.standard_normal((T, H)).astype(np.float32)
+    sg = (2 * rng.standard_normal((T, 1))).astype(np.float32)
+    res = rng.standard_normal((T, H)).astype(np.float32)
+    y = Out((T, H))
+    moe.launch_moe_combine(_dev(yd), _dev(wts), y.dev, _dev(sy), _dev(sg), _dev(res))
+    got, guard_ok = y.get()
+    sig = _f64(ops.sigmoid(sg))
+    ref = np.einsum("tr,trh->th", _f64(wts), _f64(yd)) + sig * sy + res
+    mag = np.einsum("tr,trh->th", _f64(wts), np.abs(_f64(yd))) + sig * np.abs(sy) + np.abs(res)
+    h = 2 * k + 8                     # the k products and adds, the sigmoid gate, two adds
+    yield compare("moe_combine", "f32", f"T{T} k{k} H{H}", got, ref,
+                  MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|·|",
+                  guard_ok=guard_ok)
+
+
+def _moe_q8_block_rows(rng, size, grouped):
+    """The int8 MoE block (moe.launch_moe_block_q8, or the expert-major prefill), stage by
+    stage against the references, each stage fed the device's own output of the stage before
+    (so every bound is a single kernel's): the routing (route() on x), the k gate / up dots
+    (matvec_q8_reference on the int8 input), the down dots (on the block's own int8
+    activations), the shared expert's down dot, and the combine."""
+    from .kernels import matmul_q8 as mq
+    from .kernels import matvec as mv
+    from .kernels import moe
+    from .kernels import quantize_act as qa
+    from .quant import QType, dequantize, quantize
+    from .reference import ops
+    from .reference.moe import route
+    name = "moe_block_q8" + ("_grouped" if grouped else "")
+    if size == "tiny":
+        E, k, H, F, Is, wt, Ts = 4, 2, 256, 256, 256, QType.Q4_K, ((2,) if grouped else (1, 2))
+    else:
+        E, k, H, F, Is, wt, Ts = MOE.n_experts, MOE.top_k, MOE.hidden, MOE.expert_ffn, 512, \
+            QType.Q4_K, ((64,) if grouped else (1, 4))
+    raw = {n: _random_weight(rng, wt, int(np.prod(sh[:-1])), sh[-1]) for n, sh in (
+        ("gate", (E, F, H)), ("up", (E, F, H)), ("down", (E, H, F)), ("sh_gate", (Is, H)),
+        ("sh_up", (Is, H)), ("sh_down", (H, Is)))}
+    router = rng.standard_normal((E, H)).astype(np.float32)
+    sh_inp = rng.standard_normal((1, H)).astype(np.float32)
+    dev = {n: _dev(a) for n, a in raw.items()}
+    w = moe.ExpertWeights(
+        n_experts=E, top_k=k, hidden=H, ffn=F, norm_topk_prob=True,
+        router=_dev(quantize(router, QType.F32)), router_type=QType.F32, gate=dev["gate"],
+        gate_type=wt, up=dev["up"], up_type=wt, down=dev["down"], down_type=wt, shared_ffn=Is,
+        sh_gate=dev["sh_gate"], sh_gate_type=wt, sh_up=dev["sh_up"], sh_up_type=wt,
+        sh_down=dev["sh_down"], sh_down_type=wt, sh_gate_inp=_dev(quantize(sh_inp, QType.F32)),
+        sh_gate_inp_type=QType.F32)
+    q = moe.expert_matrices_q8(w)
+    w3 = {n: raw[n].reshape(E, -1, raw[n].shape[-1]) for n in ("gate", "up", "down")}
+    # x at the scale that makes the pre-activations O(1) (check_moe_block's reason)
+    w_rms = float(np.sqrt(np.mean(np.square(dequantize(w3["gate"][0], wt, (F, H)), dtype=np.float64))))
+    x_scale = 1 / (math.sqrt(H) * w_rms)
+
+    def dot_bound(wraw, M, K, xq, xd, h):
+        xa = np.abs(qa.dequantize_act_q8(xq, xd))
+        return MARGIN * gamma(h) * ((_abs_weight(wraw, wt, M, K)
+                                     + 2 * _min_offsets(wraw, wt, M, K)) @ xa) + TINY_NORMAL
+
+    h_mv = _matvec_chain(wt, max(H, F)) + 4
+    for T in Ts:
+        x = (x_scale * rng.standard_normal((T, H))).astype(np.float32)
+        xq, xd = qa.quantize_act_q8_reference(x)
+        s = (moe.MoEScratchGrouped if grouped else moe.MoEScratchQ8)(T, w)
+        res = rng.standard_normal((T, H)).astype(np.float32)
+        y = Out((T, H))
+        y.dev.copy_to_device(res)
+        (moe.launch_moe_block_q8_grouped if grouped else moe.launch_moe_block_q8)(
+            _dev(x), _dev(xq), _dev(xd), w, q, s, y.dev, residual=y.dev)
+        got, guard_ok = y.get()
+        tag = f"T{T} E{E} k{k} H{H} F{F}"
+        ids = s.ids.copy_to_host()
+        wts = s.weights.copy_to_host()
+        ref_ids, ref_w = route(x, router, k, True)
+        yield compare(name + " ids", "i32", tag, ids, ref_ids.astype(np.int32))
+        yield compare(name + " weights", "f32", tag, wts, ref_w, 64 * U * np.abs(ref_w) + TINY_NORMAL,
+                      "64u·|w|")
+        # row of (t, r) in the block's buffers: t k + r, or its sorted row when grouped
+        pos = s.pos.copy_to_host() if grouped else np.arange(T * k)
+        gate = s.gate.copy_to_host().reshape(T * k, F)
+        up = s.up.copy_to_host().reshape(T * k, F)
+        yd = s.yd.copy_to_host().reshape(T * k, H)
+        aq = s.act_q.copy_to_host().reshape(T * k, F)
+        ad = s.act_d.copy_to_host().reshape(T * k, F // 32)
+        xq2, xd2 = xq.reshape(T, H), xd.reshape(T, H // 32)
+        h_g = H // 32 + 5 if grouped else h_mv          # matmul_q8's chain, or the matvec's
+        h_d = F // 32 + 5 if grouped else h_mv
+        rows = {n: np.zeros((T * k, M)) for n, M in (("gate", F), ("up", F), ("down", H))}
+        bnds = {n: np.zeros((T * k, M)) for n, M in (("gate", F), ("up", F), ("down", H))}
+        for t in range(T):
+            for r in range(k):
+                e, i = ref_ids[t, r], pos[t * k + r]
+                for n in ("gate", "up"):
+                    rows[n][i] = mv.matvec_q8_reference(w3[n][e], wt, F, H, xq2[t], xd2[t])
+                    bnds[n][i] = dot_bound(w3[n][e], F, H, xq2[t], xd2[t], h_g)
+                rows["down"][i] = mv.matvec_q8_reference(w3["down"][e], wt, H, F, aq[i], ad[i])
+                bnds["down"][i] = dot_bound(w3["down"][e], H, F, aq[i], ad[i], h_d)
+        for n, dv in (("gate", gate), ("up", up), ("down", yd)):
+            yield compare(f"{name} {n}", wt.name, tag, dv, rows[n], bnds[n], "2γh·Σ|wx|")
+        # the shared expert's down dot on its own int8 activations, and the combine
+        shq = s.sh_q.copy_to_host().reshape(T, Is)
+        shd = s.sh_d.copy_to_host().reshape(T, Is // 32)
+        shy = s.sh_y.copy_to_host()
+        sh_ref = np.stack([mv.matvec_q8_reference(raw["sh_down"], wt, H, Is, shq[t], shd[t])
+                           for t in range(T)])
+        h_s = Is // 32 + 5 if grouped else _matvec_chain(wt, Is) + 4
+        sh_b = np.stack([dot_bound(raw["sh_down"], H, Is, shq[t], shd[t], h_s) for t in range(T)])
+        yield compare(f"{name} shared", wt.name, tag, shy, sh_ref, sh_b, "2γh·Σ|wx|")
+        sig = _f64(ops.sigmoid(s.sh_logit.copy_to_host()))
+        ydk = _f64(yd)[pos].reshape(T, k, H)
+        ref = np.einsum("tr,trh->th", _f64(wts), ydk) + sig * shy + res
+        mag = np.einsum("tr,trh->th", _f64(wts), np.abs(ydk)) + sig * np.abs(shy) + np.abs(res)
+        yield compare(name, wt.name, tag, got, ref, MARGIN * gamma(2 * k + 8) * mag + TINY_NORMAL,
+                      f"{MARGIN:g}γ{2 * k + 8}·Σ|·|", guard_ok=guard_ok)
+
+
+@check("moe_block_q8", "kernels.moe.launch_moe_block_q8")
+def check_moe_block_q8(rng, size):
+    yield from _moe_q8_block_rows(rng, size, grouped=False)
+
+
+@check("moe_block_q8_grouped", "kernels.moe.launch_moe_block_q8_grouped")
+def check_moe_block_q8_grouped(rng, size):
+    yield from _moe_q8_block_rows(rng, size, grouped=True)
 
 
 # ------------------------------------------------------------------ running

@@ -118,3 +118,37 @@ def test_thread_and_block_indices_of_3d_blocks_on_reused_threads():
             for bx in range(3):
                 np.testing.assert_array_equal(out[by, bx, :, :3], idx)
                 assert (out[by, bx, :, 3] == bx + 10 * by).all()
+
+
+@cuda.jit
+def _count_stale_block_mates(out):
+    # what the warp twins read to tell a lane that left the kernel from one not yet arrived
+    import threading
+    me = threading.current_thread()
+    stale = 0
+    for t in me._manager.threads:
+        if t.finished:
+            stale += 1
+    cuda.syncthreads()      # no thread of this block leaves before every thread has counted
+    out[cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x] = stale
+
+
+def test_no_thread_sees_a_block_mate_finished_before_it_started(monkeypatch):
+    # Pool threads carry `finished` over from their last block. A block's threads are all
+    # assigned before any starts, so a running thread never sees a block-mate still marked
+    # finished (session 10: a verify's warp_sum raised "lane 18 of warp 3 finished" on a loaded
+    # CI machine). A slow assignment loop (the sleep) would expose a thread that started early.
+    import time
+    with simfast._POOL_LOCK:
+        simfast._workers(64)                      # the pool's thread class exists
+    cls = simfast._worker_cls
+    original = cls.assign
+
+    def slow_assign(self, *a, **k):
+        original(self, *a, **k)
+        time.sleep(0.002)
+
+    monkeypatch.setattr(cls, "assign", slow_assign)
+    out = cuda.to_device(np.full(2 * 64, -1, np.int32))
+    _count_stale_block_mates[2, 64](out)          # the pool's threads ran a block before
+    np.testing.assert_array_equal(out.copy_to_host(), 0)

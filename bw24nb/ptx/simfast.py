@@ -59,6 +59,10 @@ def _worker_class():
             self.finished = True
 
         def assign(self, manager, block_point, thread_point, target) -> None:
+            """Give the thread its part of a block; it starts on `go`. Every thread of a block
+            is assigned before any starts, so no running lane sees a block-mate still marked
+            `finished` from its previous block (the warp twins read that flag to tell a lane
+            that left the kernel from one that has not arrived yet)."""
             from numba.cuda.simulator.kernelapi import Dim3
             self._manager = manager
             self.blockIdx = Dim3(*block_point)
@@ -71,6 +75,8 @@ def _worker_class():
             self.debug = manager._debug
             self.finished = False
             self._job = target
+
+        def go(self) -> None:
             self._go.release()
 
         def syncthreads(self):
@@ -184,6 +190,8 @@ class WaitingBlockManager:
                 self._alive = len(points)
                 for t, p in zip(self.threads, points):
                     t.assign(self, grid_point, p, target)
+                for t in self.threads:
+                    t.go()
                 while self._alive:
                     self._cond.wait()
             failed = self._failed
