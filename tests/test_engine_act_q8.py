@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from bw24nb.formats import open_model
-from bw24nb.formats.gguf_writer import QuantizedTensor, write_gguf
-from bw24nb.quant import QType, quantize
+from bw24nb.quant import QType
 from bw24nb.reference import load_reference
+from int8_gguf import requantized_gguf  # tests/int8_gguf.py (pytest puts tests/ on the path)
 
 FIXTURE = "tests/fixtures/qwen3/model.gguf"
 TYPES = (QType.Q8_0, QType.Q5_0, QType.Q4_0)
@@ -32,17 +32,7 @@ def rel(a, b):
 
 @pytest.fixture(scope="module")
 def quantized_gguf(tmp_path_factory):
-    src = open_model(FIXTURE)
-    tensors = {}
-    for j, name in enumerate(src.names()):
-        x = np.ascontiguousarray(src.dequantize(name), np.float32)
-        if x.ndim == 2 and x.shape[1] % 32 == 0:
-            qt = TYPES[j % len(TYPES)]
-            tensors[name] = QuantizedTensor(quantize(x, qt), int(qt), x.shape)
-        else:
-            tensors[name] = x
-    path = tmp_path_factory.mktemp("q8") / "qwen3-q.gguf"
-    return write_gguf(path, src.config, tensors)
+    return requantized_gguf(FIXTURE, tmp_path_factory.mktemp("q8") / "qwen3-q.gguf", TYPES)
 
 
 @pytest.fixture(scope="module")

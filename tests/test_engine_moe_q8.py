@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from bw24nb.formats import open_model
-from bw24nb.formats.gguf_writer import QuantizedTensor, write_gguf
-from bw24nb.quant import QType, quantize
+from bw24nb.quant import QType
 from bw24nb.reference import load_reference
+from int8_gguf import requantized_gguf  # tests/int8_gguf.py (pytest puts tests/ on the path)
 
 FIXTURE = "tests/fixtures/qwen3moe/model.gguf"
 TYPES = (QType.Q8_0, QType.Q4_0)
@@ -28,18 +28,8 @@ def rel(a, b):
 
 @pytest.fixture(scope="module")
 def quantized_gguf(tmp_path_factory):
-    src = open_model(FIXTURE)
-    tensors = {}
-    for j, name in enumerate(src.names()):
-        x = np.ascontiguousarray(src.dequantize(name), np.float32)
-        if x.ndim in (2, 3) and x.shape[-1] % 32 == 0 and "gate_inp" not in name:
-            qt = TYPES[j % len(TYPES)]
-            tensors[name] = QuantizedTensor(quantize(x.reshape(-1, x.shape[-1]), qt), int(qt),
-                                            x.shape)
-        else:
-            tensors[name] = x
-    path = tmp_path_factory.mktemp("moeq8") / "qwen3moe-q.gguf"
-    return write_gguf(path, src.config, tensors)
+    return requantized_gguf(FIXTURE, tmp_path_factory.mktemp("moeq8") / "qwen3moe-q.gguf", TYPES,
+                            experts=True)
 
 
 def _engine(path, **kw):
@@ -93,16 +83,7 @@ def test_rows_prefill_gives_decodes_bits(quantized_gguf, fixture, tmp_path):
 
 
 def _dense_int8(tmp_path):
-    src = open_model("tests/fixtures/qwen3/model.gguf")
-    tensors = {}
-    for j, name in enumerate(src.names()):
-        x = np.ascontiguousarray(src.dequantize(name), np.float32)
-        if x.ndim == 2 and x.shape[1] % 32 == 0:
-            qt = TYPES[j % len(TYPES)]
-            tensors[name] = QuantizedTensor(quantize(x, qt), int(qt), x.shape)
-        else:
-            tensors[name] = x
-    return write_gguf(tmp_path / "qwen3-q.gguf", src.config, tensors)
+    return requantized_gguf("tests/fixtures/qwen3/model.gguf", tmp_path / "qwen3-q.gguf", TYPES)
 
 
 def test_prefill_path_is_checked(quantized_gguf):

@@ -188,6 +188,20 @@ def _make_expert_matvec(lay):
     return kernel(expert_matvec)
 
 
+@cuda.jit(device=True, inline="always")
+def _finish_row(out, t, m, shared_y, shared_gate, shared_mode, residual, has_residual, y):
+    """y[t, m] = (out + gate * shared_y[t, m]) + residual[t, m]: the combine's last steps
+    (shared_mode 0: no shared expert, 1: gate 1, 2: sigmoid(shared_gate[t]))."""
+    if shared_mode == 1:
+        out += shared_y[t, m]
+    elif shared_mode == 2:
+        gate = np.float32(1.0) / (np.float32(1.0) + math.exp(-shared_gate[t]))
+        out += gate * shared_y[t, m]
+    if has_residual:
+        out += residual[t, m]
+    y[t, m] = out
+
+
 def _make_moe_down(lay):
     qk, ts, gpb, group_dot = lay.block, lay.type_size, lay.groups, lay.group_dot
 
@@ -213,14 +227,7 @@ def _make_moe_down(lay):
             total = warp_sum(acc)
             out += wts[t, r] * total
         if row < M and lane == 0:
-            if shared_mode == 1:
-                out += shared_y[t, row]
-            elif shared_mode == 2:
-                gate = np.float32(1.0) / (np.float32(1.0) + math.exp(-shared_gate[t]))
-                out += gate * shared_y[t, row]
-            if has_residual:
-                out += residual[t, row]
-            y[t, row] = out
+            _finish_row(out, t, row, shared_y, shared_gate, shared_mode, residual, has_residual, y)
 
     moe_down.__name__ = moe_down.__qualname__ = f"moe_down_{lay.name}"
     return kernel(moe_down)
@@ -456,14 +463,7 @@ def moe_combine(yd, wts, shared_y, shared_gate, shared_mode, residual, has_resid
     out = np.float32(0.0)
     for r in range(wts.shape[1]):
         out += wts[t, r] * yd[t, r, m]
-    if shared_mode == 1:
-        out += shared_y[t, m]
-    elif shared_mode == 2:
-        gate = np.float32(1.0) / (np.float32(1.0) + math.exp(-shared_gate[t]))
-        out += gate * shared_y[t, m]
-    if has_residual:
-        out += residual[t, m]
-    y[t, m] = out
+    _finish_row(out, t, m, shared_y, shared_gate, shared_mode, residual, has_residual, y)
 
 
 PTX_SIGNATURES["moe_combine"] = [f"void({_A3}, {_A2}, {_A2}, float32[::1], int32, {_A2}, int32, "
@@ -724,14 +724,7 @@ def moe_combine_sorted(yd, pos, wts, shared_y, shared_gate, shared_mode, residua
     out = np.float32(0.0)
     for r in range(k):
         out += wts[t, r] * yd[pos[t * k + r], m]
-    if shared_mode == 1:
-        out += shared_y[t, m]
-    elif shared_mode == 2:
-        gate = np.float32(1.0) / (np.float32(1.0) + math.exp(-shared_gate[t]))
-        out += gate * shared_y[t, m]
-    if has_residual:
-        out += residual[t, m]
-    y[t, m] = out
+    _finish_row(out, t, m, shared_y, shared_gate, shared_mode, residual, has_residual, y)
 
 
 PTX_SIGNATURES["moe_sort"] = [f"void({_I2}, uint32[::1], int32[::1], int32[::1])"]
