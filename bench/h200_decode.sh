@@ -14,6 +14,7 @@
 # against the one-row kernel, per shape and type). Logs in $OUT/logs.tgz, JSON records in
 # $OUT/*.jsonl.
 # Env: KVC / LAUNCH (run_bench's --kv-cache / --launch lists, default "default"), SPEC_MODES,
+# GATE_MODEL (q9gate's model, e.g. /tmp/qwen3.6-35b-a3b.gguf after `big`), MV_SHAPES (rowsmv),
 # ATT_ARGS. Stage tests: the GPU-only tests of tests/test_graph.py and tests/test_ptx.py.
 #   usage (device tool, carry .whl):  BW24_COMMIT=<sha> bash bench/h200_decode.sh STAGES
 stages=${1:-probe,bench}
@@ -28,7 +29,7 @@ on att && { run ${ATT_S:-120} att python3 bench/attention_bench.py --jsonl /tmp/
 on tiles && { run ${TILES_S:-240} tiles python3 bench/matmul_q8_bench.py --shapes ${SHAPES:-9b} \
     --tiles ${TILES:-all} ${TILES_ARGS:-} --commit $C --jsonl /tmp/matmul_q8.jsonl
   grep -E "^ *512x.*matmul_q8|BAD|FAILED|Error" "$L/tiles.log" | grep -v quant+ | tail -40; }
-on rowsmv && { run ${MV_S:-240} rowsmv python3 bench/matvec_bench.py --no-old \
+on rowsmv && { run ${MV_S:-240} rowsmv python3 bench/matvec_bench.py --no-old --shapes ${MV_SHAPES:-9b} \
     --act-rows ${ACT_ROWS:-2,4,9} --out /tmp/matvec.jsonl
   grep -E "dp4a|BAD|FAILED|Error" "$L/rowsmv.log" | tail -48; }
 on probe && { run ${PROBE_S:-240} probe python3 bench/q4k_probe.py ${PROBE_ARGS:-}; cat "$L/probe.log" | tail -40; }
@@ -63,7 +64,7 @@ on big && { for m in ${BIG:-qwen3.6-35b-a3b qwen3.6-27b}; do f=/tmp/$m.gguf
     --long-prompt 6144 --act-quant q8 --launch ${LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok|roofline_pct|prefill_(eager_)?tok|step_eager|Error" "$L/bench_$m.log" | tail -12
   done; }
-on q9gate && { run ${Q9GATE_S:-200} q9gate python3 bench/spec_gate.py /tmp/q9.gguf --ks ${GKS:-1-8} --n 64 \
+on q9gate && { run ${Q9GATE_S:-200} q9gate python3 bench/spec_gate.py ${GATE_MODEL:-/tmp/q9.gguf} --ks ${GKS:-1-8} --n 64 \
     --prompt-len 32 --ctx 512 --scripted --commit $C --jsonl /tmp/spec.jsonl \
     ${Q9GATE_ARGS:-}
   grep -E "MISMATCH|Error|Traceback|spec gate|K=[18]:" "$L/q9gate.log" | head -14; }
