@@ -658,8 +658,9 @@ def _launch(kern, w_dev, M, K, T, xq, xd, y, bias, residual, stream):
 # grouped kernels by weight type (the session-2 tile: an expert's share of a prefill chunk is
 # T k / E rows on average, 16 at the 35B-A3B shape, so a taller tile would mostly idle)
 MATMUL_Q8_GROUPED = {qt: _make_matmul_q8(qt, grouped=True) for qt in _UNITS}
-for _qt, _k in MATMUL_Q8_GROUPED.items():
-    globals()[f"matmul_q8_{_qt.name.lower()}_grouped"] = _k
+# the compile check's representative (the other types' grouped kernels are the same code with
+# another unit decoder, which their ungrouped kernels' checks compile)
+matmul_q8_q4_k_grouped = MATMUL_Q8_GROUPED[QType.Q4_K]
 
 
 def launch_matmul_q8_grouped(w_dev, qtype, n_experts, M, K, xq, xd, group_off, y, rows_max,
