@@ -32,8 +32,13 @@ order too, then combines them `acc = 0; acc += wts_r * dot_r` for r = 0, 1, ...,
 order, no atomics, so the MoE output is deterministic.
 
 Prefill (T > 1) uses the same kernels with grid z = T: each token's k experts are read for that
-token (weights re-read per token -- correct, not fast; expert-major CSR batching that reads each
-active expert once is the planned prefill path).
+token (weights re-read per token -- correct, not fast).
+
+That is the float block, which every weight type can run. The engine runs the int8 block of the
+sections below wherever the experts have integer types:
+  * `launch_moe_block_q8`: the decode kernels, one token per grid z, so that every token gets
+    its decode step's bits;
+  * `launch_moe_block_q8_grouped`: expert-major prefill, with one int8 GEMM per expert.
 """
 from __future__ import annotations
 
