@@ -29,7 +29,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -51,7 +50,7 @@ def main() -> int:
     from bw24nb.engine import Engine
     from bw24nb.formats import open_model
     from bw24nb.kernels import moe
-    from bench.run_bench import prompt_ids
+    from bench.run_bench import git_commit, gpu_name, prompt_ids
 
     src = open_model(args.model)
     eng = Engine(src, n_ctx=max(256, 2 * args.tokens), log=lambda *a: None, use_graph=False)
@@ -85,14 +84,9 @@ def main() -> int:
     if len(pre) != L or len(dec) != L * T:
         print(f"recorded {len(pre)} prefill / {len(dec)} decode blocks, expected {L} / {L * T}")
         return 1
-    commit = args.commit or os.environ.get("BW24_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    try:
-        gpu = cuda.get_current_device().name.decode()
-    except Exception:                       # noqa: BLE001
-        gpu = "unknown"
-    base = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), gpu=gpu,
-                commit=commit, model=Path(args.model).name, tokens=T)
+    base = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                gpu=gpu_name(), commit=git_commit(args.commit), model=Path(args.model).name,
+                tokens=T)
     out = Path(args.jsonl) if args.jsonl else Path(os.environ.get("OUT", ".")) / "moe_gate_diag.jsonl"
     rows = []
     first = None

@@ -332,7 +332,6 @@ class Engine:
             raise ValueError(f"prefill_splits must be >= 1, not {prefill_splits}")
         if prefill_path not in PREFILL_PATHS:
             raise ValueError(f"prefill_path must be one of {PREFILL_PATHS}, not {prefill_path!r}")
-        self.prefill_path = prefill_path
         self.wsp = (Workspace(c, min(VERIFY_ROWS, n_ctx), n_splits, rowwise=True)
                     if prefill_path == "rows" else
                     Workspace(c, min(PREFILL_CHUNK, n_ctx), min(n_splits, int(prefill_splits))))

@@ -333,6 +333,12 @@ def _min_offsets(w_raw, qt, M, K):
     return np.abs(dequantize(blocks, qt, (M, K)).astype(np.float64))
 
 
+def _int8_path_weight_mag(w_raw, qt, M, K):
+    """|w| + 2 |dmin m| per element: what an int8-activation dot's rounding scales with (the
+    K-quants round their scale and min pieces separately, `_min_offsets`)."""
+    return _abs_weight(w_raw, qt, M, K) + 2 * _min_offsets(w_raw, qt, M, K)
+
+
 @check("matvec_q8", "kernels.matvec.launch_matvec_q8")
 def check_matvec_q8(rng, size):
     """dp4a decode matvec: (a) the integer part is exact; (b) end to end on realistic scales."""
@@ -376,7 +382,7 @@ def check_matvec_q8(rng, size):
             # float path's chain; K-quants round their two pieces separately, so the error
             # scales with |w| + 2 |dmin m| rather than |w|.
             xa = np.abs(qa.dequantize_act_q8(xq, xd))
-            wmag = _abs_weight(w, qt, M, K) + 2 * _min_offsets(w, qt, M, K)
+            wmag = _int8_path_weight_mag(w, qt, M, K)
             mag = wmag @ xa + np.abs(bias) + np.abs(residual)
             h = _matvec_chain(qt, K) + 4
             yield compare("matvec_q8", qt.name, f"{_shape(M, K)} {label}".strip(), got, ref,
@@ -736,7 +742,7 @@ def check_matmul_q8(rng, size):
             # terms + 5. K-quants round (d*sc)*isum and (dmin*m)*xsum separately, so the error
             # scales with |w| + 2 |dmin m| rather than |w| (matmul_q8.py's summation order).
             xa = np.abs(qa.dequantize_act_q8(xq, xd)).reshape(T, K)
-            wmag = _abs_weight(w, qt, M, K) + 2 * _min_offsets(w, qt, M, K)
+            wmag = _int8_path_weight_mag(w, qt, M, K)
             mag = xa @ wmag.T + np.abs(bias) + np.abs(residual)
             h = (2 if qt == QType.Q6_K else 1) * (K // 32) + 5
             yield compare("matmul_q8", qt.name, f"{_shape(T, M, K)} {label}".strip(), got, ref,
@@ -2014,7 +2020,7 @@ def check_token_matvec(rng, size):
                     e = ids[t, r]
                     ref[t, r] = mv.matvec_q8_reference(w3[e], qt, M, K, xq2[j], xd2[j])
                     xa = np.abs(qa.dequantize_act_q8(xq2[j], xd2[j]))
-                    mag[t, r] = (_abs_weight(w3[e], qt, M, K) + 2 * _min_offsets(w3[e], qt, M, K)) @ xa
+                    mag[t, r] = _int8_path_weight_mag(w3[e], qt, M, K) @ xa
             h = _matvec_chain(qt, K) + 4                  # matvec_q8's loop and order
             yield compare("token_matvec", qt.name,
                           f"T{T} k{k} {E}x{M}x{K}" + (" per-expert x" if per_expert else ""),
@@ -2056,8 +2062,7 @@ def check_matmul_q8_grouped(rng, size):
             a, b = int(off[e]), int(off[e + 1])
             if a < b:
                 ref[a:b] = mq.matmul_q8_reference(w3[e], qt, M, K, xq[a:b], xd[a:b])
-                mag[a:b] = xa[a:b] @ (_abs_weight(w3[e], qt, M, K)
-                                      + 2 * _min_offsets(w3[e], qt, M, K)).T
+                mag[a:b] = xa[a:b] @ _int8_path_weight_mag(w3[e], qt, M, K).T
         h = (2 if qt == QType.Q6_K else 1) * (K // 32) + 5    # matmul_q8's order
         yield compare("matmul_q8_grouped", qt.name, f"E{E} R{R} {M}x{K}", got, ref,
                       MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
@@ -2199,7 +2204,6 @@ def _moe_q8_block_rows(rng, size, grouped):
     (so every bound is a single kernel's): the routing (route() on x), the k gate / up dots
     (matvec_q8_reference on the int8 input), the down dots (on the block's own int8
     activations), the shared expert's down dot, and the combine."""
-    from .kernels import matmul_q8 as mq
     from .kernels import matvec as mv
     from .kernels import moe
     from .kernels import quantize_act as qa
@@ -2233,8 +2237,7 @@ def _moe_q8_block_rows(rng, size, grouped):
 
     def dot_bound(wraw, M, K, xq, xd, h):
         xa = np.abs(qa.dequantize_act_q8(xq, xd))
-        return MARGIN * gamma(h) * ((_abs_weight(wraw, wt, M, K)
-                                     + 2 * _min_offsets(wraw, wt, M, K)) @ xa) + TINY_NORMAL
+        return MARGIN * gamma(h) * (_int8_path_weight_mag(wraw, wt, M, K) @ xa) + TINY_NORMAL
 
     h_mv = _matvec_chain(wt, max(H, F)) + 4
     for T in Ts:

@@ -267,35 +267,47 @@ def test_token_matvec_equals_matvec_q8_on_the_expert_slice(rng, qt, per_expert):
             np.testing.assert_array_equal(got[t, r], one.copy_to_host(), f"t={t} r={r}")
 
 
+def _q8_block(rng, T, grouped_ok=False):
+    """A random int8-ready block with its TokenMatrices, T tokens of x, a residual r0 and x's
+    int8 copy (device)."""
+    from bw24nb.kernels.moe import expert_matrices_q8, grouped_experts, int8_experts
+    w, host = _random_block(rng, True)
+    assert int8_experts(w)
+    if grouped_ok:
+        assert grouped_experts(w)
+    x, r0 = _rand(rng, T, H), _rand(rng, T, H)
+    xq, xd = _int8(x)
+    return w, host, expert_matrices_q8(w), x, r0, xq, xd
+
+
+def _run_q8_block(w, q, x, xq, xd, r0, grouped=False):
+    """y = r0 + the int8 block (token or expert-major) on x; (y on the host, the scratch)."""
+    from bw24nb.kernels.moe import (MoEScratchGrouped, MoEScratchQ8, launch_moe_block_q8,
+                                    launch_moe_block_q8_grouped)
+    T = x.shape[0]
+    s = (MoEScratchGrouped if grouped else MoEScratchQ8)(T, w)
+    y = cuda.to_device(r0)
+    (launch_moe_block_q8_grouped if grouped else launch_moe_block_q8)(
+        cuda.to_device(x), xq, xd, w, q, s, y, residual=y)
+    return y.copy_to_host(), s
+
+
 def test_moe_block_q8_matches_moe_forward_and_each_token_alone(rng):
     # T = 3 tokens at once against the float64 reference (to int8 activations' error), and
     # each token's row bit for bit what a T = 1 launch (decode) gives it
-    from bw24nb.kernels.moe import (MoEScratchQ8, expert_matrices_q8, int8_experts,
-                                    launch_moe_block_q8)
     T = 3
-    w, host = _random_block(rng, True)
-    assert int8_experts(w)
-    q = expert_matrices_q8(w)
-    x = _rand(rng, T, H)
-    r0 = _rand(rng, T, H)
-    xq, xd = _int8(x)
-    s = MoEScratchQ8(T, w)
-    y = cuda.to_device(r0)
-    launch_moe_block_q8(cuda.to_device(x), xq, xd, w, q, s, y, residual=y)
-    got = y.copy_to_host()
+    w, host, q, x, r0, xq, xd = _q8_block(rng, T)
+    got, s = _run_q8_block(w, q, x, xq, xd, r0)
     assert np.isfinite(got).all()
     np.testing.assert_array_equal(s.ids.copy_to_host(), route(x, host["router"], K_TOP, True)[0])
     ref = r0.astype(np.float64) + _reference_block(x, host, True)
     # int8 activations (x and the expert activations): ~1 % of each value's block max
     assert _rel(got - r0, ref - r0) <= 3e-2
-    s1 = MoEScratchQ8(1, w)
     xq_h, xd_h = xq.copy_to_host(), xd.copy_to_host()
     for t in range(T):
-        y1 = cuda.to_device(r0[t:t + 1])
-        launch_moe_block_q8(cuda.to_device(x[t:t + 1]), cuda.to_device(xq_h[t * H:(t + 1) * H]),
-                            cuda.to_device(xd_h[t * H // 32:(t + 1) * H // 32]), w, q, s1, y1,
-                            residual=y1)
-        np.testing.assert_array_equal(got[t], y1.copy_to_host()[0], f"token {t}")
+        one, _ = _run_q8_block(w, q, x[t:t + 1], cuda.to_device(xq_h[t * H:(t + 1) * H]),
+                               cuda.to_device(xd_h[t * H // 32:(t + 1) * H // 32]), r0[t:t + 1])
+        np.testing.assert_array_equal(got[t], one[0], f"token {t}")
 
 
 def test_moe_combine_rank_order_and_shared_gate(rng):
@@ -337,24 +349,9 @@ def test_moe_sort_lists_each_experts_pairs_in_order(rng):
 def test_moe_block_grouped_matches_the_token_block(rng):
     # the expert-major prefill against the per-token int8 block: the same routing and int8
     # activations, sums in the GEMM's order instead of the matvec's -> float32 rounding only
-    from bw24nb.kernels.moe import (MoEScratchGrouped, MoEScratchQ8, expert_matrices_q8,
-                                    grouped_experts, launch_moe_block_q8,
-                                    launch_moe_block_q8_grouped)
-    T = 5
-    w, host = _random_block(rng, True)
-    assert grouped_experts(w)
-    q = expert_matrices_q8(w)
-    x = _rand(rng, T, H)
-    r0 = _rand(rng, T, H)
-    xq, xd = _int8(x)
-    outs = []
-    for grouped in (False, True):
-        s = (MoEScratchGrouped if grouped else MoEScratchQ8)(T, w)
-        y = cuda.to_device(r0)
-        (launch_moe_block_q8_grouped if grouped else launch_moe_block_q8)(
-            cuda.to_device(x), xq, xd, w, q, s, y, residual=y)
-        outs.append((y.copy_to_host(), s.ids.copy_to_host()))
-    (tok, ids_t), (grp, ids_g) = outs
-    np.testing.assert_array_equal(ids_g, ids_t)
+    w, _, q, x, r0, xq, xd = _q8_block(rng, 5, grouped_ok=True)
+    tok, s_t = _run_q8_block(w, q, x, xq, xd, r0)
+    grp, s_g = _run_q8_block(w, q, x, xq, xd, r0, grouped=True)
+    np.testing.assert_array_equal(s_g.ids.copy_to_host(), s_t.ids.copy_to_host())
     assert np.isfinite(grp).all()
     assert _rel(grp - r0, tok - r0) <= 1e-5

@@ -129,8 +129,8 @@ class Tile(NamedTuple):
 # bench/matmul_q8_bench.py measures it against the other tiles of `TILES`.
 DEFAULT_TILE = Tile()
 # Candidates for bench/matmul_q8_bench.py --tiles (static shared memory stays under numba's
-# 48 KB: the larger tiles stage 4 sub-blocks a step). Not measured yet: the default is the
-# session-2 tile until a side-by-side run says otherwise.
+# 48 KB: the larger tiles stage 4 sub-blocks a step); KERNEL_CHOICE below takes the measured
+# winners.
 TILES = {t.name: t for t in (DEFAULT_TILE, Tile(2, 2, 4), Tile(4, 2, 4), Tile(2, 4, 4),
                              Tile(4, 4, 4))}
 
@@ -604,6 +604,33 @@ EXPECTED_PTX = {name: ["mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"] for na
 # ---------------------------------------------------------------- launcher
 
 
+def _check_operands(who, qtype, n_mats, M, K, w_dev, xq, xd, y):
+    """The weight type (with an int8 path), after checking K, the weight buffer (n_mats
+    matrices of M x K GGUF rows) and the operands of T = y.shape[0] rows; returns (qt, T)."""
+    qt = layout(qtype).qtype
+    if qt not in MATMUL_Q8:
+        raise ValueError(f"{who}: no int8 path for {qt.name}; use matmul.launch_matmul "
+                         f"(int8 types: {[q.name for q in MATMUL_Q8]})")
+    if K % block_size(qt) or K % SUB:
+        raise ValueError(f"{who}: K = {K} is not a multiple of {qt.name}'s block "
+                         f"({block_size(qt)}) and of {SUB}")
+    need = n_mats * M * row_bytes(qt, K)
+    if w_dev.size * w_dev.dtype.itemsize != need:
+        what = f"a {qt.name} weight of {M} x {K} is" if n_mats == 1 else \
+            f"{n_mats} experts of {M} x {K} {qt.name} rows are"
+        raise ValueError(f"{who}: {what} {need} bytes; the device buffer holds "
+                         f"{w_dev.size * w_dev.dtype.itemsize}")
+    if y.ndim != 2 or y.shape[1] != M or y.dtype != np.float32:
+        raise ValueError(f"{who}: y must be float32[T, {M}], got {y.dtype}{tuple(y.shape)}")
+    T = y.shape[0]
+    if xq.dtype != np.int8 or xq.size != T * K:
+        raise ValueError(f"{who}: xq must be int8[{T}, {K}], got {xq.dtype}{tuple(xq.shape)}")
+    if xd.dtype != np.float32 or xd.size != T * (K // SUB):
+        raise ValueError(f"{who}: xd must be float32[{T}, {K // SUB}], "
+                         f"got {xd.dtype}{tuple(xd.shape)}")
+    return qt, T
+
+
 def launch_matmul_q8(w_dev, qtype, M, K, xq, xd, y, bias=None, residual=None, stream=0):
     """Y = dequant(xq, xd) @ W^T (+ bias) (+ residual) on int8 tensor cores, for Q8_0, Q4_0,
     Q5_0, Q4_K, Q5_K, Q6_K weights.
@@ -612,26 +639,7 @@ def launch_matmul_q8(w_dev, qtype, M, K, xq, xd, y, bias=None, residual=None, st
     xd float32[T, K / 32] (or flat, T * K and T * K / 32) from `quantize_act.launch_quantize_act`
     on X[T, K]; y float32[T, M]; bias float32[M] or None; residual float32[T, M] or None (may
     be y). Reference: `matmul_q8_reference`."""
-    lay = layout(qtype)
-    qt = lay.qtype
-    if qt not in MATMUL_Q8:
-        raise ValueError(f"matmul_q8: no int8 path for {qt.name}; use matmul.launch_matmul "
-                         f"(int8 types: {[q.name for q in MATMUL_Q8]})")
-    if K % block_size(qt) or K % SUB:
-        raise ValueError(f"matmul_q8: K = {K} is not a multiple of {qt.name}'s block "
-                         f"({block_size(qt)}) and of {SUB}")
-    need = M * row_bytes(qt, K)
-    if w_dev.size * w_dev.dtype.itemsize != need:
-        raise ValueError(f"matmul_q8: a {qt.name} weight of {M} x {K} is {need} bytes; "
-                         f"the device buffer holds {w_dev.size * w_dev.dtype.itemsize}")
-    if y.ndim != 2 or y.shape[1] != M or y.dtype != np.float32:
-        raise ValueError(f"matmul_q8: y must be float32[T, {M}], got {y.dtype}{tuple(y.shape)}")
-    T = y.shape[0]
-    if xq.dtype != np.int8 or xq.size != T * K:
-        raise ValueError(f"matmul_q8: xq must be int8[{T}, {K}], got {xq.dtype}{tuple(xq.shape)}")
-    if xd.dtype != np.float32 or xd.size != T * (K // SUB):
-        raise ValueError(f"matmul_q8: xd must be float32[{T}, {K // SUB}], "
-                         f"got {xd.dtype}{tuple(xd.shape)}")
+    qt, T = _check_operands("matmul_q8", qtype, 1, M, K, w_dev, xq, xd, y)
     if residual is not None and (tuple(residual.shape) != (T, M) or residual.dtype != np.float32):
         raise ValueError(f"matmul_q8: residual must be float32[{T}, {M}]")
     if bias is not None and (bias.size < M or bias.dtype != np.float32):
@@ -641,18 +649,25 @@ def launch_matmul_q8(w_dev, qtype, M, K, xq, xd, y, bias=None, residual=None, st
     _launch(kernel_for(qt, M, T), w_dev, M, K, T, xq, xd, y, bias, residual, stream)
 
 
-def _launch(kern, w_dev, M, K, T, xq, xd, y, bias, residual, stream):
-    """The grid and the argument views (inputs already checked by launch_matmul_q8)."""
+def _launch(kern, w_dev, M, K, T, xq, xd, y, bias, residual, stream, groups=None):
+    """The grid and the argument views (inputs already checked by the launchers). groups:
+    (group_off, rows_max, n_experts) for a grouped kernel (grid z = expert, rows_max rows of
+    T-tiles an expert), else None."""
     w8, w16, wh = weight_views(w_dev)
     # 16-byte loads read Q4_K / Q5_K blocks (sizes 144, 176: every block 16-byte aligned);
     # the other types leave this view unused (their buffer need not be a multiple of 4 bytes)
     w32 = w8[:w8.size - w8.size % 4].view(np.uint32)
     xq32 = xq.reshape(T * K).view(np.uint32)                  # 4 int8 per mma register
     tile = kern.tile
-    kern[grid_of(tile, M, T), tile.threads, stream](
+    if groups is None:
+        grid, group_off = grid_of(tile, M, T), xq32          # (group_off unread)
+    else:
+        group_off, rows_max, n_experts = groups
+        grid = (*grid_of(tile, M, rows_max), n_experts)
+    kern[grid, tile.threads, stream](
         w8, w16, w32, wh, np.int32(M), np.int32(K), xq32, xd.reshape(xd.size), y,
         y[0] if bias is None else bias.reshape(bias.size), y if residual is None else residual,
-        np.int32(bias is not None), np.int32(residual is not None), xq32)   # group_off unread
+        np.int32(bias is not None), np.int32(residual is not None), group_off)
 
 
 # grouped kernels by weight type (the session-2 tile: an expert's share of a prefill chunk is
@@ -673,36 +688,13 @@ def launch_matmul_q8_grouped(w_dev, qtype, n_experts, M, K, xq, xd, group_off, y
     router's choice, so the grid covers rows_max rows per expert -- at most T in a prefill chunk
     -- and tiles past an expert's rows return at once). Each row is summed in the module
     docstring's order, as `launch_matmul_q8` would sum it."""
-    lay = layout(qtype)
-    qt = lay.qtype
-    if qt not in MATMUL_Q8_GROUPED:
-        raise ValueError(f"matmul_q8_grouped: no int8 path for {qt.name}")
-    if K % block_size(qt) or K % SUB:
-        raise ValueError(f"matmul_q8_grouped: K = {K} is not a multiple of {qt.name}'s block "
-                         f"({block_size(qt)}) and of {SUB}")
-    need = n_experts * M * row_bytes(qt, K)
-    if w_dev.size * w_dev.dtype.itemsize != need:
-        raise ValueError(f"matmul_q8_grouped: {n_experts} experts of {M} x {K} {qt.name} rows "
-                         f"are {need} bytes; the device buffer holds "
-                         f"{w_dev.size * w_dev.dtype.itemsize}")
-    R = y.shape[0]
-    if y.ndim != 2 or y.shape[1] != M or y.dtype != np.float32:
-        raise ValueError(f"matmul_q8_grouped: y must be float32[R, {M}]")
-    if xq.dtype != np.int8 or xq.size != R * K or xd.size != R * (K // SUB):
-        raise ValueError(f"matmul_q8_grouped: xq must be int8[{R}, {K}] and xd "
-                         f"float32[{R}, {K // SUB}]")
+    qt, R = _check_operands("matmul_q8_grouped", qtype, n_experts, M, K, w_dev, xq, xd, y)
     if group_off.dtype != np.uint32 or group_off.size != n_experts + 1:
         raise ValueError(f"matmul_q8_grouped: group_off must be uint32[{n_experts + 1}]")
     if R == 0 or rows_max == 0:
         return
-    kern = MATMUL_Q8_GROUPED[qt]
-    w8, w16, wh = weight_views(w_dev)
-    w32 = w8[:w8.size - w8.size % 4].view(np.uint32)
-    tile = kern.tile
-    gm, gt = grid_of(tile, M, rows_max)
-    kern[(gm, gt, n_experts), tile.threads, stream](
-        w8, w16, w32, wh, np.int32(M), np.int32(K), xq.reshape(R * K).view(np.uint32),
-        xd.reshape(xd.size), y, y[0], y, np.int32(0), np.int32(0), group_off)
+    _launch(MATMUL_Q8_GROUPED[qt], w_dev, M, K, R, xq, xd, y, None, None, stream,
+            groups=(group_off, rows_max, n_experts))
 
 
 # ---------------------------------------------------------------- numpy reference

@@ -347,13 +347,32 @@ def _warp_row(parts):
     return lane, row, warp - row * parts
 
 
-def _named(fn, p, fixed_parts, nr=1):
-    """Kernel name <p.name>[_p1][_r<nr>]: every build of a path has its own name (the disk
-    cache tells kernels apart by name and module)."""
-    fn.__name__ = fn.__qualname__ = (p.name + (f"_p{fixed_parts}" if fixed_parts else "")
+def _named(fn, p, fixed_parts, nr=1, kind=""):
+    """Kernel name <p.name><kind>[_p1][_r<nr>]: every build of a path has its own name (the
+    disk cache tells kernels apart by name and module)."""
+    fn.__name__ = fn.__qualname__ = (p.name + kind + (f"_p{fixed_parts}" if fixed_parts else "")
                                      + (f"_r{nr}" if nr > 1 else ""))
     fn.__module__ = p.module
     return kernel(fn)
+
+
+def _row_total(p):
+    """row_total(w, x, base, n, last, P, part, lane, part_sh): one output row's sum in lane 0 of
+    part 0 (steps 1-4 of the module docstring) -- this lane's slots from unit 32 part + lane
+    on, the warp tree, then the row's `P` warps in order -- for the one-row kernels of path p
+    (`row_kernel`, `token_kernel`). n = 0 (a split row past the end) loads nothing but still
+    meets the block barrier."""
+    step, U = _lane_step(p), p.unroll
+
+    @cuda.jit(device=True, inline="always")
+    def row_total(w, x, base, n, last, P, part, lane, part_sh):
+        stride = 32 * P
+        acc = np.float32(0.0)
+        for u in range(32 * part + lane, n, stride * U):
+            acc = step(acc, w, x, base, u, stride, last, n)
+        return combine_parts(part_sh, P, part, lane, warp_sum(acc))
+
+    return row_total
 
 
 def row_kernel(p, fixed_parts=0):
@@ -363,7 +382,7 @@ def row_kernel(p, fixed_parts=0):
     stride and the slot indices fold, and the Q4_K kernel went from 64 to 48 registers and 842
     to 637 PTX instructions (session 5; its run-time-parts build ran 15.2 us against 13.1 us at
     12288 x 4096 on the H200, bench/q4k_probe.py `lib` vs `same`)."""
-    step, units, row_base, U = _lane_step(p), p.units, p.base, p.unroll
+    row_total, units, row_base = _row_total(p), p.units, p.base
     FP = fixed_parts
 
     def matvec(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
@@ -376,12 +395,7 @@ def row_kernel(p, fixed_parts=0):
         last = n - 1
         if row >= M:                  # split rows: stay for the block barrier, load nothing
             n = 0
-        base = row_base(row, K)
-        stride = 32 * P
-        acc = np.float32(0.0)
-        for u in range(32 * part + lane, n, stride * U):
-            acc = step(acc, w, x, base, u, stride, last, n)
-        total = combine_parts(part_sh, P, part, lane, warp_sum(acc))
+        total = row_total(w, x, row_base(row, K), n, last, P, part, lane, part_sh)
         if lane == 0 and part == 0 and row < M:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
@@ -432,8 +446,7 @@ def token_kernel(p, fixed_parts=0):
     sums an M-row matvec of that expert's rows -- the same lane loop, warp tree and split
     combine (steps 1-4 of the module docstring, no bias or residual) -- so a token's value does
     not depend on T, the other tokens, or which launch carried it."""
-    step, units, row_base = _lane_step(p), p.units, p.base
-    x_row, U = p.x_row, p.unroll
+    row_total, units, row_base, x_row = _row_total(p), p.units, p.base, p.x_row
     FP = fixed_parts
 
     def matvec_tokens(w, ids, use_ids, k, M, K, x, x_per_expert, y, parts):
@@ -453,18 +466,11 @@ def token_kernel(p, fixed_parts=0):
         e = ids[t, r] if use_ids else r
         base = row_base(np.int64(e) * M + (v - r * M), K)
         xt = x_row(x, t * k + r if x_per_expert else t, K)
-        stride = 32 * P
-        acc = np.float32(0.0)
-        for u in range(32 * part + lane, n, stride * U):
-            acc = step(acc, w, xt, base, u, stride, last, n)
-        total = combine_parts(part_sh, P, part, lane, warp_sum(acc))
+        total = row_total(w, xt, base, n, last, P, part, lane, part_sh)
         if lane == 0 and part == 0 and v < R:
             y[np.int64(t) * R + v] = total
 
-    matvec_tokens.__name__ = matvec_tokens.__qualname__ = (
-        p.name + "_tok" + (f"_p{FP}" if FP else ""))
-    matvec_tokens.__module__ = p.module
-    return kernel(matvec_tokens)
+    return _named(matvec_tokens, p, FP, kind="_tok")
 
 
 def token_kernels(p):

@@ -602,17 +602,42 @@ class MoEScratchQ8(MoEScratch):
         self.sh_d = cuda.device_array(T * Is // 32, np.float32) if has_shared else None
 
 
-def launch_moe_combine(yd, weights, y, shared_y=None, shared_gate=None, residual=None, stream=0):
+def launch_moe_combine(yd, weights, y, shared_y=None, shared_gate=None, residual=None, stream=0,
+                       pos=None):
     """y = sum_r weights[:, r] * yd[:, r] (rank order) [+ sigmoid(shared_gate) * shared_y]
-    [+ residual]; yd float32[T, k, H], y / shared_y / residual float32[T, H]."""
-    T, k, H = yd.shape
-    if tuple(y.shape) != (T, H) or tuple(weights.shape) != (T, k):
-        raise ValueError(f"moe_combine: yd [{T}, {k}, {H}] needs weights [{T}, {k}] and y [{T}, {H}]")
+    [+ residual]; yd float32[T, k, H], y / shared_y / residual float32[T, H]. With `pos`
+    (int32[T k], the expert-major prefill's sorted rows) token t's rank-r row is
+    yd[pos[t k + r]] of yd float32[T k, H] instead (`moe_combine_sorted`)."""
+    T, H = y.shape
+    k = weights.shape[1]
+    if tuple(weights.shape) != (T, k) or yd.size != T * k * H:
+        raise ValueError(f"moe_combine: y [{T}, {H}] needs weights [{T}, k] and yd "
+                         f"[{T}, k, {H}], got {tuple(weights.shape)} and {tuple(yd.shape)}")
     mode = 0 if shared_y is None else (1 if shared_gate is None else 2)
     sg = weights.reshape(weights.size) if shared_gate is None else shared_gate.reshape(T)
-    moe_combine[((H + THREADS - 1) // THREADS, T), THREADS, stream](
-        yd, weights, y if shared_y is None else shared_y, sg, np.int32(mode),
-        y if residual is None else residual, np.int32(residual is not None), y)
+    rest = (weights, y if shared_y is None else shared_y, sg, np.int32(mode),
+            y if residual is None else residual, np.int32(residual is not None), y)
+    grid = ((H + THREADS - 1) // THREADS, T)
+    if pos is None:
+        moe_combine[grid, THREADS, stream](yd.reshape(T, k, H), *rest)
+    else:
+        moe_combine_sorted[grid, THREADS, stream](yd.reshape(T * k, H), pos, *rest)
+
+
+def _route_tokens(w, q, s, xi, T, stream):
+    """Router logits (one token matvec a token, float or int8 input by the router's type:
+    xi = dict(xq, xd, x)), then the top-k ids and weights into s.ids / s.weights."""
+    launch_token_matvec(q.router, s.ids, False, 1, q.router.x_args(**xi), False, s.logits, T, stream)
+    launch_moe_route(s.logits, w.norm_topk_prob, s.ids, s.weights, stream)
+
+
+def _shared_gate_logit(q, s, xi, T, stream):
+    """The shared expert's gate logit a token (s.sh_logit), or None when it has no gate."""
+    if q.sh_gate_inp is None:
+        return None
+    launch_token_matvec(q.sh_gate_inp, s.ids, False, 1, q.sh_gate_inp.x_args(**xi), False,
+                        s.sh_logit, T, stream)
+    return s.sh_logit
 
 
 def launch_moe_block_q8(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8, s: MoEScratchQ8, y,
@@ -627,8 +652,7 @@ def launch_moe_block_q8(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8, s: MoE
                          f"the weights for H = {w.hidden}")
     k = w.top_k
     xi = dict(xq=xq, xd=xd, x=x)
-    launch_token_matvec(q.router, s.ids, False, 1, q.router.x_args(**xi), False, s.logits, T, stream)
-    launch_moe_route(s.logits, w.norm_topk_prob, s.ids, s.weights, stream)
+    _route_tokens(w, q, s, xi, T, stream)
     launch_token_matvec(q.gate, s.ids, True, k, q.gate.x_args(**xi), False, s.gate, T, stream)
     launch_token_matvec(q.up, s.ids, True, k, q.up.x_args(**xi), False, s.up, T, stream)
     launch_swiglu_q8(s.gate, s.up, s.act, s.act_q, s.act_d, stream)
@@ -641,11 +665,7 @@ def launch_moe_block_q8(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8, s: MoE
         launch_swiglu_q8(s.sh_gate, s.sh_up, s.sh_act, s.sh_q, s.sh_d, stream)
         launch_token_matvec(q.sh_down, s.ids, False, 1, q.sh_down.x_args(s.sh_q, s.sh_d), False,
                             s.sh_y, T, stream)
-        shared_y = s.sh_y
-        if q.sh_gate_inp is not None:
-            launch_token_matvec(q.sh_gate_inp, s.ids, False, 1, q.sh_gate_inp.x_args(**xi), False,
-                                s.sh_logit, T, stream)
-            shared_gate = s.sh_logit
+        shared_y, shared_gate = s.sh_y, _shared_gate_logit(q, s, xi, T, stream)
     launch_token_matvec(q.down, s.ids, True, k, q.down.x_args(s.act_q, s.act_d), True, s.yd, T,
                         stream)
     launch_moe_combine(s.yd, s.weights, y, shared_y, shared_gate, residual, stream)
@@ -760,7 +780,6 @@ class MoEScratchGrouped(MoEScratchQ8):
         self.src = cuda.device_array(R, np.int32)
         self.xs_q = cuda.device_array(R * w.hidden, np.int8)
         self.xs_d = cuda.device_array(R * w.hidden // 32, np.float32)
-        self.sh_xq = None
 
 
 def launch_moe_block_q8_grouped(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8,
@@ -775,8 +794,7 @@ def launch_moe_block_q8_grouped(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8
     k, E, F = w.top_k, w.n_experts, w.ffn
     R = T * k
     xi = dict(xq=xq, xd=xd, x=x)
-    launch_token_matvec(q.router, s.ids, False, 1, q.router.x_args(**xi), False, s.logits, T, stream)
-    launch_moe_route(s.logits, w.norm_topk_prob, s.ids, s.weights, stream)
+    _route_tokens(w, q, s, xi, T, stream)
     moe_sort[1, E, stream](s.ids, s.group_off, s.pos, s.src)
     moe_gather[R, 128, stream](_flat1(xq).view(np.uint32), _flat1(xd), s.src, np.int32(H // 4),
                                np.int32(H // 32), s.xs_q.view(np.uint32), s.xs_d)
@@ -797,16 +815,8 @@ def launch_moe_block_q8_grouped(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8
         launch_swiglu_q8(s.sh_gate, s.sh_up, s.sh_act, s.sh_q, s.sh_d, stream)
         launch_matmul_q8(w.sh_down, w.sh_down_type, H, Is, s.sh_q.reshape(T, Is),
                          s.sh_d.reshape(T, Is // 32), s.sh_y, stream=stream)
-        shared_y = s.sh_y
-        if q.sh_gate_inp is not None:
-            launch_token_matvec(q.sh_gate_inp, s.ids, False, 1, q.sh_gate_inp.x_args(**xi), False,
-                                s.sh_logit, T, stream)
-            shared_gate = s.sh_logit
-    mode = 0 if shared_y is None else (1 if shared_gate is None else 2)
-    sg = s.weights.reshape(s.weights.size) if shared_gate is None else shared_gate.reshape(T)
-    moe_combine_sorted[((H + THREADS - 1) // THREADS, T), THREADS, stream](
-        yd, s.pos, s.weights, y if shared_y is None else shared_y, sg, np.int32(mode),
-        y if residual is None else residual, np.int32(residual is not None), y)
+        shared_y, shared_gate = s.sh_y, _shared_gate_logit(q, s, xi, T, stream)
+    launch_moe_combine(yd, s.weights, y, shared_y, shared_gate, residual, stream, pos=s.pos)
 
 
 __all__ = ["EXPERT_MATVEC", "MOE_DOWN", "ExpertMatricesQ8", "ExpertWeights", "MoEScratch",
