@@ -498,11 +498,17 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "plain-attn": dict(attention_plan="plain"),
                 # the float MoE block (before session 10's int8 block, moe.launch_moe_block_q8)
                 "moe-float": dict(moe_q8=False),
-                # prefill on the decode kernels, 9 tokens a chunk (Engine(prefill_path="rows"):
-                # prefill gives decode's bits, the configuration the MoE gate binds in)
-                "rows-prefill": dict(prefill_path="rows"),
-                # MoE prefill expert-major (Engine(moe_prefill="grouped"), session 10, unmeasured)
-                "moe-grouped": dict(moe_prefill="grouped")}
+                # prefill on the decode kernels (Engine(prefill_path="rows"): prefill gives
+                # decode's bits, the configuration the MoE gate binds in), each token reading
+                # its own experts
+                "rows-prefill": dict(prefill_path="rows", moe_prefill="tokens"),
+                # the same, the MoE blocks expert-major on the decode kernels (session 11)
+                "rows-grouped": dict(prefill_path="rows", moe_prefill="grouped"),
+                # GEMM prefill, MoE expert-major on the int8 GEMM (session 10; measured in
+                # session 11: pp512 2890 vs 767 tok/s on the 35B-A3B shape, gate MISMATCH)
+                "moe-grouped": dict(prefill_path="gemm", moe_prefill="grouped"),
+                # GEMM prefill, each token reading its own experts (the default to session 10)
+                "gemm-tokens": dict(prefill_path="gemm", moe_prefill="tokens")}
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,

@@ -81,16 +81,17 @@ def engine_options(f):
     f = click.option("--act-quant", type=click.Choice(["q8", "f32"]), default="q8",
                      help="Activations of matvecs on integer weights: q8 = int8 + dp4a "
                           "(default, llama.cpp's way), f32 = float (the reference's arithmetic).")(f)
-    f = click.option("--prefill", "prefill_path", type=click.Choice(["gemm", "rows"]),
-                     default="gemm",
+    f = click.option("--prefill", "prefill_path", type=click.Choice(["auto", "gemm", "rows"]),
+                     default="auto",
                      help="Prefill kernels: gemm = int8 tensor-core GEMM over 512-token chunks "
-                          "(default, fast); rows = the decode kernels over 9-token chunks, so "
-                          "prefill gives exactly decode's bits (the argmax gate then binds for "
-                          "MoE models too; slower on dense ones).")(f)
+                          "(fast); rows = the decode kernels over 128-token chunks, so prefill "
+                          "gives exactly decode's bits (slower on dense models); auto (default) "
+                          "= rows for models with int8 MoE blocks, whose routers turn the "
+                          "GEMM's rounding into other experts, gemm for the rest.")(f)
     return f
 
 
-def engine_kwargs(kv_cache, vram_budget, act_quant, prefill_path="gemm") -> dict:
+def engine_kwargs(kv_cache, vram_budget, act_quant, prefill_path="auto") -> dict:
     from .cache.kv import KV_CACHE_KINDS
     k_type, v_type = KV_CACHE_KINDS[kv_cache]
     return dict(k_type=k_type, v_type=v_type, act_quant=act_quant, prefill_path=prefill_path,

@@ -41,6 +41,12 @@ PREFILL_CHUNK = 512
 PREFILL_GRAPHS = 4
 # Rows a rowwise (decode-kernel) workspace takes: a speculative verify of K <= 8 drafts + 1.
 VERIFY_ROWS = 9
+# Prompt tokens per chunk of the "rows" prefill (prefill_path="rows"): the matvecs take them
+# MAX_ROWS at a time, but a MoE block sees the whole chunk, so an expert's weights are read
+# once for all of its tokens in it (moe.launch_moe_block_q8_expert_rows): 128 tokens route
+# 1024 pairs, ~4 an expert at 256 experts. The split-K attention's partials grow with it
+# (T x Hq x splits x head_dim floats: 277 MB for the 35B-A3B shape at 132 splits).
+ROWS_PREFILL_CHUNK = 128
 
 # 2-D tensors a kernel reads as plain float32 arrays (not through a matvec): the depthwise conv.
 FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
@@ -65,14 +71,17 @@ ATTENTION_PLANS = {"aligned": {}, "plain": dict(chunk_align=1, combine_threads=2
 # tokens, per layer): the tile kernel took 3.9 ms (9B heads) / 0.94 ms (0.5B heads).
 PREFILL_ATTENTION = ("split", "tile")
 # Prefill's kernels: "gemm" = the prefill kernels (int8 tensor-core GEMM, prefill attention)
-# over chunks of PREFILL_CHUNK tokens, the fast default; "rows" = the decode kernels over
-# chunks of VERIFY_ROWS tokens (a speculative verify's rowwise forward), so that every prompt
-# token gets the bits its decode step would and prefill agrees with decode exactly. The two
-# kernel families sum in different orders; a MoE router or an int8 rounding can turn that
+# over chunks of PREFILL_CHUNK tokens, the fast default; "rows" = the decode kernels (a
+# speculative verify's rowwise forward) over chunks of ROWS_PREFILL_CHUNK tokens, so that every
+# prompt token gets the bits its decode step would and prefill agrees with decode exactly. The
+# two kernel families sum in different orders; a MoE router or an int8 rounding can turn that
 # into a different expert or value at a near tie (docs/decisions/0016), so "rows" is the
 # configuration in which the argmax gate binds for MoE models. It reads the dense weights once
-# per 9 tokens instead of once per 512.
-PREFILL_PATHS = ("gemm", "rows")
+# per MAX_ROWS (9) tokens instead of once per 512.
+PREFILL_PATHS = ("auto", "gemm", "rows")
+# A prefill chunk's MoE blocks: "tokens" = each token reads its own experts; "grouped" =
+# expert-major (each expert's weights read once for its tokens of the chunk): on the int8 GEMM
+# with prefill_path "gemm", on the decode kernels (the token block's bits) with "rows".
 MOE_PREFILL = ("tokens", "grouped")
 # Splits per token in prefill: a chunk's T tokens x KV heads already fill the GPU, and every
 # split adds partials (T x Hq x splits x head_dim floats) and combine work. Measured on the
@@ -263,8 +272,8 @@ class Engine:
                  programmatic: bool | None = None, fuse_attention_output: bool = True,
                  attention_plan: str = "aligned", prefill_attention: str = "split",
                  prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "lane",
-                 fuse_prefill: bool = True, moe_q8: bool = True, prefill_path: str = "gemm",
-                 moe_prefill: str = "tokens"):
+                 fuse_prefill: bool = True, moe_q8: bool = True, prefill_path: str = "auto",
+                 moe_prefill: str = "grouped"):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -316,23 +325,33 @@ class Engine:
         self.moe_q8 = {i: moe.expert_matrices_q8(ew, self._expert_q6k_r(i))
                        for i, ew in self.experts.items()
                        if self.act_q8 and moe_q8 and moe.int8_experts(ew)}
-        # a GEMM prefill chunk's MoE blocks: "tokens" = the int8 block, each token reading its
-        # experts (measured, session 10); "grouped" = expert-major, each expert's weights read
-        # once for the chunk by an int8 tensor-core GEMM (moe.launch_moe_block_q8_grouped; not
-        # yet measured on the device: run_bench --launch moe-grouped)
+        # prefill_path "auto": "rows" where the model has int8 MoE blocks -- a router turns
+        # the GEMM's other rounding into other experts at near ties, and the argmax gate then
+        # fails (decision 0016, session 10) -- and "gemm" for the rest
+        if prefill_path not in PREFILL_PATHS:
+            raise ValueError(f"prefill_path must be one of {PREFILL_PATHS}, not {prefill_path!r}")
+        if prefill_path == "auto":
+            prefill_path = "rows" if self.moe_q8 else "gemm"
+        self.prefill_path = prefill_path
         if moe_prefill not in MOE_PREFILL:
             raise ValueError(f"moe_prefill must be one of {MOE_PREFILL}, not {moe_prefill!r}")
+        # a prefill chunk's MoE blocks, expert-major (moe_prefill "grouped"): on the int8
+        # tensor-core GEMM (moe.launch_moe_block_q8_grouped) with the GEMM prefill, on the
+        # decode kernels with "rows" (moe.launch_moe_block_q8_expert_rows: each token's bits
+        # those of the token block)
         self.moe_grouped = {i for i, ew in self.experts.items()
-                            if moe_prefill == "grouped" and i in self.moe_q8
-                            and self.prefill_int8 and moe.grouped_experts(ew)}
+                            if moe_prefill == "grouped" and prefill_path == "gemm"
+                            and i in self.moe_q8 and self.prefill_int8
+                            and moe.grouped_experts(ew)}
+        self.moe_expert_rows = {i for i, ew in self.experts.items()
+                                if moe_prefill == "grouped" and prefill_path == "rows"
+                                and i in self.moe_q8 and ew.n_experts <= moe.ROUTER_E_MAX}
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
         if prefill_splits < 1:
             raise ValueError(f"prefill_splits must be >= 1, not {prefill_splits}")
-        if prefill_path not in PREFILL_PATHS:
-            raise ValueError(f"prefill_path must be one of {PREFILL_PATHS}, not {prefill_path!r}")
-        self.wsp = (Workspace(c, min(VERIFY_ROWS, n_ctx), n_splits, rowwise=True)
+        self.wsp = (Workspace(c, min(ROWS_PREFILL_CHUNK, n_ctx), n_splits, rowwise=True)
                     if prefill_path == "rows" else
                     Workspace(c, min(PREFILL_CHUNK, n_ctx), min(n_splits, int(prefill_splits))))
         self.logits = cuda.device_array(self.output.rows, np.float32)
@@ -496,9 +515,10 @@ class Engine:
                     stacks[i, "qkv_bias"] = DeviceWeight(buf, QType.F32, (buf.size,))
         return stacks
 
-    def _scratch(self, i, T, grouped=False):
+    def _scratch(self, i, T, grouped=False, expert_rows=False):
         """MoE scratch for T tokens (decode: allocated at capture time; prefill: per chunk size)."""
         kind = (moe.MoEScratchGrouped if grouped else
+                moe.MoEScratchExpertRows if expert_rows else
                 moe.MoEScratchQ8 if i in self.moe_q8 else moe.MoEScratch)
         key = (T, kind)
         if key not in self._moe_scratch:
@@ -571,6 +591,18 @@ class Engine:
         input instead."""
         s = self.stream
         rowwise = T == 1 if rowwise is None else rowwise
+        if rowwise and T > matvec.MAX_ROWS:
+            # a "rows" prefill chunk: the rows kernels MAX_ROWS rows at a time (each row's
+            # bits do not depend on which launch carries it)
+            K = w.cols
+            for t0 in range(0, T, matvec.MAX_ROWS):
+                t1 = min(T, t0 + matvec.MAX_ROWS)
+                qs = None if qx is None else QuantizedInput(
+                    xq=qx.xq[t0 * K:t1 * K], xd=qx.xd[t0 * K // 32:t1 * K // 32])
+                self._mv(w, x[t0:t1], y[t0:t1], t1 - t0, bias=bias,
+                         residual=None if residual is None else residual[t0:t1], qx=qs,
+                         rowwise=True)
+            return
         b = None if bias is None else bias.buf
         r = None if residual is None else residual.reshape(residual.size)
         if rowwise:
@@ -800,7 +832,10 @@ class Engine:
         """h += sum_k w_k expert_k(x) [+ sigmoid(gate) shared(x)] — one fixed-grid block."""
         h, x = ws.h[:T], ws.x[:T]
         grouped = i in self.moe_grouped and T > 1 and not ws.rowwise
-        scratch, s = self._scratch(i, T, grouped), self.stream
+        expert_rows = i in self.moe_expert_rows and T > VERIFY_ROWS and ws.rowwise
+        scratch, s = self._scratch(i, T, grouped, expert_rows), self.stream
+        block = (moe.launch_moe_block_q8_grouped if grouped else
+                 moe.launch_moe_block_q8_expert_rows if expert_rows else moe.launch_moe_block_q8)
         if i in self.moe_q8:
             # the int8 block: x quantized first (the norm before it writes the int8 copy,
             # `_norm_then`), the float x kept for a float router
@@ -808,10 +843,8 @@ class Engine:
             xq, xd, xv = ws.xq[:T * H], ws.xd[:T * H // 32], x.reshape(x.size)
             return [("quant_act", lambda: quantize_act.launch_quantize_act(xv, xq, xd, n=T * H,
                                                                            stream=s)),
-                    ("moe", lambda: (moe.launch_moe_block_q8_grouped if grouped else
-                                     moe.launch_moe_block_q8)(x, xq, xd, self.experts[i],
-                                                              self.moe_q8[i], scratch, h,
-                                                              residual=h, stream=s))]
+                    ("moe", lambda: block(x, xq, xd, self.experts[i], self.moe_q8[i], scratch,
+                                          h, residual=h, stream=s))]
         return [("moe", lambda: moe.launch_moe_block(x, self.experts[i], scratch, h, residual=h,
                                                      stream=s))]
 

@@ -64,16 +64,21 @@ def test_moe_q8_prefill_and_decode_agree_and_track_the_reference(engine, quantiz
     assert stepped.argmax() == full.argmax()
 
 
-@pytest.mark.parametrize("fixture", ["moe", "dense"])
-def test_rows_prefill_gives_decodes_bits(quantized_gguf, fixture, tmp_path):
+@pytest.mark.parametrize("fixture,moe_prefill", [("moe", "tokens"), ("moe", "grouped"),
+                                                 ("dense", "tokens")])
+def test_rows_prefill_gives_decodes_bits(quantized_gguf, fixture, moe_prefill, tmp_path,
+                                         monkeypatch):
     """Engine(prefill_path="rows"): prefill runs the decode kernels (the rowwise forward of a
-    speculative verify) over chunks of VERIFY_ROWS tokens, so its last logits are bit for bit
-    those of decoding the prompt token by token -- here over two chunks (12 tokens)."""
-    from bw24nb.engine import VERIFY_ROWS
+    speculative verify), so its last logits are bit for bit those of decoding the prompt token
+    by token -- here over two chunks (12 tokens as 10 + 2: the first one's matvecs in two
+    launches of 9 + 1 rows, its MoE blocks expert-major with moe_prefill="grouped")."""
+    import bw24nb.engine as engine_mod
+    monkeypatch.setattr(engine_mod, "ROWS_PREFILL_CHUNK", 10)
     path = quantized_gguf if fixture == "moe" else _dense_int8(tmp_path)
-    eng = _engine(path, prefill_path="rows")
-    assert eng.wsp.rowwise and eng.wsp.T == VERIFY_ROWS
-    prompt = [(37 * i + 11) % 250 for i in range(VERIFY_ROWS + 3)]
+    eng = _engine(path, prefill_path="rows", moe_prefill=moe_prefill)
+    assert eng.wsp.rowwise and eng.wsp.T == 10
+    assert bool(eng.moe_expert_rows) == (moe_prefill == "grouped")
+    prompt = [(37 * i + 11) % 250 for i in range(12)]
     eng.reset()
     full = eng.prefill(prompt)
     eng.reset()
@@ -91,12 +96,20 @@ def test_prefill_path_is_checked(quantized_gguf):
         _engine(quantized_gguf, prefill_path="fast")
 
 
+def test_auto_prefill_is_rows_for_int8_moe_and_gemm_otherwise(engine, quantized_gguf):
+    # the default: prefill on the decode kernels where a router could turn the GEMM's rounding
+    # into other experts (the argmax gate then binds), the GEMM everywhere else
+    assert engine.prefill_path == "rows" and engine.moe_expert_rows == set(engine.moe_q8)
+    assert _engine(quantized_gguf, moe_q8=False).prefill_path == "gemm"
+    assert _engine(FIXTURE).prefill_path == "gemm"                  # F16 experts
+
+
 def test_grouped_moe_prefill_tracks_the_token_block(engine, quantized_gguf):
     """Engine(moe_prefill="grouped"): a prefill chunk's MoE blocks run expert-major (sorted
     rows, one int8 GEMM per expert); the same routing and int8 activations as the token block,
     sums in the GEMM's order -> logits within float32 rounding of the default's."""
-    grouped = _engine(quantized_gguf, moe_prefill="grouped")
-    assert grouped.moe_grouped == set(grouped.moe_q8)
+    grouped = _engine(quantized_gguf, prefill_path="gemm", moe_prefill="grouped")
+    assert grouped.moe_grouped == set(grouped.moe_q8) and not grouped.moe_expert_rows
     prompt = [7, 200, 31, 99, 5]
     engine.reset()
     grouped.reset()

@@ -280,15 +280,17 @@ def _q8_block(rng, T, grouped_ok=False):
     return w, host, expert_matrices_q8(w), x, r0, xq, xd
 
 
-def _run_q8_block(w, q, x, xq, xd, r0, grouped=False):
-    """y = r0 + the int8 block (token or expert-major) on x; (y on the host, the scratch)."""
-    from bw24nb.kernels.moe import (MoEScratchGrouped, MoEScratchQ8, launch_moe_block_q8,
-                                    launch_moe_block_q8_grouped)
+def _run_q8_block(w, q, x, xq, xd, r0, grouped=False, expert_rows=False):
+    """y = r0 + the int8 block (per token, expert-major on the GEMM, or expert-major on the
+    decode kernels) on x; (y on the host, the scratch)."""
+    from bw24nb.kernels import moe
     T = x.shape[0]
-    s = (MoEScratchGrouped if grouped else MoEScratchQ8)(T, w)
+    scratch, block = ((moe.MoEScratchGrouped, moe.launch_moe_block_q8_grouped) if grouped else
+                      (moe.MoEScratchExpertRows, moe.launch_moe_block_q8_expert_rows)
+                      if expert_rows else (moe.MoEScratchQ8, moe.launch_moe_block_q8))
+    s = scratch(T, w)
     y = cuda.to_device(r0)
-    (launch_moe_block_q8_grouped if grouped else launch_moe_block_q8)(
-        cuda.to_device(x), xq, xd, w, q, s, y, residual=y)
+    block(cuda.to_device(x), xq, xd, w, q, s, y, residual=y)
     return y.copy_to_host(), s
 
 
@@ -355,3 +357,44 @@ def test_moe_block_grouped_matches_the_token_block(rng):
     np.testing.assert_array_equal(s_g.ids.copy_to_host(), s_t.ids.copy_to_host())
     assert np.isfinite(grp).all()
     assert _rel(grp - r0, tok - r0) <= 1e-5
+
+
+@pytest.mark.parametrize("qt,per_expert,K", [(QType.Q4_K, False, 256), (QType.Q8_0, True, 256),
+                                             (QType.Q4_K, False, 1024)])
+def test_group_matvec_gives_the_token_kernels_bits(rng, qt, per_expert, K):
+    # every (token, rank) pair's row of the expert-major group kernel, at its sorted row, is
+    # the token kernel's row bit for bit; K = 1024 splits each row over 4 warps (the block
+    # barrier between a warp's rows)
+    from bw24nb.kernels.moe import launch_group_matvec, launch_token_matvec, moe_sort, token_matrix
+    T, k, Ex, M = 5, 2, 3, 5
+    raw = quantize(_rand(rng, Ex, M, K, scale=K ** -0.5), qt)
+    ids = np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32)
+    x = _rand(rng, T * (k if per_expert else 1), K)
+    xq, xd = _int8(x)
+    tm = token_matrix(cuda.to_device(raw), qt, M, K, k=k)
+    assert tm.parts == (4 if K == 1024 else 1)
+    y = _poisoned((T, k, M))
+    ids_d = cuda.to_device(ids)
+    launch_token_matvec(tm, ids_d, True, k, tm.x_args(xq, xd), per_expert, y, T)
+    off, pos, src = (cuda.device_array(Ex + 1, np.uint32), cuda.device_array(T * k, np.int32),
+                     cuda.device_array(T * k, np.int32))
+    moe_sort[1, Ex](ids_d, off, pos, src)
+    pos_h = pos.copy_to_host()
+    if per_expert:              # the down projections' input: already in sorted row order
+        xs = np.empty_like(x)
+        xs[pos_h] = x
+        xq, xd = _int8(xs)
+    yg = _poisoned((T * k, M))
+    launch_group_matvec(tm, off, None if per_expert else src, tm.x_args(xq, xd), yg, Ex, T * k)
+    np.testing.assert_array_equal(yg.copy_to_host()[pos_h].reshape(T, k, M), y.copy_to_host())
+
+
+def test_moe_block_expert_rows_gives_the_token_blocks_bits(rng):
+    # the expert-major block on the decode kernels: the same routing, every row summed as
+    # the token block sums it -> the same output, bit for bit (shared expert included)
+    w, _, q, x, r0, xq, xd = _q8_block(rng, 6)
+    tok, s_t = _run_q8_block(w, q, x, xq, xd, r0)
+    exp, s_e = _run_q8_block(w, q, x, xq, xd, r0, expert_rows=True)
+    np.testing.assert_array_equal(s_e.ids.copy_to_host(), s_t.ids.copy_to_host())
+    assert np.isfinite(exp).all()
+    np.testing.assert_array_equal(exp.view(np.uint32), tok.view(np.uint32))

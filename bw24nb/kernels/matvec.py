@@ -473,18 +473,77 @@ def token_kernel(p, fixed_parts=0):
     return _named(matvec_tokens, p, FP, kind="_tok")
 
 
-def token_kernels(p):
-    """kernels(parts): path p's `token_kernel`, the parts = 1 build with the split folded in
-    (as `path_kernels`), built on first request."""
+def group_kernel(p, fixed_parts=0):
+    """The one-row kernel of path p over groups of activation rows, each group against its own
+    matrix of a stack: the expert-major form of `token_kernel` (kernels/moe.py's prefill on
+    the decode kernels), so that every row still gets the bits its decode step would.
+
+    kern[(ceil(M parts / 4), G, Z), THREADS](w, group_off, src, use_src, M, K, x, y, parts):
+    group g = blockIdx.y owns rows group_off[g] .. group_off[g + 1] - 1 of y and matrix g of
+    the stack (weight rows g M .. g M + M - 1); row i's activations are row src[i] of x
+    (use_src = 1: e.g. the token a sorted (token, expert) pair came from) or row i (use_src =
+    0); grid slice z = blockIdx.z takes the group's rows z, z + Z, ... Every row is summed by
+    `_row_total`, as `token_kernel` and `row_kernel` sum it (steps 1-4 of the module
+    docstring), and written once: y[i M + m]. A warp walks its rows one after another, so a
+    matrix row comes from DRAM once per (block, z) and from the cache for the group's other
+    rows."""
+    row_total, units, row_base, x_row = _row_total(p), p.units, p.base, p.x_row
+    FP = fixed_parts
+
+    def matvec_groups(w, group_off, src, use_src, M, K, x, y, parts):
+        P = FP if FP else parts
+        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
+        lane, m, part = _warp_row(P)
+        if P == 1 and m >= M:         # the whole warp leaves: warp_sum stays full-warp
+            return
+        g = cuda.blockIdx.y
+        n = units(K)
+        last = n - 1
+        if m >= M:                    # split rows: stay for the block barriers, load nothing
+            n = 0
+        base = row_base(np.int64(g) * M + min(m, M - 1), K)
+        for i in range(np.int64(group_off[g]) + cuda.blockIdx.z, np.int64(group_off[g + 1]),
+                       cuda.gridDim.z):
+            xt = x_row(x, src[i] if use_src else i, K)
+            total = row_total(w, xt, base, n, last, P, part, lane, part_sh)
+            if lane == 0 and part == 0 and m < M:
+                y[np.int64(i) * M + m] = total
+            if P > 1:                 # part_sh is written again for the next row
+                cuda.syncthreads()
+
+    return _named(matvec_groups, p, FP, kind="_grp")
+
+
+def _one_or_split(make):
+    """kernels(parts): make(1), the build with the split folded in, for parts = 1, and make(0),
+    the run-time-parts build, for 2 and 4 (as `path_kernels`), each built on first request."""
     built = {}
 
     def kernels(parts):
         key = 1 if parts == 1 else 0
         if key not in built:
-            built[key] = token_kernel(p, key)
+            built[key] = make(key)
         return built[key]
 
     return kernels
+
+
+_TOKEN_KERNELS: dict = {}
+_GROUP_KERNELS: dict = {}
+
+
+def token_kernels(p):
+    """kernels(parts): path p's `token_kernel` (one set a path, shared by every caller)."""
+    if p.name not in _TOKEN_KERNELS:
+        _TOKEN_KERNELS[p.name] = _one_or_split(lambda fp: token_kernel(p, fp))
+    return _TOKEN_KERNELS[p.name]
+
+
+def group_kernels(p):
+    """kernels(parts): path p's `group_kernel` (one set a path, shared by every caller)."""
+    if p.name not in _GROUP_KERNELS:
+        _GROUP_KERNELS[p.name] = _one_or_split(lambda fp: group_kernel(p, fp))
+    return _GROUP_KERNELS[p.name]
 
 
 def path_kernels(p, who):

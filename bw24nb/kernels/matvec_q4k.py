@@ -40,7 +40,7 @@ from numba import cuda
 
 from ..ptx import dp4a, ld_nc_v4_u32
 from ..quant.types import QType, type_size
-from .matvec import RowPath, path_kernels, token_kernels, x_row_q8
+from .matvec import RowPath, group_kernels, path_kernels, token_kernels, x_row_q8
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -160,6 +160,8 @@ matvec_q8_q4_k_v4_p1 = KERNELS(1, 1)
 matvec_q8_q4_k_v4_r4 = KERNELS(4, 2)
 # the MoE block's per-token / per-expert build of the same loop (matvec.token_kernel)
 matvec_q8_q4_k_v4_tok = token_kernels(PATH)(2)
+# and its expert-major build (matvec.group_kernel: the MoE prefill on the decode kernels)
+matvec_q8_q4_k_v4_grp = group_kernels(PATH)(1)
 
 _SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
@@ -169,7 +171,10 @@ PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                   "matvec_q8_q4_k_v4_tok": [
                       "void(Tuple((uint32[::1], float16[::1])), int32[:, ::1], int32, int32, "
                       "int32, int32, Tuple((uint32[::1], float32[::1])), int32, float32[::1], "
-                      "int32)"]}
+                      "int32)"],
+                  "matvec_q8_q4_k_v4_grp": [
+                      "void(Tuple((uint32[::1], float16[::1])), uint32[::1], int32[::1], int32, "
+                      "int32, int32, Tuple((uint32[::1], float32[::1])), float32[::1], int32)"]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 

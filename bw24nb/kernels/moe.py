@@ -480,13 +480,21 @@ class TokenMatrix:
     """One matrix (or stack of E expert matrices, `rows` rows each) as `matvec.token_kernel`
     reads it: the decode path's kernels (parts -> kernel), its weight tuple, and which form of
     the activations it takes (`x_args`)."""
-    kernels: object
+    path: object         # the matvec.RowPath of its type
     w: tuple
     x_kind: str          # "q8" (xq as int32 words, xd), "q8u" (uint32 words, xd), "q8uu"
                          # (both as uint32 words), "f32v4" (x as uint32 words), "f" (float x)
     rows: int
     cols: int
     parts: int
+
+    def kernels(self, parts):
+        """`matvec.token_kernel` of the path (one token per grid z)."""
+        return matvec.token_kernels(self.path)(parts)
+
+    def group_kernels(self, parts):
+        """`matvec.group_kernel` of the path (expert-major groups of rows)."""
+        return matvec.group_kernels(self.path)(parts)
 
     def x_args(self, xq=None, xd=None, x=None):
         """The kernel's activation tuple from int8 xq + scales xd (flat) or float x."""
@@ -513,19 +521,19 @@ def token_matrix(buf, qtype, rows: int, cols: int, q6k_r=None, k: int = 1) -> To
     qt, parts = lay.qtype, matvec.warps_per_row(k * rows, cols)
     if q6k_r is not None:
         body, d = q6k_r
-        return TokenMatrix(matvec.token_kernels(matvec_q6k.PATH),
+        return TokenMatrix(matvec_q6k.PATH,
                            (_flat1(body).view(np.uint32), _flat1(d)), "q8uu", rows, cols, parts)
     w8, w16, wh = weight_views(buf)
     if qt == QType.Q4_K:
-        return TokenMatrix(matvec.token_kernels(matvec_q4k.PATH),
+        return TokenMatrix(matvec_q4k.PATH,
                            (w8.view(np.uint32), w8.view(np.float16)), "q8u", rows, cols, parts)
     if qt in matvec.PATHS_Q8 and cols % 32 == 0:
-        return TokenMatrix(matvec.token_kernels(matvec.PATHS_Q8[qt]), (w8, w16, wh), "q8",
+        return TokenMatrix(matvec.PATHS_Q8[qt], (w8, w16, wh), "q8",
                            rows, cols, parts)
     if qt == QType.F32 and cols % 4 == 0:
-        return TokenMatrix(matvec.token_kernels(matvec.F32_V4), (w8.view(np.uint32),), "f32v4",
+        return TokenMatrix(matvec.F32_V4, (w8.view(np.uint32),), "f32v4",
                            rows, cols, parts)
-    return TokenMatrix(matvec.token_kernels(matvec.PATHS[qt]), (w8, w16, wh), "f", rows, cols,
+    return TokenMatrix(matvec.PATHS[qt], (w8, w16, wh), "f", rows, cols,
                        parts)
 
 
@@ -819,8 +827,89 @@ def launch_moe_block_q8_grouped(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8
     launch_moe_combine(yd, s.weights, y, shared_y, shared_gate, residual, stream, pos=s.pos)
 
 
+# ------------------------------------------------------------------ expert-major, decode kernels
+#
+# `launch_moe_block_q8_expert_rows` is the expert-major prefill with the decode path's sums:
+# the same routing and sort as the grouped block above (`moe_sort`), then every projection on
+# matvec.group_kernel of the matrix's TokenMatrix -- the row loop `token_kernel` runs, with the
+# same warps a row -- over each expert's sorted rows. A row's value is therefore its decode
+# step's, bit for bit (as `launch_moe_block_q8`'s), while an expert's weights come from DRAM
+# once per block and z slice for all its rows rather than once per (token, rank). The shared
+# expert is one group of all T tokens. No gather: the kernel reads a pair's token row through
+# `src`.
+
+# Rows a (block, z slice) of group_kernel walks, on average: fewer slices leave long serial
+# chains of row dots in a block, more re-read the matrix from L2 for fewer rows each.
+GROUP_ROWS_PER_SLICE = 4
+
+
+def launch_group_matvec(tm: TokenMatrix, group_off, src, x_args, y, groups: int, rows: int,
+                        stream=0):
+    """y[i, :] = W[g] @ x(i) for the sorted rows i of every group g (matvec.group_kernel):
+    group_off uint32[groups + 1]; x(i) = row src[i] of x_args (src an int32 array) or row i
+    (src None); rows = group_off[groups], the rows y holds (set on the device: this is the
+    launch's planning figure, the average group then being rows / groups)."""
+    if y.size < rows * tm.rows:
+        raise ValueError(f"group_matvec: y holds {y.size} values, not rows x M = "
+                         f"{rows} x {tm.rows}")
+    per_group = max(1, -(-rows // groups))
+    z = min(GRID_YZ_MAX, max(1, -(-per_group // GROUP_ROWS_PER_SLICE)))
+    grid = ((tm.rows * tm.parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, groups, z)
+    tm.group_kernels(tm.parts)[grid, THREADS, stream](
+        tm.w, group_off, group_off.view(np.int32) if src is None else src,
+        np.int32(src is not None), np.int32(tm.rows), np.int32(tm.cols), x_args, _flat1(y),
+        np.int32(tm.parts))
+
+
+class MoEScratchExpertRows(MoEScratchQ8):
+    """MoEScratchQ8 plus the sort of `launch_moe_block_q8_expert_rows` and the shared
+    expert's one group (rows 0 .. T - 1)."""
+
+    def __init__(self, T: int, w: ExpertWeights):
+        super().__init__(T, w)
+        R = T * w.top_k
+        self.group_off = cuda.device_array(w.n_experts + 1, np.uint32)
+        self.pos = cuda.device_array(R, np.int32)
+        self.src = cuda.device_array(R, np.int32)
+        self.all_rows = cuda.to_device(np.array([0, T], np.uint32))
+
+
+def launch_moe_block_q8_expert_rows(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8,
+                                    s: MoEScratchExpertRows, y, residual=None, stream=0):
+    """`launch_moe_block_q8` expert-major (the section comment above): the same bits for
+    every token, each expert's weights read once per block for all its tokens."""
+    T, H = x.shape
+    if T != s.T or H != w.hidden:
+        raise ValueError(f"moe_block_expert_rows: x is [{T}, {H}], scratch was made for T = "
+                         f"{s.T} and the weights for H = {w.hidden}")
+    k, E, F = w.top_k, w.n_experts, w.ffn
+    R = T * k
+    if E > ROUTER_E_MAX:
+        raise ValueError(f"moe_block_expert_rows: {E} experts exceed moe_sort's {ROUTER_E_MAX}")
+    xi = dict(xq=xq, xd=xd, x=x)
+    _route_tokens(w, q, s, xi, T, stream)
+    moe_sort[1, E, stream](s.ids, s.group_off, s.pos, s.src)
+    gate, up = s.gate.reshape(R, F), s.up.reshape(R, F)
+    launch_group_matvec(q.gate, s.group_off, s.src, q.gate.x_args(**xi), gate, E, R, stream)
+    launch_group_matvec(q.up, s.group_off, s.src, q.up.x_args(**xi), up, E, R, stream)
+    launch_swiglu_q8(gate, up, s.act.reshape(R, F), s.act_q, s.act_d, stream)
+    launch_group_matvec(q.down, s.group_off, None, q.down.x_args(s.act_q, s.act_d), s.yd, E, R,
+                        stream)
+    shared_y = shared_gate = None
+    if q.sh_down is not None:
+        for tm, out in ((q.sh_gate, s.sh_gate), (q.sh_up, s.sh_up)):
+            launch_group_matvec(tm, s.all_rows, None, tm.x_args(**xi), out, 1, T, stream)
+        launch_swiglu_q8(s.sh_gate, s.sh_up, s.sh_act, s.sh_q, s.sh_d, stream)
+        launch_group_matvec(q.sh_down, s.all_rows, None, q.sh_down.x_args(s.sh_q, s.sh_d),
+                            s.sh_y, 1, T, stream)
+        shared_y, shared_gate = s.sh_y, _shared_gate_logit(q, s, xi, T, stream)
+    launch_moe_combine(s.yd, s.weights, y, shared_y, shared_gate, residual, stream, pos=s.pos)
+
+
 __all__ = ["EXPERT_MATVEC", "MOE_DOWN", "ExpertMatricesQ8", "ExpertWeights", "MoEScratch",
-           "MoEScratchGrouped", "MoEScratchQ8", "TokenMatrix", "expert_matrices_q8",
+           "MoEScratchExpertRows", "MoEScratchGrouped", "MoEScratchQ8", "TokenMatrix",
+           "expert_matrices_q8",
            "grouped_experts", "int8_experts", "launch_moe_block_q8_grouped",
-           "launch_expert_matvec", "launch_moe_block", "launch_moe_block_q8", "launch_moe_combine",
+           "launch_expert_matvec", "launch_group_matvec", "launch_moe_block",
+           "launch_moe_block_q8_expert_rows", "launch_moe_block_q8", "launch_moe_combine",
            "launch_moe_down", "launch_moe_route", "launch_token_matvec", "token_matrix"]
