@@ -318,6 +318,8 @@ def _profile_prefill(rec: Recorder, model: str, engine, cfg, prefill: int, base:
     if not hasattr(engine, "profile_prefill"):
         return
     totals = {}
+    # one chunk at most: the "rows" prefill's chunks are shorter than the GEMM's 512
+    prefill = min(prefill, engine.wsp.T) if hasattr(engine, "wsp") else prefill
     try:
         rows = engine.profile_prefill(prompt_ids(prefill, cfg.vocab_size))
     except Exception as e:      # a diagnostic: the measurements above stand without it
