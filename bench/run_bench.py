@@ -571,6 +571,10 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
                                                       prefill_attention=eng.prefill_attention,
                                                       prefill_splits=int(eng.wsp.part_ml.shape[2]),
                                                       gdn_rule=getattr(eng, "gdn_rule", None),
+                                                      prefill_path=getattr(eng, "prefill_path", None),
+                                                      moe_prefill=("grouped" if getattr(eng, "moe_grouped", None)
+                                                                   or getattr(eng, "moe_expert_rows", None)
+                                                                   else "tokens") if getattr(eng, "experts", None) else None,
                                                       load_s=round(getattr(eng, "load_s", 0.0), 2)))
                     except Exception as e:
                         traceback.print_exc(limit=3)
