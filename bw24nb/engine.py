@@ -207,7 +207,8 @@ class Workspace:
     `rowwise` (always for T = 1): the T rows run on the decode kernels -- multi-row matvecs
     that read each weight once for all rows, split-K attention planned per token -- so every
     row is bit-identical to decoding that token alone. A speculative verify (T = K + 1 <=
-    VERIFY_ROWS) runs on such a workspace; prefill's big T runs on the GEMM path instead."""
+    VERIFY_ROWS) runs on such a workspace, and so does the "rows" prefill (T =
+    ROWS_PREFILL_CHUNK); the GEMM prefill's chunks run on a workspace that is not rowwise."""
 
     def __init__(self, config, T: int, n_splits: int, rowwise: bool | None = None):
         c = config

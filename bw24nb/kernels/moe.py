@@ -38,7 +38,9 @@ That is the float block, which every weight type can run. The engine runs the in
 sections below wherever the experts have integer types:
   * `launch_moe_block_q8`: the decode kernels, one token per grid z, so that every token gets
     its decode step's bits;
-  * `launch_moe_block_q8_grouped`: expert-major prefill, with one int8 GEMM per expert.
+  * `launch_moe_block_q8_grouped`: expert-major prefill, with one int8 GEMM per expert;
+  * `launch_moe_block_q8_expert_rows`: expert-major prefill on the decode kernels
+    (matvec.group_kernel), every token's bits those of `launch_moe_block_q8`.
 """
 from __future__ import annotations
 
