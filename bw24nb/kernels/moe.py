@@ -779,8 +779,8 @@ def grouped_experts(w: ExpertWeights) -> bool:
         all(layout(t).qtype in MATMUL_Q8 for t in types)
 
 
-class MoEScratchGrouped(MoEScratchQ8):
-    """MoEScratchQ8 plus the expert-major prefill's sort and gathered activations."""
+class MoEScratchSorted(MoEScratchQ8):
+    """MoEScratchQ8 plus `moe_sort`'s output: the expert-major blocks' common part."""
 
     def __init__(self, T: int, w: ExpertWeights):
         super().__init__(T, w)
@@ -788,6 +788,29 @@ class MoEScratchGrouped(MoEScratchQ8):
         self.group_off = cuda.device_array(w.n_experts + 1, np.uint32)
         self.pos = cuda.device_array(R, np.int32)
         self.src = cuda.device_array(R, np.int32)
+
+
+def _route_and_sort(who, x, xq, xd, w, q, s: MoEScratchSorted, stream):
+    """Check the shapes, route the T tokens of x and sort their (token, rank) pairs by expert
+    (`moe_sort`); the activation dict (`TokenMatrix.x_args`'s keywords) and T."""
+    T, H = x.shape
+    if T != s.T or H != w.hidden:
+        raise ValueError(f"{who}: x is [{T}, {H}], scratch was made for T = {s.T} and the "
+                         f"weights for H = {w.hidden}")
+    if w.n_experts > ROUTER_E_MAX:
+        raise ValueError(f"{who}: {w.n_experts} experts exceed moe_sort's {ROUTER_E_MAX}")
+    xi = dict(xq=xq, xd=xd, x=x)
+    _route_tokens(w, q, s, xi, T, stream)
+    moe_sort[1, w.n_experts, stream](s.ids, s.group_off, s.pos, s.src)
+    return xi, T
+
+
+class MoEScratchGrouped(MoEScratchSorted):
+    """MoEScratchSorted plus the gathered activations of the GEMM's expert-major block."""
+
+    def __init__(self, T: int, w: ExpertWeights):
+        super().__init__(T, w)
+        R = T * w.top_k
         self.xs_q = cuda.device_array(R * w.hidden, np.int8)
         self.xs_d = cuda.device_array(R * w.hidden // 32, np.float32)
 
@@ -797,15 +820,9 @@ def launch_moe_block_q8_grouped(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8
     """`launch_moe_block_q8` for a prefill chunk, expert-major (the section comment above):
     the same router and routing, each expert's weights read once for the chunk."""
     from .matmul_q8 import launch_matmul_q8, launch_matmul_q8_grouped
-    T, H = x.shape
-    if T != s.T or H != w.hidden:
-        raise ValueError(f"moe_block_grouped: x is [{T}, {H}], scratch was made for T = {s.T} "
-                         f"and the weights for H = {w.hidden}")
-    k, E, F = w.top_k, w.n_experts, w.ffn
+    xi, T = _route_and_sort("moe_block_grouped", x, xq, xd, w, q, s, stream)
+    H, k, E, F = w.hidden, w.top_k, w.n_experts, w.ffn
     R = T * k
-    xi = dict(xq=xq, xd=xd, x=x)
-    _route_tokens(w, q, s, xi, T, stream)
-    moe_sort[1, E, stream](s.ids, s.group_off, s.pos, s.src)
     moe_gather[R, 128, stream](_flat1(xq).view(np.uint32), _flat1(xd), s.src, np.int32(H // 4),
                                np.int32(H // 32), s.xs_q.view(np.uint32), s.xs_d)
     xs_q, xs_d = s.xs_q.reshape(R, H), s.xs_d.reshape(R, H // 32)
@@ -863,16 +880,12 @@ def launch_group_matvec(tm: TokenMatrix, group_off, src, x_args, y, groups: int,
         np.int32(tm.parts))
 
 
-class MoEScratchExpertRows(MoEScratchQ8):
-    """MoEScratchQ8 plus the sort of `launch_moe_block_q8_expert_rows` and the shared
-    expert's one group (rows 0 .. T - 1)."""
+class MoEScratchExpertRows(MoEScratchSorted):
+    """MoEScratchSorted plus the shared expert's one group (rows 0 .. T - 1) of
+    `launch_moe_block_q8_expert_rows`."""
 
     def __init__(self, T: int, w: ExpertWeights):
         super().__init__(T, w)
-        R = T * w.top_k
-        self.group_off = cuda.device_array(w.n_experts + 1, np.uint32)
-        self.pos = cuda.device_array(R, np.int32)
-        self.src = cuda.device_array(R, np.int32)
         self.all_rows = cuda.to_device(np.array([0, T], np.uint32))
 
 
@@ -880,17 +893,9 @@ def launch_moe_block_q8_expert_rows(x, xq, xd, w: ExpertWeights, q: ExpertMatric
                                     s: MoEScratchExpertRows, y, residual=None, stream=0):
     """`launch_moe_block_q8` expert-major (the section comment above): the same bits for
     every token, each expert's weights read once per block for all its tokens."""
-    T, H = x.shape
-    if T != s.T or H != w.hidden:
-        raise ValueError(f"moe_block_expert_rows: x is [{T}, {H}], scratch was made for T = "
-                         f"{s.T} and the weights for H = {w.hidden}")
-    k, E, F = w.top_k, w.n_experts, w.ffn
-    R = T * k
-    if E > ROUTER_E_MAX:
-        raise ValueError(f"moe_block_expert_rows: {E} experts exceed moe_sort's {ROUTER_E_MAX}")
-    xi = dict(xq=xq, xd=xd, x=x)
-    _route_tokens(w, q, s, xi, T, stream)
-    moe_sort[1, E, stream](s.ids, s.group_off, s.pos, s.src)
+    xi, T = _route_and_sort("moe_block_expert_rows", x, xq, xd, w, q, s, stream)
+    E, F = w.n_experts, w.ffn
+    R = T * w.top_k
     gate, up = s.gate.reshape(R, F), s.up.reshape(R, F)
     launch_group_matvec(q.gate, s.group_off, s.src, q.gate.x_args(**xi), gate, E, R, stream)
     launch_group_matvec(q.up, s.group_off, s.src, q.up.x_args(**xi), up, E, R, stream)
@@ -908,10 +913,10 @@ def launch_moe_block_q8_expert_rows(x, xq, xd, w: ExpertWeights, q: ExpertMatric
     launch_moe_combine(s.yd, s.weights, y, shared_y, shared_gate, residual, stream, pos=s.pos)
 
 
-__all__ = ["EXPERT_MATVEC", "MOE_DOWN", "ExpertMatricesQ8", "ExpertWeights", "MoEScratch",
-           "MoEScratchExpertRows", "MoEScratchGrouped", "MoEScratchQ8", "TokenMatrix",
-           "expert_matrices_q8",
-           "grouped_experts", "int8_experts", "launch_moe_block_q8_grouped",
+__all__ = ["EXPERT_MATVEC", "ExpertMatricesQ8", "ExpertWeights", "MOE_DOWN", "MoEScratch",
+           "MoEScratchExpertRows", "MoEScratchGrouped", "MoEScratchQ8", "MoEScratchSorted",
+           "TokenMatrix", "expert_matrices_q8", "grouped_experts", "int8_experts",
            "launch_expert_matvec", "launch_group_matvec", "launch_moe_block",
-           "launch_moe_block_q8_expert_rows", "launch_moe_block_q8", "launch_moe_combine",
-           "launch_moe_down", "launch_moe_route", "launch_token_matvec", "token_matrix"]
+           "launch_moe_block_q8", "launch_moe_block_q8_expert_rows",
+           "launch_moe_block_q8_grouped", "launch_moe_combine", "launch_moe_down",
+           "launch_moe_route", "launch_token_matvec", "token_matrix"]
