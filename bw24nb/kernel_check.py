@@ -2028,6 +2028,54 @@ def check_token_matvec(rng, size):
                           f"{MARGIN:g}γ{h}·Σ|wx|", guard_ok=guard_ok)
 
 
+@check("group_matvec", "kernels.moe.launch_group_matvec")
+def check_group_matvec(rng, size):
+    """The expert-major MoE prefill's matvec (matvec.group_kernel): rows group_off[e] ..
+    group_off[e + 1] of y against expert e's weights (one expert with none), each row's
+    activations row src[i] of x (gate / up: the pair's token) or row i (down)."""
+    from .kernels import matvec as mv
+    from .kernels import moe
+    from .kernels import quantize_act as qa
+    from .quant import QType
+    types = [QType.Q4_K, QType.Q8_0] if size == "tiny" else \
+        [qt for qt in mv.MATVEC_Q8 if _fits(qt, MOE.hidden) and _fits(qt, MOE.expert_ffn)]
+    for qt in types:
+        for per_row in (False, True):
+            T, E, k, H, F = _moe_dims(size)
+            E = min(E, 8)
+            M, K = (H, F) if per_row else (F, H)
+            M = 3 if size == "tiny" else M
+            counts = rng.integers(0, 2 * T, E)
+            counts[1] = 0
+            R = int(counts.sum())
+            off = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)
+            src = rng.integers(0, T, R).astype(np.int32)
+            w = _random_weight(rng, qt, E * M, K)
+            rows = R if per_row else T
+            x = rng.standard_normal((rows, K)).astype(np.float32)
+            xq, xd = qa.quantize_act_q8_reference(x)
+            tm = moe.token_matrix(_dev(w), qt, M, K, k=k)
+            y = Out((R, M))
+            moe.launch_group_matvec(tm, _dev(off), None if per_row else _dev(src),
+                                    tm.x_args(_dev(xq), _dev(xd)), y.dev, E, R)
+            got, guard_ok = y.get()
+            w3 = w.reshape(E, M, -1)
+            xq2, xd2 = xq.reshape(rows, K), xd.reshape(rows, K // 32)
+            ref = np.zeros((R, M))
+            mag = np.zeros((R, M))
+            for e in range(E):
+                for i in range(int(off[e]), int(off[e + 1])):
+                    j = i if per_row else src[i]
+                    ref[i] = mv.matvec_q8_reference(w3[e], qt, M, K, xq2[j], xd2[j])
+                    xa = np.abs(qa.dequantize_act_q8(xq2[j], xd2[j]))
+                    mag[i] = _int8_path_weight_mag(w3[e], qt, M, K) @ xa
+            h = _matvec_chain(qt, K) + 4                  # matvec_q8's loop and order
+            yield compare("group_matvec", qt.name,
+                          f"E{E} R{R} {M}x{K}" + (" per-row x" if per_row else ""),
+                          got, ref, MARGIN * gamma(h) * mag + TINY_NORMAL,
+                          f"{MARGIN:g}γ{h}·Σ|wx|", guard_ok=guard_ok)
+
+
 @check("matmul_q8_grouped", "kernels.matmul_q8.launch_matmul_q8_grouped")
 def check_matmul_q8_grouped(rng, size):
     """The MoE prefill's expert-major GEMM: rows group_off[e] .. group_off[e + 1] of Y against
@@ -2198,8 +2246,9 @@ def check_moe_combine(rng, size):
                   guard_ok=guard_ok)
 
 
-def _moe_q8_block_rows(rng, size, grouped):
-    """The int8 MoE block (moe.launch_moe_block_q8, or the expert-major prefill), stage by
+def _moe_q8_block_rows(rng, size, mode):
+    """The int8 MoE block (moe.launch_moe_block_q8, mode "tokens"; or an expert-major prefill:
+    on the int8 GEMM, "grouped", or on the decode kernels, "expert_rows"), stage by
     stage against the references, each stage fed the device's own output of the stage before
     (so every bound is a single kernel's): the routing (route() on x), the k gate / up dots
     (matvec_q8_reference on the int8 input), the down dots (on the block's own int8
@@ -2210,12 +2259,19 @@ def _moe_q8_block_rows(rng, size, grouped):
     from .quant import QType, dequantize, quantize
     from .reference import ops
     from .reference.moe import route
-    name = "moe_block_q8" + ("_grouped" if grouped else "")
+    grouped = mode == "grouped"             # the GEMM's summation order
+    sorted_rows = mode != "tokens"          # rows in moe_sort's order
+    name = "moe_block_q8" + ("" if mode == "tokens" else "_" + mode)
     if size == "tiny":
-        E, k, H, F, Is, wt, Ts = 4, 2, 256, 256, 256, QType.Q4_K, ((2,) if grouped else (1, 2))
+        E, k, H, F, Is, wt, Ts = 4, 2, 256, 256, 256, QType.Q4_K, \
+            ((2,) if sorted_rows else (1, 2))
     else:
         E, k, H, F, Is, wt, Ts = MOE.n_experts, MOE.top_k, MOE.hidden, MOE.expert_ffn, 512, \
-            QType.Q4_K, ((64,) if grouped else (1, 4))
+            QType.Q4_K, ((64,) if sorted_rows else (1, 4))
+    scratch, block = {"tokens": (moe.MoEScratchQ8, moe.launch_moe_block_q8),
+                      "grouped": (moe.MoEScratchGrouped, moe.launch_moe_block_q8_grouped),
+                      "expert_rows": (moe.MoEScratchExpertRows,
+                                      moe.launch_moe_block_q8_expert_rows)}[mode]
     raw = {n: _random_weight(rng, wt, int(np.prod(sh[:-1])), sh[-1]) for n, sh in (
         ("gate", (E, F, H)), ("up", (E, F, H)), ("down", (E, H, F)), ("sh_gate", (Is, H)),
         ("sh_up", (Is, H)), ("sh_down", (H, Is)))}
@@ -2243,12 +2299,11 @@ def _moe_q8_block_rows(rng, size, grouped):
     for T in Ts:
         x = (x_scale * rng.standard_normal((T, H))).astype(np.float32)
         xq, xd = qa.quantize_act_q8_reference(x)
-        s = (moe.MoEScratchGrouped if grouped else moe.MoEScratchQ8)(T, w)
+        s = scratch(T, w)
         res = rng.standard_normal((T, H)).astype(np.float32)
         y = Out((T, H))
         y.dev.copy_to_device(res)
-        (moe.launch_moe_block_q8_grouped if grouped else moe.launch_moe_block_q8)(
-            _dev(x), _dev(xq), _dev(xd), w, q, s, y.dev, residual=y.dev)
+        block(_dev(x), _dev(xq), _dev(xd), w, q, s, y.dev, residual=y.dev)
         got, guard_ok = y.get()
         tag = f"T{T} E{E} k{k} H{H} F{F}"
         ids = s.ids.copy_to_host()
@@ -2257,8 +2312,8 @@ def _moe_q8_block_rows(rng, size, grouped):
         yield compare(name + " ids", "i32", tag, ids, ref_ids.astype(np.int32))
         yield compare(name + " weights", "f32", tag, wts, ref_w, 64 * U * np.abs(ref_w) + TINY_NORMAL,
                       "64u·|w|")
-        # row of (t, r) in the block's buffers: t k + r, or its sorted row when grouped
-        pos = s.pos.copy_to_host() if grouped else np.arange(T * k)
+        # row of (t, r) in the block's buffers: t k + r, or its sorted row (expert-major)
+        pos = s.pos.copy_to_host() if sorted_rows else np.arange(T * k)
         gate = s.gate.copy_to_host().reshape(T * k, F)
         up = s.up.copy_to_host().reshape(T * k, F)
         yd = s.yd.copy_to_host().reshape(T * k, H)
@@ -2298,12 +2353,17 @@ def _moe_q8_block_rows(rng, size, grouped):
 
 @check("moe_block_q8", "kernels.moe.launch_moe_block_q8")
 def check_moe_block_q8(rng, size):
-    yield from _moe_q8_block_rows(rng, size, grouped=False)
+    yield from _moe_q8_block_rows(rng, size, "tokens")
 
 
 @check("moe_block_q8_grouped", "kernels.moe.launch_moe_block_q8_grouped")
 def check_moe_block_q8_grouped(rng, size):
-    yield from _moe_q8_block_rows(rng, size, grouped=True)
+    yield from _moe_q8_block_rows(rng, size, "grouped")
+
+
+@check("moe_block_q8_expert_rows", "kernels.moe.launch_moe_block_q8_expert_rows")
+def check_moe_block_q8_expert_rows(rng, size):
+    yield from _moe_q8_block_rows(rng, size, "expert_rows")
 
 
 # ------------------------------------------------------------------ running
