@@ -1,0 +1,165 @@
+"""The int8 MoE block on a real GPU, stage by stage: where a decode step's and a prefill
+chunk's MoE time goes (decision 0017).
+
+    python3 bench/moe_bench.py [--tokens 1,9,128] [--down-type Q4_K|Q6_K] [--jsonl PATH]
+                               [--commit SHA] [--tiny]
+
+At the Qwen3.6-35B-A3B shape (256 experts, top 8, hidden 2048, expert and shared FFN 512; Q4_K
+gate / up, --down-type for the down projections; random weights and inputs), for each T of
+--tokens:
+
+  * the whole block per launch sequence: `token` (moe.launch_moe_block_q8: each token reads its
+    own experts; decode, verify), `expert_rows` (launch_moe_block_q8_expert_rows: expert-major
+    on the decode kernels, the rows prefill's default) and `gemm` (launch_moe_block_q8_grouped:
+    expert-major on the int8 GEMM) for T > 1;
+  * the gate and down projections alone, as the token kernel and as the group kernel run them
+    (`token_gate`, `group_gate`, `token_down`, `group_down`), with the row dots a second they
+    reach (T k F gate rows, T k H down rows): the decode row loop gives each row dot a warp,
+    and the down projections' K = 512 leaves half of its lanes without a unit.
+
+Each is captured N times into one CUDA graph (bench/matmul_q8_bench.py's `time_per_launch_us`)
+and timed by CUDA events: median us per launch. Checks in the same run, flagged BAD: the
+expert_rows block's output equals the token block's bit for bit (both sum every row in the
+decode order), and the GEMM block's agrees with it to 1e-3 of max |y| (another order).
+One JSON record per row to --jsonl (default $OUT/moe_bench.jsonl or ./moe_bench.jsonl); exits
+1 on BAD. --tiny: a 4-expert block of width 256; `--tiny --tokens 1` is what the simulator
+runs in about a minute, as a smoke test of the script (T = 3 takes it over 10 minutes).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+
+
+def _block(rng, E, k, H, F, down_type):
+    """A random int8-ready MoE layer: (ExpertWeights, ExpertMatricesQ8)."""
+    from bw24nb.kernels import moe
+    from bw24nb.quant import QType, quantize
+    from bw24nb.kernels.dequant import random_weight_bytes as _random_weight
+    from numba import cuda
+
+    def dev(a):
+        return cuda.to_device(a)
+    qt = QType.Q4_K
+    gate, up = (_random_weight(rng, qt, E * F, H) for _ in range(2))
+    down = _random_weight(rng, down_type, E * H, F)
+    sh_gate, sh_up = (_random_weight(rng, qt, F, H) for _ in range(2))
+    sh_down = _random_weight(rng, down_type, H, F)
+    router = quantize(rng.standard_normal((E, H)).astype(np.float32), QType.F32)
+    sh_inp = quantize(rng.standard_normal((1, H)).astype(np.float32), QType.F32)
+    w = moe.ExpertWeights(
+        n_experts=E, top_k=k, hidden=H, ffn=F, norm_topk_prob=True, router=dev(router),
+        router_type=QType.F32, gate=dev(gate), gate_type=qt, up=dev(up), up_type=qt,
+        down=dev(down), down_type=down_type, shared_ffn=F, sh_gate=dev(sh_gate),
+        sh_gate_type=qt, sh_up=dev(sh_up), sh_up_type=qt, sh_down=dev(sh_down),
+        sh_down_type=down_type, sh_gate_inp=dev(sh_inp), sh_gate_inp_type=QType.F32)
+    return w, moe.expert_matrices_q8(w)
+
+
+def bench_tokens(T, w, q, rng, stream, smoke):
+    """[(name, us, launches, row_dots or None)] and the problems found, for T tokens."""
+    from numba import cuda
+    from bw24nb.kernels import moe
+    from bw24nb.kernels.quantize_act import launch_quantize_act
+    from matmul_q8_bench import time_per_launch_us
+    E, k, H, F = w.n_experts, w.top_k, w.hidden, w.ffn
+    # x at the scale that keeps the expert pre-activations O(1) (kernel_check's reason)
+    x = cuda.to_device((rng.standard_normal((T, H)) / np.sqrt(H)).astype(np.float32))
+    xq, xd = cuda.device_array(T * H, np.int8), cuda.device_array(T * H // 32, np.float32)
+    launch_quantize_act(x.reshape(T * H), xq, xd, stream=stream)
+    blocks = {"token": (moe.MoEScratchQ8, moe.launch_moe_block_q8)}
+    if T > 1:
+        blocks["expert_rows"] = (moe.MoEScratchExpertRows, moe.launch_moe_block_q8_expert_rows)
+        if moe.grouped_experts(w):
+            blocks["gemm"] = (moe.MoEScratchGrouped, moe.launch_moe_block_q8_grouped)
+    out, rows, problems = {}, [], []
+    scratch = {}
+    for name, (kind, block) in blocks.items():
+        s = scratch[name] = kind(T, w)
+        y = cuda.device_array((T, H), np.float32)
+
+        def launch(block=block, s=s, y=y):
+            block(x, xq, xd, w, q, s, y, stream=stream)
+        launch()
+        stream.synchronize()
+        out[name] = y.copy_to_host()
+        us, n = time_per_launch_us(launch, stream, smoke)
+        rows.append((f"block_{name}", us, n, None))
+    if "expert_rows" in out and not np.array_equal(out["expert_rows"].view(np.uint32),
+                                                    out["token"].view(np.uint32)):
+        problems.append("expert_rows block != token block (bits)")
+    if "gemm" in out:
+        err = float(np.abs(out["gemm"] - out["token"]).max() / np.abs(out["token"]).max())
+        if not err <= 1e-3:
+            problems.append(f"gemm block differs from the token block by {err:.2e} of max |y|")
+    # the gate and down projections alone, on the buffers the blocks left
+    st = scratch["token"]
+    xi = q.gate.x_args(xq=xq, xd=xd, x=x)
+    stages = [("token_gate", T * k * F, lambda: moe.launch_token_matvec(
+                  q.gate, st.ids, True, k, xi, False, st.gate, T, stream)),
+              ("token_down", T * k * H, lambda: moe.launch_token_matvec(
+                  q.down, st.ids, True, k, q.down.x_args(st.act_q, st.act_d), True, st.yd, T,
+                  stream))]
+    if "expert_rows" in scratch:
+        se, R = scratch["expert_rows"], T * k
+        stages += [("group_gate", R * F, lambda: moe.launch_group_matvec(
+                       q.gate, se.group_off, se.src, xi, se.gate, E, R, stream)),
+                   ("group_down", R * H, lambda: moe.launch_group_matvec(
+                       q.down, se.group_off, None, q.down.x_args(se.act_q, se.act_d), se.yd, E,
+                       R, stream))]
+    for name, dots, launch in stages:
+        us, n = time_per_launch_us(launch, stream, smoke)
+        rows.append((name, us, n, dots))
+    return rows, problems
+
+
+def main(argv=None) -> int:
+    from run_bench import Recorder, git_commit, gpu_name
+    ap = argparse.ArgumentParser(prog="bench/moe_bench.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", default="1,9,128")
+    ap.add_argument("--down-type", default="Q4_K", choices=["Q4_K", "Q6_K"])
+    ap.add_argument("--jsonl", default=None)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true")
+    a = ap.parse_args(argv)
+    from numba import cuda
+    from bw24nb.device import simulator_enabled
+    from bw24nb.quant import QType
+    smoke = simulator_enabled()
+    E, k, H, F = (4, 2, 256, 256) if a.tiny else (256, 8, 2048, 512)
+    out_dir = Path(os.environ.get("OUT", "."))
+    paths = [Path(a.jsonl) if a.jsonl else out_dir / "moe_bench.jsonl"]
+    rec = Recorder(gpu_name(), git_commit(a.commit), paths)
+    rng = np.random.default_rng(a.seed)
+    stream = cuda.stream()
+    w, q = _block(rng, E, k, H, F, QType[a.down_type])
+    shape = f"E{E} k{k} H{H} F{F} down {a.down_type}"
+    bad = 0
+    print(f"moe bench, {gpu_name()}, {shape}")
+    print(f"{'T':>5} {'launch':<18} {'us':>10} {'n':>5} {'row dots/s':>12}")
+    for T in (int(t) for t in a.tokens.split(",") if t):
+        rows, problems = bench_tokens(T, w, q, rng, stream, smoke)
+        for name, us, n, dots in rows:
+            rate = dots / (us * 1e-6) if dots else None
+            print(f"{T:>5} {name:<18} {us:>10.2f} {n:>5} "
+                  + (f"{rate:>12.3e}" if rate else f"{'':>12}"))
+            rec.add("moe-35b-a3b-shape", f"moe_us:{name}@T{T}", us, "us", engine="bw24nb",
+                    shape=shape, launches_per_graph=n, row_dots=dots, row_dots_per_s=rate)
+        for p in problems:
+            print(f"  BAD T={T}: {p}")
+        bad += len(problems)
+    rec.write()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
