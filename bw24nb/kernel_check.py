@@ -1984,17 +1984,42 @@ def check_moe_down(rng, size):
                       guard_ok=guard_ok)
 
 
+def _moe_q8_types(size):
+    """Weight types of the MoE matvec rows: two in the simulator, every dp4a type that fits the
+    35B-A3B shape's hidden and expert widths on the GPU."""
+    from .kernels import matvec as mv
+    from .quant import QType
+    return [QType.Q4_K, QType.Q8_0] if size == "tiny" else \
+        [qt for qt in mv.MATVEC_Q8 if _fits(qt, MOE.hidden) and _fits(qt, MOE.expert_ffn)]
+
+
+def _expert_rows_compare(name, qt, tag, got, w3, M, K, xq2, xd2, pairs, guard_ok):
+    """compare() of the rows got[n] = W[e] @ x_j for pairs[n] = (e, j) (expert e of the stack
+    w3, activation row j of xq2 / xd2) against matvec_q8_reference, within the dp4a matvec's
+    bound (its loop and order: gamma(chain + 4) of sum |w x|); each expert's |W| built once."""
+    from .kernels import matvec as mv
+    from .kernels import quantize_act as qa
+    ref = np.zeros((len(pairs), M))
+    mag = np.zeros((len(pairs), M))
+    wmag = {}
+    for n, (e, j) in enumerate(pairs):
+        ref[n] = mv.matvec_q8_reference(w3[e], qt, M, K, xq2[j], xd2[j])
+        if e not in wmag:
+            wmag[e] = _int8_path_weight_mag(w3[e], qt, M, K)
+        mag[n] = wmag[e] @ np.abs(qa.dequantize_act_q8(xq2[j], xd2[j]))
+    h = _matvec_chain(qt, K) + 4
+    return compare(name, qt.name, tag, got.reshape(len(pairs), M), ref,
+                   MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|wx|",
+                   guard_ok=guard_ok)
+
+
 @check("token_matvec", "kernels.moe.launch_token_matvec")
 def check_token_matvec(rng, size):
     """The int8 MoE block's matvec (matvec.token_kernel): y[t, r] = W[ids[t, r]] @ x_t(r) on
     int8 activations, each token's own (gate / up) or each expert's own row (down)."""
-    from .kernels import matvec as mv
     from .kernels import moe
     from .kernels import quantize_act as qa
-    from .quant import QType
-    types = [QType.Q4_K, QType.Q8_0] if size == "tiny" else \
-        [qt for qt in mv.MATVEC_Q8 if _fits(qt, MOE.hidden) and _fits(qt, MOE.expert_ffn)]
-    for qt in types:
+    for qt in _moe_q8_types(size):
         for per_expert in (False, True):
             T, E, k, H, F = _moe_dims(size)
             M, K = (H, F) if per_expert else (F, H)       # down [E, hidden, ffn] / gate [E, ffn, hidden]
@@ -2010,22 +2035,13 @@ def check_token_matvec(rng, size):
             moe.launch_token_matvec(tm, _dev(ids), True, k, tm.x_args(_dev(xq), _dev(xd)),
                                     per_expert, y.dev, T)
             got, guard_ok = y.get()
-            w3 = w.reshape(E, M, -1)
-            xq2, xd2 = xq.reshape(rows, K), xd.reshape(rows, K // 32)
-            ref = np.zeros((T, k, M))
-            mag = np.zeros((T, k, M))
-            for t in range(T):
-                for r in range(k):
-                    j = t * k + r if per_expert else t
-                    e = ids[t, r]
-                    ref[t, r] = mv.matvec_q8_reference(w3[e], qt, M, K, xq2[j], xd2[j])
-                    xa = np.abs(qa.dequantize_act_q8(xq2[j], xd2[j]))
-                    mag[t, r] = _int8_path_weight_mag(w3[e], qt, M, K) @ xa
-            h = _matvec_chain(qt, K) + 4                  # matvec_q8's loop and order
-            yield compare("token_matvec", qt.name,
-                          f"T{T} k{k} {E}x{M}x{K}" + (" per-expert x" if per_expert else ""),
-                          got, ref, MARGIN * gamma(h) * mag + TINY_NORMAL,
-                          f"{MARGIN:g}γ{h}·Σ|wx|", guard_ok=guard_ok)
+            pairs = [(ids[t, r], t * k + r if per_expert else t)
+                     for t in range(T) for r in range(k)]
+            yield _expert_rows_compare(
+                "token_matvec", qt, f"T{T} k{k} {E}x{M}x{K}" + (" per-expert x" if per_expert
+                                                                 else ""),
+                got, w.reshape(E, M, -1), M, K, xq.reshape(rows, K), xd.reshape(rows, K // 32),
+                pairs, guard_ok)
 
 
 @check("group_matvec", "kernels.moe.launch_group_matvec")
@@ -2033,13 +2049,9 @@ def check_group_matvec(rng, size):
     """The expert-major MoE prefill's matvec (matvec.group_kernel): rows group_off[e] ..
     group_off[e + 1] of y against expert e's weights (one expert with none), each row's
     activations row src[i] of x (gate / up: the pair's token) or row i (down)."""
-    from .kernels import matvec as mv
     from .kernels import moe
     from .kernels import quantize_act as qa
-    from .quant import QType
-    types = [QType.Q4_K, QType.Q8_0] if size == "tiny" else \
-        [qt for qt in mv.MATVEC_Q8 if _fits(qt, MOE.hidden) and _fits(qt, MOE.expert_ffn)]
-    for qt in types:
+    for qt in _moe_q8_types(size):
         for per_row in (False, True):
             T, E, k, H, F = _moe_dims(size)
             E = min(E, 8)
@@ -2059,21 +2071,12 @@ def check_group_matvec(rng, size):
             moe.launch_group_matvec(tm, _dev(off), None if per_row else _dev(src),
                                     tm.x_args(_dev(xq), _dev(xd)), y.dev, E, R)
             got, guard_ok = y.get()
-            w3 = w.reshape(E, M, -1)
-            xq2, xd2 = xq.reshape(rows, K), xd.reshape(rows, K // 32)
-            ref = np.zeros((R, M))
-            mag = np.zeros((R, M))
-            for e in range(E):
-                for i in range(int(off[e]), int(off[e + 1])):
-                    j = i if per_row else src[i]
-                    ref[i] = mv.matvec_q8_reference(w3[e], qt, M, K, xq2[j], xd2[j])
-                    xa = np.abs(qa.dequantize_act_q8(xq2[j], xd2[j]))
-                    mag[i] = _int8_path_weight_mag(w3[e], qt, M, K) @ xa
-            h = _matvec_chain(qt, K) + 4                  # matvec_q8's loop and order
-            yield compare("group_matvec", qt.name,
-                          f"E{E} R{R} {M}x{K}" + (" per-row x" if per_row else ""),
-                          got, ref, MARGIN * gamma(h) * mag + TINY_NORMAL,
-                          f"{MARGIN:g}γ{h}·Σ|wx|", guard_ok=guard_ok)
+            pairs = [(e, i if per_row else src[i])
+                     for e in range(E) for i in range(int(off[e]), int(off[e + 1]))]
+            yield _expert_rows_compare(
+                "group_matvec", qt, f"E{E} R{R} {M}x{K}" + (" per-row x" if per_row else ""),
+                got, w.reshape(E, M, -1), M, K, xq.reshape(rows, K), xd.reshape(rows, K // 32),
+                pairs, guard_ok)
 
 
 @check("matmul_q8_grouped", "kernels.matmul_q8.launch_matmul_q8_grouped")
