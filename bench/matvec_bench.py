@@ -1,6 +1,6 @@
 """Decode matvec on a real GPU: how close to the read roofline is each real shape?
 
-    python3 bench/matvec_bench.py [--shapes all|small|9b] [--launches 50] [--no-old] [--out PATH]
+    python3 bench/matvec_bench.py [--shapes all|small|9b|big] [--launches 50] [--no-old] [--out PATH]
                                   [--act-rows 4,9]
 
 For each (M x K, weight type) of the default model (Qwen2.5-Coder-0.5B: Q5_0 / Q8_0 / Q6_K) and
@@ -50,6 +50,7 @@ from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
 from bw24nb.kernels.dequant import layout, random_weight_bytes, weight_views  # noqa: E402
+from bw24nb.kernels import matvec  # noqa: E402
 from bw24nb.kernels.matvec import (  # noqa: E402
     MATVEC_Q8,
     launch_matvec,
@@ -78,6 +79,10 @@ SHAPES = [
     (151936, 896, QType.Q8_0, "0.5B lm_head"),
     (4096, 4096, QType.Q4_K, "9B attn square"),
     (12288, 4096, QType.Q4_K, "9B ffn_gate / ffn_up"),
+    (4096, 12288, QType.Q4_K, "9B ffn_down"),
+    (4096, 12288, QType.Q6_K, "9B ffn_down (Q6_K layers)"),
+    (8192, 2048, QType.Q4_K, "35B-A3B gdn_qkv"),
+    (2048, 4096, QType.Q4_K, "35B-A3B gdn_out"),
 ]
 
 
@@ -176,6 +181,16 @@ def _commit() -> str:
         return "unknown"
 
 
+def _with_rows_build(build, launch):
+    """launch() with matvec.ROWS_KERNEL = build (the rows = T build it picks), restored after."""
+    was = matvec.ROWS_KERNEL
+    matvec.ROWS_KERNEL = build
+    try:
+        launch()
+    finally:
+        matvec.ROWS_KERNEL = was
+
+
 def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
     nbytes = M * row_bytes(qt, K)
     n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
@@ -218,11 +233,18 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
                                                         d_h[t * K // 32:(t + 1) * K // 32])
                                     for t in range(nr)])
             scale_r = np.concatenate([w_abs @ np.abs(x_r[t].astype(np.float64)) for t in range(nr)])
-            kernels.append((f"dp4a_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_r=y_r:
-                            launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r, stream=stream, rows=nr),
-                            ref_r, 10 * REL_ERR_BAD, y_r, scale_r))
+            # both rows builds (matvec.ROWS_KERNEL), each into its own y: the loop build's
+            # rows must equal the unrolled build's bit for bit (`same_as`)
+            for build, tag in (("unrolled", "r"), ("loop", "rl")):
+                y_b = y_r if build == "unrolled" else cuda.device_array(nr * M, np.float32,
+                                                                        stream=stream)
+                kernels.append((f"dp4a_{tag}{nr}",
+                                lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_b=y_b, build=build:
+                                _with_rows_build(build, lambda: launch_matvec_q8(
+                                    w, qt, M, K, xq_r, xd_r, y_b, stream=stream, rows=nr)),
+                                ref_r, 10 * REL_ERR_BAD, y_b, scale_r))
 
-    rows = []
+    rows, outs = [], {}
     for name, launch, want, bad_above, y, scale in kernels:
         y.copy_to_device(np.full(y.size, np.nan, np.float32), stream=stream)
         launch(ws[0])                            # compile + load before capture
@@ -240,17 +262,26 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
         us = ms * 1e3 / n
         rows.append(dict(kernel=name, us=us, gbs=nbytes / (us * 1e-6) / 1e9, max_rel_err=err,
                          bad_above=bad_above, launches=n, copies=copies, bytes=nbytes))
+        outs[name] = out
+        if name.startswith("dp4a_rl"):          # the loop build against the unrolled one
+            same = np.array_equal(out.view(np.uint32), outs["dp4a_r" + name[7:]].view(np.uint32))
+            rows[-1]["same_as_unrolled"] = bool(same)
+            if not same:
+                rows[-1]["max_rel_err"] = float("inf")      # flagged BAD below
     del ws
     return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", choices=["all", "small", "9b"], default="all",
-                    help="small: skip the lm_head and the 9B shapes; 9b: only the 9B shapes")
+    ap.add_argument("--shapes", choices=["all", "small", "9b", "big"], default="all",
+                    help="small: skip the lm_head and the 9B / 35B-A3B shapes; 9b: only the 9B "
+                         "shapes; big: the 9B and 35B-A3B shapes")
     ap.add_argument("--launches", type=int, default=50)
     ap.add_argument("--no-old", action="store_true", help="skip the old kernel's rows")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--commit", default=None, help="the commit measured (default: git HEAD of "
+                    "the copy it runs in, which on the device machine may not be the tree's)")
     ap.add_argument("--act-rows", default="", help="also time the dp4a kernels over these "
                     "numbers of activation rows (verify's K + 1), e.g. 2,4,9")
     ap.add_argument("--tiny", action="store_true",
@@ -276,11 +307,12 @@ def main() -> int:
 
     shapes = SHAPES if args.shapes == "all" else \
         [s for s in SHAPES if s[3].startswith("9B")] if args.shapes == "9b" else \
-        [s for s in SHAPES if s[0] * s[1] < 2e7]
+        [s for s in SHAPES if s[3].startswith(("9B", "35B"))] if args.shapes == "big" else \
+        [s for s in SHAPES if s[0] * s[1] < 2e7 and s[3].startswith("0.5B")]
     if args.tiny:
         shapes = [(4, 256, qt, "tiny") for qt in (QType.Q5_0, QType.Q8_0, QType.Q6_K, QType.Q4_K)]
     date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    commit = _commit()
+    commit = args.commit or _commit()
     table, bad = [], False
     with open(out_path, "a") as f:
         for M, K, qt, what in shapes:
@@ -302,7 +334,9 @@ def main() -> int:
                            gbs=round(r["gbs"], 1), pct=round(r["pct"], 1),
                            roofline_gbs=round(roof, 1), max_rel_err=r["max_rel_err"],
                            ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"],
-                           **({} if x_r1 is None else dict(x_r1=x_r1)))
+                           **({} if x_r1 is None else dict(x_r1=x_r1)),
+                           **({k: r[k] for k in ("same_as_unrolled",) if k in r}),
+                           rows_kernel_default=matvec.ROWS_KERNEL)
                 f.write(json.dumps(rec) + "\n")
                 table.append(rec)
                 print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<7} {r['us']:9.2f} us "

@@ -2,7 +2,7 @@
 chunk's MoE time goes (decision 0017).
 
     python3 bench/moe_bench.py [--tokens 1,9,128] [--down-type Q4_K|Q6_K] [--jsonl PATH]
-                               [--commit SHA] [--tiny]
+                               [--commit SHA] [--unroll fit,full] [--tiny]
 
 At the Qwen3.6-35B-A3B shape (256 experts, top 8, hidden 2048, expert and shared FFN 512; Q4_K
 gate / up, --down-type for the down projections; random weights and inputs), for each T of
@@ -21,6 +21,9 @@ Each is captured N times into one CUDA graph (bench/matmul_q8_bench.py's `time_p
 and timed by CUDA events: median us per launch. Checks in the same run, flagged BAD: the
 expert_rows block's output equals the token block's bit for bit (both sum every row in the
 decode order), and the GEMM block's agrees with it to 1e-3 of max |y| (another order).
+--unroll fit,full runs everything twice, with the row loop's unroll fitted to short rows
+(matvec.fit_unroll, the default) and with the full 4 slots, and checks that the token block
+gives the same bits both ways.
 One JSON record per row to --jsonl (default $OUT/moe_bench.jsonl or ./moe_bench.jsonl); exits
 1 on BAD. --tiny: a 4-expert block of width 256; `--tiny --tokens 1` is what the simulator
 runs in about a minute, as a smoke test of the script (T = 3 takes it over 10 minutes).
@@ -64,14 +67,16 @@ def _block(rng, E, k, H, F, down_type):
     return w, moe.expert_matrices_q8(w)
 
 
-def bench_tokens(T, w, q, rng, stream, smoke):
-    """[(name, us, launches, row_dots or None)] and the problems found, for T tokens."""
+def bench_tokens(T, w, q, rng, stream, smoke, seed):
+    """[(name, us, launches, row_dots or None)], the problems found and the blocks' outputs,
+    for T tokens (the inputs drawn from `seed` and T, the same for every call)."""
     from numba import cuda
     from bw24nb.kernels import moe
     from bw24nb.kernels.quantize_act import launch_quantize_act
     from matmul_q8_bench import time_per_launch_us
     E, k, H, F = w.n_experts, w.top_k, w.hidden, w.ffn
     # x at the scale that keeps the expert pre-activations O(1) (kernel_check's reason)
+    rng = np.random.default_rng([seed, T])
     x = cuda.to_device((rng.standard_normal((T, H)) / np.sqrt(H)).astype(np.float32))
     xq, xd = cuda.device_array(T * H, np.int8), cuda.device_array(T * H // 32, np.float32)
     launch_quantize_act(x.reshape(T * H), xq, xd, stream=stream)
@@ -118,7 +123,7 @@ def bench_tokens(T, w, q, rng, stream, smoke):
     for name, dots, launch in stages:
         us, n = time_per_launch_us(launch, stream, smoke)
         rows.append((name, us, n, dots))
-    return rows, problems
+    return rows, problems, out
 
 
 def main(argv=None) -> int:
@@ -130,6 +135,10 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--unroll", default="fit",
+                    help="fit, full or fit,full: the row loop's slots a step cut to a short "
+                         "row's units (the default) or always 4; both: the fitted block must "
+                         "give the full one's bits")
     a = ap.parse_args(argv)
     from numba import cuda
     from bw24nb.device import simulator_enabled
@@ -146,17 +155,33 @@ def main(argv=None) -> int:
     bad = 0
     print(f"moe bench, {gpu_name()}, {shape}")
     print(f"{'T':>5} {'launch':<18} {'us':>10} {'n':>5} {'row dots/s':>12}")
+    from bw24nb.kernels import matvec
+    modes = [m for m in a.unroll.split(",") if m]
+    if not modes or any(m not in ("fit", "full") for m in modes):
+        ap.error("--unroll: a list of fit and full")
     for T in (int(t) for t in a.tokens.split(",") if t):
-        rows, problems = bench_tokens(T, w, q, rng, stream, smoke)
-        for name, us, n, dots in rows:
-            rate = dots / (us * 1e-6) if dots else None
-            print(f"{T:>5} {name:<18} {us:>10.2f} {n:>5} "
-                  + (f"{rate:>12.3e}" if rate else f"{'':>12}"))
-            rec.add("moe-35b-a3b-shape", f"moe_us:{name}@T{T}", us, "us", engine="bw24nb",
-                    shape=shape, launches_per_graph=n, row_dots=dots, row_dots_per_s=rate)
-        for p in problems:
-            print(f"  BAD T={T}: {p}")
-        bad += len(problems)
+        token_out = {}
+        for mode in modes:
+            # fit: each launch's unroll cut to its rows' units (matvec.fit_unroll); full: 4
+            matvec.FIT_UNROLL = mode == "fit"
+            tag = "" if modes == ["fit"] else f"/{mode}"
+            rows, problems, outs = bench_tokens(T, w, q, rng, stream, smoke, a.seed)
+            token_out[mode] = outs["token"]
+            for name, us, n, dots in rows:
+                rate = dots / (us * 1e-6) if dots else None
+                print(f"{T:>5} {name + tag:<18} {us:>10.2f} {n:>5} "
+                      + (f"{rate:>12.3e}" if rate else f"{'':>12}"))
+                rec.add("moe-35b-a3b-shape", f"moe_us:{name}@T{T}", us, "us", engine="bw24nb",
+                        shape=shape, launches_per_graph=n, row_dots=dots, row_dots_per_s=rate,
+                        unroll=mode)
+            for p in problems:
+                print(f"  BAD T={T} {mode}: {p}")
+            bad += len(problems)
+        if len(token_out) == 2 and not np.array_equal(token_out["fit"].view(np.uint32),
+                                                      token_out["full"].view(np.uint32)):
+            print(f"  BAD T={T}: the fitted unroll changed the token block's bits")
+            bad += 1
+        matvec.FIT_UNROLL = True
     rec.write()
     return 1 if bad else 0
 

@@ -344,6 +344,15 @@ def test_warps_per_row_policy():
 # ---------------------------------------------------------------- several rows (rows = T)
 
 
+@pytest.fixture(params=["loop", "unrolled"])
+def rows_build(request, monkeypatch):
+    """Each rows = T test runs on both rows builds (matvec.ROWS_KERNEL): the run-time row loop
+    and the T written-out copies must each give every row the one-row kernel's bits."""
+    from bw24nb.kernels import matvec
+    monkeypatch.setattr(matvec, "ROWS_KERNEL", request.param)
+    return request.param
+
+
 def _launch_rows(w, qt, M, K, x, q8, T, bias=None, residual=None, in_place=False, parts=None):
     """One launch with `rows=T` (x: float32[T, K]; residual: float32[T, M]) on the float path, or
     with x quantized as the engine does on the dp4a path; returns y[T, M] (guard checked)."""
@@ -373,7 +382,7 @@ def _launch_rows(w, qt, M, K, x, q8, T, bias=None, residual=None, in_place=False
     (QType.F32, False, 2, 66, False),        # K % 4 != 0: F32's generic one-value groups
     (QType.F16, False, 4, 256, False),
 ], ids=lambda v: v.name if isinstance(v, QType) else str(v))
-def test_matvec_rows_equal_one_row_launches(rng, qt, q8, T, K, in_place):
+def test_matvec_rows_equal_one_row_launches(rng, rows_build, qt, q8, T, K, in_place):
     """rows = T: row t of the output is bit for bit what a rows = 1 launch on row t's inputs
     gives (speculative decoding's verify must reproduce plain decode exactly, so exact
     equality is the specification here, not a tolerance), and it is inside the one-row
@@ -400,7 +409,7 @@ def test_matvec_rows_equal_one_row_launches(rng, qt, q8, T, K, in_place):
         np.testing.assert_array_less(np.abs(y[t] - ref), FLOAT_PATH_REL * scale, err_msg=f"row {t}")
 
 
-def test_matvec_rows_split_over_four_warps_exact(rng):
+def test_matvec_rows_split_over_four_warps_exact(rng, rows_build):
     """rows = 3 with every row split over 4 warps (the shared combine holds one total per row
     and warp): on exact-arithmetic inputs (test_matvec_q8_integer_part_exact) every row equals
     the float64 reference bit for bit."""
@@ -447,7 +456,7 @@ def test_matvec_rows_rejects_bad_rows_and_short_buffers():
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_parts1_build_equals_run_time_parts_build(rng, rows):
+def test_parts1_build_equals_run_time_parts_build(rng, rows_build, rows):
     """parts = 1 launches run a build with the split folded in (matvec.path_kernels); the
     run-time-parts build given parts = 1 must produce the same bits (Q4_K's path, one row and
     three)."""

@@ -66,6 +66,7 @@ activation arrays as two tuples, so the one loop serves them all.
 
 numpy references: `matvec_reference` (float path) and `matvec_q8_reference` (dp4a path) below.
 """
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -247,6 +248,30 @@ class RowPath(NamedTuple):
     weights: object
     value: object
     x_row: object
+    units_host: object = None       # units(K) on the host (`fit_unroll`); None: never refit
+
+
+_FITTED: dict = {}
+# False: every launch keeps its path's full unroll (bench/moe_bench.py --unroll compares both)
+FIT_UNROLL = True
+
+
+def fit_unroll(p, K, parts):
+    """Path p with its unroll cut to the units a lane of a `parts`-warp row of K values has,
+    when that is fewer: 1 or 2 slots a step instead of 4 (p itself otherwise). A slot past the
+    row's end only adds +0.0 to a lane sum that starts at +0.0 and so is never -0.0: an
+    identity, so every row keeps its bits, and a short row stops computing values it drops --
+    at K = 2048 (Q4_K: 64 chunks) half of a lane's slots, at K = 512 three quarters."""
+    if not FIT_UNROLL or p.units_host is None or p.unroll == 1:
+        return p
+    per_lane = -(-p.units_host(K) // (32 * parts))
+    U = 1 if per_lane <= 1 else 2 if per_lane <= 2 else p.unroll
+    if U >= p.unroll:
+        return p
+    key = (p.name, U)
+    if key not in _FITTED:
+        _FITTED[key] = p._replace(unroll=U, name=f"{p.name}_u{U}")
+    return _FITTED[key]
 
 
 def _lane_step(p):
@@ -254,7 +279,11 @@ def _lane_step(p):
     Every slot's load is unconditional (its unit clamped to the row's last) and a slot past the
     row's end adds +0.0 (`keep`), so all of a step's loads issue before the first multiply."""
     weights, value = p.weights, p.value
-    if p.unroll == 4:
+    if p.unroll == 1:
+        @cuda.jit(device=True, inline="always")
+        def step(acc, w, x, base, u, stride, last, n):
+            return acc + value(w, x, base, u, weights(w, base, u))
+    elif p.unroll == 4:
         @cuda.jit(device=True, inline="always")
         def step(acc, w, x, base, u, stride, last, n):
             v0 = value(w, x, base, u, weights(w, base, u))
@@ -279,7 +308,7 @@ def _lane_step(p):
             acc += keep(v1, u + stride, n)
             return acc
     else:
-        raise ValueError(f"{p.name}: unroll must be 2 or 4, not {p.unroll}")
+        raise ValueError(f"{p.name}: unroll must be 1, 2 or 4, not {p.unroll}")
     return step
 
 
@@ -431,6 +460,79 @@ def rows_kernel_of(p, nr, fixed_parts=0):
     return _named(matvec_rows, p, FP, nr)
 
 
+def rows_loop_kernel_of(p, fixed_parts=0):
+    """The decode kernel of path p for nr = 2 .. MAX_ROWS rows of activations, nr a run-time
+    argument: kern[grid, THREADS](w, M, K, x, y, bias, residual, has_bias, has_residual, parts,
+    nr), named <p.name>[_p1]_rl. Same sums, in the same order, as `rows_kernel_of` (each
+    slot's weights loaded once, then every row's values added to its accumulator in the
+    one-row order), but the rows are a loop rather than nr written-out copies: the copies
+    let the compiler hoist every row's activation loads ahead of the arithmetic, and at nr = 9
+    the Q4_K build needed 255 registers and spilled (2 blocks an SM: too few bytes in flight
+    to read the weights at the stream's rate). Here a lane's accumulators live in a local
+    array (L1), the weight words and what is decoded from them stay in registers, and one
+    build serves every nr."""
+    weights, value, x_row = p.weights, p.value, p.x_row
+    units, row_base, U = p.units, p.base, p.unroll
+    FP = fixed_parts
+    if U not in (1, 2, 4):
+        raise ValueError(f"{p.name}: unroll must be 1, 2 or 4, not {U}")
+
+    def matvec_rows(w, M, K, x, y, bias, residual, has_bias, has_residual, parts, nr):
+        P = FP if FP else parts
+        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
+        acc = cuda.local.array(MAX_ROWS, np.float32)
+        lane, row, part = _warp_row(P)
+        if P == 1 and row >= M:
+            return
+        n = units(K)
+        last = n - 1
+        if row >= M:
+            n = 0
+        base = row_base(row, K)
+        stride = 32 * P
+        for t in range(nr):
+            acc[t] = np.float32(0.0)
+        for u in range(32 * part + lane, n, stride * U):
+            q0 = weights(w, base, u)
+            if U >= 2:
+                u1 = min(u + stride, last)
+                q1 = weights(w, base, u1)
+            if U == 4:
+                u2 = min(u + 2 * stride, last)
+                u3 = min(u + 3 * stride, last)
+                q2 = weights(w, base, u2)
+                q3 = weights(w, base, u3)
+            for t in range(nr):
+                xt = x_row(x, t, K)
+                a = acc[t]
+                a += value(w, xt, base, u, q0)
+                if U >= 2:
+                    a += keep(value(w, xt, base, u1, q1), u + stride, n)
+                if U == 4:
+                    v2 = value(w, xt, base, u2, q2)
+                    v3 = value(w, xt, base, u3, q3)
+                    a += keep(v2, u + 2 * stride, n)
+                    a += keep(v3, u + 3 * stride, n)
+                acc[t] = a
+        warp = cuda.threadIdx.x >> 5
+        for t in range(nr):
+            s = warp_sum(acc[t])
+            acc[t] = s
+            if P > 1 and lane == 0:
+                part_sh[t * WARPS_PER_BLOCK + warp] = s
+        if P > 1:
+            cuda.syncthreads()
+        if lane == 0 and part == 0 and row < M:
+            for t in range(nr):
+                total = acc[t]
+                for k in range(1, P):
+                    total += part_sh[t * WARPS_PER_BLOCK + warp + k]
+                store_row(y[t * M:], bias, residual[t * M:], has_bias, has_residual, row,
+                          total)
+
+    return _named(matvec_rows, p, FP, kind="_rl")
+
+
 def token_kernel(p, fixed_parts=0):
     """The one-row kernel of path p over many tokens and (optionally) experts: the MoE block's
     matvecs (kernels/moe.py), where every token picks its own k experts and the prefill must
@@ -546,21 +648,57 @@ def group_kernels(p):
     return _GROUP_KERNELS[p.name]
 
 
+# Which build runs rows = 2 .. MAX_ROWS: "loop" (`rows_loop_kernel_of`, one build for every
+# row count) or "unrolled" (`rows_kernel_of`, one build a row count). Both give every row the
+# one-row kernel's bits; which is faster is measured by bench/matvec_bench.py --act-rows.
+ROWS_KERNELS = ("loop", "unrolled")
+ROWS_KERNEL = os.environ.get("BW24_ROWS_KERNEL", "unrolled").strip() or "unrolled"
+if ROWS_KERNEL not in ROWS_KERNELS:
+    raise ValueError(f"BW24_ROWS_KERNEL={ROWS_KERNEL!r}: expected one of {ROWS_KERNELS}")
+
+
+class _RowsLaunch:
+    """A `rows_loop_kernel_of` build launched like the other builds: kern[grid, threads,
+    stream](*args) appends the row count, its one extra parameter."""
+
+    def __init__(self, kern, nr):
+        self.kern, self.nr = kern, np.int32(nr)
+
+    def __getitem__(self, config):
+        launch, nr = self.kern[config], self.nr
+        return lambda *args: launch(*args, nr)
+
+
 def path_kernels(p, who):
     """kernels(rows, parts): path p's kernel for `rows` = 1 .. MAX_ROWS rows of activations and
     `parts` warps a row, built (not compiled) on first request. parts = 1 -- every large-M
     decode matvec -- gets its own build with the split folded in (`row_kernel`'s fixed_parts);
     2 and 4 share the run-time-parts build. Either build computes the same sums in the same
-    order, so which one runs changes no bit."""
+    order, so which one runs changes no bit. rows > 1 takes ROWS_KERNEL's build (read at each
+    request, so a benchmark can set it between launches)."""
     built = {}
 
-    def kernels(rows, parts):
+    def kernels(rows, parts, K=None):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
-        key = (rows, 1 if parts == 1 else 0)
+        fp = 1 if parts == 1 else 0
+        if rows == 1:
+            key = (1, fp)
+        elif ROWS_KERNEL == "loop":           # K given: the unroll fitted to its rows
+            q = p if K is None else fit_unroll(p, K, parts)
+            key = ("loop", q.unroll, rows, fp)
+        else:
+            key = ("unrolled", rows, fp)
         if key not in built:
-            built[key] = (row_kernel(p, key[1]) if rows == 1
-                          else rows_kernel_of(p, rows, key[1]))
+            if rows == 1:
+                built[key] = row_kernel(p, fp)
+            elif key[0] == "loop":
+                loop = ("loop", q.unroll, 0, fp)     # one build for every row count
+                if loop not in built:
+                    built[loop] = rows_loop_kernel_of(q, fp)
+                built[key] = _RowsLaunch(built[loop], rows)
+            else:
+                built[key] = rows_kernel_of(p, rows, fp)
         return built[key]
 
     return kernels
@@ -612,7 +750,8 @@ def _generic_path(lay, q8):
             return (x[0][t * K:],)
 
     name = f"matvec_q8_{lay.name}" if q8 else f"matvec_{lay.name}"
-    return RowPath(name, __name__, UNROLL, units, base, weights, value, x_row)
+    return RowPath(name, __name__, UNROLL, units, base, weights, value, x_row,
+                   lambda K: (K // qk) * gpb)
 
 
 @cuda.jit(device=True, inline="always")
@@ -651,7 +790,7 @@ def _f32_x_row(x, t, K):
 # group (one value, decoded from two 2-byte loads with ldexp) kept 4 x 8. Summation order: the
 # unit's 4 products left to right, then steps 2-5 of the module docstring over units.
 F32_V4 = RowPath("matvec_f32_v4", __name__, UNROLL, _f32_units, _f32_base, _f32_weights,
-                 _f32_value, _f32_x_row)
+                 _f32_value, _f32_x_row, lambda K: K >> 2)
 F32_V4_KERNELS = path_kernels(F32_V4, "matvec_f32_v4")
 matvec_f32_v4 = F32_V4_KERNELS(1, 2)
 
@@ -675,11 +814,11 @@ _SIG = f"void({_W}, int32, int32, UniTuple(float32[::1], 1), float32[::1], float
 _SIG_Q8 = f"void({_W}, int32, int32, Tuple((int32[::1], float32[::1])), float32[::1], " \
           "float32[::1], float32[::1], int32, int32, int32)"
 
-def rows_kernel(qtype, nr, q8=False, parts=2):
+def rows_kernel(qtype, nr, q8=False, parts=2, K=None):
     """The float-path (q8=False) or dp4a-path kernel of weight type `qtype` for nr = 1 ..
-    MAX_ROWS rows of activations and `parts` warps a row (`path_kernels`), built (not
-    compiled) on its first request."""
-    return (_KERNELS_Q8 if q8 else _KERNELS)[QType(qtype)](int(nr), int(parts))
+    MAX_ROWS rows of activations and `parts` warps a row (`path_kernels`; K, when given,
+    fits the loop build's unroll), built (not compiled) on its first request."""
+    return (_KERNELS_Q8 if q8 else _KERNELS)[QType(qtype)](int(nr), int(parts), K)
 
 
 # The compile check (tests/test_compile_ptx.py) compiles the module attributes named in
@@ -780,10 +919,10 @@ def launch_matvec(w_dev, qtype, M, K, x_dev, y_dev, bias=None, residual=None, st
     x_dev, y_dev = _flat(x_dev), _flat(y_dev)
     residual = None if residual is None else _flat(residual)
     if lay.qtype == QType.F32 and K % 4 == 0:      # 16-byte loads (F32_V4)
-        kern = F32_V4_KERNELS(rows, parts)
+        kern = F32_V4_KERNELS(rows, parts, K)
         w, x = (w8.view(np.uint32),), (x_dev[:rows * K].view(np.uint32),)
     else:
-        kern = rows_kernel(lay.qtype, rows, parts=parts)
+        kern = rows_kernel(lay.qtype, rows, parts=parts, K=K)
         w, x = (w8, w16, wh), (x_dev,)
     kern[_grid(M, parts), THREADS, stream](
         w, np.int32(M), np.int32(K), x, y_dev,
@@ -825,7 +964,7 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
                           _grid(M, parts), THREADS, stream, rows)
         return
     xq32 = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.int32)      # 4 int8 per dp4a operand
-    kern = rows_kernel(lay.qtype, rows, q8=True, parts=parts)
+    kern = rows_kernel(lay.qtype, rows, q8=True, parts=parts, K=K)
     kern[_grid(M, parts), THREADS, stream](
         (w8, w16, wh), np.int32(M), np.int32(K), (xq32, _flat(xd_dev)), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,

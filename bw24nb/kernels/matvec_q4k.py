@@ -149,7 +149,7 @@ def _value(w, x, row_word, c, wq):
 
 # w = (w32, wh): the GGUF rows as uint32 words and as float16; x = (xq as uint32 words, xd)
 PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value,
-               x_row_q8)
+               x_row_q8, lambda K: (K >> 8) * CHUNKS_PER_BLOCK)
 KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 
 
@@ -185,7 +185,7 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
     flat)."""
     w32 = w8.view(np.uint32)
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
-    kern = KERNELS(rows, parts)
+    kern = KERNELS(rows, parts, K)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
     kern[grid, threads, stream](
         (w32, w8.view(np.float16)), np.int32(M), np.int32(K), (xq, xd), y_dev,

@@ -247,7 +247,7 @@ def _value(w, x, base, c, wq):
 
 # w = (body as uint32 words, d float16); x = (xq, xd as uint32 words): matvec.py's row loop
 PATH = RowPath("matvec_q8_q6_k_r", __name__, UNROLL, _units, _base, _weights, _value,
-               x_row_q8)
+               x_row_q8, lambda K: (K >> 8) * CHUNKS_PER_BLOCK)
 KERNELS = path_kernels(PATH, "matvec_q6k_r")    # KERNELS(rows, parts)
 
 
@@ -314,7 +314,7 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
         raise ValueError(f"matvec_q6k_r: parts (warps per row) must be 1, 2 or 4, not {parts}")
     grid = (M * parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
     y = _flat(y)
-    kern = KERNELS(rows, parts)
+    kern = KERNELS(rows, parts, K)
     kern[grid, THREADS, stream](
         (_flat(body).view(np.uint32), _flat(d)), np.int32(M), np.int32(K),
         (_flat(xq)[:rows * K].view(np.uint32), _flat(xd)[:rows * K // 32].view(np.uint32)), y,

@@ -492,11 +492,11 @@ class TokenMatrix:
 
     def kernels(self, parts):
         """`matvec.token_kernel` of the path (one token per grid z)."""
-        return matvec.token_kernels(self.path)(parts)
+        return matvec.token_kernels(matvec.fit_unroll(self.path, self.cols, parts))(parts)
 
     def group_kernels(self, parts):
         """`matvec.group_kernel` of the path (expert-major groups of rows)."""
-        return matvec.group_kernels(self.path)(parts)
+        return matvec.group_kernels(matvec.fit_unroll(self.path, self.cols, parts))(parts)
 
     def x_args(self, xq=None, xd=None, x=None):
         """The kernel's activation tuple from int8 xq + scales xd (flat) or float x."""
