@@ -1,6 +1,6 @@
 """Decode matvec on a real GPU: how close to the read roofline is each real shape?
 
-    python3 bench/matvec_bench.py [--shapes all|small|9b|big] [--launches 50] [--no-old] [--out PATH]
+    python3 bench/matvec_bench.py [--shapes all|small|9b|35b|big] [--launches 50] [--no-old] [--out PATH]
                                   [--act-rows 4,9]
 
 For each (M x K, weight type) of the default model (Qwen2.5-Coder-0.5B: Q5_0 / Q8_0 / Q6_K) and
@@ -274,9 +274,9 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", choices=["all", "small", "9b", "big"], default="all",
+    ap.add_argument("--shapes", choices=["all", "small", "9b", "35b", "big"], default="all",
                     help="small: skip the lm_head and the 9B / 35B-A3B shapes; 9b: only the 9B "
-                         "shapes; big: the 9B and 35B-A3B shapes")
+                         "shapes; 35b: only the 35B-A3B shapes; big: the 9B and 35B-A3B shapes")
     ap.add_argument("--launches", type=int, default=50)
     ap.add_argument("--no-old", action="store_true", help="skip the old kernel's rows")
     ap.add_argument("--out", default=None)
@@ -308,6 +308,7 @@ def main() -> int:
     shapes = SHAPES if args.shapes == "all" else \
         [s for s in SHAPES if s[3].startswith("9B")] if args.shapes == "9b" else \
         [s for s in SHAPES if s[3].startswith(("9B", "35B"))] if args.shapes == "big" else \
+        [s for s in SHAPES if s[3].startswith("35B")] if args.shapes == "35b" else \
         [s for s in SHAPES if s[0] * s[1] < 2e7 and s[3].startswith("0.5B")]
     if args.tiny:
         shapes = [(4, 256, qt, "tiny") for qt in (QType.Q5_0, QType.Q8_0, QType.Q6_K, QType.Q4_K)]

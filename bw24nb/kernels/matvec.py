@@ -317,7 +317,18 @@ def _rows_step(p, nr):
     each slot's weights loaded once, then every row's values added to acc[t] in the one-row
     order (the rows' code written out nr times by `unrolled`)."""
     weights, value, x_row = p.weights, p.value, p.x_row
-    if p.unroll == 4:
+    if p.unroll == 1:
+        @nvvm_inlined
+        def slots(t, acc, args):
+            w, x, base, u, q0, K = args
+            acc[t] = acc[t] + value(w, x_row(x, t, K), base, u, q0)
+
+        each = unrolled(nr, slots)
+
+        @cuda.jit(device=True, inline="always")
+        def step(acc, w, x, base, u, stride, last, n, K):
+            each(acc, (w, x, base, u, weights(w, base, u), K))
+    elif p.unroll == 4:
         @nvvm_inlined
         def slots(t, acc, args):
             w, x, base, u, u1, u2, u3, q0, q1, q2, q3, stride, n, K = args
@@ -362,7 +373,7 @@ def _rows_step(p, nr):
             each(acc, (w, x, base, u, u1, weights(w, base, u), weights(w, base, u1), stride, n,
                        K))
     else:
-        raise ValueError(f"{p.name}: unroll must be 2 or 4, not {p.unroll}")
+        raise ValueError(f"{p.name}: unroll must be 1, 2 or 4, not {p.unroll}")
     return step
 
 
@@ -682,23 +693,21 @@ def path_kernels(p, who):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
+        q = p if rows == 1 or K is None else fit_unroll(p, K, parts)
         if rows == 1:
             key = (1, fp)
-        elif ROWS_KERNEL == "loop":           # K given: the unroll fitted to its rows
-            q = p if K is None else fit_unroll(p, K, parts)
-            key = ("loop", q.unroll, rows, fp)
-        else:
-            key = ("unrolled", rows, fp)
+        else:                                 # K given: the unroll fitted to its rows
+            key = (ROWS_KERNEL, q.unroll, rows, fp)
         if key not in built:
             if rows == 1:
                 built[key] = row_kernel(p, fp)
-            elif key[0] == "loop":
+            elif ROWS_KERNEL == "loop":
                 loop = ("loop", q.unroll, 0, fp)     # one build for every row count
                 if loop not in built:
                     built[loop] = rows_loop_kernel_of(q, fp)
                 built[key] = _RowsLaunch(built[loop], rows)
             else:
-                built[key] = rows_kernel_of(p, rows, fp)
+                built[key] = rows_kernel_of(q, rows, fp)
         return built[key]
 
     return kernels
