@@ -50,7 +50,6 @@ from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
 from bw24nb.kernels.dequant import layout, random_weight_bytes, weight_views  # noqa: E402
-from bw24nb.kernels import matvec  # noqa: E402
 from bw24nb.kernels.matvec import (  # noqa: E402
     MATVEC_Q8,
     launch_matvec,
@@ -181,16 +180,6 @@ def _commit() -> str:
         return "unknown"
 
 
-def _with_rows_build(build, launch):
-    """launch() with matvec.ROWS_KERNEL = build (the rows = T build it picks), restored after."""
-    was = matvec.ROWS_KERNEL
-    matvec.ROWS_KERNEL = build
-    try:
-        launch()
-    finally:
-        matvec.ROWS_KERNEL = was
-
-
 def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
     nbytes = M * row_bytes(qt, K)
     n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
@@ -233,18 +222,11 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
                                                         d_h[t * K // 32:(t + 1) * K // 32])
                                     for t in range(nr)])
             scale_r = np.concatenate([w_abs @ np.abs(x_r[t].astype(np.float64)) for t in range(nr)])
-            # both rows builds (matvec.ROWS_KERNEL), each into its own y: the loop build's
-            # rows must equal the unrolled build's bit for bit (`same_as`)
-            for build, tag in (("unrolled", "r"), ("loop", "rl")):
-                y_b = y_r if build == "unrolled" else cuda.device_array(nr * M, np.float32,
-                                                                        stream=stream)
-                kernels.append((f"dp4a_{tag}{nr}",
-                                lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_b=y_b, build=build:
-                                _with_rows_build(build, lambda: launch_matvec_q8(
-                                    w, qt, M, K, xq_r, xd_r, y_b, stream=stream, rows=nr)),
-                                ref_r, 10 * REL_ERR_BAD, y_b, scale_r))
+            kernels.append((f"dp4a_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_r=y_r:
+                            launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r, stream=stream, rows=nr),
+                            ref_r, 10 * REL_ERR_BAD, y_r, scale_r))
 
-    rows, outs = [], {}
+    rows = []
     for name, launch, want, bad_above, y, scale in kernels:
         y.copy_to_device(np.full(y.size, np.nan, np.float32), stream=stream)
         launch(ws[0])                            # compile + load before capture
@@ -262,12 +244,6 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
         us = ms * 1e3 / n
         rows.append(dict(kernel=name, us=us, gbs=nbytes / (us * 1e-6) / 1e9, max_rel_err=err,
                          bad_above=bad_above, launches=n, copies=copies, bytes=nbytes))
-        outs[name] = out
-        if name.startswith("dp4a_rl"):          # the loop build against the unrolled one
-            same = np.array_equal(out.view(np.uint32), outs["dp4a_r" + name[7:]].view(np.uint32))
-            rows[-1]["same_as_unrolled"] = bool(same)
-            if not same:
-                rows[-1]["max_rel_err"] = float("inf")      # flagged BAD below
     del ws
     return rows
 
@@ -335,9 +311,7 @@ def main() -> int:
                            gbs=round(r["gbs"], 1), pct=round(r["pct"], 1),
                            roofline_gbs=round(roof, 1), max_rel_err=r["max_rel_err"],
                            ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"],
-                           **({} if x_r1 is None else dict(x_r1=x_r1)),
-                           **({k: r[k] for k in ("same_as_unrolled",) if k in r}),
-                           rows_kernel_default=matvec.ROWS_KERNEL)
+                           **({} if x_r1 is None else dict(x_r1=x_r1)))
                 f.write(json.dumps(rec) + "\n")
                 table.append(rec)
                 print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<7} {r['us']:9.2f} us "

@@ -344,15 +344,6 @@ def test_warps_per_row_policy():
 # ---------------------------------------------------------------- several rows (rows = T)
 
 
-@pytest.fixture(params=["loop", "unrolled"])
-def rows_build(request, monkeypatch):
-    """Each rows = T test runs on both rows builds (matvec.ROWS_KERNEL): the run-time row loop
-    and the T written-out copies must each give every row the one-row kernel's bits."""
-    from bw24nb.kernels import matvec
-    monkeypatch.setattr(matvec, "ROWS_KERNEL", request.param)
-    return request.param
-
-
 def _launch_rows(w, qt, M, K, x, q8, T, bias=None, residual=None, in_place=False, parts=None):
     """One launch with `rows=T` (x: float32[T, K]; residual: float32[T, M]) on the float path, or
     with x quantized as the engine does on the dp4a path; returns y[T, M] (guard checked)."""
@@ -382,7 +373,7 @@ def _launch_rows(w, qt, M, K, x, q8, T, bias=None, residual=None, in_place=False
     (QType.F32, False, 2, 66, False),        # K % 4 != 0: F32's generic one-value groups
     (QType.F16, False, 4, 256, False),
 ], ids=lambda v: v.name if isinstance(v, QType) else str(v))
-def test_matvec_rows_equal_one_row_launches(rng, rows_build, qt, q8, T, K, in_place):
+def test_matvec_rows_equal_one_row_launches(rng, qt, q8, T, K, in_place):
     """rows = T: row t of the output is bit for bit what a rows = 1 launch on row t's inputs
     gives (speculative decoding's verify must reproduce plain decode exactly, so exact
     equality is the specification here, not a tolerance), and it is inside the one-row
@@ -409,7 +400,7 @@ def test_matvec_rows_equal_one_row_launches(rng, rows_build, qt, q8, T, K, in_pl
         np.testing.assert_array_less(np.abs(y[t] - ref), FLOAT_PATH_REL * scale, err_msg=f"row {t}")
 
 
-def test_matvec_rows_split_over_four_warps_exact(rng, rows_build):
+def test_matvec_rows_split_over_four_warps_exact(rng):
     """rows = 3 with every row split over 4 warps (the shared combine holds one total per row
     and warp): on exact-arithmetic inputs (test_matvec_q8_integer_part_exact) every row equals
     the float64 reference bit for bit."""
@@ -456,7 +447,7 @@ def test_matvec_rows_rejects_bad_rows_and_short_buffers():
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_parts1_build_equals_run_time_parts_build(rng, rows_build, rows):
+def test_parts1_build_equals_run_time_parts_build(rng, rows):
     """parts = 1 launches run a build with the split folded in (matvec.path_kernels); the
     run-time-parts build given parts = 1 must produce the same bits (Q4_K's path, one row and
     three)."""
@@ -477,3 +468,37 @@ def test_parts1_build_equals_run_time_parts_build(rng, rows_build, rows):
         outs.append(y.copy_to_host())
     assert np.all(np.isfinite(outs[0]))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_fit_unroll_cuts_slots_to_the_units_a_lane_has():
+    """matvec.fit_unroll: a lane of a one-warp row of K = 2048 Q4_K values has 2 chunks (2
+    slots a step), of K = 512 one (split over 2 warps: still one), of K = 4096 four (the path
+    itself); FIT_UNROLL = False keeps the path."""
+    from bw24nb.kernels import matvec, matvec_q4k as q4
+    p = q4.PATH
+    assert matvec.fit_unroll(p, 2048, 1).unroll == 2
+    assert matvec.fit_unroll(p, 512, 1).unroll == 1
+    assert matvec.fit_unroll(p, 512, 2).unroll == 1
+    assert matvec.fit_unroll(p, 4096, 1) is p
+    assert matvec.fit_unroll(p, 2048, 1) is matvec.fit_unroll(p, 2048, 1)     # built once
+    assert matvec.fit_unroll(p, 2048, 1).name != p.name      # its own kernel names
+    was = matvec.FIT_UNROLL
+    try:
+        matvec.FIT_UNROLL = False
+        assert matvec.fit_unroll(p, 2048, 1) is p
+    finally:
+        matvec.FIT_UNROLL = was
+
+
+@pytest.mark.parametrize("K,parts", [(2048, 1), (512, 1)])
+def test_fitted_rows_kernel_gives_the_one_row_kernels_bits(rng, K, parts):
+    """rows = 3 at K = 2048 / 512 with one warp a row runs the rows kernel with 2 / 1 slots a
+    step (fit_unroll) while the one-row kernel keeps 4, whose extra slots only add +0.0: every
+    row is still the one-row launch's, bit for bit."""
+    qt, M, T = QType.Q4_K, 3, 3
+    w = random_weight_bytes(rng, qt, M, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    y = _launch_rows(w, qt, M, K, x, True, T, parts=parts)
+    for t in range(T):
+        one = _launch_rows(w, qt, M, K, x[t], True, 1, parts=parts)[0]
+        np.testing.assert_array_equal(y[t].view(np.uint32), one.view(np.uint32), err_msg=f"row {t}")

@@ -48,9 +48,12 @@ Several rows of activations at once (rows = T > 1, launch_*(..., rows=T)): specu
 decoding verifies T = K + 1 tokens in one forward, and each verified row must be the value
 plain decode would compute for it, bit for bit, or the accepted tokens could differ from
 non-speculative decoding. So the rows = T kernels run the one-row kernel's loop unchanged --
-the same warps per row (`warps_per_row(M, K)`, never a function of T), the same slots, the
-same clamping -- and at every slot decode the weights once and multiply them into T
-accumulators, each summed in exactly the order above (steps 1-5 per row t). The weights are
+the same warps per row (`warps_per_row(M, K)`, never a function of T), the same units per
+lane in the same order -- and at every slot decode the weights once and multiply them into T
+accumulators, each summed in exactly the order above (steps 1-5 per row t). One liberty: a
+short row's rows kernel takes fewer slots a step (`fit_unroll`), since a clamped slot only adds
++0.0 to a lane sum that is never -0.0; at K = 2048 that halved the T = 9 kernel's time on the
+H200 (decision 0018). The MoE token and group kernels take the same fitted unroll. The weights are
 read once for the T rows, which is the point: weight bytes are the whole cost of a decode
 matvec. T is a compile-time constant of each kernel (`rows_kernel`, built on first use; at most
 MAX_ROWS) and the per-row work is written out T times (`unrolled`), so the accumulators live
@@ -66,7 +69,6 @@ activation arrays as two tuples, so the one loop serves them all.
 
 numpy references: `matvec_reference` (float path) and `matvec_q8_reference` (dp4a path) below.
 """
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -471,79 +473,6 @@ def rows_kernel_of(p, nr, fixed_parts=0):
     return _named(matvec_rows, p, FP, nr)
 
 
-def rows_loop_kernel_of(p, fixed_parts=0):
-    """The decode kernel of path p for nr = 2 .. MAX_ROWS rows of activations, nr a run-time
-    argument: kern[grid, THREADS](w, M, K, x, y, bias, residual, has_bias, has_residual, parts,
-    nr), named <p.name>[_p1]_rl. Same sums, in the same order, as `rows_kernel_of` (each
-    slot's weights loaded once, then every row's values added to its accumulator in the
-    one-row order), but the rows are a loop rather than nr written-out copies: the copies
-    let the compiler hoist every row's activation loads ahead of the arithmetic, and at nr = 9
-    the Q4_K build needed 255 registers and spilled (2 blocks an SM: too few bytes in flight
-    to read the weights at the stream's rate). Here a lane's accumulators live in a local
-    array (L1), the weight words and what is decoded from them stay in registers, and one
-    build serves every nr."""
-    weights, value, x_row = p.weights, p.value, p.x_row
-    units, row_base, U = p.units, p.base, p.unroll
-    FP = fixed_parts
-    if U not in (1, 2, 4):
-        raise ValueError(f"{p.name}: unroll must be 1, 2 or 4, not {U}")
-
-    def matvec_rows(w, M, K, x, y, bias, residual, has_bias, has_residual, parts, nr):
-        P = FP if FP else parts
-        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
-        acc = cuda.local.array(MAX_ROWS, np.float32)
-        lane, row, part = _warp_row(P)
-        if P == 1 and row >= M:
-            return
-        n = units(K)
-        last = n - 1
-        if row >= M:
-            n = 0
-        base = row_base(row, K)
-        stride = 32 * P
-        for t in range(nr):
-            acc[t] = np.float32(0.0)
-        for u in range(32 * part + lane, n, stride * U):
-            q0 = weights(w, base, u)
-            if U >= 2:
-                u1 = min(u + stride, last)
-                q1 = weights(w, base, u1)
-            if U == 4:
-                u2 = min(u + 2 * stride, last)
-                u3 = min(u + 3 * stride, last)
-                q2 = weights(w, base, u2)
-                q3 = weights(w, base, u3)
-            for t in range(nr):
-                xt = x_row(x, t, K)
-                a = acc[t]
-                a += value(w, xt, base, u, q0)
-                if U >= 2:
-                    a += keep(value(w, xt, base, u1, q1), u + stride, n)
-                if U == 4:
-                    v2 = value(w, xt, base, u2, q2)
-                    v3 = value(w, xt, base, u3, q3)
-                    a += keep(v2, u + 2 * stride, n)
-                    a += keep(v3, u + 3 * stride, n)
-                acc[t] = a
-        warp = cuda.threadIdx.x >> 5
-        for t in range(nr):
-            s = warp_sum(acc[t])
-            acc[t] = s
-            if P > 1 and lane == 0:
-                part_sh[t * WARPS_PER_BLOCK + warp] = s
-        if P > 1:
-            cuda.syncthreads()
-        if lane == 0 and part == 0 and row < M:
-            for t in range(nr):
-                total = acc[t]
-                for k in range(1, P):
-                    total += part_sh[t * WARPS_PER_BLOCK + warp + k]
-                store_row(y[t * M:], bias, residual[t * M:], has_bias, has_residual, row,
-                          total)
-
-    return _named(matvec_rows, p, FP, kind="_rl")
-
-
 def token_kernel(p, fixed_parts=0):
     """The one-row kernel of path p over many tokens and (optionally) experts: the MoE block's
     matvecs (kernels/moe.py), where every token picks its own k experts and the prefill must
@@ -659,34 +588,13 @@ def group_kernels(p):
     return _GROUP_KERNELS[p.name]
 
 
-# Which build runs rows = 2 .. MAX_ROWS: "loop" (`rows_loop_kernel_of`, one build for every
-# row count) or "unrolled" (`rows_kernel_of`, one build a row count). Both give every row the
-# one-row kernel's bits; which is faster is measured by bench/matvec_bench.py --act-rows.
-ROWS_KERNELS = ("loop", "unrolled")
-ROWS_KERNEL = os.environ.get("BW24_ROWS_KERNEL", "unrolled").strip() or "unrolled"
-if ROWS_KERNEL not in ROWS_KERNELS:
-    raise ValueError(f"BW24_ROWS_KERNEL={ROWS_KERNEL!r}: expected one of {ROWS_KERNELS}")
-
-
-class _RowsLaunch:
-    """A `rows_loop_kernel_of` build launched like the other builds: kern[grid, threads,
-    stream](*args) appends the row count, its one extra parameter."""
-
-    def __init__(self, kern, nr):
-        self.kern, self.nr = kern, np.int32(nr)
-
-    def __getitem__(self, config):
-        launch, nr = self.kern[config], self.nr
-        return lambda *args: launch(*args, nr)
-
-
 def path_kernels(p, who):
     """kernels(rows, parts): path p's kernel for `rows` = 1 .. MAX_ROWS rows of activations and
     `parts` warps a row, built (not compiled) on first request. parts = 1 -- every large-M
     decode matvec -- gets its own build with the split folded in (`row_kernel`'s fixed_parts);
     2 and 4 share the run-time-parts build. Either build computes the same sums in the same
-    order, so which one runs changes no bit. rows > 1 takes ROWS_KERNEL's build (read at each
-    request, so a benchmark can set it between launches)."""
+    order, so which one runs changes no bit. rows > 1 with K given runs the path with its
+    unroll fitted to the row (`fit_unroll`: the same bits, fewer dropped slots)."""
     built = {}
 
     def kernels(rows, parts, K=None):
@@ -694,20 +602,9 @@ def path_kernels(p, who):
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
         q = p if rows == 1 or K is None else fit_unroll(p, K, parts)
-        if rows == 1:
-            key = (1, fp)
-        else:                                 # K given: the unroll fitted to its rows
-            key = (ROWS_KERNEL, q.unroll, rows, fp)
+        key = (rows, q.unroll, fp)
         if key not in built:
-            if rows == 1:
-                built[key] = row_kernel(p, fp)
-            elif ROWS_KERNEL == "loop":
-                loop = ("loop", q.unroll, 0, fp)     # one build for every row count
-                if loop not in built:
-                    built[loop] = rows_loop_kernel_of(q, fp)
-                built[key] = _RowsLaunch(built[loop], rows)
-            else:
-                built[key] = rows_kernel_of(q, rows, fp)
+            built[key] = row_kernel(p, fp) if rows == 1 else rows_kernel_of(q, rows, fp)
         return built[key]
 
     return kernels
