@@ -491,14 +491,18 @@ def test_fit_unroll_cuts_slots_to_the_units_a_lane_has():
 
 
 @pytest.mark.parametrize("K,parts", [(2048, 1), (512, 1)])
-def test_fitted_rows_kernel_gives_the_one_row_kernels_bits(rng, K, parts):
-    """rows = 3 at K = 2048 / 512 with one warp a row runs the rows kernel with 2 / 1 slots a
-    step (fit_unroll) while the one-row kernel keeps 4, whose extra slots only add +0.0: every
-    row is still the one-row launch's, bit for bit."""
+def test_fitted_unroll_gives_the_full_unrolls_bits(rng, monkeypatch, K, parts):
+    """At K = 2048 / 512 with one warp a row the launchers run 2 / 1 slots a step
+    (fit_unroll); the full 4 slots' extra ones only add +0.0, so one row and three rows of the
+    fitted kernels give the unfitted one-row kernel's bits."""
+    from bw24nb.kernels import matvec
     qt, M, T = QType.Q4_K, 3, 3
     w = random_weight_bytes(rng, qt, M, K)
     x = rng.standard_normal((T, K)).astype(np.float32)
     y = _launch_rows(w, qt, M, K, x, True, T, parts=parts)
+    y1 = [_launch_rows(w, qt, M, K, x[t], True, 1, parts=parts)[0] for t in range(T)]
+    monkeypatch.setattr(matvec, "FIT_UNROLL", False)
     for t in range(T):
-        one = _launch_rows(w, qt, M, K, x[t], True, 1, parts=parts)[0]
-        np.testing.assert_array_equal(y[t].view(np.uint32), one.view(np.uint32), err_msg=f"row {t}")
+        full = _launch_rows(w, qt, M, K, x[t], True, 1, parts=parts)[0].view(np.uint32)
+        np.testing.assert_array_equal(y[t].view(np.uint32), full, err_msg=f"rows, row {t}")
+        np.testing.assert_array_equal(y1[t].view(np.uint32), full, err_msg=f"one row, row {t}")

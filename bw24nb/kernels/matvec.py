@@ -50,10 +50,13 @@ plain decode would compute for it, bit for bit, or the accepted tokens could dif
 non-speculative decoding. So the rows = T kernels run the one-row kernel's loop unchanged --
 the same warps per row (`warps_per_row(M, K)`, never a function of T), the same units per
 lane in the same order -- and at every slot decode the weights once and multiply them into T
-accumulators, each summed in exactly the order above (steps 1-5 per row t). One liberty: a
-short row's rows kernel takes fewer slots a step (`fit_unroll`), since a clamped slot only adds
-+0.0 to a lane sum that is never -0.0; at K = 2048 that halved the T = 9 kernel's time on the
-H200 (decision 0018). The MoE token and group kernels take the same fitted unroll. The weights are
+accumulators, each summed in exactly the order above (steps 1-5 per row t).
+
+Short rows: every launcher runs its path with the unroll fitted to the row (`fit_unroll`): when
+a lane has fewer units than UNROLL, a step takes only that many slots. A clamped slot only adds
++0.0 to a lane sum that starts at +0.0 and so is never -0.0, so the bits stay; what goes is the
+work on values that were dropped (at K = 2048 that halved the T = 9 rows kernel's time on the
+H200, decision 0018). The MoE token and group kernels take the same fitted unroll. The weights are
 read once for the T rows, which is the point: weight bytes are the whole cost of a decode
 matvec. T is a compile-time constant of each kernel (`rows_kernel`, built on first use; at most
 MAX_ROWS) and the per-row work is written out T times (`unrolled`), so the accumulators live
@@ -593,18 +596,18 @@ def path_kernels(p, who):
     `parts` warps a row, built (not compiled) on first request. parts = 1 -- every large-M
     decode matvec -- gets its own build with the split folded in (`row_kernel`'s fixed_parts);
     2 and 4 share the run-time-parts build. Either build computes the same sums in the same
-    order, so which one runs changes no bit. rows > 1 with K given runs the path with its
-    unroll fitted to the row (`fit_unroll`: the same bits, fewer dropped slots)."""
+    order, so which one runs changes no bit. With K given the path runs with its unroll fitted
+    to the row (`fit_unroll`: the same bits, no dropped slots computed)."""
     built = {}
 
     def kernels(rows, parts, K=None):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
-        q = p if rows == 1 or K is None else fit_unroll(p, K, parts)
+        q = p if K is None else fit_unroll(p, K, parts)
         key = (rows, q.unroll, fp)
         if key not in built:
-            built[key] = row_kernel(p, fp) if rows == 1 else rows_kernel_of(q, rows, fp)
+            built[key] = row_kernel(q, fp) if rows == 1 else rows_kernel_of(q, rows, fp)
         return built[key]
 
     return kernels

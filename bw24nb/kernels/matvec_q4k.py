@@ -158,6 +158,10 @@ KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 matvec_q8_q4_k_v4 = KERNELS(1, 2)
 matvec_q8_q4_k_v4_p1 = KERNELS(1, 1)
 matvec_q8_q4_k_v4_r4 = KERNELS(4, 2)
+# builds with the unroll fitted to short rows (matvec.fit_unroll): K = 2048 one warp a row (2
+# slots a step), K = 512 four rows (1 slot)
+matvec_q8_q4_k_v4_u2_p1 = KERNELS(1, 1, 2048)
+matvec_q8_q4_k_v4_u1_r4 = KERNELS(4, 2, 512)
 # the MoE block's per-token / per-expert build of the same loop (matvec.token_kernel)
 matvec_q8_q4_k_v4_tok = token_kernels(PATH)(2)
 # and its expert-major build (matvec.group_kernel: the MoE prefill on the decode kernels)
@@ -167,7 +171,8 @@ _SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
 PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
-                  "matvec_q8_q4_k_v4_r4": [_SIG],
+                  "matvec_q8_q4_k_v4_r4": [_SIG], "matvec_q8_q4_k_v4_u2_p1": [_SIG],
+                  "matvec_q8_q4_k_v4_u1_r4": [_SIG],
                   "matvec_q8_q4_k_v4_tok": [
                       "void(Tuple((uint32[::1], float16[::1])), int32[:, ::1], int32, int32, "
                       "int32, int32, Tuple((uint32[::1], float32[::1])), int32, float32[::1], "
