@@ -2,7 +2,7 @@
 chunk's MoE time goes (decision 0017).
 
     python3 bench/moe_bench.py [--tokens 1,9,128] [--down-type Q4_K|Q6_K] [--jsonl PATH]
-                               [--commit SHA] [--unroll fit,full] [--tiny]
+                               [--commit SHA] [--unroll fit,whole,full] [--tiny]
 
 At the Qwen3.6-35B-A3B shape (256 experts, top 8, hidden 2048, expert and shared FFN 512; Q4_K
 gate / up, --down-type for the down projections; random weights and inputs), for each T of
@@ -21,9 +21,10 @@ Each is captured N times into one CUDA graph (bench/matmul_q8_bench.py's `time_p
 and timed by CUDA events: median us per launch. Checks in the same run, flagged BAD: the
 expert_rows block's output equals the token block's bit for bit (both sum every row in the
 decode order), and the GEMM block's agrees with it to 1e-2 of max |y| (another order).
---unroll fit,full runs everything twice, with the row loop's unroll fitted to short rows
-(matvec.fit_unroll, the default) and with the full 4 slots, and checks that the token block
-gives the same bits both ways.
+--unroll fit,whole,full runs everything three times: the defaults (the row loop's unroll fitted
+to short rows, matvec.fit_unroll, and rows of <= 16 units on 16 / 8 lanes,
+matvec.lanes_per_row), fitted on a whole warp a row, and the full 4 slots on a whole warp; the
+token block must give the same bits each way.
 One JSON record per row to --jsonl (default $OUT/moe_bench.jsonl or ./moe_bench.jsonl); exits
 1 on BAD. --tiny: a 4-expert block of width 256; `--tiny --tokens 1` is what the simulator
 runs in about a minute, as a smoke test of the script (T = 3 takes it over 10 minutes).
@@ -138,9 +139,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--unroll", default="fit",
-                    help="fit, full or fit,full: the row loop's slots a step cut to a short "
-                         "row's units (the default) or always 4; both: the fitted block must "
-                         "give the full one's bits")
+                    help="a list of fit (the default: the row loop's slots a step cut to a "
+                         "short row's units, short rows on 16 / 8 lanes), whole (fitted, a warp "
+                         "a row) and full (4 slots, a warp a row); the token block must give "
+                         "the same bits in each")
     a = ap.parse_args(argv)
     from numba import cuda
     from bw24nb.device import simulator_enabled
@@ -159,13 +161,16 @@ def main(argv=None) -> int:
     print(f"{'T':>5} {'launch':<18} {'us':>10} {'n':>5} {'row dots/s':>12}")
     from bw24nb.kernels import matvec
     modes = [m for m in a.unroll.split(",") if m]
-    if not modes or any(m not in ("fit", "full") for m in modes):
-        ap.error("--unroll: a list of fit and full")
+    if not modes or any(m not in ("fit", "whole", "full") for m in modes):
+        ap.error("--unroll: a list of fit, whole and full")
     for T in (int(t) for t in a.tokens.split(",") if t):
         token_out = {}
         for mode in modes:
-            # fit: each launch's unroll cut to its rows' units (matvec.fit_unroll); full: 4
-            matvec.FIT_UNROLL = mode == "fit"
+            # fit: each launch's unroll cut to its rows' units (matvec.fit_unroll) and short rows
+            # on part of a warp (matvec.lanes_per_row), the defaults; whole: fitted, a warp a
+            # row; full: 4 slots, a warp a row
+            matvec.FIT_UNROLL = mode != "full"
+            matvec.SUB_WARP_ROWS = mode == "fit"
             tag = "" if modes == ["fit"] else f"/{mode}"
             rows, problems, outs = bench_tokens(T, w, q, rng, stream, smoke, a.seed)
             token_out[mode] = outs["token"]
@@ -179,11 +184,12 @@ def main(argv=None) -> int:
             for p in problems:
                 print(f"  BAD T={T} {mode}: {p}")
             bad += len(problems)
-        if len(token_out) == 2 and not np.array_equal(token_out["fit"].view(np.uint32),
-                                                      token_out["full"].view(np.uint32)):
-            print(f"  BAD T={T}: the fitted unroll changed the token block's bits")
-            bad += 1
-        matvec.FIT_UNROLL = True
+        first = next(iter(token_out))
+        for mode, out in token_out.items():
+            if not np.array_equal(out.view(np.uint32), token_out[first].view(np.uint32)):
+                print(f"  BAD T={T}: the token block's bits differ between {first} and {mode}")
+                bad += 1
+        matvec.FIT_UNROLL, matvec.SUB_WARP_ROWS = True, True
     rec.write()
     return 1 if bad else 0
 

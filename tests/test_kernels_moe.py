@@ -18,6 +18,8 @@ Tolerances (u = 2^-24; the reference accumulates in float64):
   1e-6 relative of its magnitudes: 1e-4 relative to max|y|. A wrong expert, weight or gate
   moves the output by O(1) relative.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -398,3 +400,33 @@ def test_moe_block_expert_rows_gives_the_token_blocks_bits(rng):
     np.testing.assert_array_equal(s_e.ids.copy_to_host(), s_t.ids.copy_to_host())
     assert np.isfinite(exp).all()
     np.testing.assert_array_equal(exp.view(np.uint32), tok.view(np.uint32))
+
+
+@pytest.mark.parametrize("qt,K,lanes", [(QType.Q4_K, 512, 16), (QType.Q4_K, 256, 8),
+                                        (QType.Q8_0, 256, 32)])
+def test_short_rows_on_part_of_a_warp_keep_the_whole_warps_bits(rng, monkeypatch, qt, K, lanes):
+    # a row of <= 16 (8) units takes 16 (8) lanes (matvec.lanes_per_row): the token and group
+    # kernels then give, bit for bit, what they give with a whole warp a row (SUB_WARP_ROWS
+    # off); M = 5 leaves part of the last warp without a row
+    from bw24nb.kernels import matvec
+    from bw24nb.kernels.moe import launch_group_matvec, launch_token_matvec, moe_sort, token_matrix
+    T, k, Ex, M = 3, 2, 3, 5
+    raw = quantize(_rand(rng, Ex, M, K, scale=K ** -0.5), qt)
+    ids = cuda.to_device(np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32))
+    xq, xd = _int8(_rand(rng, T, K))
+    # one warp a row, as at the real shape's 8 x 2048 rows (this few rows would be split)
+    tm = dataclasses.replace(token_matrix(cuda.to_device(raw), qt, M, K, k=k), parts=1)
+    assert matvec.lanes_per_row(tm.path, K, 1) == lanes
+    off, pos, src = (cuda.device_array(Ex + 1, np.uint32), cuda.device_array(T * k, np.int32),
+                     cuda.device_array(T * k, np.int32))
+    moe_sort[1, Ex](ids, off, pos, src)
+    outs = {}
+    for sub in (True, False):
+        monkeypatch.setattr(matvec, "SUB_WARP_ROWS", sub)
+        y, yg = _poisoned((T, k, M)), _poisoned((T * k, M))
+        launch_token_matvec(tm, ids, True, k, tm.x_args(xq, xd), False, y, T)
+        launch_group_matvec(tm, off, src, tm.x_args(xq, xd), yg, Ex, T * k)
+        outs[sub] = (y.copy_to_host(), yg.copy_to_host())
+    for got, want, what in zip(outs[True], outs[False], ("token", "group")):
+        assert np.isfinite(got).all(), what
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), what)

@@ -353,6 +353,33 @@ def test_warp_pair_sum_gives_both_lanes_of_a_pair_their_sum():
     np.testing.assert_array_equal(got.view(np.uint32), got[partner].view(np.uint32))
 
 
+@pytest.mark.parametrize("width", [16, 8])
+def test_warp_sum16_and_8_sum_each_group_of_lanes(width):
+    """warp_sum16 / warp_sum8 (rows on part of a warp, kernels/matvec.py): every lane gets its
+    group's tree sum (offsets width / 2 .. 1), and with the rest of the warp +0.0 that is
+    warp_sum's value bit for bit; per warp of a 64-thread block."""
+    from bw24nb.ptx import warp_sum8, warp_sum16
+    from bw24nb.ptx.warp import warp_tree_sum_host
+    fn = warp_sum16 if width == 16 else warp_sum8
+
+    @cuda.jit
+    def k(x, out):
+        i = cuda.grid(1)
+        out[i] = fn(x[i])
+
+    x = np.random.default_rng(6).standard_normal(64).astype(np.float32) * np.float32(1e3)
+    out = cuda.device_array(64, np.float32)
+    k[1, 64](cuda.to_device(x), out)
+    got = out.copy_to_host()
+    for g in range(64 // width):
+        lanes = x[g * width:(g + 1) * width]
+        alone = np.zeros(32, np.float32)
+        alone[:width] = lanes
+        want = warp_tree_sum_host(alone)         # the whole warp's sum, the others +0.0
+        np.testing.assert_array_equal(got[g * width:(g + 1) * width].view(np.uint32),
+                                      np.full(width, want, np.float32).view(np.uint32))
+
+
 @cuda.jit
 def _two_shared_arrays(out):
     a = cuda.shared.array(256, np.float32)

@@ -80,7 +80,7 @@ from numba import cuda
 from ..device import simulator_enabled
 from ..jit import kernel
 from ..quant.types import QType, row_bytes
-from ..ptx import f32_from_bits, ld_nc_v4_u32, warp_sum
+from ..ptx import f32_from_bits, ld_nc_v4_u32, warp_sum, warp_sum8, warp_sum16
 from .dequant import LAYOUTS, layout, weight_views
 
 # One warp per row, 4 warps (128 threads) a block: the decode shapes have M = 128 .. 151936
@@ -559,6 +559,122 @@ def group_kernel(p, fixed_parts=0):
     return _named(matvec_groups, p, FP, kind="_grp")
 
 
+# ---------------------------------------------------------------- rows on part of a warp
+
+
+# False: every row takes a whole warp (bench/moe_bench.py --sub-rows compares both)
+SUB_WARP_ROWS = True
+
+
+def lanes_per_row(p, K, parts):
+    """Lanes a row of K values needs under path p: 32, or 16 / 8 when a one-warp row has at
+    most that many units. Then only lanes 0 .. n - 1 of a whole-warp row hold a unit, the
+    others +0.0, and the butterfly's first step (offset 16; at 8 lanes also 8) adds +0.0 to
+    sums that are never -0.0: so a half- or quarter-warp summing its own lanes (`warp_sum16`,
+    `warp_sum8`) gives the whole warp's bits, and a warp carries two or four rows where it
+    carried one. The 35B-A3B shape's expert down projections (K = 512: 16 Q4_K chunks, 8
+    Q6_K_R ones) had half (three quarters) of their lanes idle."""
+    if not SUB_WARP_ROWS or parts != 1 or p.units_host is None:
+        return 32
+    n = p.units_host(K)
+    return 8 if n <= 8 else 16 if n <= 16 else 32
+
+
+def blocks_for(nrows, lanes, parts):
+    """THREADS-thread blocks a token / group kernel needs for nrows matrix rows of `lanes`
+    lanes (32 / lanes rows a warp) or `parts` warps each."""
+    if lanes < 32:
+        per_block = WARPS_PER_BLOCK * (32 // lanes)
+        return (nrows + per_block - 1) // per_block
+    return (nrows * parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
+
+
+def _sub_row_total(p, lanes):
+    """row_total(w, x, base, n, sl): a row of at most `lanes` units (one a lane, sl = the lane
+    within the row's lanes) summed as `_row_total`'s one-warp, one-slot loop sums it: +0.0 plus
+    the lane's unit, then the row's lanes' butterfly (`lanes_per_row` says why the bits are the
+    same)."""
+    weights, value = p.weights, p.value
+    lane_sum = warp_sum16 if lanes == 16 else warp_sum8
+
+    @cuda.jit(device=True, inline="always")
+    def row_total(w, x, base, n, sl):
+        acc = np.float32(0.0)
+        if sl < n:
+            acc = acc + value(w, x, base, sl, weights(w, base, sl))
+        return lane_sum(acc)
+
+    return row_total
+
+
+def _sub_warp_row(lanes):
+    """(sl, first, sub): a thread's lane within its row, the first row of its warp (in units of
+    rows), and which of the warp's 32 / lanes rows it works on."""
+    RW = 32 // lanes
+
+    @cuda.jit(device=True, inline="always")
+    def where():
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        return lane & (lanes - 1), warp * RW, lane // lanes
+
+    return where
+
+
+def token_kernel_sub(p, lanes):
+    """`token_kernel` with a row on `lanes` = 16 or 8 lanes (`lanes_per_row`): the same
+    parameters and outputs, the same bits, 32 / lanes rows a warp (parts must be 1)."""
+    row_total, where = _sub_row_total(p, lanes), _sub_warp_row(lanes)
+    units, row_base, x_row = p.units, p.base, p.x_row
+
+    def matvec_tokens(w, ids, use_ids, k, M, K, x, x_per_expert, y, parts):
+        sl, first, sub = where()
+        R = k * M
+        if first >= R:                # the whole warp leaves: the lane sums stay full-warp
+            return
+        v = first + sub
+        t = cuda.blockIdx.z
+        n = units(K)
+        r = v // M
+        if v >= R:                    # a row past the end: loads nothing, still shuffles
+            n = 0
+            r = 0
+        e = ids[t, r] if use_ids else r
+        base = row_base(np.int64(e) * M + (v - r * M), K)
+        xt = x_row(x, t * k + r if x_per_expert else t, K)
+        total = row_total(w, xt, base, n, sl)
+        if sl == 0 and v < R:
+            y[np.int64(t) * R + v] = total
+
+    return _named(matvec_tokens, p, 0, kind=f"_tok_l{lanes}")
+
+
+def group_kernel_sub(p, lanes):
+    """`group_kernel` with a row on `lanes` = 16 or 8 lanes (`lanes_per_row`): the same
+    parameters and outputs, the same bits, 32 / lanes matrix rows a warp (parts must be 1)."""
+    row_total, where = _sub_row_total(p, lanes), _sub_warp_row(lanes)
+    units, row_base, x_row = p.units, p.base, p.x_row
+
+    def matvec_groups(w, group_off, src, use_src, M, K, x, y, parts):
+        sl, first, sub = where()
+        if first >= M:                # the whole warp leaves: the lane sums stay full-warp
+            return
+        m = first + sub
+        g = cuda.blockIdx.y
+        n = units(K)
+        if m >= M:                    # a row past the end: loads nothing, still shuffles
+            n = 0
+        base = row_base(np.int64(g) * M + min(m, M - 1), K)
+        for i in range(np.int64(group_off[g]) + cuda.blockIdx.z, np.int64(group_off[g + 1]),
+                       cuda.gridDim.z):
+            xt = x_row(x, src[i] if use_src else i, K)
+            total = row_total(w, xt, base, n, sl)
+            if sl == 0 and m < M:
+                y[np.int64(i) * M + m] = total
+
+    return _named(matvec_groups, p, 0, kind=f"_grp_l{lanes}")
+
+
 def _one_or_split(make):
     """kernels(parts): make(1), the build with the split folded in, for parts = 1, and make(0),
     the run-time-parts build, for 2 and 4 (as `path_kernels`), each built on first request."""
@@ -577,18 +693,37 @@ _TOKEN_KERNELS: dict = {}
 _GROUP_KERNELS: dict = {}
 
 
-def token_kernels(p):
-    """kernels(parts): path p's `token_kernel` (one set a path, shared by every caller)."""
-    if p.name not in _TOKEN_KERNELS:
-        _TOKEN_KERNELS[p.name] = _one_or_split(lambda fp: token_kernel(p, fp))
-    return _TOKEN_KERNELS[p.name]
+def _sub_or_split(cache, p, lanes, whole, sub):
+    """kernels(parts) of path p's rows on `lanes` lanes: `whole` (one or more warps a row, as
+    `_one_or_split`) at 32, else the one `sub` build (parts is then 1)."""
+    key = (p.name, lanes)
+    if key not in cache:
+        if lanes == 32:
+            cache[key] = _one_or_split(lambda fp: whole(p, fp))
+        else:
+            built = []
+
+            def kernels(parts):
+                if parts != 1:
+                    raise ValueError(f"{p.name}: a row on {lanes} lanes takes one warp's "
+                                     f"part, not {parts} warps")
+                if not built:
+                    built.append(sub(p, lanes))
+                return built[0]
+            cache[key] = kernels
+    return cache[key]
 
 
-def group_kernels(p):
-    """kernels(parts): path p's `group_kernel` (one set a path, shared by every caller)."""
-    if p.name not in _GROUP_KERNELS:
-        _GROUP_KERNELS[p.name] = _one_or_split(lambda fp: group_kernel(p, fp))
-    return _GROUP_KERNELS[p.name]
+def token_kernels(p, lanes=32):
+    """kernels(parts): path p's `token_kernel`, or its `token_kernel_sub` on 16 / 8 lanes a row
+    (one set a path and lanes, shared by every caller)."""
+    return _sub_or_split(_TOKEN_KERNELS, p, lanes, token_kernel, token_kernel_sub)
+
+
+def group_kernels(p, lanes=32):
+    """kernels(parts): path p's `group_kernel`, or its `group_kernel_sub` on 16 / 8 lanes a row
+    (one set a path and lanes, shared by every caller)."""
+    return _sub_or_split(_GROUP_KERNELS, p, lanes, group_kernel, group_kernel_sub)
 
 
 def path_kernels(p, who):

@@ -40,7 +40,7 @@ from numba import cuda
 
 from ..ptx import dp4a, ld_nc_v4_u32
 from ..quant.types import QType, type_size
-from .matvec import RowPath, group_kernels, path_kernels, token_kernels, x_row_q8
+from .matvec import RowPath, fit_unroll, group_kernels, path_kernels, token_kernels, x_row_q8
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -166,6 +166,10 @@ matvec_q8_q4_k_v4_u1_r4 = KERNELS(4, 2, 512)
 matvec_q8_q4_k_v4_tok = token_kernels(PATH)(2)
 # and its expert-major build (matvec.group_kernel: the MoE prefill on the decode kernels)
 matvec_q8_q4_k_v4_grp = group_kernels(PATH)(1)
+# both on half a warp a row (K = 512, the 35B-A3B shape's expert down projections: one chunk
+# a lane, matvec.lanes_per_row)
+matvec_q8_q4_k_v4_u1_tok_l16 = token_kernels(fit_unroll(PATH, 512, 1), 16)(1)
+matvec_q8_q4_k_v4_u1_grp_l16 = group_kernels(fit_unroll(PATH, 512, 1), 16)(1)
 
 _SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
@@ -180,6 +184,8 @@ PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                   "matvec_q8_q4_k_v4_grp": [
                       "void(Tuple((uint32[::1], float16[::1])), uint32[::1], int32[::1], int32, "
                       "int32, int32, Tuple((uint32[::1], float32[::1])), float32[::1], int32)"]}
+PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_tok"]
+PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 

@@ -490,13 +490,25 @@ class TokenMatrix:
     cols: int
     parts: int
 
+    def _fitted(self, parts):
+        """(the path with its unroll fitted to a row, the lanes a row takes)."""
+        return (matvec.fit_unroll(self.path, self.cols, parts),
+                matvec.lanes_per_row(self.path, self.cols, parts))
+
     def kernels(self, parts):
-        """`matvec.token_kernel` of the path (one token per grid z)."""
-        return matvec.token_kernels(matvec.fit_unroll(self.path, self.cols, parts))(parts)
+        """`matvec.token_kernel` of the path (one token per grid z), on part of a warp a row
+        where the row is short (`matvec.lanes_per_row`)."""
+        p, lanes = self._fitted(parts)
+        return matvec.token_kernels(p, lanes)(parts)
 
     def group_kernels(self, parts):
-        """`matvec.group_kernel` of the path (expert-major groups of rows)."""
-        return matvec.group_kernels(matvec.fit_unroll(self.path, self.cols, parts))(parts)
+        """`matvec.group_kernel` of the path (expert-major groups of rows), likewise."""
+        p, lanes = self._fitted(parts)
+        return matvec.group_kernels(p, lanes)(parts)
+
+    def blocks(self, nrows):
+        """Grid x of a token / group kernel over nrows matrix rows."""
+        return matvec.blocks_for(nrows, self._fitted(self.parts)[1], self.parts)
 
     def x_args(self, xq=None, xd=None, x=None):
         """The kernel's activation tuple from int8 xq + scales xd (flat) or float x."""
@@ -549,7 +561,7 @@ def launch_token_matvec(tm: TokenMatrix, ids, use_ids: bool, k: int, x_args, x_p
     if y.size < T * k * tm.rows:
         raise ValueError(f"token_matvec: y holds {y.size} values, not T x k x M = "
                          f"{T} x {k} x {tm.rows}")
-    grid = ((k * tm.rows * tm.parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, 1, T)
+    grid = (tm.blocks(k * tm.rows), 1, T)
     tm.kernels(tm.parts)[grid, THREADS, stream](
         tm.w, ids, np.int32(bool(use_ids)), np.int32(k), np.int32(tm.rows), np.int32(tm.cols),
         x_args, np.int32(bool(x_per_expert)), _flat1(y), np.int32(tm.parts))
@@ -873,7 +885,7 @@ def launch_group_matvec(tm: TokenMatrix, group_off, src, x_args, y, groups: int,
                          f"{rows} x {tm.rows}")
     per_group = max(1, -(-rows // groups))
     z = min(GRID_YZ_MAX, max(1, -(-per_group // GROUP_ROWS_PER_SLICE)))
-    grid = ((tm.rows * tm.parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, groups, z)
+    grid = (tm.blocks(tm.rows), groups, z)
     tm.group_kernels(tm.parts)[grid, THREADS, stream](
         tm.w, group_off, group_off.view(np.int32) if src is None else src,
         np.int32(src is not None), np.int32(tm.rows), np.int32(tm.cols), x_args, _flat1(y),

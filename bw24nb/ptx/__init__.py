@@ -25,6 +25,7 @@
     fp4_e2m1_to_f32(nibble) -> float32           value of code ``nibble & 0xF``
     warp_max(v) -> float32   the largest float32 over the warp's lanes, to every lane
     warp_pair_sum(v) -> float32   v + lane (l ^ 16)'s v (one shfl.sync.bfly; ``warp.py``)
+    warp_sum16(v), warp_sum8(v) -> float32   sums over half- / quarter-warps (``warp.py``)
     warp_sum(v) -> float32
         Sum of a float32 over the 32 lanes of a converged warp, to every lane (``shfl.sync``
         butterfly over offsets 16..1; its order and its simulator twin: ``warp.py``).
@@ -63,6 +64,8 @@ if simulator_enabled():
     from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
     from bw24nb.ptx.warp import warp_pair_sum_twin as warp_pair_sum  # noqa: F401
     from bw24nb.ptx.warp import warp_sum_twin as warp_sum  # noqa: F401
+    from bw24nb.ptx.warp import warp_sum16_twin as warp_sum16  # noqa: F401
+    from bw24nb.ptx.warp import warp_sum8_twin as warp_sum8  # noqa: F401
 
     install_simulator_fixes()       # numba's shared arrays, allocated without a race
 else:
@@ -82,14 +85,15 @@ else:
         fp4x2_to_f16x2_bits_linked,
         mma_s8_m16n8k32_linked,
     )
-    from bw24nb.ptx.warp import warp_max, warp_pair_sum, warp_sum  # noqa: F401
+    from bw24nb.ptx.warp import warp_max, warp_pair_sum, warp_sum, warp_sum8, warp_sum16  # noqa: F401
 
     fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32 = (
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
 
 __all__ = [
     "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32", "warp_sum", "warp_max", "f32_from_bits",
-    "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "warp_pair_sum",
+    "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "warp_pair_sum", "warp_sum16",
+    "warp_sum8",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
 ]

@@ -18,6 +18,10 @@ and that value is the shfl_down tree's:
         v + the value of lane l ^ 16: lanes l and l + 16 each get the sum of the pair (the same
         bits on both: IEEE addition is commutative). One shfl.sync.bfly + one add.
 
+    warp_sum16(v), warp_sum8(v) -> float32
+        The butterfly's last four (three) steps: the sum over each half-warp (quarter-warp),
+        to its lanes -- rows of a matvec that take 16 (8) lanes each (kernels/matvec.py).
+
 The GPU version (`warp_sum`) is five ``shfl.sync.bfly.b32`` + five ``add.f32`` -- no shared
 memory, no block barrier. Numba's CUDA simulator has no warp shuffles, so `warp_sum_twin` (what
 ``bw24nb.ptx`` exports under the simulator) meets its warp at a per-(block, warp) rendezvous --
@@ -55,6 +59,44 @@ def warp_pair_sum(v):
     """GPU: v + shfl_xor(v, 16) (module docstring)."""
     s = np.float32(v)
     return s + cuda.shfl_xor_sync(FULL_MASK, s, 16)
+
+
+@cuda.jit(device=True, inline="always")
+def warp_sum16(v):
+    """GPU: the sum over each half-warp (lanes 0-15, 16-31), to its lanes: the butterfly's last
+    four steps, offsets 8, 4, 2, 1 (module docstring). A half-warp's sum is bit for bit the
+    full `warp_sum` of a warp whose other half holds +0.0 (its first step adds +0.0 to values
+    that are never -0.0 where the callers use it: lane sums started at +0.0)."""
+    s = np.float32(v)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 8)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 4)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 2)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 1)
+    return s
+
+
+@cuda.jit(device=True, inline="always")
+def warp_sum8(v):
+    """GPU: the sum over each quarter-warp (lanes 8q .. 8q + 7), to its lanes: offsets 4, 2, 1
+    (as `warp_sum16`, one step fewer)."""
+    s = np.float32(v)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 4)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 2)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 1)
+    return s
+
+
+def _group_sums_host(width):
+    """float32[32] -> each lane's sum over its group of `width` lanes, in the butterfly's order
+    (warp_tree_sum_host's tree on each group)."""
+    def reduce(vals):
+        s = np.asarray(vals, np.float32).reshape(32 // width, width).copy()
+        off = width // 2
+        while off:
+            s[:, :off] = s[:, :off] + s[:, off:2 * off]
+            off //= 2
+        return np.repeat(s[:, 0], width).astype(np.float32)
+    return reduce
 
 
 def _pair_sums_host(vals) -> np.ndarray:
@@ -132,6 +174,16 @@ def warp_sum_twin(v) -> np.float32:
 def warp_pair_sum_twin(v) -> np.float32:
     """Simulator twin of `warp_pair_sum`."""
     return _meet_warp("pair", _pair_sums_host, v)
+
+
+def warp_sum16_twin(v) -> np.float32:
+    """Simulator twin of `warp_sum16`."""
+    return _meet_warp("sum16", _group_sums_host(16), v)
+
+
+def warp_sum8_twin(v) -> np.float32:
+    """Simulator twin of `warp_sum8`."""
+    return _meet_warp("sum8", _group_sums_host(8), v)
 
 
 def warp_max_twin(v) -> np.float32:
