@@ -1,7 +1,7 @@
 """Decode matvec on a real GPU: how close to the read roofline is each real shape?
 
     python3 bench/matvec_bench.py [--shapes all|small|9b|35b|big] [--launches 50] [--no-old] [--out PATH]
-                                  [--act-rows 4,9]
+                                  [--act-rows 4,9] [--fit-ab] [--commit SHA]
 
 For each (M x K, weight type) of the default model (Qwen2.5-Coder-0.5B: Q5_0 / Q8_0 / Q6_K) and
 the 9B shape (Q4_K), times `launch_matvec` -- and, side by side, the first kernel of this module
@@ -180,7 +180,18 @@ def _commit() -> str:
         return "unknown"
 
 
-def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
+def _unfitted(launch):
+    """launch() with matvec.FIT_UNROLL off (the path's full unroll), restored after."""
+    from bw24nb.kernels import matvec
+    was = matvec.FIT_UNROLL
+    matvec.FIT_UNROLL = False
+    try:
+        launch()
+    finally:
+        matvec.FIT_UNROLL = was
+
+
+def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=False):
     nbytes = M * row_bytes(qt, K)
     n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
     copies = min(n, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes) + 1)
@@ -211,6 +222,11 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
                                      xd.copy_to_host(stream=stream))
         kernels.append(("dp4a", lambda w: launch_matvec_q8(w, qt, M, K, xq, xd, y, stream=stream),
                         ref_q8, 10 * REL_ERR_BAD, y, scale))
+        if fit_ab:                            # the same kernel with the full 4 slots a step
+            y_full = cuda.device_array(M, np.float32, stream=stream)
+            kernels.append(("dp4a_full", lambda w: _unfitted(lambda: launch_matvec_q8(
+                w, qt, M, K, xq, xd, y_full, stream=stream)), ref_q8, 10 * REL_ERR_BAD, y_full,
+                scale))
         for nr in act_rows:                   # verify's rows kernels: T activation rows at once
             x_r = rng.standard_normal((nr, K)).astype(np.float32)
             xq_r = cuda.device_array(nr * K, np.int8, stream=stream)
@@ -226,7 +242,7 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
                             launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r, stream=stream, rows=nr),
                             ref_r, 10 * REL_ERR_BAD, y_r, scale_r))
 
-    rows = []
+    rows, outs = [], {}
     for name, launch, want, bad_above, y, scale in kernels:
         y.copy_to_device(np.full(y.size, np.nan, np.float32), stream=stream)
         launch(ws[0])                            # compile + load before capture
@@ -244,6 +260,10 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=()):
         us = ms * 1e3 / n
         rows.append(dict(kernel=name, us=us, gbs=nbytes / (us * 1e-6) / 1e9, max_rel_err=err,
                          bad_above=bad_above, launches=n, copies=copies, bytes=nbytes))
+        outs[name] = out
+        if name == "dp4a_full" and not np.array_equal(out.view(np.uint32),
+                                                      outs["dp4a"].view(np.uint32)):
+            rows[-1]["max_rel_err"] = float("inf")      # the fitted unroll changed a bit: BAD
     del ws
     return rows
 
@@ -260,6 +280,9 @@ def main() -> int:
                     "the copy it runs in, which on the device machine may not be the tree's)")
     ap.add_argument("--act-rows", default="", help="also time the dp4a kernels over these "
                     "numbers of activation rows (verify's K + 1), e.g. 2,4,9")
+    ap.add_argument("--fit-ab", action="store_true",
+                    help="also time the dp4a kernel with its full unroll (`dp4a_full`, "
+                         "matvec.FIT_UNROLL off), which must give the fitted kernel's bits")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
     args = ap.parse_args()
@@ -295,7 +318,7 @@ def main() -> int:
         for M, K, qt, what in shapes:
             try:
                 rows = bench_shape(M, K, qt, args.launches, not args.no_old, stream, rng,
-                                   act_rows)
+                                   act_rows, args.fit_ab)
             except Exception as e:                      # report and go on with the next shape
                 print(f"# {M}x{K} {qt.name}: FAILED {type(e).__name__}: {e}", flush=True)
                 bad = True
