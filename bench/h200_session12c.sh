@@ -6,13 +6,15 @@
 #  - the MoE block with short rows on part of a warp (matvec.lanes_per_row) against a whole
 #    warp a row and against the full unroll, bit-compared: moe_bench --unroll fit,whole,full.
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=none; . bench/device_env.sh
-[ -f /tmp/m35.gguf ] || (python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory.log 2>&1 &)
+FPID=""; [ -f /tmp/m35.gguf ] || { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory.log 2>&1 & FPID=$!; }
 run ${MV_S:-110} matvec python3 bench/matvec_bench.py --shapes small --fit-ab --no-old --launches 30 --commit $C --out /tmp/matvec.jsonl
 run ${MV35_S:-60} matvec35 python3 bench/matvec_bench.py --shapes 35b --fit-ab --no-old --launches 30 --commit $C --out /tmp/matvec.jsonl
 grep -hE "dp4a|BAD|FAILED|Error|Traceback" $L/matvec.log $L/matvec35.log | grep -v "^ " | head -30
 run ${MOE_S:-150} moe python3 bench/moe_bench.py --tokens 1,9,128 --unroll fit,whole,full --commit $C --jsonl /tmp/moe_bench.jsonl
 grep -vE "^  moe-35b|Warning|warn\(" $L/moe.log | tail -45
-while [ ! -f /tmp/m35.gguf ] || pgrep -f "bw24nb.factory" > /dev/null; do sleep 2; done
+# wait on the factory's pid: `pgrep -f bw24nb.factory` also matches a shell whose command line
+# names it (an inline device command waited on itself until its time limit, session 12)
+[ -n "$FPID" ] && wait $FPID
 run ${BENCH_S:-230} bench_m35 python3 bench/run_bench.py /tmp/m35.gguf --name qwen3.6-35b-a3b-random --runs 3 --torch none --act-quant q8 --commit $C --jsonl /tmp/bench.jsonl
 grep -E "gate:|decode_tok_s@|prefill_(eager_)?tok|Error|Traceback" $L/bench_m35.log | grep -v "^  qwen"
 grep -A12 "prefill of" $L/bench_m35.log | grep -v "bw24nb  "
