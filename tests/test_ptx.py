@@ -334,20 +334,24 @@ def test_warp_max_twin_gives_every_lane_the_maximum():
     assert np.all(got[:32] == x[:32].max()) and np.all(got[32:] == np.float32(7.5))
 
 
+def _each_lane(fn, seed):
+    """(x, out): fn(x[i]) in every thread of a 64-thread block, x random float32[64]."""
+    @cuda.jit
+    def k(x, out):
+        i = cuda.grid(1)
+        out[i] = fn(x[i])
+
+    x = np.random.default_rng(seed).standard_normal(64).astype(np.float32) * np.float32(1e3)
+    out = cuda.device_array(64, np.float32)
+    k[1, 64](cuda.to_device(x), out)
+    return x, out.copy_to_host()
+
+
 def test_warp_pair_sum_gives_both_lanes_of_a_pair_their_sum():
     """warp_pair_sum (the delta rule's half-column sums): lane l gets x_l + x_(l ^ 16), one
     float32 rounding, the same bits on both lanes of the pair; per warp of a 64-thread block."""
     from bw24nb.ptx import warp_pair_sum
-
-    @cuda.jit
-    def k(x, out):
-        i = cuda.grid(1)
-        out[i] = warp_pair_sum(x[i])
-
-    x = np.random.default_rng(5).standard_normal(64).astype(np.float32) * np.float32(1e3)
-    out = cuda.device_array(64, np.float32)
-    k[1, 64](cuda.to_device(x), out)
-    got = out.copy_to_host()
+    x, got = _each_lane(warp_pair_sum, 5)
     partner = (np.arange(64) & ~31) | ((np.arange(64) & 31) ^ 16)
     np.testing.assert_array_equal(got, (x + x[partner]).astype(np.float32))
     np.testing.assert_array_equal(got.view(np.uint32), got[partner].view(np.uint32))
@@ -360,17 +364,7 @@ def test_warp_sum16_and_8_sum_each_group_of_lanes(width):
     warp_sum's value bit for bit; per warp of a 64-thread block."""
     from bw24nb.ptx import warp_sum8, warp_sum16
     from bw24nb.ptx.warp import warp_tree_sum_host
-    fn = warp_sum16 if width == 16 else warp_sum8
-
-    @cuda.jit
-    def k(x, out):
-        i = cuda.grid(1)
-        out[i] = fn(x[i])
-
-    x = np.random.default_rng(6).standard_normal(64).astype(np.float32) * np.float32(1e3)
-    out = cuda.device_array(64, np.float32)
-    k[1, 64](cuda.to_device(x), out)
-    got = out.copy_to_host()
+    x, got = _each_lane(warp_sum16 if width == 16 else warp_sum8, 6)
     for g in range(64 // width):
         lanes = x[g * width:(g + 1) * width]
         alone = np.zeros(32, np.float32)

@@ -43,15 +43,31 @@ FULL_MASK = 0xFFFFFFFF
 
 
 @cuda.jit(device=True, inline="always")
-def warp_sum(v):
-    """GPU: butterfly over offsets 16, 8, 4, 2, 1 (see the module docstring for the order)."""
+def warp_sum8(v):
+    """GPU: the sum over each quarter-warp (lanes 8q .. 8q + 7), to its lanes: the butterfly's
+    last three steps, offsets 4, 2, 1 (module docstring)."""
     s = np.float32(v)
-    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 16)
-    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 8)
     s = s + cuda.shfl_xor_sync(FULL_MASK, s, 4)
     s = s + cuda.shfl_xor_sync(FULL_MASK, s, 2)
-    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 1)
-    return s
+    return s + cuda.shfl_xor_sync(FULL_MASK, s, 1)
+
+
+@cuda.jit(device=True, inline="always")
+def warp_sum16(v):
+    """GPU: the sum over each half-warp (lanes 0-15, 16-31), to its lanes: offset 8, then
+    `warp_sum8`'s steps. A half-warp's sum is bit for bit the full `warp_sum` of a warp whose
+    other half holds +0.0 (its first step adds +0.0 to values that are never -0.0 where the
+    callers use it: lane sums started at +0.0)."""
+    s = np.float32(v)
+    return warp_sum8(s + cuda.shfl_xor_sync(FULL_MASK, s, 8))
+
+
+@cuda.jit(device=True, inline="always")
+def warp_sum(v):
+    """GPU: butterfly over offsets 16, 8, 4, 2, 1 (see the module docstring for the order):
+    offset 16, then `warp_sum16`'s steps."""
+    s = np.float32(v)
+    return warp_sum16(s + cuda.shfl_xor_sync(FULL_MASK, s, 16))
 
 
 @cuda.jit(device=True, inline="always")
@@ -59,31 +75,6 @@ def warp_pair_sum(v):
     """GPU: v + shfl_xor(v, 16) (module docstring)."""
     s = np.float32(v)
     return s + cuda.shfl_xor_sync(FULL_MASK, s, 16)
-
-
-@cuda.jit(device=True, inline="always")
-def warp_sum16(v):
-    """GPU: the sum over each half-warp (lanes 0-15, 16-31), to its lanes: the butterfly's last
-    four steps, offsets 8, 4, 2, 1 (module docstring). A half-warp's sum is bit for bit the
-    full `warp_sum` of a warp whose other half holds +0.0 (its first step adds +0.0 to values
-    that are never -0.0 where the callers use it: lane sums started at +0.0)."""
-    s = np.float32(v)
-    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 8)
-    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 4)
-    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 2)
-    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 1)
-    return s
-
-
-@cuda.jit(device=True, inline="always")
-def warp_sum8(v):
-    """GPU: the sum over each quarter-warp (lanes 8q .. 8q + 7), to its lanes: offsets 4, 2, 1
-    (as `warp_sum16`, one step fewer)."""
-    s = np.float32(v)
-    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 4)
-    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 2)
-    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 1)
-    return s
 
 
 def _group_sums_host(width):
