@@ -50,19 +50,21 @@ plain decode would compute for it, bit for bit, or the accepted tokens could dif
 non-speculative decoding. So the rows = T kernels run the one-row kernel's loop unchanged --
 the same warps per row (`warps_per_row(M, K)`, never a function of T), the same units per
 lane in the same order -- and at every slot decode the weights once and multiply them into T
-accumulators, each summed in exactly the order above (steps 1-5 per row t).
-
-Short rows: every launcher runs its path with the unroll fitted to the row (`fit_unroll`): when
-a lane has fewer units than UNROLL, a step takes only that many slots. A clamped slot only adds
-+0.0 to a lane sum that starts at +0.0 and so is never -0.0, so the bits stay; what goes is the
-work on values that were dropped (at K = 2048 that halved the T = 9 rows kernel's time on the
-H200, decision 0018). The MoE token and group kernels take the same fitted unroll. The weights are
+accumulators, each summed in exactly the order above (steps 1-5 per row t). The weights are
 read once for the T rows, which is the point: weight bytes are the whole cost of a decode
 matvec. T is a compile-time constant of each kernel (`rows_kernel`, built on first use; at most
 MAX_ROWS) and the per-row work is written out T times (`unrolled`), so the accumulators live
 in registers and the T copies' weight loads are one load each after LLVM's CSE. Row t of the
 activations starts at t * K, of y and residual at t * M; the bias is shared. rows = 1 launches
 the one-row kernels.
+
+Short rows: every launcher runs its path with the unroll fitted to the row (`fit_unroll`): when
+a lane has fewer units than UNROLL, a step takes only that many slots. A clamped slot only adds
++0.0 to a lane sum that starts at +0.0 and so is never -0.0, so the bits stay; what goes is the
+work on values that were dropped (at K = 2048 that halved the T = 9 rows kernel's time on the
+H200, decision 0018). The MoE token and group kernels take the same fitted unroll, and put a
+row of at most 16 (8) units on half (a quarter of) a warp (`lanes_per_row`), for the same
+reason.
 
 One skeleton: every decode matvec kernel -- the generic float and dp4a paths here, Q4_K's
 16-byte path (matvec_q4k.py) and Q6_K_R's (matvec_q6k.py), one row or T rows -- is the row loop
@@ -257,7 +259,8 @@ class RowPath(NamedTuple):
 
 
 _FITTED: dict = {}
-# False: every launch keeps its path's full unroll (bench/moe_bench.py --unroll compares both)
+# False: every launch keeps its path's full unroll (bench/moe_bench.py --unroll fit,full and
+# bench/matvec_bench.py --fit-ab compare both)
 FIT_UNROLL = True
 
 
@@ -562,7 +565,7 @@ def group_kernel(p, fixed_parts=0):
 # ---------------------------------------------------------------- rows on part of a warp
 
 
-# False: every row takes a whole warp (bench/moe_bench.py --sub-rows compares both)
+# False: every row takes a whole warp (bench/moe_bench.py --unroll fit,whole compares both)
 SUB_WARP_ROWS = True
 
 
