@@ -479,89 +479,6 @@ def rows_kernel_of(p, nr, fixed_parts=0):
     return _named(matvec_rows, p, FP, nr)
 
 
-def token_kernel(p, fixed_parts=0):
-    """The one-row kernel of path p over many tokens and (optionally) experts: the MoE block's
-    matvecs (kernels/moe.py), where every token picks its own k experts and the prefill must
-    give each token the bits its decode step would.
-
-    kern[(ceil(k M parts / 4), 1, T), THREADS](w, ids, use_ids, k, M, K, x, x_per_expert, y,
-    parts): token t = blockIdx.z has k M virtual rows; virtual row v = r M + m reads weight row
-    e M + m of a stack of experts [E, M, K] (GGUF rows, expert e's row m at row e M + m), e =
-    ids[t, r] when use_ids, else r (k = 1, e = 0: an ordinary weight, one matvec per token).
-    Its activations are row t (x_per_expert = 0: the k experts share the token's input) or row
-    t k + r (x_per_expert = 1: each expert its own, e.g. the down projections) of x, and it
-    writes y[(t k + r) M + m] = y[t, r, m]. Each virtual row is summed exactly as `row_kernel`
-    sums an M-row matvec of that expert's rows -- the same lane loop, warp tree and split
-    combine (steps 1-4 of the module docstring, no bias or residual) -- so a token's value does
-    not depend on T, the other tokens, or which launch carried it."""
-    row_total, units, row_base, x_row = _row_total(p), p.units, p.base, p.x_row
-    FP = fixed_parts
-
-    def matvec_tokens(w, ids, use_ids, k, M, K, x, x_per_expert, y, parts):
-        P = FP if FP else parts
-        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
-        lane, v, part = _warp_row(P)
-        R = k * M
-        if P == 1 and v >= R:         # the whole warp leaves: warp_sum stays full-warp
-            return
-        t = cuda.blockIdx.z
-        n = units(K)
-        last = n - 1
-        r = v // M
-        if v >= R:                    # split rows: stay for the block barrier, load nothing
-            n = 0
-            r = 0
-        e = ids[t, r] if use_ids else r
-        base = row_base(np.int64(e) * M + (v - r * M), K)
-        xt = x_row(x, t * k + r if x_per_expert else t, K)
-        total = row_total(w, xt, base, n, last, P, part, lane, part_sh)
-        if lane == 0 and part == 0 and v < R:
-            y[np.int64(t) * R + v] = total
-
-    return _named(matvec_tokens, p, FP, kind="_tok")
-
-
-def group_kernel(p, fixed_parts=0):
-    """The one-row kernel of path p over groups of activation rows, each group against its own
-    matrix of a stack: the expert-major form of `token_kernel` (kernels/moe.py's prefill on
-    the decode kernels), so that every row still gets the bits its decode step would.
-
-    kern[(ceil(M parts / 4), G, Z), THREADS](w, group_off, src, use_src, M, K, x, y, parts):
-    group g = blockIdx.y owns rows group_off[g] .. group_off[g + 1] - 1 of y and matrix g of
-    the stack (weight rows g M .. g M + M - 1); row i's activations are row src[i] of x
-    (use_src = 1: e.g. the token a sorted (token, expert) pair came from) or row i (use_src =
-    0); grid slice z = blockIdx.z takes the group's rows z, z + Z, ... Every row is summed by
-    `_row_total`, as `token_kernel` and `row_kernel` sum it (steps 1-4 of the module
-    docstring), and written once: y[i M + m]. A warp walks its rows one after another, so a
-    matrix row comes from DRAM once per (block, z) and from the cache for the group's other
-    rows."""
-    row_total, units, row_base, x_row = _row_total(p), p.units, p.base, p.x_row
-    FP = fixed_parts
-
-    def matvec_groups(w, group_off, src, use_src, M, K, x, y, parts):
-        P = FP if FP else parts
-        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
-        lane, m, part = _warp_row(P)
-        if P == 1 and m >= M:         # the whole warp leaves: warp_sum stays full-warp
-            return
-        g = cuda.blockIdx.y
-        n = units(K)
-        last = n - 1
-        if m >= M:                    # split rows: stay for the block barriers, load nothing
-            n = 0
-        base = row_base(np.int64(g) * M + min(m, M - 1), K)
-        for i in range(np.int64(group_off[g]) + cuda.blockIdx.z, np.int64(group_off[g + 1]),
-                       cuda.gridDim.z):
-            xt = x_row(x, src[i] if use_src else i, K)
-            total = row_total(w, xt, base, n, last, P, part, lane, part_sh)
-            if lane == 0 and part == 0 and m < M:
-                y[np.int64(i) * M + m] = total
-            if P > 1:                 # part_sh is written again for the next row
-                cuda.syncthreads()
-
-    return _named(matvec_groups, p, FP, kind="_grp")
-
-
 # ---------------------------------------------------------------- rows on part of a warp
 
 
@@ -592,141 +509,176 @@ def blocks_for(nrows, lanes, parts):
     return (nrows * parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
 
 
-def _sub_row_total(p, lanes):
-    """row_total(w, x, base, n, sl): a row of at most `lanes` units (one a lane, sl = the lane
-    within the row's lanes) summed as `_row_total`'s one-warp, one-slot loop sums it: +0.0 plus
-    the lane's unit, then the row's lanes' butterfly (`lanes_per_row` says why the bits are the
-    same)."""
+def _row_place(lanes):
+    """place(P) -> (lane, row, part, first): a thread's lane within its row, its row, which of
+    the row's P warps it is, and the first row of its warp. At 32 lanes that is `_warp_row`
+    (first = row); at 16 / 8 (`lanes_per_row`, P = 1) a warp holds rows first .. first + 32 /
+    lanes - 1, one per `lanes` lanes."""
+    if lanes == 32:
+        @cuda.jit(device=True, inline="always")
+        def place(P):
+            lane, row, part = _warp_row(P)
+            return lane, row, part, row
+        return place
+    RW = 32 // lanes
+
+    @cuda.jit(device=True, inline="always")
+    def place(P):
+        lane = cuda.threadIdx.x & 31
+        first = (cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)) * RW
+        return lane & (lanes - 1), first + lane // lanes, 0, first
+
+    return place
+
+
+def _lanes_row_total(p, lanes):
+    """`_row_total(p)`'s row_total at 32 lanes; at 16 / 8, the same signature for a row of at
+    most `lanes` units (one a lane): +0.0 plus the lane's unit, then the row's lanes'
+    butterfly -- what the one-warp, one-slot loop sums (`lanes_per_row` says why the bits are
+    the same)."""
+    if lanes == 32:
+        return _row_total(p)
     weights, value = p.weights, p.value
     lane_sum = warp_sum16 if lanes == 16 else warp_sum8
 
     @cuda.jit(device=True, inline="always")
-    def row_total(w, x, base, n, sl):
+    def row_total(w, x, base, n, last, P, part, lane, part_sh):
         acc = np.float32(0.0)
-        if sl < n:
-            acc = acc + value(w, x, base, sl, weights(w, base, sl))
+        if lane < n:
+            acc = acc + value(w, x, base, lane, weights(w, base, lane))
         return lane_sum(acc)
 
     return row_total
 
 
-def _sub_warp_row(lanes):
-    """(sl, first, sub): a thread's lane within its row, the first row of its warp (in units of
-    rows), and which of the warp's 32 / lanes rows it works on."""
-    RW = 32 // lanes
-
-    @cuda.jit(device=True, inline="always")
-    def where():
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        return lane & (lanes - 1), warp * RW, lane // lanes
-
-    return where
+def _named_lanes(fn, p, fixed_parts, kind, lanes):
+    """`_named` with the lanes in the name: <p.name><kind>[_p1] at 32, <p.name><kind>_l<lanes>
+    at 16 / 8 (whose split is always 1)."""
+    if lanes == 32:
+        return _named(fn, p, fixed_parts, kind=kind)
+    return _named(fn, p, 0, kind=f"{kind}_l{lanes}")
 
 
-def token_kernel_sub(p, lanes):
-    """`token_kernel` with a row on `lanes` = 16 or 8 lanes (`lanes_per_row`): the same
-    parameters and outputs, the same bits, 32 / lanes rows a warp (parts must be 1)."""
-    row_total, where = _sub_row_total(p, lanes), _sub_warp_row(lanes)
+def token_kernel(p, fixed_parts=0, lanes=32):
+    """The one-row kernel of path p over many tokens and (optionally) experts: the MoE block's
+    matvecs (kernels/moe.py), where every token picks its own k experts and the prefill must
+    give each token the bits its decode step would.
+
+    kern[(blocks, 1, T), THREADS](w, ids, use_ids, k, M, K, x, x_per_expert, y, parts): token
+    t = blockIdx.z has k M virtual rows; virtual row v = r M + m reads weight row e M + m of a
+    stack of experts [E, M, K] (GGUF rows, expert e's row m at row e M + m), e = ids[t, r] when
+    use_ids, else r (k = 1, e = 0: an ordinary weight, one matvec per token). Its activations
+    are row t (x_per_expert = 0: the k experts share the token's input) or row t k + r
+    (x_per_expert = 1: each expert its own, e.g. the down projections) of x, and it writes
+    y[(t k + r) M + m] = y[t, r, m]. Each virtual row is summed exactly as `row_kernel` sums an
+    M-row matvec of that expert's rows -- the same lane loop, warp tree and split combine
+    (steps 1-4 of the module docstring, no bias or residual) -- so a token's value does not
+    depend on T, the other tokens, or which launch carried it. A row takes `parts` warps, or
+    `lanes` = 16 / 8 lanes of one (`lanes_per_row`: the same bits); `blocks_for` gives the
+    grid's x."""
+    row_total, place = _lanes_row_total(p, lanes), _row_place(lanes)
     units, row_base, x_row = p.units, p.base, p.x_row
+    FP = fixed_parts if lanes == 32 else 1
 
     def matvec_tokens(w, ids, use_ids, k, M, K, x, x_per_expert, y, parts):
-        sl, first, sub = where()
+        P = FP if FP else parts
+        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
+        lane, v, part, first = place(P)
         R = k * M
-        if first >= R:                # the whole warp leaves: the lane sums stay full-warp
+        if P == 1 and first >= R:     # the whole warp leaves: the lane sums stay full-warp
             return
-        v = first + sub
         t = cuda.blockIdx.z
         n = units(K)
+        last = n - 1
         r = v // M
-        if v >= R:                    # a row past the end: loads nothing, still shuffles
-            n = 0
+        if v >= R:                    # a row past the end: stays for the block barrier or
+            n = 0                     # the warp's shuffles, loads nothing
             r = 0
         e = ids[t, r] if use_ids else r
         base = row_base(np.int64(e) * M + (v - r * M), K)
         xt = x_row(x, t * k + r if x_per_expert else t, K)
-        total = row_total(w, xt, base, n, sl)
-        if sl == 0 and v < R:
+        total = row_total(w, xt, base, n, last, P, part, lane, part_sh)
+        if lane == 0 and part == 0 and v < R:
             y[np.int64(t) * R + v] = total
 
-    return _named(matvec_tokens, p, 0, kind=f"_tok_l{lanes}")
+    return _named_lanes(matvec_tokens, p, fixed_parts, "_tok", lanes)
 
 
-def group_kernel_sub(p, lanes):
-    """`group_kernel` with a row on `lanes` = 16 or 8 lanes (`lanes_per_row`): the same
-    parameters and outputs, the same bits, 32 / lanes matrix rows a warp (parts must be 1)."""
-    row_total, where = _sub_row_total(p, lanes), _sub_warp_row(lanes)
+def group_kernel(p, fixed_parts=0, lanes=32):
+    """The one-row kernel of path p over groups of activation rows, each group against its own
+    matrix of a stack: the expert-major form of `token_kernel` (kernels/moe.py's prefill on
+    the decode kernels), so that every row still gets the bits its decode step would.
+
+    kern[(blocks, G, Z), THREADS](w, group_off, src, use_src, M, K, x, y, parts): group g =
+    blockIdx.y owns rows group_off[g] .. group_off[g + 1] - 1 of y and matrix g of the stack
+    (weight rows g M .. g M + M - 1); row i's activations are row src[i] of x (use_src = 1:
+    e.g. the token a sorted (token, expert) pair came from) or row i (use_src = 0); grid slice
+    z = blockIdx.z takes the group's rows z, z + Z, ... Every row is summed by `_row_total`, as
+    `token_kernel` and `row_kernel` sum it (steps 1-4 of the module docstring), and written
+    once: y[i M + m]. A warp walks its rows one after another, so a matrix row comes from DRAM
+    once per (block, z) and from the cache for the group's other rows. Rows on `parts` warps or
+    `lanes` lanes as for `token_kernel`."""
+    row_total, place = _lanes_row_total(p, lanes), _row_place(lanes)
     units, row_base, x_row = p.units, p.base, p.x_row
+    FP = fixed_parts if lanes == 32 else 1
 
     def matvec_groups(w, group_off, src, use_src, M, K, x, y, parts):
-        sl, first, sub = where()
-        if first >= M:                # the whole warp leaves: the lane sums stay full-warp
+        P = FP if FP else parts
+        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
+        lane, m, part, first = place(P)
+        if P == 1 and first >= M:     # the whole warp leaves: the lane sums stay full-warp
             return
-        m = first + sub
         g = cuda.blockIdx.y
         n = units(K)
-        if m >= M:                    # a row past the end: loads nothing, still shuffles
-            n = 0
+        last = n - 1
+        if m >= M:                    # a row past the end: stays for the block barriers or
+            n = 0                     # the warp's shuffles, loads nothing
         base = row_base(np.int64(g) * M + min(m, M - 1), K)
         for i in range(np.int64(group_off[g]) + cuda.blockIdx.z, np.int64(group_off[g + 1]),
                        cuda.gridDim.z):
             xt = x_row(x, src[i] if use_src else i, K)
-            total = row_total(w, xt, base, n, sl)
-            if sl == 0 and m < M:
+            total = row_total(w, xt, base, n, last, P, part, lane, part_sh)
+            if lane == 0 and part == 0 and m < M:
                 y[np.int64(i) * M + m] = total
+            if P > 1:                 # part_sh is written again for the next row
+                cuda.syncthreads()
 
-    return _named(matvec_groups, p, 0, kind=f"_grp_l{lanes}")
-
-
-def _one_or_split(make):
-    """kernels(parts): make(1), the build with the split folded in, for parts = 1, and make(0),
-    the run-time-parts build, for 2 and 4 (as `path_kernels`), each built on first request."""
-    built = {}
-
-    def kernels(parts):
-        key = 1 if parts == 1 else 0
-        if key not in built:
-            built[key] = make(key)
-        return built[key]
-
-    return kernels
+    return _named_lanes(matvec_groups, p, fixed_parts, "_grp", lanes)
 
 
 _TOKEN_KERNELS: dict = {}
 _GROUP_KERNELS: dict = {}
 
 
-def _sub_or_split(cache, p, lanes, whole, sub):
-    """kernels(parts) of path p's rows on `lanes` lanes: `whole` (one or more warps a row, as
-    `_one_or_split`) at 32, else the one `sub` build (parts is then 1)."""
+def _kernel_set(cache, make, p, lanes):
+    """kernels(parts) of path p's rows on `lanes` lanes, one set a (path, lanes) shared by
+    every caller: make(p, 1, lanes), the build with the split folded in, for parts = 1, and
+    make(p, 0, lanes), the run-time-parts build, for 2 and 4 (as `path_kernels`), each built
+    on first request. Rows on 16 / 8 lanes take one warp's part, so parts must be 1."""
     key = (p.name, lanes)
     if key not in cache:
-        if lanes == 32:
-            cache[key] = _one_or_split(lambda fp: whole(p, fp))
-        else:
-            built = []
+        built = {}
 
-            def kernels(parts):
-                if parts != 1:
-                    raise ValueError(f"{p.name}: a row on {lanes} lanes takes one warp's "
-                                     f"part, not {parts} warps")
-                if not built:
-                    built.append(sub(p, lanes))
-                return built[0]
-            cache[key] = kernels
+        def kernels(parts):
+            if lanes < 32 and parts != 1:
+                raise ValueError(f"{p.name}: a row on {lanes} lanes takes one warp's part, "
+                                 f"not {parts} warps")
+            fp = 1 if parts == 1 else 0
+            if fp not in built:
+                built[fp] = make(p, fp, lanes)
+            return built[fp]
+        cache[key] = kernels
     return cache[key]
 
 
 def token_kernels(p, lanes=32):
-    """kernels(parts): path p's `token_kernel`, or its `token_kernel_sub` on 16 / 8 lanes a row
-    (one set a path and lanes, shared by every caller)."""
-    return _sub_or_split(_TOKEN_KERNELS, p, lanes, token_kernel, token_kernel_sub)
+    """kernels(parts): path p's `token_kernel` on `lanes` lanes a row."""
+    return _kernel_set(_TOKEN_KERNELS, token_kernel, p, lanes)
 
 
 def group_kernels(p, lanes=32):
-    """kernels(parts): path p's `group_kernel`, or its `group_kernel_sub` on 16 / 8 lanes a row
-    (one set a path and lanes, shared by every caller)."""
-    return _sub_or_split(_GROUP_KERNELS, p, lanes, group_kernel, group_kernel_sub)
+    """kernels(parts): path p's `group_kernel` on `lanes` lanes a row."""
+    return _kernel_set(_GROUP_KERNELS, group_kernel, p, lanes)
 
 
 def path_kernels(p, who):
