@@ -2,7 +2,8 @@
 chunk's MoE time goes (decision 0017).
 
     python3 bench/moe_bench.py [--tokens 1,9,128] [--down-type Q4_K|Q6_K] [--jsonl PATH]
-                               [--commit SHA] [--unroll fit,whole,full] [--tiny]
+                               [--commit SHA] [--unroll fit,whole,full] [--branches on,off]
+                               [--tiny]
 
 At the Qwen3.6-35B-A3B shape (256 experts, top 8, hidden 2048, expert and shared FFN 512; Q4_K
 gate / up, --down-type for the down projections; random weights and inputs), for each T of
@@ -24,7 +25,10 @@ decode order), and the GEMM block's agrees with it to 1e-2 of max |y| (another o
 --unroll fit,whole,full runs everything three times: the defaults (the row loop's unroll fitted
 to short rows, matvec.fit_unroll, and rows of <= 16 units on 16 / 8 lanes,
 matvec.lanes_per_row), fitted on a whole warp a row, and the full 4 slots on a whole warp; the
-token block must give the same bits each way.
+token block must give the same bits each way. --branches on,off runs the blocks with their
+independent launches on side streams (moe.BRANCHES, the default: parallel graph branches) and
+as one chain; the bits must be the same, and each block's output after the timed replays must
+equal its first launch's (a race between branches would show there).
 One JSON record per row to --jsonl (default $OUT/moe_bench.jsonl or ./moe_bench.jsonl); exits
 1 on BAD. --tiny: a 4-expert block of width 256; `--tiny --tokens 1` is what the simulator
 runs in about a minute, as a smoke test of the script (T = 3 takes it over 10 minutes).
@@ -99,6 +103,9 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
         out[name] = y.copy_to_host()
         us, n = time_per_launch_us(launch, stream, smoke)
         rows.append((f"block_{name}", us, n, None))
+        if not np.array_equal(y.copy_to_host().view(np.uint32), out[name].view(np.uint32)):
+            problems.append(f"{name} block: the output after {n}-launch graph replays differs "
+                            "from the first launch's (a race?)")
     if "expert_rows" in out and not np.array_equal(out["expert_rows"].view(np.uint32),
                                                     out["token"].view(np.uint32)):
         problems.append("expert_rows block != token block (bits)")
@@ -143,6 +150,9 @@ def main(argv=None) -> int:
                          "short row's units, short rows on 16 / 8 lanes), whole (fitted, a warp "
                          "a row) and full (4 slots, a warp a row); the token block must give "
                          "the same bits in each")
+    ap.add_argument("--branches", default="on",
+                    help="a list of on (the default: independent launches on side streams) and "
+                         "off (one chain); the blocks must give the same bits in each")
     a = ap.parse_args(argv)
     from numba import cuda
     from bw24nb.device import simulator_enabled
@@ -158,38 +168,46 @@ def main(argv=None) -> int:
     shape = f"E{E} k{k} H{H} F{F} down {a.down_type}"
     bad = 0
     print(f"moe bench, {gpu_name()}, {shape}")
-    print(f"{'T':>5} {'launch':<18} {'us':>10} {'n':>5} {'row dots/s':>12}")
-    from bw24nb.kernels import matvec
+    print(f"{'T':>5} {'launch':<24} {'us':>10} {'n':>5} {'row dots/s':>12}")
+    from bw24nb.kernels import matvec, moe
     modes = [m for m in a.unroll.split(",") if m]
     if not modes or any(m not in ("fit", "whole", "full") for m in modes):
         ap.error("--unroll: a list of fit, whole and full")
+    branches = [b for b in a.branches.split(",") if b]
+    if not branches or any(b not in ("on", "off") for b in branches):
+        ap.error("--branches: a list of on and off")
+    combos = [(m, b) for m in modes for b in branches]
     for T in (int(t) for t in a.tokens.split(",") if t):
         token_out = {}
-        for mode in modes:
+        for mode, br in combos:
             # fit: each launch's unroll cut to its rows' units (matvec.fit_unroll) and short rows
             # on part of a warp (matvec.lanes_per_row), the defaults; whole: fitted, a warp a
             # row; full: 4 slots, a warp a row
             matvec.FIT_UNROLL = mode != "full"
             matvec.SUB_WARP_ROWS = mode == "fit"
-            tag = "" if modes == ["fit"] else f"/{mode}"
+            moe.BRANCHES = br == "on"
+            tag = (("" if modes == ["fit"] else f"/{mode}")
+                   + ("" if branches == ["on"] else f"/br-{br}"))
             rows, problems, outs = bench_tokens(T, w, q, rng, stream, smoke, a.seed)
-            token_out[mode] = outs["token"]
+            token_out[mode, br] = outs
             for name, us, n, dots in rows:
                 rate = dots / (us * 1e-6) if dots else None
-                print(f"{T:>5} {name + tag:<18} {us:>10.2f} {n:>5} "
+                print(f"{T:>5} {name + tag:<24} {us:>10.2f} {n:>5} "
                       + (f"{rate:>12.3e}" if rate else f"{'':>12}"))
                 rec.add("moe-35b-a3b-shape", f"moe_us:{name}@T{T}", us, "us", engine="bw24nb",
                         shape=shape, launches_per_graph=n, row_dots=dots, row_dots_per_s=rate,
-                        unroll=mode)
+                        unroll=mode, branches=br)
             for p in problems:
-                print(f"  BAD T={T} {mode}: {p}")
+                print(f"  BAD T={T} {mode} branches {br}: {p}")
             bad += len(problems)
         first = next(iter(token_out))
-        for mode, out in token_out.items():
-            if not np.array_equal(out.view(np.uint32), token_out[first].view(np.uint32)):
-                print(f"  BAD T={T}: the token block's bits differ between {first} and {mode}")
-                bad += 1
-        matvec.FIT_UNROLL, matvec.SUB_WARP_ROWS = True, True
+        for key, outs in token_out.items():
+            for name in ("token", "expert_rows"):
+                if name in outs and not np.array_equal(outs[name].view(np.uint32),
+                                                       token_out[first][name].view(np.uint32)):
+                    print(f"  BAD T={T}: the {name} block's bits differ between {first} and {key}")
+                    bad += 1
+        matvec.FIT_UNROLL, matvec.SUB_WARP_ROWS, moe.BRANCHES = True, True, True
     rec.write()
     return 1 if bad else 0
 

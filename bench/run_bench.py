@@ -510,7 +510,10 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 # session 11: pp512 2890 vs 767 tok/s on the 35B-A3B shape, gate MISMATCH)
                 "moe-grouped": dict(prefill_path="gemm", moe_prefill="grouped"),
                 # GEMM prefill, each token reading its own experts (the default to session 10)
-                "gemm-tokens": dict(prefill_path="gemm", moe_prefill="tokens")}
+                "gemm-tokens": dict(prefill_path="gemm", moe_prefill="tokens"),
+                # the int8 MoE blocks as one chain of launches (before session 13's side
+                # streams: moe.BRANCHES)
+                "moe-chain": dict(moe_branches=False)}
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,

@@ -274,7 +274,7 @@ class Engine:
                  attention_plan: str = "aligned", prefill_attention: str = "split",
                  prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "lane",
                  fuse_prefill: bool = True, moe_q8: bool = True, prefill_path: str = "auto",
-                 moe_prefill: str = "grouped"):
+                 moe_prefill: str = "grouped", moe_branches: bool = True):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -347,6 +347,10 @@ class Engine:
         self.moe_expert_rows = {i for i, ew in self.experts.items()
                                 if moe_prefill == "grouped" and prefill_path == "rows"
                                 and i in self.moe_q8 and ew.n_experts <= moe.ROUTER_E_MAX}
+        # the int8 MoE blocks' independent launches (the shared expert, each up projection) on
+        # side streams, parallel branches of the captured graphs (moe.BRANCHES); False: one
+        # chain (same kernels, same bits: the side-by-side bench's --launch moe-chain)
+        self.moe_branches = bool(moe_branches)
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
@@ -524,7 +528,8 @@ class Engine:
         key = (T, kind)
         if key not in self._moe_scratch:
             any_w = next(iter(self.experts.values()))
-            self._moe_scratch[key] = kind(T, any_w)
+            self._moe_scratch[key] = (kind(T, any_w, self.moe_branches)
+                                      if issubclass(kind, moe.MoEScratchQ8) else kind(T, any_w))
         return self._moe_scratch[key]
 
     @staticmethod

@@ -107,6 +107,52 @@ class CudaGraph:
         self.close()
 
 
+class Branches:
+    """Side streams that let launches which do not depend on each other run side by side --
+    eagerly, or as parallel branches of a captured graph instead of one chain of nodes.
+
+    ``side = br.fork(stream, i)`` returns side stream i, ordered after everything launched on
+    ``stream`` so far; ``br.join(stream, i)`` orders everything launched on ``stream`` from then
+    on after side stream i's work so far. Inside a capture the record / wait pairs become graph
+    edges (a side stream joins the capture through them; every side forked must be joined
+    back before the capture ends). Results are unchanged as long as a branch reads nothing
+    another branch writes before the join: the same kernels run on the same inputs. On the
+    H200 a chain of small kernels pays each one's drain before the next may start, so two
+    kernels with no edge between them overlap what a chain serializes. One event serves every
+    fork and join: each wait is issued right after its record. In the simulator everything
+    runs in call order, so call order must itself be a valid order (it is: a fork comes after
+    what it waits for, in program order)."""
+
+    def __init__(self, n: int):
+        from numba import cuda
+
+        self.sides = [cuda.stream() for _ in range(n)]
+        # no timing: a cheaper event (the simulator's takes no arguments)
+        self._event = cuda.event() if simulator_enabled() else cuda.event(timing=False)
+
+    def _order(self, before, after) -> None:
+        self._event.record(before)
+        self._event.wait(after)
+
+    def fork(self, stream, i: int):
+        self._order(stream, self.sides[i])
+        return self.sides[i]
+
+    def join(self, stream, i: int) -> None:
+        self._order(self.sides[i], stream)
+
+
+class Chain:
+    """`Branches`' stand-in that keeps every launch on the caller's one stream (the A/B
+    baseline, and callers with no side streams)."""
+
+    def fork(self, stream, i: int):
+        return stream
+
+    def join(self, stream, i: int) -> None:
+        pass
+
+
 # --- the real thing: cuda.bindings.driver ---------------------------------------------------------
 
 def _check(result, what: str):

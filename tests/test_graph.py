@@ -235,6 +235,44 @@ def test_programmatic_chain_gives_the_serial_result(rng, stream):
     graph.close()
 
 
+def test_branches_fork_and_join_inside_a_capture(rng, stream):
+    """graph.Branches: a side stream forked from the capturing stream joins the capture, its
+    launches become a parallel branch (on a GPU: two edges out of the fork point and two into
+    the join, so 6 kernel edges a step where a chain of the same 5 kernels has 5), and the
+    replayed result is the serial one."""
+    from bw24nb.graph import Branches
+    add_one_w, double_w = _doubling_kernels()
+    n = int(rng.integers(3000, 9000))
+    x0 = rng.integers(-1000, 1000, n).astype(np.int32)
+    x, y, z = (cuda.to_device(a, stream=stream) for a in (x0, np.full(n, POISON, np.int32),
+                                                          np.full(n, POISON, np.int32)))
+    add_one_w[_blocks(n), THREADS, stream](x)
+    double_w[_blocks(n), THREADS, stream](y, x)
+    stream.synchronize()
+    x.copy_to_device(x0, stream=stream)
+    br = Branches(1)
+    steps = 3
+    with CudaGraph.capture(stream, programmatic=True) as graph:
+        for _ in range(steps):
+            add_one_w[_blocks(n), THREADS, stream](x)
+            double_w[_blocks(n), THREADS, br.fork(stream, 0)](y, x)     # the branch
+            double_w[_blocks(n), THREADS, stream](z, x)                 # beside it
+            br.join(stream, 0)
+            add_one_w[_blocks(n), THREADS, stream](y)                   # after both
+            add_one_w[_blocks(n), THREADS, stream](z)
+    assert graph.num_nodes == 5 * steps
+    from bw24nb.device import current_features
+    if not simulator_enabled() and current_features().grid_dependency:
+        assert graph.num_programmatic == 6 * steps - 1
+    graph.replay()
+    stream.synchronize()
+    want = 2 * (x0.astype(np.int64) + steps) + 1
+    np.testing.assert_array_equal(x.copy_to_host(stream=stream), x0 + steps)
+    np.testing.assert_array_equal(y.copy_to_host(stream=stream), want.astype(np.int32))
+    np.testing.assert_array_equal(z.copy_to_host(stream=stream), want.astype(np.int32))
+    graph.close()
+
+
 def test_waiting_kernel_keeps_the_kernels_name_and_parameters():
     from bw24nb.jit import waiting_kernel
 

@@ -430,3 +430,31 @@ def test_short_rows_on_part_of_a_warp_keep_the_whole_warps_bits(rng, monkeypatch
     for got, want, what in zip(outs[True], outs[False], ("token", "group")):
         assert np.isfinite(got).all(), what
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), what)
+
+
+def test_moe_blocks_on_branches_give_the_chains_bits(rng, monkeypatch):
+    # moe.BRANCHES: the shared expert and each up projection on side streams (graph.Branches),
+    # captured into a graph and replayed, give what one chain of the same launches gives --
+    # for the token block (decode, verify) and the expert-major one (the rows prefill); in the
+    # simulator this holds the launches' call order to one valid for the chain (the GPU side,
+    # a race between branches, is bench/moe_bench.py --branches on,off)
+    from bw24nb.graph import CudaGraph
+    from bw24nb.kernels import moe
+    w, _, q, x, r0, xq, xd = _q8_block(rng, 4)
+    for kind, block in ((moe.MoEScratchQ8, moe.launch_moe_block_q8),
+                        (moe.MoEScratchExpertRows, moe.launch_moe_block_q8_expert_rows)):
+        out = {}
+        for on in (False, True):
+            monkeypatch.setattr(moe, "BRANCHES", on)
+            s, stream = kind(4, w), cuda.stream()
+            y = cuda.to_device(np.full_like(r0, np.nan))
+            xdev = cuda.to_device(x)
+            block(xdev, xq, xd, w, q, s, y, stream=stream)        # compile / load first
+            y.copy_to_device(np.full_like(r0, np.nan))
+            with CudaGraph.capture(stream) as g:
+                block(xdev, xq, xd, w, q, s, y, stream=stream)
+            g.replay()
+            stream.synchronize()
+            out[on] = y.copy_to_host()
+        assert np.isfinite(out[True]).all()
+        np.testing.assert_array_equal(out[True].view(np.uint32), out[False].view(np.uint32))

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, int32
 
+from ..graph import Branches, Chain
 from ..jit import kernel
 from ..quant.types import QType, row_bytes
 from . import norm
@@ -611,9 +612,10 @@ def expert_matrices_q8(w: ExpertWeights, q6k_r=None) -> ExpertMatricesQ8:
 
 class MoEScratchQ8(MoEScratch):
     """MoEScratch plus the int8 block's buffers: the experts' int8 activations and scales,
-    their down projections before the combine, the shared expert's int8 activations."""
+    their down projections before the combine, the shared expert's int8 activations, and the
+    block's side streams (`branches`: None = the module's BRANCHES)."""
 
-    def __init__(self, T: int, w: ExpertWeights):
+    def __init__(self, T: int, w: ExpertWeights, branches: bool | None = None):
         super().__init__(T, w)
         k, F, Is = w.top_k, w.ffn, w.shared_ffn
         self.act_q = cuda.device_array(T * k * F, np.int8)
@@ -622,6 +624,20 @@ class MoEScratchQ8(MoEScratch):
         has_shared = w.sh_down is not None
         self.sh_q = cuda.device_array(T * Is, np.int8) if has_shared else None
         self.sh_d = cuda.device_array(T * Is // 32, np.float32) if has_shared else None
+        # side streams of the int8 blocks (BRANCHES): 0 the shared expert, 1 the routed up
+        # projection, 2 the shared up projection and gate logit
+        on = BRANCHES if branches is None else branches
+        self.branches = Branches(3) if on else Chain()
+
+
+# The int8 blocks' independent launches on side streams (graph.Branches), the default: the
+# shared expert reads only x, so it runs beside the routing and the routed experts, and each
+# up projection beside its gate. At T = 1 the block is a chain of about 12 small kernels, each
+# paying its drain before the next may start; with branches the longest chain is router,
+# route, gate, swiglu, down, combine. Every kernel reads what it read in the chain, so the bits
+# are the chain's. False: one chain on the caller's stream (Engine(moe_branches=False),
+# bench/moe_bench.py --branches on,off).
+BRANCHES = True
 
 
 def launch_moe_combine(yd, weights, y, shared_y=None, shared_gate=None, residual=None, stream=0,
@@ -674,23 +690,39 @@ def launch_moe_block_q8(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8, s: MoE
                          f"the weights for H = {w.hidden}")
     k = w.top_k
     xi = dict(xq=xq, xd=xd, x=x)
-    _route_tokens(w, q, s, xi, T, stream)
-    launch_token_matvec(q.gate, s.ids, True, k, q.gate.x_args(**xi), False, s.gate, T, stream)
-    launch_token_matvec(q.up, s.ids, True, k, q.up.x_args(**xi), False, s.up, T, stream)
-    launch_swiglu_q8(s.gate, s.up, s.act, s.act_q, s.act_d, stream)
+    br = s.branches
     shared_y = shared_gate = None
     if q.sh_down is not None:
-        launch_token_matvec(q.sh_gate, s.ids, False, 1, q.sh_gate.x_args(**xi), False, s.sh_gate,
-                            T, stream)
-        launch_token_matvec(q.sh_up, s.ids, False, 1, q.sh_up.x_args(**xi), False, s.sh_up, T,
-                            stream)
-        launch_swiglu_q8(s.sh_gate, s.sh_up, s.sh_act, s.sh_q, s.sh_d, stream)
-        launch_token_matvec(q.sh_down, s.ids, False, 1, q.sh_down.x_args(s.sh_q, s.sh_d), False,
-                            s.sh_y, T, stream)
-        shared_y, shared_gate = s.sh_y, _shared_gate_logit(q, s, xi, T, stream)
+
+        def sh_matvec(tm, xa, out, on):
+            launch_token_matvec(tm, s.ids, False, 1, xa, False, out, T, on)
+        shared_y, shared_gate = _shared_expert(q, s, xi, T, br, br.fork(stream, 0), sh_matvec)
+    _route_tokens(w, q, s, xi, T, stream)
+    launch_token_matvec(q.up, s.ids, True, k, q.up.x_args(**xi), False, s.up, T,
+                        br.fork(stream, 1))
+    launch_token_matvec(q.gate, s.ids, True, k, q.gate.x_args(**xi), False, s.gate, T, stream)
+    br.join(stream, 1)
+    launch_swiglu_q8(s.gate, s.up, s.act, s.act_q, s.act_d, stream)
     launch_token_matvec(q.down, s.ids, True, k, q.down.x_args(s.act_q, s.act_d), True, s.yd, T,
                         stream)
+    if q.sh_down is not None:
+        br.join(stream, 0)
     launch_moe_combine(s.yd, s.weights, y, shared_y, shared_gate, residual, stream)
+
+
+def _shared_expert(q, s: MoEScratchQ8, xi, T, br, side, matvec_on):
+    """The shared expert's launches on stream `side` (its up projection and gate logit on
+    side stream 2, joined back before its swiglu): s.sh_y and the gate logit (or None), both
+    ready on `side`. matvec_on(tm, x_args, out, stream) runs one of its matrices over the T
+    tokens (the token or the group kernel)."""
+    up_side = br.fork(side, 2)
+    matvec_on(q.sh_up, q.sh_up.x_args(**xi), s.sh_up, up_side)
+    gate_logit = _shared_gate_logit(q, s, xi, T, up_side)
+    matvec_on(q.sh_gate, q.sh_gate.x_args(**xi), s.sh_gate, side)
+    br.join(side, 2)
+    launch_swiglu_q8(s.sh_gate, s.sh_up, s.sh_act, s.sh_q, s.sh_d, side)
+    matvec_on(q.sh_down, q.sh_down.x_args(s.sh_q, s.sh_d), s.sh_y, side)
+    return s.sh_y, gate_logit
 
 
 # ------------------------------------------------------------------ expert-major prefill
@@ -794,34 +826,37 @@ def grouped_experts(w: ExpertWeights) -> bool:
 class MoEScratchSorted(MoEScratchQ8):
     """MoEScratchQ8 plus `moe_sort`'s output: the expert-major blocks' common part."""
 
-    def __init__(self, T: int, w: ExpertWeights):
-        super().__init__(T, w)
+    def __init__(self, T: int, w: ExpertWeights, branches: bool | None = None):
+        super().__init__(T, w, branches)
         R = T * w.top_k
         self.group_off = cuda.device_array(w.n_experts + 1, np.uint32)
         self.pos = cuda.device_array(R, np.int32)
         self.src = cuda.device_array(R, np.int32)
 
 
-def _route_and_sort(who, x, xq, xd, w, q, s: MoEScratchSorted, stream):
-    """Check the shapes, route the T tokens of x and sort their (token, rank) pairs by expert
-    (`moe_sort`); the activation dict (`TokenMatrix.x_args`'s keywords) and T."""
+def _check_sorted(who, x, xq, xd, w, s: MoEScratchSorted):
+    """Check the shapes of an expert-major block; the activation dict (`TokenMatrix.x_args`'s
+    keywords) and T."""
     T, H = x.shape
     if T != s.T or H != w.hidden:
         raise ValueError(f"{who}: x is [{T}, {H}], scratch was made for T = {s.T} and the "
                          f"weights for H = {w.hidden}")
     if w.n_experts > ROUTER_E_MAX:
         raise ValueError(f"{who}: {w.n_experts} experts exceed moe_sort's {ROUTER_E_MAX}")
-    xi = dict(xq=xq, xd=xd, x=x)
+    return dict(xq=xq, xd=xd, x=x), T
+
+
+def _route_sort(w, q, s: MoEScratchSorted, xi, T, stream):
+    """Route the T tokens and sort their (token, rank) pairs by expert (`moe_sort`)."""
     _route_tokens(w, q, s, xi, T, stream)
     moe_sort[1, w.n_experts, stream](s.ids, s.group_off, s.pos, s.src)
-    return xi, T
 
 
 class MoEScratchGrouped(MoEScratchSorted):
     """MoEScratchSorted plus the gathered activations of the GEMM's expert-major block."""
 
-    def __init__(self, T: int, w: ExpertWeights):
-        super().__init__(T, w)
+    def __init__(self, T: int, w: ExpertWeights, branches: bool | None = None):
+        super().__init__(T, w, branches)
         R = T * w.top_k
         self.xs_q = cuda.device_array(R * w.hidden, np.int8)
         self.xs_d = cuda.device_array(R * w.hidden // 32, np.float32)
@@ -832,7 +867,8 @@ def launch_moe_block_q8_grouped(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8
     """`launch_moe_block_q8` for a prefill chunk, expert-major (the section comment above):
     the same router and routing, each expert's weights read once for the chunk."""
     from .matmul_q8 import launch_matmul_q8, launch_matmul_q8_grouped
-    xi, T = _route_and_sort("moe_block_grouped", x, xq, xd, w, q, s, stream)
+    xi, T = _check_sorted("moe_block_grouped", x, xq, xd, w, s)
+    _route_sort(w, q, s, xi, T, stream)
     H, k, E, F = w.hidden, w.top_k, w.n_experts, w.ffn
     R = T * k
     moe_gather[R, 128, stream](_flat1(xq).view(np.uint32), _flat1(xd), s.src, np.int32(H // 4),
@@ -896,8 +932,8 @@ class MoEScratchExpertRows(MoEScratchSorted):
     """MoEScratchSorted plus the shared expert's one group (rows 0 .. T - 1) of
     `launch_moe_block_q8_expert_rows`."""
 
-    def __init__(self, T: int, w: ExpertWeights):
-        super().__init__(T, w)
+    def __init__(self, T: int, w: ExpertWeights, branches: bool | None = None):
+        super().__init__(T, w, branches)
         self.all_rows = cuda.to_device(np.array([0, T], np.uint32))
 
 
@@ -905,23 +941,26 @@ def launch_moe_block_q8_expert_rows(x, xq, xd, w: ExpertWeights, q: ExpertMatric
                                     s: MoEScratchExpertRows, y, residual=None, stream=0):
     """`launch_moe_block_q8` expert-major (the section comment above): the same bits for
     every token, each expert's weights read once per block for all its tokens."""
-    xi, T = _route_and_sort("moe_block_expert_rows", x, xq, xd, w, q, s, stream)
+    xi, T = _check_sorted("moe_block_expert_rows", x, xq, xd, w, s)
+    br = s.branches
+    shared_y = shared_gate = None
+    if q.sh_down is not None:
+
+        def sh_matvec(tm, xa, out, on):
+            launch_group_matvec(tm, s.all_rows, None, xa, out, 1, T, on)
+        shared_y, shared_gate = _shared_expert(q, s, xi, T, br, br.fork(stream, 0), sh_matvec)
+    _route_sort(w, q, s, xi, T, stream)
     E, F = w.n_experts, w.ffn
     R = T * w.top_k
     gate, up = s.gate.reshape(R, F), s.up.reshape(R, F)
+    launch_group_matvec(q.up, s.group_off, s.src, q.up.x_args(**xi), up, E, R, br.fork(stream, 1))
     launch_group_matvec(q.gate, s.group_off, s.src, q.gate.x_args(**xi), gate, E, R, stream)
-    launch_group_matvec(q.up, s.group_off, s.src, q.up.x_args(**xi), up, E, R, stream)
+    br.join(stream, 1)
     launch_swiglu_q8(gate, up, s.act.reshape(R, F), s.act_q, s.act_d, stream)
     launch_group_matvec(q.down, s.group_off, None, q.down.x_args(s.act_q, s.act_d), s.yd, E, R,
                         stream)
-    shared_y = shared_gate = None
     if q.sh_down is not None:
-        for tm, out in ((q.sh_gate, s.sh_gate), (q.sh_up, s.sh_up)):
-            launch_group_matvec(tm, s.all_rows, None, tm.x_args(**xi), out, 1, T, stream)
-        launch_swiglu_q8(s.sh_gate, s.sh_up, s.sh_act, s.sh_q, s.sh_d, stream)
-        launch_group_matvec(q.sh_down, s.all_rows, None, q.sh_down.x_args(s.sh_q, s.sh_d),
-                            s.sh_y, 1, T, stream)
-        shared_y, shared_gate = s.sh_y, _shared_gate_logit(q, s, xi, T, stream)
+        br.join(stream, 0)
     launch_moe_combine(s.yd, s.weights, y, shared_y, shared_gate, residual, stream, pos=s.pos)
 
 
