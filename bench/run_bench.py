@@ -513,7 +513,12 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "gemm-tokens": dict(prefill_path="gemm", moe_prefill="tokens"),
                 # the int8 MoE blocks as one chain of launches (before session 13's side
                 # streams: moe.BRANCHES)
-                "moe-chain": dict(moe_branches=False)}
+                "moe-chain": dict(moe_branches=False),
+                # the decode-kernel projections of one input (q / k / v, GDN qkv / z / ba) as a
+                # chain (before session 13's side streams: Engine._side_by_side)
+                "proj-chain": dict(proj_branches=False),
+                # both as chains: the session-12 launch order
+                "chain": dict(moe_branches=False, proj_branches=False)}
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,

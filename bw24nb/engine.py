@@ -29,7 +29,7 @@ from .cache.kv import K_TYPE_DEFAULT, V_TYPE_DEFAULT, KVCache
 from .cache.recurrent import RecurrentState
 from .errors import ContextOverflow, OutOfDeviceMemory
 from .formats.config import LINEAR_ATTENTION
-from .graph import CudaGraph, CudaGraphError
+from .graph import Branches, Chain, CudaGraph, CudaGraphError
 from .kernels import (activation, attention, embedding, gated_deltanet, matmul, matmul_q8, matvec,
                       moe, norm, quantize_act, rope, sampling, step)
 from .quant import QType, quantize
@@ -274,7 +274,8 @@ class Engine:
                  attention_plan: str = "aligned", prefill_attention: str = "split",
                  prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "lane",
                  fuse_prefill: bool = True, moe_q8: bool = True, prefill_path: str = "auto",
-                 moe_prefill: str = "grouped", moe_branches: bool = True):
+                 moe_prefill: str = "grouped", moe_branches: bool = True,
+                 proj_branches: bool = True):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -351,6 +352,10 @@ class Engine:
         # side streams, parallel branches of the captured graphs (moe.BRANCHES); False: one
         # chain (same kernels, same bits: the side-by-side bench's --launch moe-chain)
         self.moe_branches = bool(moe_branches)
+        # the decode-kernel projections of one input that nothing orders (a layer's q / k / v
+        # matvecs, Gated DeltaNet's qkv / z / beta-alpha) side by side on side streams
+        # (`_side_by_side`); False: one chain (same kernels, same bits: --launch proj-chain)
+        self._proj_branches = Branches(3) if proj_branches else Chain()
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
@@ -590,12 +595,13 @@ class Engine:
         return ws.rowwise or T == 1 or (
             self.prefill_int8 and all(w.qtype in matmul_q8.MATMUL_Q8 for w in consumers))
 
-    def _mv(self, w: DeviceWeight, x, y, T, bias=None, residual=None, qx=None, rowwise=None):
+    def _mv(self, w: DeviceWeight, x, y, T, bias=None, residual=None, qx=None, rowwise=None,
+            stream=None):
         """y = W x (+b) (+r) for T rows: matvec (`rowwise`, default T == 1: each weight read
         once for all rows, every row in the one-row kernel's summation order) or the tiled
         matmul; with `qx` (from `_quantize_input`) integer block weights read the quantized
-        input instead."""
-        s = self.stream
+        input instead. On `stream` (default: the engine's)."""
+        s = self.stream if stream is None else stream
         rowwise = T == 1 if rowwise is None else rowwise
         if rowwise and T > matvec.MAX_ROWS:
             # a "rows" prefill chunk: the rows kernels MAX_ROWS rows at a time (each row's
@@ -607,7 +613,7 @@ class Engine:
                     xq=qx.xq[t0 * K:t1 * K], xd=qx.xd[t0 * K // 32:t1 * K // 32])
                 self._mv(w, x[t0:t1], y[t0:t1], t1 - t0, bias=bias,
                          residual=None if residual is None else residual[t0:t1], qx=qs,
-                         rowwise=True)
+                         rowwise=True, stream=s)
             return
         b = None if bias is None else bias.buf
         r = None if residual is None else residual.reshape(residual.size)
@@ -633,6 +639,29 @@ class Engine:
             x = qx.xf
         matmul.launch_matmul(w.buf, w.qtype, w.rows, w.cols, x, y, bias=b, residual=residual,
                              stream=s)
+
+    def _side_by_side(self, ws: Workspace, projections: list) -> list:
+        """[(name, launch_on(stream))] of projections that read one input and write apart, as
+        launch entries: on the decode kernels (ws.rowwise: decode, verify, the rows prefill)
+        one entry that runs the first on the engine's stream and each other on a side stream
+        (graph.Branches), joined before the next entry -- parallel graph branches where a
+        chain would pay each small kernel's drain before the next starts; elsewhere (the
+        prefill GEMMs, large enough to fill the GPU alone) one entry each, in order. The same
+        kernels read the same input either way, so every bit is the chain's."""
+        s = self.stream
+        if not ws.rowwise or len(projections) == 1 or isinstance(self._proj_branches, Chain):
+            return [(name, (lambda fn=fn: fn(s))) for name, fn in projections]
+        br = self._proj_branches
+        (_, first), rest = projections[0], projections[1:]
+        sides = range(min(len(rest), len(br.sides)))     # (more than that share the last)
+
+        def launch():
+            for j, (_, fn) in enumerate(rest):
+                fn(br.fork(s, min(j, len(sides) - 1)))
+            first(s)
+            for j in sides:
+                br.join(s, j)
+        return [("+".join(n for n, _ in projections), launch)]
 
     def _layer_launches(self, i: int, ws: Workspace, T: int) -> list:
         """The launches of decoder block i for the first T rows of `ws`, as named closures:
@@ -685,22 +714,20 @@ class Engine:
             k, v = flat[nq:nq + nk].reshape(1, Hkv, D), flat[nq + nk:nq + 2 * nk].reshape(1, Hkv, D)
             bias = self.stacks.get((i, "qkv_bias"))
             add(("attn_qkv", lambda: self._mv(stack, x, flat, T, bias=bias, qx=qx, rowwise=True)))
-        elif c.attn_output_gate:
-            add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, qg, T, qx=qx,
-                rowwise=ws.rowwise)))
-        else:
-            add(("attn_q", lambda: self._mv(w.blk(i, "attn_q.weight"), x, q.reshape(T, Hq * D), T,
-                                            bias=w.blk_opt(i, "attn_q.bias"), qx=qx,
-                                                rowwise=ws.rowwise)))
+        else:                   # q (+gate), k and v side by side
+            q_out, q_bias = ((qg, None) if c.attn_output_gate else
+                             (q.reshape(T, Hq * D), w.blk_opt(i, "attn_q.bias")))
+            L += self._side_by_side(ws, [
+                ("attn_q", lambda st: self._mv(w.blk(i, "attn_q.weight"), x, q_out, T,
+                                               bias=q_bias, qx=qx, rowwise=ws.rowwise, stream=st)),
+                ("attn_k", lambda st: self._mv(w.blk(i, "attn_k.weight"), x, k.reshape(T, Hkv * D),
+                                               T, bias=w.blk_opt(i, "attn_k.bias"), qx=qx,
+                                               rowwise=ws.rowwise, stream=st)),
+                ("attn_v", lambda st: self._mv(w.blk(i, "attn_v.weight"), x, v.reshape(T, Hkv * D),
+                                               T, bias=w.blk_opt(i, "attn_v.bias"), qx=qx,
+                                               rowwise=ws.rowwise, stream=st))])
         if c.attn_output_gate and not c.qk_norm:
             add(("split_q_gate", lambda: rope.launch_split_q_gate(qg, q, ws.gate[:T], s)))
-        if stack is None:
-            add(("attn_k", lambda: self._mv(w.blk(i, "attn_k.weight"), x, k.reshape(T, Hkv * D), T,
-                                            bias=w.blk_opt(i, "attn_k.bias"), qx=qx,
-                                            rowwise=ws.rowwise)))
-            add(("attn_v", lambda: self._mv(w.blk(i, "attn_v.weight"), x, v.reshape(T, Hkv * D), T,
-                                            bias=w.blk_opt(i, "attn_v.bias"), qx=qx,
-                                            rowwise=ws.rowwise)))
         if c.qk_norm:           # q_norm + k_norm (+ the query / gate split): one launch
             wq, wk = w.blk(i, "attn_q_norm.weight").buf, w.blk(i, "attn_k_norm.weight").buf
             gate = ws.gate[:T] if c.attn_output_gate else None
@@ -755,13 +782,14 @@ class Engine:
             C = qkv.shape[1]
             flat = ws.qkvz.reshape(ws.qkvz.size)
             qkv, z = flat[:C].reshape(1, C), flat[C:].reshape(1, nv, dv)
-            proj = [("gdn_qkvz", lambda: self._mv(qkvz, x, ws.qkvz, T, qx=qx, rowwise=True))]
+            proj = [("gdn_qkvz", lambda st: self._mv(qkvz, x, ws.qkvz, T, qx=qx, rowwise=True,
+                                                     stream=st))]
         else:
             proj = [
-                ("gdn_qkv", lambda: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T, qx=qx,
-                    rowwise=ws.rowwise)),
-                ("gdn_z", lambda: self._mv(w.blk(i, "attn_gate.weight"), x, z.reshape(T, nv * dv),
-                    T, qx=qx, rowwise=ws.rowwise))]
+                ("gdn_qkv", lambda st: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T, qx=qx,
+                    rowwise=ws.rowwise, stream=st)),
+                ("gdn_z", lambda st: self._mv(w.blk(i, "attn_gate.weight"), x,
+                    z.reshape(T, nv * dv), T, qx=qx, rowwise=ws.rowwise, stream=st))]
         o2, wout = o.reshape(T, nv * dv), w.blk(i, "ssm_out.weight")
         conv_steps, ssm_steps = (None, None) if ws.step_states is None else ws.step_states.layer(i)
         qL, qo = self._quantize_input(ws, o2, T, [wout])
@@ -769,12 +797,13 @@ class Engine:
         if ba is not None:      # beta and alpha rows in one matvec (see _stack_decode_weights)
             ab = ws.ab[:T]
             b, a = ab[:, :nv], ab[:, nv:]        # row-strided views (gdn_prep reads [:, ::1])
-            gates = [("gdn_ba", lambda: self._mv(ba, x, ab, T, qx=qx, rowwise=ws.rowwise))]
+            gates = [("gdn_ba", lambda st: self._mv(ba, x, ab, T, qx=qx, rowwise=ws.rowwise,
+                                                    stream=st))]
         else:
-            gates = [("gdn_beta", lambda: self._mv(w.blk(i, "ssm_beta.weight"), x, b, T, qx=qx,
-                rowwise=ws.rowwise)),
-                     ("gdn_alpha", lambda: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T, qx=qx,
-                         rowwise=ws.rowwise))]
+            gates = [("gdn_beta", lambda st: self._mv(w.blk(i, "ssm_beta.weight"), x, b, T,
+                qx=qx, rowwise=ws.rowwise, stream=st)),
+                     ("gdn_alpha", lambda st: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T,
+                         qx=qx, rowwise=ws.rowwise, stream=st))]
         norm_w, eps = w.blk(i, "ssm_norm.weight").buf, c.rms_norm_eps
         if qo is not None and qo.xq is not None and dv % 32 == 0 \
                 and (ws.rowwise or T == 1 or self.fuse_prefill):
@@ -797,7 +826,9 @@ class Engine:
                         qkv, conv_w, self.rs.conv[i], qkv, s, steps=conv_steps)),
                    ("gdn_prep", lambda: gated_deltanet.launch_gdn_prep(
                         qkv, a, b, dt, ssm_a, gq, gk, gv, g, beta, stream=s))]
-        return L + proj + gates + mix + [
+        # the projections of x side by side (conv_prep waits for them all; only the output
+        # norm reads z)
+        return L + self._side_by_side(ws, proj + gates) + mix + [
             ("gdn_rule", lambda: gated_deltanet.launch_gated_delta_rule(
                 gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s, steps=ssm_steps,
                 variant=self.gdn_rule)),

@@ -68,3 +68,29 @@ def test_fused_attention_output_gives_the_bits_of_separate_launches(rng):
     assert "attn_gate" not in names and "attn_gate" in [n for n, _ in eng._decode_step()]
     np.testing.assert_array_equal(fused, separate)
 
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_projections_side_by_side_give_the_chains_bits(stacked, rng):
+    """Engine._side_by_side: the projections of one input (Gated DeltaNet's qkv(z) and
+    beta / alpha; q / k / v where they are not one stack) run on side streams, as parallel
+    branches of the decode graph -- the same kernels on the same input, so the bits of one
+    chain (proj_branches=False), here through a captured and replayed decode graph."""
+    src = open_model("tests/fixtures/qwen35/model.gguf")
+    ids = [int(t) for t in rng.integers(0, src.config.vocab_size, 2)]
+    out = {}
+    for on in (True, False):
+        eng = Engine(src, n_ctx=8, k_type=QType.F16, v_type=QType.F16, log=lambda m: None,
+                     proj_branches=on)
+        if not stacked:
+            eng.stacks = {}
+        names = [n for n, _ in eng._decode_step()]
+        if on:
+            assert ("gdn_qkvz+gdn_ba" if stacked else "gdn_qkv+gdn_z+gdn_beta+gdn_alpha") in names
+            assert stacked == ("attn_qkv" in names)
+            assert stacked or "attn_q+attn_k+attn_v" in names
+        else:
+            assert not any("+" in n for n in names)
+        out[on] = _decode(eng, ids)
+    assert np.isfinite(out[True]).all()
+    np.testing.assert_array_equal(out[True].view(np.uint32), out[False].view(np.uint32))
