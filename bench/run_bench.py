@@ -639,7 +639,10 @@ def main(argv=None) -> int:
                     help="comma list of decode-graph launch modes to run side by side: default "
                          "(the engine's), pdl (programmatic edges), serial (plain edges), "
                          "unfused-attn (attention's output gate and int8 copy as separate launches), "
-                         "plain-attn (the decode attention split plan before session 7)")
+                         "plain-attn (the decode attention split plan before session 7), "
+                         "moe-chain / proj-chain / chain (the MoE blocks' / the projections' / "
+                         "both's launches as one chain, before session 13's side streams); "
+                         "LAUNCH_MODES has them all")
     ap.add_argument("--bw-gib", type=float, default=4.0, help="read-bandwidth buffer (GiB)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="append records here ('' = nowhere)")
     ap.add_argument("--commit", help="commit id to record (default: $BW24_COMMIT, else git)")
