@@ -178,7 +178,7 @@ def main(argv=None) -> int:
         ap.error("--branches: a list of on and off")
     combos = [(m, b) for m in modes for b in branches]
     for T in (int(t) for t in a.tokens.split(",") if t):
-        token_out = {}
+        block_outs = {}
         for mode, br in combos:
             # fit: each launch's unroll cut to its rows' units (matvec.fit_unroll) and short rows
             # on part of a warp (matvec.lanes_per_row), the defaults; whole: fitted, a warp a
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
             tag = (("" if modes == ["fit"] else f"/{mode}")
                    + ("" if branches == ["on"] else f"/br-{br}"))
             rows, problems, outs = bench_tokens(T, w, q, rng, stream, smoke, a.seed)
-            token_out[mode, br] = outs
+            block_outs[mode, br] = outs
             for name, us, n, dots in rows:
                 rate = dots / (us * 1e-6) if dots else None
                 print(f"{T:>5} {name + tag:<24} {us:>10.2f} {n:>5} "
@@ -200,11 +200,11 @@ def main(argv=None) -> int:
             for p in problems:
                 print(f"  BAD T={T} {mode} branches {br}: {p}")
             bad += len(problems)
-        first = next(iter(token_out))
-        for key, outs in token_out.items():
+        first = next(iter(block_outs))
+        for key, outs in block_outs.items():
             for name in ("token", "expert_rows"):
                 if name in outs and not np.array_equal(outs[name].view(np.uint32),
-                                                       token_out[first][name].view(np.uint32)):
+                                                       block_outs[first][name].view(np.uint32)):
                     print(f"  BAD T={T}: the {name} block's bits differ between {first} and {key}")
                     bad += 1
         matvec.FIT_UNROLL, matvec.SUB_WARP_ROWS, moe.BRANCHES = True, True, True

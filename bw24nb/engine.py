@@ -29,7 +29,7 @@ from .cache.kv import K_TYPE_DEFAULT, V_TYPE_DEFAULT, KVCache
 from .cache.recurrent import RecurrentState
 from .errors import ContextOverflow, OutOfDeviceMemory
 from .formats.config import LINEAR_ATTENTION
-from .graph import Branches, Chain, CudaGraph, CudaGraphError
+from .graph import Branches, CudaGraph, CudaGraphError
 from .kernels import (activation, attention, embedding, gated_deltanet, matmul, matmul_q8, matvec,
                       moe, norm, quantize_act, rope, sampling, step)
 from .quant import QType, quantize
@@ -354,8 +354,9 @@ class Engine:
         self.moe_branches = bool(moe_branches)
         # the decode-kernel projections of one input that nothing orders (a layer's q / k / v
         # matvecs, Gated DeltaNet's qkv / z / beta-alpha) side by side on side streams
-        # (`_side_by_side`); False: one chain (same kernels, same bits: --launch proj-chain)
-        self._proj_branches = Branches(3) if proj_branches else Chain()
+        # (`_side_by_side`; three side streams: GDN's qkv, z, beta, alpha is the most); False:
+        # one chain (same kernels, same bits: --launch proj-chain)
+        self._proj_branches = Branches(3) if proj_branches else None
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
@@ -648,18 +649,16 @@ class Engine:
         chain would pay each small kernel's drain before the next starts; elsewhere (the
         prefill GEMMs, large enough to fill the GPU alone) one entry each, in order. The same
         kernels read the same input either way, so every bit is the chain's."""
-        s = self.stream
-        if not ws.rowwise or len(projections) == 1 or isinstance(self._proj_branches, Chain):
+        s, br = self.stream, self._proj_branches
+        if br is None or not ws.rowwise or len(projections) == 1:
             return [(name, (lambda fn=fn: fn(s))) for name, fn in projections]
-        br = self._proj_branches
         (_, first), rest = projections[0], projections[1:]
-        sides = range(min(len(rest), len(br.sides)))     # (more than that share the last)
 
         def launch():
             for j, (_, fn) in enumerate(rest):
-                fn(br.fork(s, min(j, len(sides) - 1)))
+                fn(br.fork(s, j))
             first(s)
-            for j in sides:
+            for j in range(len(rest)):
                 br.join(s, j)
         return [("+".join(n for n, _ in projections), launch)]
 

@@ -77,17 +77,20 @@ def warp_pair_sum(v):
     return s + cuda.shfl_xor_sync(FULL_MASK, s, 16)
 
 
+def _tree_sums(values, width) -> np.ndarray:
+    """float32[32] -> the sum of each group of `width` consecutive lanes, in the butterfly's
+    (= shfl_down tree's) order: s_l += s_(l + off) for l < off, off = width / 2 .. 1."""
+    s = np.array(values, dtype=np.float32).reshape(32 // width, width).copy()
+    off = width // 2
+    while off:
+        s[:, :off] = s[:, :off] + s[:, off:2 * off]     # float32 + float32 -> float32, one rounding
+        off //= 2
+    return s[:, 0]
+
+
 def _group_sums_host(width):
-    """float32[32] -> each lane's sum over its group of `width` lanes, in the butterfly's order
-    (warp_tree_sum_host's tree on each group)."""
-    def reduce(vals):
-        s = np.asarray(vals, np.float32).reshape(32 // width, width).copy()
-        off = width // 2
-        while off:
-            s[:, :off] = s[:, :off] + s[:, off:2 * off]
-            off //= 2
-        return np.repeat(s[:, 0], width).astype(np.float32)
-    return reduce
+    """float32[32] -> each lane's sum over its group of `width` lanes (`_tree_sums`)."""
+    return lambda vals: np.repeat(_tree_sums(vals, width), width)
 
 
 def _pair_sums_host(vals) -> np.ndarray:
@@ -112,10 +115,7 @@ def warp_max(v):
 def warp_tree_sum_host(values) -> np.float32:
     """The reference order on the host: float32[32] -> the butterfly's (= shfl_down tree's)
     result. Also what the simulator twin computes for each warp."""
-    s = np.array(values, dtype=np.float32).reshape(32).copy()
-    for off in (16, 8, 4, 2, 1):
-        s[:off] = s[:off] + s[off:2 * off]       # float32 + float32 -> float32, one rounding
-    return np.float32(s[0])
+    return np.float32(_tree_sums(values, 32)[0])
 
 
 class _SumExchange(twins._WarpExchange):
