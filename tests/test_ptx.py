@@ -229,12 +229,28 @@ def test_ld_nc_v4_twin_faults_on_misalignment():
         twins.ld_nc_v4_u32(arr, 16)
 
 
+def test_ld_nc_v2_copies(rng):
+    src = rng.standard_normal(2 * 77).astype(np.float32)
+    np.testing.assert_array_equal(probes.run_ld_nc_v2(src).view(np.uint32), src.view(np.uint32))
+
+
+def test_ld_nc_v2_twin_faults_on_misalignment():
+    arr = np.arange(6, dtype=np.float32)
+    assert twins.ld_nc_v2_f32(arr, 4) == (4.0, 5.0)
+    with pytest.raises(ValueError, match="even"):
+        twins.ld_nc_v2_f32(arr, 1)
+    with pytest.raises(IndexError):
+        twins.ld_nc_v2_f32(arr, 6)
+
+
 # --- the .ptx files and their @inline blocks ------------------------------------------------------
 
 def test_snippets_hold_the_expected_instructions():
     assert snippet("dp4a_s32").opcodes == ("dp4a.s32.s32",)
     assert snippet("mma_m16n8k32_s8").opcodes == ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",)
     assert snippet("ld_nc_v4_u32").opcodes == ("ld.global.nc.v4.u32",)
+    assert snippet("ld_nc_v2_f32").opcodes == ("ld.global.nc.v2.f32",)
+    assert snippet("ld_nc_v2_f32").constraints == "=f,=f,l"
     assert "cvt.rn.f16x2.e2m1x2" in snippet("fp4x2_to_f16x2_cvt").opcodes
     assert snippet("fp4x2_to_f16x2_bits").opcodes[-1] == "mul.rn.f16x2"
     assert snippet("dp4a_s32").asm_template == "dp4a.s32.s32 $0, $1, $2, $3;"
@@ -249,7 +265,7 @@ def test_snippets_hold_the_expected_instructions():
 def test_every_ptx_file_defines_funcs_around_its_blocks():
     names = set(all_snippets())
     assert {"dp4a_s32", "mma_m16n8k32_s8", "fp4x2_to_f16x2_bits", "fp4x2_to_f16x2_cvt",
-            "f16x2_to_f32x2", "ld_nc_v4_u32", "grid_dependency_wait"} <= names
+            "f16x2_to_f32x2", "ld_nc_v4_u32", "ld_nc_v2_f32", "grid_dependency_wait"} <= names
     for snip in all_snippets().values():
         text = snip.path.read_text()
         assert ".visible .func" in text and ".target sm_" in text and ".version" in text

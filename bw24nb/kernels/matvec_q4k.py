@@ -38,7 +38,7 @@ matvec.py's row loop (`row_kernel`, `rows_kernel_of`); this module gives it the 
 import numpy as np
 from numba import cuda
 
-from ..ptx import dp4a, ld_nc_v4_u32
+from ..ptx import dp4a, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32
 from ..quant.types import QType, type_size
 from .matvec import RowPath, fit_unroll, group_kernels, path_kernels, token_kernels, x_row_q8
 
@@ -91,39 +91,55 @@ def _dot4(q0, q1, q2, q3, x0, x1, x2, x3):
 
 
 @cuda.jit(device=True, inline="always")
-def _chunk_weights(w32, row_word, c):
-    """The two 16-byte weight loads of chunk c: (s0, s1, s2) the packed scales of its block's
-    header, (q0, q1, q2, q3) its 16 quant bytes. Apart from `_chunk_value` so that a rows
-    kernel issues them once for all its rows: LLVM does not merge repeated inline-asm loads."""
-    b = c >> 3
-    p, h = _lane_pos()
-    blk = row_word + b * Q4_K_WORDS
-    _hdr, s0, s1, s2 = ld_nc_v4_u32(w32, blk)
-    q0, q1, q2, q3 = ld_nc_v4_u32(w32, blk + 4 + 8 * p + 4 * h)
-    return s0, s1, s2, q0, q1, q2, q3
+def _f32(v):
+    """float32 of a small integer (a 6-bit scale, a dp4a sum) through int32: exact,
+    and one 32-bit convert. Numba types shifts and masks of uint32 words as uint64, whose
+    float conversion is a 64-bit I2F (sm_90's SASS showed one per scale and row)."""
+    return np.float32(np.int32(v))
 
 
 @cuda.jit(device=True, inline="always")
-def _chunk_value(wh, xq, xd, row_word, c, wq):
-    """Value of chunk c of the row starting at word row_word (step 1 of the docstring), its
-    weight words `wq` from `_chunk_weights`."""
-    s0, s1, s2, q0, q1, q2, q3 = wq
+def _chunk_weights(w32, row_word, c):
+    """Everything of chunk c that does not depend on the activations, decoded once: a rows
+    kernel calls this once per slot for all its rows (LLVM does not merge repeated inline-asm
+    loads, and ptxas recomputed the decode per row when it was left inside `_chunk_value`).
+    Two 16-byte loads -- the block header (d and dmin as f16 in word 0, the packed scales in
+    words 1..3) and the chunk's 16 quant bytes -- then
+      (d sc_a, dmin m_a, d sc_b, dmin m_b)   exact float32 products (step 1 of the docstring)
+      lo0..lo3, hi0..hi3                     the quant words' low and high nibbles."""
     b = c >> 3
     p, h = _lane_pos()
     blk = row_word + b * Q4_K_WORDS
-    e = b * 256 + 64 * p + 16 * h           # first element of sub-block 2p this chunk holds
-    a0, a1, a2, a3 = ld_nc_v4_u32(xq, e >> 2)
-    b0, b1, b2, b3 = ld_nc_v4_u32(xq, (e + 32) >> 2)
-    d = np.float32(wh[2 * blk])
-    dmin = np.float32(wh[2 * blk + 1])
+    hdr, s0, s1, s2 = ld_nc_v4_u32(w32, blk)
+    q0, q1, q2, q3 = ld_nc_v4_u32(w32, blk + 4 + 8 * p + 4 * h)
+    d, dmin = f16x2_to_f32x2(hdr)
     sc_a, m_a, sc_b, m_b = _pair_scales(s0, s1, s2, p)
-    sa = _dot4(q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW, a0, a1, a2, a3)
-    sb = _dot4((q0 >> np.uint32(4)) & _LOW, (q1 >> np.uint32(4)) & _LOW,
-               (q2 >> np.uint32(4)) & _LOW, (q3 >> np.uint32(4)) & _LOW, b0, b1, b2, b3)
+    return (d * _f32(sc_a), dmin * _f32(m_a), d * _f32(sc_b), dmin * _f32(m_b),
+            q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW,
+            (q0 >> np.uint32(4)) & _LOW, (q1 >> np.uint32(4)) & _LOW,
+            (q2 >> np.uint32(4)) & _LOW, (q3 >> np.uint32(4)) & _LOW)
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_value(xq, xd, c, wq):
+    """Value of chunk c against one row of activations (step 1 of the docstring), its
+    decoded weights `wq` from `_chunk_weights`: two 16-byte activation loads, 16 dp4a, the
+    float combination."""
+    dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = wq
+    p, h = _lane_pos()
+    # word of the first element of sub-block 2p the chunk holds; sub-block 2p + 1's is 8 words
+    # (32 bytes) on, and their scales are entries s and s + 1: constant offsets from one address
+    xw = (c >> 3) * 64 + 16 * p + 4 * h
+    s = (c >> 3) * 8 + 2 * p
+    a0, a1, a2, a3 = ld_nc_v4_u32(xq, xw)
+    b0, b1, b2, b3 = ld_nc_v4_u32(xq, xw + 8)
+    sa = _dot4(l0, l1, l2, l3, a0, a1, a2, a3)
+    sb = _dot4(h0, h1, h2, h3, b0, b1, b2, b3)
     sxa = _dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
     sxb = _dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
-    va = xd[e >> 5] * ((d * np.float32(sc_a)) * np.float32(sa) - (dmin * np.float32(m_a)) * np.float32(sxa))
-    vb = xd[(e + 32) >> 5] * ((d * np.float32(sc_b)) * np.float32(sb) - (dmin * np.float32(m_b)) * np.float32(sxb))
+    xda, xdb = ld_nc_v2_f32(xd, s)
+    va = xda * (dsa * _f32(sa) - dma * _f32(sxa))
+    vb = xdb * (dsb * _f32(sb) - dmb * _f32(sxb))
     return va + vb
 
 
@@ -144,7 +160,7 @@ def _weights(w, row_word, c):
 
 @cuda.jit(device=True, inline="always")
 def _value(w, x, row_word, c, wq):
-    return _chunk_value(w[1], x[0], x[1], row_word, c, wq)
+    return _chunk_value(x[0], x[1], c, wq)
 
 
 # w = (w32, wh): the GGUF rows as uint32 words and as float16; x = (xq as uint32 words, xd)

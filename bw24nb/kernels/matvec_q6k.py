@@ -163,18 +163,21 @@ def _isum(q0, q1, q2, q3, x0, x1, x2, x3):
 
 
 @cuda.jit(device=True, inline="always")
-def _quarter(d, sc, xd_bits, xq, xw, q0, q1, q2, q3):
-    """t_j = ((d * sc_j) * xd_j) * isum_j for one quarter (step 1 of the docstring)."""
+def _quarter(ds, xd_bits, xq, xw, q0, q1, q2, q3):
+    """t_j = ((d * sc_j) * xd_j) * isum_j for one quarter (step 1 of the docstring), ds = d * sc_j."""
     x0, x1, x2, x3 = ld_nc_v4_u32(xq, xw)
     isum = _isum(q0, q1, q2, q3, x0, x1, x2, x3)
-    return ((d * np.float32(sc)) * f32_from_bits(xd_bits)) * np.float32(isum)
+    return (ds * f32_from_bits(xd_bits)) * np.float32(isum)
 
 
 @cuda.jit(device=True, inline="always")
-def _chunk_weights(body, row_word, c):
-    """The four 16-byte weight loads of chunk c (ql of quarters 0 | 2, of 1 | 3, qh, the
-    block's scales) as one tuple of 16 words. Apart from `_chunk_value` so that a rows kernel
-    issues them once for all its rows: LLVM does not merge repeated inline-asm loads."""
+def _chunk_weights(body, dh, row_word, row_blk, c):
+    """Everything of chunk c that does not depend on the activations, decoded once: a rows
+    kernel calls this once per slot for all its rows (LLVM does not merge repeated inline-asm
+    loads, and left in `_chunk_value` the decode was redone for every row). The four 16-byte
+    weight loads (ql of quarters 0 | 2, of 1 | 3, qh, the block's scales) and the block's d,
+    then (d sc_0, .., d sc_3) as exact float32 products and quarter j's 6-bit q, one per
+    byte (4 bits from ql, bits 2j, 2j + 1 of qh moved to 4, 5), as four words each."""
     b = c >> 2
     n = (c >> 1) & 1
     t = c & 1
@@ -183,43 +186,45 @@ def _chunk_weights(body, row_word, c):
     b0, b1, b2, b3 = ld_nc_v4_u32(body, ql_word(blk, n, t, 1))      # j = 1 | j = 3
     h0, h1, h2, h3 = ld_nc_v4_u32(body, qh_word(blk, n, t))
     s0, s1, s2, s3 = ld_nc_v4_u32(body, scales_word(blk))
-    return a0, a1, a2, a3, b0, b1, b2, b3, h0, h1, h2, h3, s0, s1, s2, s3
+    d = np.float32(dh[row_blk + b])
+    lo = s0 if n == 0 else s2                   # scales 8n .. 8n + 3
+    hi = s1 if n == 0 else s3                   # scales 8n + 4 .. 8n + 7
+    return (d * np.float32(_s8(lo, t)), d * np.float32(_s8(lo, 2 + t)),
+            d * np.float32(_s8(hi, t)), d * np.float32(_s8(hi, 2 + t)),
+            (a0 & _LOW) | ((h0 << np.uint32(4)) & _HIGH2),
+            (a1 & _LOW) | ((h1 << np.uint32(4)) & _HIGH2),
+            (a2 & _LOW) | ((h2 << np.uint32(4)) & _HIGH2),
+            (a3 & _LOW) | ((h3 << np.uint32(4)) & _HIGH2),
+            (b0 & _LOW) | ((h0 << np.uint32(2)) & _HIGH2),
+            (b1 & _LOW) | ((h1 << np.uint32(2)) & _HIGH2),
+            (b2 & _LOW) | ((h2 << np.uint32(2)) & _HIGH2),
+            (b3 & _LOW) | ((h3 << np.uint32(2)) & _HIGH2),
+            ((a0 >> np.uint32(4)) & _LOW) | (h0 & _HIGH2),
+            ((a1 >> np.uint32(4)) & _LOW) | (h1 & _HIGH2),
+            ((a2 >> np.uint32(4)) & _LOW) | (h2 & _HIGH2),
+            ((a3 >> np.uint32(4)) & _LOW) | (h3 & _HIGH2),
+            ((b0 >> np.uint32(4)) & _LOW) | ((h0 >> np.uint32(2)) & _HIGH2),
+            ((b1 >> np.uint32(4)) & _LOW) | ((h1 >> np.uint32(2)) & _HIGH2),
+            ((b2 >> np.uint32(4)) & _LOW) | ((h2 >> np.uint32(2)) & _HIGH2),
+            ((b3 >> np.uint32(4)) & _LOW) | ((h3 >> np.uint32(2)) & _HIGH2))
 
 
 @cuda.jit(device=True, inline="always")
-def _chunk_value(dh, xq, xd32, row_blk, c, wq):
-    """Value v_c of chunk c of the row whose first block is row_blk, its weight words `wq`
-    from `_chunk_weights`."""
-    a0, a1, a2, a3, b0, b1, b2, b3, h0, h1, h2, h3, s0, s1, s2, s3 = wq
+def _chunk_value(xq, xd32, c, wq):
+    """Value v_c of chunk c against one row of activations, its decoded weights `wq` from
+    `_chunk_weights`: the quarters' scales xd in one 16-byte load, then per quarter its 16
+    activations and 8 dp4a."""
+    (ds0, ds1, ds2, ds3, p0, p1, p2, p3, q0, q1, q2, q3, r0, r1, r2, r3,
+     u0, u1, u2, u3) = wq
     b = c >> 2
     n = (c >> 1) & 1
     t = c & 1
     f0, f1, f2, f3 = ld_nc_v4_u32(xd32, 8 * b + 4 * n)              # xd of quarters 0..3
-    d = np.float32(dh[row_blk + b])
-    lo = s0 if n == 0 else s2                   # scales 8n .. 8n + 3
-    hi = s1 if n == 0 else s3                   # scales 8n + 4 .. 8n + 7
     xw = 64 * b + 32 * n + 4 * t                # word of activation 256b + 128n + 16t
-    # 6-bit q of quarter j, one per byte: 4 bits from ql, bits 2j, 2j + 1 of qh moved to 4, 5
-    v = _quarter(d, _s8(lo, t), f0, xq, xw,
-                 (a0 & _LOW) | ((h0 << np.uint32(4)) & _HIGH2),
-                 (a1 & _LOW) | ((h1 << np.uint32(4)) & _HIGH2),
-                 (a2 & _LOW) | ((h2 << np.uint32(4)) & _HIGH2),
-                 (a3 & _LOW) | ((h3 << np.uint32(4)) & _HIGH2))
-    v += _quarter(d, _s8(lo, 2 + t), f1, xq, xw + 8,
-                  (b0 & _LOW) | ((h0 << np.uint32(2)) & _HIGH2),
-                  (b1 & _LOW) | ((h1 << np.uint32(2)) & _HIGH2),
-                  (b2 & _LOW) | ((h2 << np.uint32(2)) & _HIGH2),
-                  (b3 & _LOW) | ((h3 << np.uint32(2)) & _HIGH2))
-    v += _quarter(d, _s8(hi, t), f2, xq, xw + 16,
-                  ((a0 >> np.uint32(4)) & _LOW) | (h0 & _HIGH2),
-                  ((a1 >> np.uint32(4)) & _LOW) | (h1 & _HIGH2),
-                  ((a2 >> np.uint32(4)) & _LOW) | (h2 & _HIGH2),
-                  ((a3 >> np.uint32(4)) & _LOW) | (h3 & _HIGH2))
-    v += _quarter(d, _s8(hi, 2 + t), f3, xq, xw + 24,
-                  ((b0 >> np.uint32(4)) & _LOW) | ((h0 >> np.uint32(2)) & _HIGH2),
-                  ((b1 >> np.uint32(4)) & _LOW) | ((h1 >> np.uint32(2)) & _HIGH2),
-                  ((b2 >> np.uint32(4)) & _LOW) | ((h2 >> np.uint32(2)) & _HIGH2),
-                  ((b3 >> np.uint32(4)) & _LOW) | ((h3 >> np.uint32(2)) & _HIGH2))
+    v = _quarter(ds0, f0, xq, xw, p0, p1, p2, p3)
+    v += _quarter(ds1, f1, xq, xw + 8, q0, q1, q2, q3)
+    v += _quarter(ds2, f2, xq, xw + 16, r0, r1, r2, r3)
+    v += _quarter(ds3, f3, xq, xw + 24, u0, u1, u2, u3)
     return v
 
 
@@ -237,12 +242,12 @@ def _base(row, K):
 
 @cuda.jit(device=True, inline="always")
 def _weights(w, base, c):
-    return _chunk_weights(w[0], base[0], c)
+    return _chunk_weights(w[0], w[1], base[0], base[1], c)
 
 
 @cuda.jit(device=True, inline="always")
 def _value(w, x, base, c, wq):
-    return _chunk_value(w[1], x[0], x[1], base[1], c, wq)
+    return _chunk_value(x[0], x[1], c, wq)
 
 
 # w = (body as uint32 words, d float16); x = (xq, xd as uint32 words): matvec.py's row loop

@@ -11,6 +11,8 @@
     ld_nc_v4_u32(array_u32, index) -> (uint32, uint32, uint32, uint32)
         ``array[index:index+4]`` in one 16-byte read-only load (``ld.global.nc.v4.u32``).
         ``index`` a multiple of 4; the array not written during the kernel.
+    ld_nc_v2_f32(array_f32, index) -> (float32, float32)
+        ``array[index:index+2]`` in one 8-byte read-only load; ``index`` even.
     f32_from_bits(i) -> float32
         The float32 with the bit pattern of integer ``i``'s low 32 bits (a bit cast, no
         instruction): e.g. the exact int -> float trick f32_from_bits(0x4B400000 + i) - 1.5 * 2^23
@@ -55,6 +57,7 @@ if simulator_enabled():
         fp4x2_to_f16x2_bits_linked,
         fp4x2_to_f32x2,
         grid_dependency_wait,
+        ld_nc_v2_f32,
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
         mma_s8_m16n8k32_linked,
@@ -76,6 +79,7 @@ else:
         f16x2_to_f32x2,
         f32_from_bits,
         grid_dependency_wait,
+        ld_nc_v2_f32,
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
         prefetch_l2,
@@ -91,7 +95,7 @@ else:
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
 
 __all__ = [
-    "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32", "warp_sum", "warp_max", "f32_from_bits",
+    "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum", "warp_max", "f32_from_bits",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "warp_pair_sum", "warp_sum16",
     "warp_sum8",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",

@@ -226,6 +226,28 @@ def ld_nc_v4_u32(typingctx, array, index):
     return _U32X4(array, index), codegen
 
 
+# --- 8-byte non-coherent load of two float32 ------------------------------------------------------
+
+_LD_NC_V2_F32 = snippet("ld_nc_v2_f32")
+
+
+@intrinsic
+def ld_nc_v2_f32(typingctx, array, index):
+    """``(array[index], array[index + 1])`` in one 8-byte ``ld.global.nc.v2.f32``: ``array`` a
+    1-D C-contiguous float32 device array not written during the kernel, ``index`` even from
+    an 8-byte aligned base. No bounds check, no negative-index wraparound."""
+    if not (isinstance(array, types.Array) and array.dtype == types.float32
+            and array.ndim == 1 and array.layout == "C"):
+        raise TypingError(f"ld_nc_v2_f32: needs a 1-D C-contiguous float32 array, got {array}")
+    _require_integers("ld_nc_v2_f32", index)
+
+    def codegen(context, builder, sig, args):
+        addr = _element_address(context, builder, sig, args)
+        return context.make_tuple(builder, _F32X2, _emit(builder, _LD_NC_V2_F32, [addr]))
+
+    return _F32X2(array, index), codegen
+
+
 # --- L2 prefetch ------------------------------------------------------------------------------
 
 _PREFETCH_L2 = snippet("prefetch_l2")

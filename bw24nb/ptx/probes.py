@@ -18,6 +18,7 @@ from bw24nb.ptx import (
     fp4x2_to_f16x2,
     fp4x2_to_f16x2_bits_linked,
     fp4x2_to_f32x2,
+    ld_nc_v2_f32,
     ld_nc_v4_u32,
     mma_s8_m16n8k32,
     mma_s8_m16n8k32_linked,
@@ -122,6 +123,16 @@ def ld_nc_v4_kernel(out, src):
         out[4 * j + 3] = v3
 
 
+@cuda.jit
+def ld_nc_v2_kernel(out, src):
+    """out[2j:2j+2] = src[2j:2j+2] through one 8-byte load per thread."""
+    j = cuda.grid(1)
+    if 2 * j + 1 < src.size:
+        v0, v1 = ld_nc_v2_f32(src, 2 * j)
+        out[2 * j] = v0
+        out[2 * j + 1] = v1
+
+
 # numba signature strings for tests/test_compile_ptx.py, and what each kernel's PTX must contain.
 _MMA_SIG = "void(int32[:, :, ::1], uint32[:, :, ::1], uint32[:, :, ::1], int32[:, :, ::1])"
 PTX_SIGNATURES = {
@@ -132,6 +143,7 @@ PTX_SIGNATURES = {
     "fp4_kernel": ["void(uint32[::1], float32[::1], float32[::1], uint8[::1])"],
     "fp4_linked_kernel": ["void(uint32[::1], uint8[::1])"],
     "ld_nc_v4_kernel": ["void(uint32[::1], uint32[::1])"],
+    "ld_nc_v2_kernel": ["void(float32[::1], float32[::1])"],
 }
 EXPECTED_PTX = {
     "dp4a_kernel": ["dp4a.s32.s32"],
@@ -141,6 +153,7 @@ EXPECTED_PTX = {
     "fp4_kernel": ["mul.rn.f16x2", "cvt.f32.f16"],
     "fp4_linked_kernel": ["bw24nb_fp4x2_to_f16x2_bits"],
     "ld_nc_v4_kernel": ["ld.global.nc.v4.u32"],
+    "ld_nc_v2_kernel": ["ld.global.nc.v2.f32"],
 }
 # .ptx files a kernel's PTX must be linked with (for assembling it without a GPU).
 LINKS = {
@@ -193,6 +206,12 @@ def run_fp4_linked(codes) -> np.ndarray:
     f16x2 = cuda.to_device(np.full(codes.size, 0x7F7F7F7F, np.uint32))
     fp4_linked_kernel[_blocks(codes.size), 128](f16x2, cuda.to_device(codes))
     return f16x2.copy_to_host()
+
+
+def run_ld_nc_v2(src) -> np.ndarray:
+    out = cuda.to_device(np.full(src.size, np.nan, np.float32))
+    ld_nc_v2_kernel[_blocks(src.size // 2), 128](out, cuda.to_device(src))
+    return out.copy_to_host()
 
 
 def run_ld_nc_v4(src) -> np.ndarray:

@@ -129,6 +129,17 @@ def ld_nc_v4_u32(array, index) -> tuple[np.uint32, np.uint32, np.uint32, np.uint
             np.uint32(array[i + 2]), np.uint32(array[i + 3]))
 
 
+def ld_nc_v2_f32(array, index) -> tuple[np.float32, np.float32]:
+    """``(array[index], array[index + 1])``; faults like the GPU on an odd index."""
+    i = int(index)
+    if i < 0 or i % 2:
+        raise ValueError(f"ld_nc_v2_f32: index {i} is not a non-negative even number "
+                         "(an 8-byte load needs an 8-byte aligned address)")
+    if i + 2 > len(array):
+        raise IndexError(f"ld_nc_v2_f32: elements {i}..{i + 1} out of bounds for length {len(array)}")
+    return np.float32(array[i]), np.float32(array[i + 1])
+
+
 # --- mma.sync m16n8k32 s8 ------------------------------------------------------------------------
 
 
