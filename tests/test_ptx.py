@@ -46,6 +46,34 @@ def test_dp4a_matches_numpy(rng, linked):
     np.testing.assert_array_equal(out, _dp4a_numpy(a, b, c))
 
 
+def test_dp4a_us_matches_numpy(rng):
+    n = 300
+    a, b, c = _random_i32(rng, n), _random_i32(rng, n), _random_i32(rng, n)
+    a[:2], b[:2] = np.int32(-1), np.int32(-0x7F7F7F80)   # bytes 255 (unsigned) x -128
+    c[0], c[1] = 2**31 - 1, -2**31
+    prod = a.view(np.uint8).reshape(-1, 4).astype(np.int64) * b.view(np.int8).reshape(-1, 4)
+    np.testing.assert_array_equal(probes.run_dp4a_us(a, b, c),
+                                  mma_layout.wrap_int32(prod.sum(axis=1) + c))
+
+
+def test_byte_perm_picks_bytes(rng):
+    n = 300
+    a = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    # selectors with bit 3 of every nibble clear (the default mode this intrinsic documents)
+    sel = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32) & np.uint32(0x7777)
+    sel[:4] = [0x4440, 0x4441, 0x4442, 0x4443]        # one byte of a, zero-extended (b = 0 there)
+    b[:4] = 0
+    src = a.astype(np.uint64) | (b.astype(np.uint64) << np.uint64(32))
+    want = np.zeros(n, np.uint64)
+    for i in range(4):
+        k = (sel.astype(np.uint64) >> np.uint64(4 * i)) & np.uint64(7)
+        want |= ((src >> (np.uint64(8) * k)) & np.uint64(0xFF)) << np.uint64(8 * i)
+    got = probes.run_byte_perm(a, b, sel)
+    np.testing.assert_array_equal(got, want.astype(np.uint32))
+    np.testing.assert_array_equal(got[:4], [(int(a[i]) >> (8 * i)) & 0xFF for i in range(4)])
+
+
 # --- mma.sync m16n8k32 s8 -------------------------------------------------------------------------
 
 def _random_tiles(rng, tiles, k):
@@ -250,6 +278,8 @@ def test_snippets_hold_the_expected_instructions():
     assert snippet("mma_m16n8k32_s8").opcodes == ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",)
     assert snippet("ld_nc_v4_u32").opcodes == ("ld.global.nc.v4.u32",)
     assert snippet("ld_nc_v2_f32").opcodes == ("ld.global.nc.v2.f32",)
+    assert snippet("dp4a_us").opcodes == ("dp4a.u32.s32",)
+    assert snippet("prmt_b32").opcodes == ("prmt.b32",)
     assert snippet("ld_nc_v2_f32").constraints == "=f,=f,l"
     assert "cvt.rn.f16x2.e2m1x2" in snippet("fp4x2_to_f16x2_cvt").opcodes
     assert snippet("fp4x2_to_f16x2_bits").opcodes[-1] == "mul.rn.f16x2"
@@ -265,7 +295,8 @@ def test_snippets_hold_the_expected_instructions():
 def test_every_ptx_file_defines_funcs_around_its_blocks():
     names = set(all_snippets())
     assert {"dp4a_s32", "mma_m16n8k32_s8", "fp4x2_to_f16x2_bits", "fp4x2_to_f16x2_cvt",
-            "f16x2_to_f32x2", "ld_nc_v4_u32", "ld_nc_v2_f32", "grid_dependency_wait"} <= names
+            "f16x2_to_f32x2", "ld_nc_v4_u32", "ld_nc_v2_f32", "dp4a_us", "prmt_b32",
+            "grid_dependency_wait"} <= names
     for snip in all_snippets().values():
         text = snip.path.read_text()
         assert ".visible .func" in text and ".target sm_" in text and ".version" in text

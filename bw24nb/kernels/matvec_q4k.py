@@ -8,13 +8,23 @@ needed to read them with `ld.global.nc.v4.u32`. The generic q8 kernel reads a 4-
 lane and decodes both sub-block scales from single bytes for every group (~10 loads per 4
 bytes of weights); this one reads, per lane and per "chunk" of 16 quant bytes:
 
-    1 x 16 B  the block header (the 8 lanes of a block hit the same line; L1 serves them)
+    1 x 16 B  the block header: d, dmin (f16, word 0) and the packed scales (the 8 lanes of a
+              block hit the same line; L1 serves them)
     1 x 16 B  quants: bytes 32p + 16h .. +15 of the block's qs -> low nibbles = elements
               64p + 16h + 0..15 (sub-block 2p), high nibbles = 64p + 32 + 16h + 0..15 (2p + 1)
     2 x 16 B  the 16 + 16 int8 activations those elements meet
-    2 x 4 B   the two activation block scales xd, and 2 x 2 B d / dmin (same line as the header)
+    1 x 8 B   the two activation block scales xd (consecutive: one 8-byte load)
 
-and does 16 dp4a for the dots q.x and the sums of x (the min term), all in registers.
+and does 16 dp4a for the dots q.x and the sums of x (the min term), all in registers. The
+high nibbles are never shifted down: masked in place they are 16 q as unsigned bytes, their
+dot comes from dp4a.u32.s32 as 16 sb, and their scale is d sc_b / 16 -- both factors exact, so
+the product is the real number (d sc_b) sb and rounds as it would (step 1 below).
+
+The work splits in two (session 14): `_chunk_weights` -- the loads and decode of the weights
+(scales to float products, nibbles) -- and `_chunk_value` -- the activations, dp4a and float
+combination. A rows kernel (below) does the first once per chunk for all its rows; before the
+split ptxas redid the decode per row, and the 4-row kernel's loop ran 96 SASS instructions per
+(row, chunk) against 54 after (sm_90, ptxas 13.0; the one-row loop 132 a chunk against 90).
 
 Summation order (the exactness contract, cf. matvec.py):
   1. chunk value v_c = xd_a * ((d sc_a) sa - (dmin m_a) sxa) + xd_b * ((d sc_b) sb - (dmin m_b) sxb)
@@ -26,19 +36,18 @@ The reference is `matvec.matvec_q8_reference` (float64 of the same operands); wi
 scales every step above is exact (tests/test_kernels_matvec.py checks that bit for bit).
 
 rows = T > 1 (speculative decoding's verify, matvec.py's docstring): `KERNELS(T, parts)` runs the
-loop above once, decodes each chunk's weights once (its 2 x 16 B of header and quants) and
+loop above once, loads and decodes each chunk's weights once (`_chunk_weights`) and
 meets them with each row's activations (row t's at t * K), one accumulator per row summed in
 the order above, so that each row is bit for bit the one-row kernel's result for it.
 
 The loop itself -- which warp owns which row and chunks, the clamped slots, the combine -- is
 matvec.py's row loop (`row_kernel`, `rows_kernel_of`); this module gives it the Q4_K path
-(`PATH`): what a chunk is, its two 16-byte weight loads (`_chunk_weights`) and its value
-(`_chunk_value`).
+(`PATH`): what a chunk is, its weights (`_chunk_weights`) and its value (`_chunk_value`).
 """
 import numpy as np
 from numba import cuda
 
-from ..ptx import dp4a, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32
+from ..ptx import byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32
 from ..quant.types import QType, type_size
 from .matvec import RowPath, fit_unroll, group_kernels, path_kernels, token_kernels, x_row_q8
 
@@ -46,6 +55,8 @@ Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
 UNROLL = 4                                   # chunks per lane per step (K = 4096: one step)
 _LOW = np.uint32(0x0F0F0F0F)
+_HIGH = np.uint32(0xF0F0F0F0)
+_SIXTEENTH = np.float32(0.0625)
 _ONES = np.int32(0x01010101)
 _LOW6 = np.uint32(0x3F3F3F3F)
 _TOP2 = np.uint32(0x30303030)
@@ -57,16 +68,15 @@ def _pair_scales(s0, s1, s2, p):
     get_scale_min_k4 done four bytes at a time. Of the 12 packed bytes (words s0, s1, s2),
     sub-blocks 0..3 are the low 6 bits of s0 (sc) and s1 (m); sub-blocks 4..7 take their low 4
     bits from s2's nibbles and their top 2 from the top bits of s0 / s1. Decoding the word of
-    four scales and shifting out two bytes is ~14 integer ops with no data-dependent branch:
-    the byte-by-byte decode it replaces was most of the kernel's time on the H200
-    (bench/q4k_probe.py's `noscale` row, session 5)."""
+    four scales and picking two bytes out of it (one prmt each) is ~10 integer ops with no
+    data-dependent branch: the byte-by-byte decode it replaces was most of the kernel's time on
+    the H200 (bench/q4k_probe.py's `noscale` row, session 5)."""
     hi = p >= 2
     scw = ((s2 & _LOW) | ((s0 >> np.uint32(2)) & _TOP2)) if hi else (s0 & _LOW6)
     mw = (((s2 >> np.uint32(4)) & _LOW) | ((s1 >> np.uint32(2)) & _TOP2)) if hi else (s1 & _LOW6)
-    sh = np.uint32(16 * (p & 1))
-    sh8 = sh + np.uint32(8)
-    return ((scw >> sh) & np.uint32(255), (mw >> sh) & np.uint32(255),
-            (scw >> sh8) & np.uint32(255), (mw >> sh8) & np.uint32(255))
+    sel = _u32(0x4440 + 2 * (p & 1))      # prmt: byte 2 (p & 1) of the word, zero-extended
+    return (byte_perm(scw, 0, sel), byte_perm(mw, 0, sel),
+            byte_perm(scw, 0, sel + 1), byte_perm(mw, 0, sel + 1))
 
 
 @cuda.jit(device=True, inline="always")
@@ -77,8 +87,8 @@ def _lane_pos():
     the compiler compute them once per thread (from c it recomputed them for every slot: the
     loop's stride is a run-time value). A clamped slot (c = the row's last chunk) then reads
     another chunk of the same, last block: in bounds, and its value is dropped (`keep`)."""
-    k = cuda.threadIdx.x & 7
-    return k >> 1, k & 1
+    k = _u32(cuda.threadIdx.x) & np.uint32(7)
+    return _u32(k >> np.uint32(1)), _u32(k & np.uint32(1))
 
 
 @cuda.jit(device=True, inline="always")
@@ -88,6 +98,23 @@ def _dot4(q0, q1, q2, q3, x0, x1, x2, x3):
     s = dp4a(np.int32(q1), np.int32(x1), s)
     s = dp4a(np.int32(q2), np.int32(x2), s)
     return dp4a(np.int32(q3), np.int32(x3), s)
+
+
+@cuda.jit(device=True, inline="always")
+def _dot4_us(q0, q1, q2, q3, x0, x1, x2, x3):
+    """Exact int32 dot of 16 uint8 x 16 int8 (four dp4a.u32.s32)."""
+    s = dp4a_us(q0, x0, np.int32(0))
+    s = dp4a_us(q1, x1, s)
+    s = dp4a_us(q2, x2, s)
+    return dp4a_us(q3, x3, s)
+
+
+@cuda.jit(device=True, inline="always")
+def _u32(v):
+    """v as uint32. Numba types integer arithmetic as 64-bit; truncating each offset lets LLVM
+    narrow it to 32-bit ops (a row's offsets are far below 2^32), one instruction where the
+    64-bit form took two (sm_90 SASS: IADD3 + IADD3.X, IMAD.WIDE + IMAD)."""
+    return np.uint32(v)
 
 
 @cuda.jit(device=True, inline="always")
@@ -105,19 +132,20 @@ def _chunk_weights(w32, row_word, c):
     loads, and ptxas recomputed the decode per row when it was left inside `_chunk_value`).
     Two 16-byte loads -- the block header (d and dmin as f16 in word 0, the packed scales in
     words 1..3) and the chunk's 16 quant bytes -- then
-      (d sc_a, dmin m_a, d sc_b, dmin m_b)   exact float32 products (step 1 of the docstring)
-      lo0..lo3, hi0..hi3                     the quant words' low and high nibbles."""
-    b = c >> 3
+      (d sc_a, dmin m_a, d sc_b / 16, dmin m_b)   exact float32 products (step 1 of the
+                                             docstring; the 16 is a power of two: see below)
+      lo0..lo3, hi0..hi3                     the quant words' low nibbles, and their high
+                                             nibbles masked in place (16 x the nibble a byte)."""
     p, h = _lane_pos()
-    blk = row_word + b * Q4_K_WORDS
-    hdr, s0, s1, s2 = ld_nc_v4_u32(w32, blk)
-    q0, q1, q2, q3 = ld_nc_v4_u32(w32, blk + 4 + 8 * p + 4 * h)
+    row = w32[row_word:]                    # the row's words: offsets in it are 32-bit
+    blk = _u32(_u32(c) >> np.uint32(3)) * np.uint32(Q4_K_WORDS)
+    hdr, s0, s1, s2 = ld_nc_v4_u32(row, blk)
+    q0, q1, q2, q3 = ld_nc_v4_u32(row, _u32(blk + _u32(4 + 8 * p + 4 * h)))
     d, dmin = f16x2_to_f32x2(hdr)
     sc_a, m_a, sc_b, m_b = _pair_scales(s0, s1, s2, p)
-    return (d * _f32(sc_a), dmin * _f32(m_a), d * _f32(sc_b), dmin * _f32(m_b),
+    return (d * _f32(sc_a), dmin * _f32(m_a), (d * _SIXTEENTH) * _f32(sc_b), dmin * _f32(m_b),
             q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW,
-            (q0 >> np.uint32(4)) & _LOW, (q1 >> np.uint32(4)) & _LOW,
-            (q2 >> np.uint32(4)) & _LOW, (q3 >> np.uint32(4)) & _LOW)
+            q0 & _HIGH, q1 & _HIGH, q2 & _HIGH, q3 & _HIGH)
 
 
 @cuda.jit(device=True, inline="always")
@@ -129,17 +157,21 @@ def _chunk_value(xq, xd, c, wq):
     p, h = _lane_pos()
     # word of the first element of sub-block 2p the chunk holds; sub-block 2p + 1's is 8 words
     # (32 bytes) on, and their scales are entries s and s + 1: constant offsets from one address
-    xw = (c >> 3) * 64 + 16 * p + 4 * h
-    s = (c >> 3) * 8 + 2 * p
+    b = _u32(_u32(c) >> np.uint32(3))
+    xw = _u32(b * np.uint32(64) + _u32(16 * p + 4 * h))
+    s = _u32(b * np.uint32(8) + _u32(2 * p))
     a0, a1, a2, a3 = ld_nc_v4_u32(xq, xw)
     b0, b1, b2, b3 = ld_nc_v4_u32(xq, xw + 8)
     sa = _dot4(l0, l1, l2, l3, a0, a1, a2, a3)
-    sb = _dot4(h0, h1, h2, h3, b0, b1, b2, b3)
+    # 16 sb: the high nibbles in place are unsigned bytes 16 q (dp4a.u32.s32), and
+    # (d sc_b / 16) (16 sb) is the real number (d sc_b) sb, both factors exact: the same
+    # float32 product and the same fused multiply-add, bit for bit
+    sb16 = _dot4_us(h0, h1, h2, h3, b0, b1, b2, b3)
     sxa = _dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
     sxb = _dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
     xda, xdb = ld_nc_v2_f32(xd, s)
     va = xda * (dsa * _f32(sa) - dma * _f32(sxa))
-    vb = xdb * (dsb * _f32(sb) - dmb * _f32(sxb))
+    vb = xdb * (dsb * _f32(sb16) - dmb * _f32(sxb))
     return va + vb
 
 

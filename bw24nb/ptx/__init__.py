@@ -4,6 +4,8 @@
 
     dp4a(a, b, c) -> int32
         c + the dot product of a's and b's four signed bytes (``dp4a.s32.s32``), wrapping.
+    dp4a_us(a, b, c) -> int32   the same with a's bytes unsigned (``dp4a.u32.s32``)
+    byte_perm(a, b, sel) -> uint32   ``prmt.b32``: four bytes picked from {b, a} by sel's nibbles
     mma_s8_m16n8k32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3) int32
         Warp-collective int8 tensor-core tile D[16x8] = A[16x32] @ B[32x8] + C
         (``mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32``). All 32 lanes of a converged warp
@@ -48,8 +50,10 @@ from bw24nb.device import current_features, simulator_enabled
 
 if simulator_enabled():
     from bw24nb.ptx.twins import (  # noqa: F401
+        byte_perm,
         dp4a,
         dp4a_linked,
+        dp4a_us,
         f16x2_to_f32x2,
         f32_from_bits,
         fp4_e2m1_to_f32,
@@ -75,7 +79,9 @@ else:
     from bw24nb.ptx.asm import (  # noqa: F401
         FP4_BITS,
         FP4_CVT,
+        byte_perm,
         dp4a,
+        dp4a_us,
         f16x2_to_f32x2,
         f32_from_bits,
         grid_dependency_wait,
@@ -95,7 +101,7 @@ else:
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
 
 __all__ = [
-    "dp4a", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum", "warp_max", "f32_from_bits",
+    "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum", "warp_max", "f32_from_bits",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "warp_pair_sum", "warp_sum16",
     "warp_sum8",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",

@@ -67,6 +67,39 @@ def dp4a(typingctx, a, b, c):
     return types.int32(a, b, c), codegen
 
 
+_DP4A_US = snippet("dp4a_us")
+
+
+@intrinsic
+def dp4a_us(typingctx, a, b, c):
+    """int32 ``c + sum(uint8(a.byte[i]) * int8(b.byte[i]))``, wrapping (``dp4a.u32.s32``)."""
+    _require_integers("dp4a_us", a, b, c)
+
+    def codegen(context, builder, sig, args):
+        ins = [_as_i32(context, builder, v, t) for v, t in zip(args, sig.args)]
+        return _emit(builder, _DP4A_US, ins)[0]
+
+    return types.int32(a, b, c), codegen
+
+
+# --- prmt.b32 ------------------------------------------------------------------------------------
+
+_PRMT = snippet("prmt_b32")
+
+
+@intrinsic
+def byte_perm(typingctx, a, b, sel):
+    """uint32 whose byte i is byte ``(sel >> 4i) & 7`` of the eight bytes {b, a} (a low):
+    ``prmt.b32`` in its default mode (CUDA's __byte_perm)."""
+    _require_integers("byte_perm", a, b, sel)
+
+    def codegen(context, builder, sig, args):
+        ins = [_as_i32(context, builder, v, t) for v, t in zip(args, sig.args)]
+        return _emit(builder, _PRMT, ins)[0]
+
+    return types.uint32(a, b, sel), codegen
+
+
 # --- mma.sync m16n8k32 s8 -------------------------------------------------------------------------
 
 _MMA = snippet("mma_m16n8k32_s8")

@@ -12,8 +12,10 @@ import numpy as np
 from numba import cuda
 
 from bw24nb.ptx import (
+    byte_perm,
     dp4a,
     dp4a_linked,
+    dp4a_us,
     fp4_e2m1_to_f32,
     fp4x2_to_f16x2,
     fp4x2_to_f16x2_bits_linked,
@@ -33,6 +35,20 @@ def dp4a_kernel(out, a, b, c):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = dp4a(a[i], b[i], c[i])
+
+
+@cuda.jit
+def dp4a_us_kernel(out, a, b, c):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = dp4a_us(a[i], b[i], c[i])
+
+
+@cuda.jit
+def byte_perm_kernel(out, a, b, sel):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = byte_perm(a[i], b[i], sel[i])
 
 
 @cuda.jit
@@ -138,6 +154,8 @@ _MMA_SIG = "void(int32[:, :, ::1], uint32[:, :, ::1], uint32[:, :, ::1], int32[:
 PTX_SIGNATURES = {
     "dp4a_kernel": ["void(int32[::1], int32[::1], int32[::1], int32[::1])"],
     "dp4a_linked_kernel": ["void(int32[::1], int32[::1], int32[::1], int32[::1])"],
+    "dp4a_us_kernel": ["void(int32[::1], int32[::1], int32[::1], int32[::1])"],
+    "byte_perm_kernel": ["void(uint32[::1], uint32[::1], uint32[::1], uint32[::1])"],
     "mma_kernel": [_MMA_SIG],
     "mma_linked_kernel": [_MMA_SIG],
     "fp4_kernel": ["void(uint32[::1], float32[::1], float32[::1], uint8[::1])"],
@@ -148,6 +166,8 @@ PTX_SIGNATURES = {
 EXPECTED_PTX = {
     "dp4a_kernel": ["dp4a.s32.s32"],
     "dp4a_linked_kernel": ["bw24nb_dp4a_s32"],
+    "dp4a_us_kernel": ["dp4a.u32.s32"],
+    "byte_perm_kernel": ["prmt.b32"],
     "mma_kernel": ["mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"],
     "mma_linked_kernel": ["bw24nb_mma_m16n8k32_s8"],
     "fp4_kernel": ["mul.rn.f16x2", "cvt.f32.f16"],
@@ -173,6 +193,20 @@ def run_dp4a(a, b, c, linked: bool = False) -> np.ndarray:
     out = cuda.to_device(np.full(a.shape, 0x7F7F7F7F, np.int32))
     kern = dp4a_linked_kernel if linked else dp4a_kernel
     kern[_blocks(a.size), 128](out, cuda.to_device(a), cuda.to_device(b), cuda.to_device(c))
+    return out.copy_to_host()
+
+
+def run_dp4a_us(a, b, c) -> np.ndarray:
+    out = cuda.to_device(np.full(a.shape, 0x7F7F7F7F, np.int32))
+    dp4a_us_kernel[_blocks(a.size), 128](out, cuda.to_device(a), cuda.to_device(b),
+                                         cuda.to_device(c))
+    return out.copy_to_host()
+
+
+def run_byte_perm(a, b, sel) -> np.ndarray:
+    out = cuda.to_device(np.full(a.shape, 0x7F7F7F7F, np.uint32))
+    byte_perm_kernel[_blocks(a.size), 128](out, cuda.to_device(a), cuda.to_device(b),
+                                           cuda.to_device(sel))
     return out.copy_to_host()
 
 

@@ -56,6 +56,22 @@ def dp4a(a, b, c) -> np.int32:
 dp4a_linked = dp4a
 
 
+def dp4a_us(a, b, c) -> np.int32:
+    """int32 ``c + sum_i uint8(a.byte[i]) * int8(b.byte[i])``, modulo 2^32."""
+    ua = [(_u32(a) >> (8 * i)) & 0xFF for i in range(4)]
+    return _to_i32(int(c) + sum(x * y for x, y in zip(ua, _s8_bytes(_u32(b)))))
+
+
+def byte_perm(a, b, sel) -> np.uint32:
+    """``prmt.b32`` default mode: byte i of the result is byte (sel >> 4i) & 7 of {b, a}."""
+    src = _u32(a) | (_u32(b) << 32)
+    out = 0
+    for i in range(4):
+        k = (_u32(sel) >> (4 * i)) & 7
+        out |= ((src >> (8 * k)) & 0xFF) << (8 * i)
+    return np.uint32(out)
+
+
 # --- FP4 E2M1 ------------------------------------------------------------------------------------
 
 # The OCP MX spec's table: sign bit 3, magnitude index bits 2:0.
