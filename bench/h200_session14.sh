@@ -4,6 +4,7 @@
 # 32-bit float conversions and paired activation-scale loads. The bits of every row must stay
 # the one-row kernel's. Side by side with session 13's tree (1bf232c), which travels as an
 # untracked copy in .old14/ (bw24nb + bench) and runs with its own kernel cache. Stages ($1):
+#   ptx    tests/test_ptx.py's probes of the new snippets on the GPU (ld_nc_v2_f32, dp4a_us, prmt)
 #   mv     bench/matvec_bench.py on the 9B shapes, rows 1 / 2 / 4 / 9 (new tree; rows_bits: row t
 #          of the rows kernel against the one-row kernel, bit for bit, on the GPU)
 #   q9     run_bench on the 9B shape, new then old (decode @512 / @6144, pp512, gate, tokens)
@@ -15,6 +16,8 @@ export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-mv,q9,q9spec}; . bench/d
 OLD="env PYTHONPATH=/tmp/site:$PWD/.old14 BW24_KERNEL_CACHE=/tmp/bw24-kernels-old"
 P9=""; P35=""
 { on q9 || on q9spec || on q9gate; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
+on ptx && { run ${PTX_S:-120} ptx python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_ptx.py -k "ld_nc_v2 or dp4a_us or byte_perm or dp4a_matches"
+  tail -3 $L/ptx.log; }
 on mv && { run ${MV_S:-150} mv python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows 2,4,9 --commit $C --out /tmp/matvec.jsonl
   grep -E "Q4_K|Q6_K|Error|Traceback" $L/mv.log | head -24; grep -c '"rows_bits": false' /tmp/matvec.jsonl; }
 # wait on the factory's pid (never `pgrep -f`: it matches the shell naming it, session 12)
