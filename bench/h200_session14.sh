@@ -10,12 +10,14 @@
 #   q9     run_bench on the 9B shape, new then old (decode @512 / @6144, pp512, gate, tokens)
 #   q9spec spec_bench on the 9B shape, K = 1, 3, 8, new then old (verify cost per round)
 #   q9gate spec_gate on the 9B shape, K = 1..8, scripted drafts, "states" rollback (new)
-#   m35    run_bench on the 35B-A3B shape, new then old (pp512 runs the Q4_K group kernels)
+#   m35    run_bench on the 35B-A3B shape (pp512 runs the Q4_K group kernels); m35old: the
+#          same on the old tree
 # Carry .whl and .old14.
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-mv,q9,q9spec}; . bench/device_env.sh
 OLD="env PYTHONPATH=/tmp/site:$PWD/.old14 BW24_KERNEL_CACHE=/tmp/bw24-kernels-old"
 P9=""; P35=""
 { on q9 || on q9spec || on q9gate; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
+{ on m35 || on m35old; } && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 on ptx && { run ${PTX_S:-120} ptx python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_ptx.py -k "ld_nc_v2 or dp4a_us or byte_perm or dp4a_matches"
   tail -3 $L/ptx.log; }
 on mv && { run ${MV_S:-150} mv python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows 2,4,9 --commit $C --out /tmp/matvec.jsonl
@@ -32,9 +34,9 @@ on q9spec && { run ${SB_S:-150} sbnew python3 bench/spec_bench.py $SB --commit $
   grep -E "verify|decode step|Error|Traceback" $L/sbnew.log $L/sbold.log | head -16; }
 on q9gate && { run ${GATE_S:-280} q9gate python3 bench/spec_gate.py /tmp/q9.gguf --ks 1-8 --n 64 --prompt-len 32 --ctx 512 --scripted --rollback states --commit $C --jsonl /tmp/spec.jsonl
   grep -E "K=[18]:|MISMATCH|Error|Traceback|spec gate|K in" $L/q9gate.log | cut -c1-150 | head -24; }
-on m35 && { [ -f /tmp/m35.gguf ] || python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1
-  M35="/tmp/m35.gguf --name qwen3.6-35b-a3b-random --runs 3 --torch none --act-quant q8"
-  run ${M35_S:-200} m35new python3 bench/run_bench.py $M35 --commit $C --jsonl /tmp/bench.jsonl
-  run ${M35_S:-200} m35old $OLD python3 .old14/bench/run_bench.py $M35 --commit 1bf232c --jsonl /tmp/bench_old.jsonl
-  grep -E "gate:|decode_tok_s@|prefill_tok|tokens|Error|Traceback" $L/m35new.log $L/m35old.log | grep -v "^  qwen" | cut -c1-170; }
+[ -n "$P35" ] && wait $P35
+M35="/tmp/m35.gguf --name qwen3.6-35b-a3b-random --runs 3 --torch none --act-quant q8"
+on m35 && run ${M35_S:-200} m35new python3 bench/run_bench.py $M35 --commit $C --jsonl /tmp/bench.jsonl
+on m35old && run ${M35_S:-200} m35old $OLD python3 .old14/bench/run_bench.py $M35 --commit 1bf232c --jsonl /tmp/bench_old.jsonl
+{ on m35 || on m35old; } && grep -E "gate:|decode_tok_s@|prefill_tok|Error|Traceback" $L/m35*.log | grep -v "^  qwen" | cut -c1-170
 cp /tmp/*.jsonl $OUT/ 2>/dev/null; tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
