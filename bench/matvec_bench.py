@@ -355,12 +355,14 @@ def main() -> int:
                            gbs=round(r["gbs"], 1), pct=round(r["pct"], 1),
                            roofline_gbs=round(roof, 1), max_rel_err=r["max_rel_err"],
                            ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"],
-                           **({} if x_r1 is None else dict(x_r1=x_r1)))
+                           **({} if x_r1 is None else dict(x_r1=x_r1)),
+                           **({} if "rows_bits" not in r else dict(rows_bits=r["rows_bits"])))
                 f.write(json.dumps(rec) + "\n")
                 table.append(rec)
                 print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<7} {r['us']:9.2f} us "
                       f"{r['gbs']:7.0f} GB/s {r['pct']:5.1f}%  err {r['max_rel_err']:.1e}"
                       f"{'' if x_r1 is None else f'  x{x_r1} of one row'}"
+                      f"{'' if r.get('rows_bits', True) else '  rows != one row'}"
                       f"{'' if ok else '  BAD'}", flush=True)
 
     print(f"\nmatvec bench, {gpu}, commit {commit}, roofline {roof:.0f} GB/s "
