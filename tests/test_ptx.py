@@ -265,7 +265,7 @@ def test_ld_nc_v2_copies(rng):
 def test_ld_nc_v2_twin_faults_on_misalignment():
     arr = np.arange(6, dtype=np.float32)
     assert twins.ld_nc_v2_f32(arr, 4) == (4.0, 5.0)
-    with pytest.raises(ValueError, match="even"):
+    with pytest.raises(ValueError, match="multiple of 2"):
         twins.ld_nc_v2_f32(arr, 1)
     with pytest.raises(IndexError):
         twins.ld_nc_v2_f32(arr, 6)

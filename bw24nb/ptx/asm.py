@@ -50,54 +50,36 @@ def _as_i32(context, builder, val, ty):
     return context.cast(builder, val, ty, types.int32)
 
 
-# --- dp4a ----------------------------------------------------------------------------------------
-
-_DP4A = snippet("dp4a_s32")
+# --- three 32-bit integers in, one out: dp4a, dp4a.u32.s32, prmt.b32 ------------------------------
 
 
-@intrinsic
-def dp4a(typingctx, a, b, c):
-    """int32 ``c + sum(int8(a.byte[i]) * int8(b.byte[i]))``, wrapping; any integer types in."""
-    _require_integers("dp4a", a, b, c)
+def _int3_intrinsic(name: str, snip: Snippet, ret, doc: str):
+    """An @intrinsic f(a, b, c) emitting snippet `snip` on three integers (any integer types,
+    taken as their low 32 bits) and returning its one 32-bit output as `ret`."""
+    def typer(typingctx, a, b, c):
+        _require_integers(name, a, b, c)
 
-    def codegen(context, builder, sig, args):
-        ins = [_as_i32(context, builder, v, t) for v, t in zip(args, sig.args)]
-        return _emit(builder, _DP4A, ins)[0]
+        def codegen(context, builder, sig, args):
+            ins = [_as_i32(context, builder, v, t) for v, t in zip(args, sig.args)]
+            return _emit(builder, snip, ins)[0]
 
-    return types.int32(a, b, c), codegen
+        return ret(a, b, c), codegen
 
-
-_DP4A_US = snippet("dp4a_us")
-
-
-@intrinsic
-def dp4a_us(typingctx, a, b, c):
-    """int32 ``c + sum(uint8(a.byte[i]) * int8(b.byte[i]))``, wrapping (``dp4a.u32.s32``)."""
-    _require_integers("dp4a_us", a, b, c)
-
-    def codegen(context, builder, sig, args):
-        ins = [_as_i32(context, builder, v, t) for v, t in zip(args, sig.args)]
-        return _emit(builder, _DP4A_US, ins)[0]
-
-    return types.int32(a, b, c), codegen
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
 
 
-# --- prmt.b32 ------------------------------------------------------------------------------------
-
-_PRMT = snippet("prmt_b32")
-
-
-@intrinsic
-def byte_perm(typingctx, a, b, sel):
-    """uint32 whose byte i is byte ``(sel >> 4i) & 7`` of the eight bytes {b, a} (a low):
-    ``prmt.b32`` in its default mode (CUDA's __byte_perm)."""
-    _require_integers("byte_perm", a, b, sel)
-
-    def codegen(context, builder, sig, args):
-        ins = [_as_i32(context, builder, v, t) for v, t in zip(args, sig.args)]
-        return _emit(builder, _PRMT, ins)[0]
-
-    return types.uint32(a, b, sel), codegen
+dp4a = _int3_intrinsic(
+    "dp4a", snippet("dp4a_s32"), types.int32,
+    "int32 ``c + sum(int8(a.byte[i]) * int8(b.byte[i]))``, wrapping; any integer types in.")
+dp4a_us = _int3_intrinsic(
+    "dp4a_us", snippet("dp4a_us"), types.int32,
+    "int32 ``c + sum(uint8(a.byte[i]) * int8(b.byte[i]))``, wrapping (``dp4a.u32.s32``).")
+byte_perm = _int3_intrinsic(
+    "byte_perm", snippet("prmt_b32"), types.uint32,
+    "uint32 whose byte i is byte ``(c >> 4i) & 7`` of the eight bytes {b, a} (a low): "
+    "``prmt.b32`` in its default mode (CUDA's __byte_perm), c the selector.")
 
 
 # --- mma.sync m16n8k32 s8 -------------------------------------------------------------------------

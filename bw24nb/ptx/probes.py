@@ -190,24 +190,23 @@ def _blocks(n: int, threads: int = 128) -> int:
 
 
 def run_dp4a(a, b, c, linked: bool = False) -> np.ndarray:
-    out = cuda.to_device(np.full(a.shape, 0x7F7F7F7F, np.int32))
-    kern = dp4a_linked_kernel if linked else dp4a_kernel
-    kern[_blocks(a.size), 128](out, cuda.to_device(a), cuda.to_device(b), cuda.to_device(c))
+    return _run_elementwise(dp4a_linked_kernel if linked else dp4a_kernel, np.int32, a, b, c)
+
+
+def _run_elementwise(kern, dtype, *ins) -> np.ndarray:
+    """out[i] = f(ins[0][i], ins[1][i], ...) for one of the elementwise probe kernels, out
+    poisoned first."""
+    out = cuda.to_device(np.full(ins[0].shape, 0x7F7F7F7F, dtype))
+    kern[_blocks(ins[0].size), 128](out, *(cuda.to_device(x) for x in ins))
     return out.copy_to_host()
 
 
 def run_dp4a_us(a, b, c) -> np.ndarray:
-    out = cuda.to_device(np.full(a.shape, 0x7F7F7F7F, np.int32))
-    dp4a_us_kernel[_blocks(a.size), 128](out, cuda.to_device(a), cuda.to_device(b),
-                                         cuda.to_device(c))
-    return out.copy_to_host()
+    return _run_elementwise(dp4a_us_kernel, np.int32, a, b, c)
 
 
 def run_byte_perm(a, b, sel) -> np.ndarray:
-    out = cuda.to_device(np.full(a.shape, 0x7F7F7F7F, np.uint32))
-    byte_perm_kernel[_blocks(a.size), 128](out, cuda.to_device(a), cuda.to_device(b),
-                                           cuda.to_device(sel))
-    return out.copy_to_host()
+    return _run_elementwise(byte_perm_kernel, np.uint32, a, b, sel)
 
 
 def run_mma(a, b, c, linked: bool = False) -> np.ndarray:

@@ -133,26 +133,28 @@ def prefetch_l2(array, index) -> None:
 # --- ld.global.nc.v4.u32 -------------------------------------------------------------------------
 
 
+def _vector_index(name, array, index, n) -> int:
+    """index as an int, checked as the GPU would fault: a multiple of n (an n-element vector
+    load needs its own alignment) and n elements inside the array."""
+    i = int(index)
+    if i < 0 or i % n:
+        raise ValueError(f"{name}: index {i} is not a non-negative multiple of {n} "
+                         f"(a {4 * n}-byte load needs a {4 * n}-byte aligned address)")
+    if i + n > len(array):
+        raise IndexError(f"{name}: elements {i}..{i + n - 1} out of bounds for length {len(array)}")
+    return i
+
+
 def ld_nc_v4_u32(array, index) -> tuple[np.uint32, np.uint32, np.uint32, np.uint32]:
     """``array[index:index + 4]`` as a tuple; faults like the GPU on a misaligned index."""
-    i = int(index)
-    if i < 0 or i % 4:
-        raise ValueError(f"ld_nc_v4_u32: index {i} is not a non-negative multiple of 4 "
-                         "(a 16-byte load needs a 16-byte aligned address)")
-    if i + 4 > len(array):
-        raise IndexError(f"ld_nc_v4_u32: elements {i}..{i + 3} out of bounds for length {len(array)}")
+    i = _vector_index("ld_nc_v4_u32", array, index, 4)
     return (np.uint32(array[i]), np.uint32(array[i + 1]),
             np.uint32(array[i + 2]), np.uint32(array[i + 3]))
 
 
 def ld_nc_v2_f32(array, index) -> tuple[np.float32, np.float32]:
     """``(array[index], array[index + 1])``; faults like the GPU on an odd index."""
-    i = int(index)
-    if i < 0 or i % 2:
-        raise ValueError(f"ld_nc_v2_f32: index {i} is not a non-negative even number "
-                         "(an 8-byte load needs an 8-byte aligned address)")
-    if i + 2 > len(array):
-        raise IndexError(f"ld_nc_v2_f32: elements {i}..{i + 1} out of bounds for length {len(array)}")
+    i = _vector_index("ld_nc_v2_f32", array, index, 2)
     return np.float32(array[i]), np.float32(array[i + 1])
 
 
