@@ -215,52 +215,46 @@ def _element_address(context, builder, sig, args):
     return builder.ptrtoint(ptr, ir.IntType(64))
 
 
-# --- 16-byte non-coherent load --------------------------------------------------------------------
+# --- vector non-coherent loads (16 and 8 bytes) ----------------------------------------------------
 
-_LD_NC_V4 = snippet("ld_nc_v4_u32")
-_U32X4 = types.UniTuple(types.uint32, 4)
+def _vector_load_intrinsic(name: str, snip: Snippet, dtype, width: int, doc: str):
+    """An @intrinsic f(array, index) -> UniTuple(dtype, width): `snip`, one vector load of
+    array[index .. index + width - 1] from the address `_element_address` computes. array must
+    be a 1-D C-contiguous `dtype` device array (a TypingError names the call otherwise)."""
+    tup = types.UniTuple(dtype, width)
+
+    def typer(typingctx, array, index):
+        if not (isinstance(array, types.Array) and array.dtype == dtype
+                and array.ndim == 1 and array.layout == "C"):
+            raise TypingError(f"{name}: needs a 1-D C-contiguous {dtype} array, got {array}")
+        _require_integers(name, index)
+
+        def codegen(context, builder, sig, args):
+            addr = _element_address(context, builder, sig, args)
+            return context.make_tuple(builder, tup, _emit(builder, snip, [addr]))
+
+        return tup(array, index), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
 
 
-@intrinsic
-def ld_nc_v4_u32(typingctx, array, index):
+ld_nc_v4_u32 = _vector_load_intrinsic(
+    "ld_nc_v4_u32", snippet("ld_nc_v4_u32"), types.uint32, 4,
     """``(array[index], ..., array[index + 3])`` in one 16-byte ``ld.global.nc.v4.u32``.
 
     ``array``: 1-D C-contiguous uint32 device array whose elements are not written during the
     kernel; ``index`` a multiple of 4 from a 16-byte aligned base (device allocations are).
     No bounds check, no negative-index wraparound (as for plain Numba indexing on the GPU).
-    """
-    if not (isinstance(array, types.Array) and array.dtype == types.uint32
-            and array.ndim == 1 and array.layout == "C"):
-        raise TypingError(f"ld_nc_v4_u32: needs a 1-D C-contiguous uint32 array, got {array}")
-    _require_integers("ld_nc_v4_u32", index)
+    """)
 
-    def codegen(context, builder, sig, args):
-        addr = _element_address(context, builder, sig, args)
-        return context.make_tuple(builder, _U32X4, _emit(builder, _LD_NC_V4, [addr]))
-
-    return _U32X4(array, index), codegen
-
-
-# --- 8-byte non-coherent load of two float32 ------------------------------------------------------
-
-_LD_NC_V2_F32 = snippet("ld_nc_v2_f32")
-
-
-@intrinsic
-def ld_nc_v2_f32(typingctx, array, index):
+# the Q4_K matvec's two consecutive activation scales (kernels/matvec_q4k.py)
+ld_nc_v2_f32 = _vector_load_intrinsic(
+    "ld_nc_v2_f32", snippet("ld_nc_v2_f32"), types.float32, 2,
     """``(array[index], array[index + 1])`` in one 8-byte ``ld.global.nc.v2.f32``: ``array`` a
     1-D C-contiguous float32 device array not written during the kernel, ``index`` even from
-    an 8-byte aligned base. No bounds check, no negative-index wraparound."""
-    if not (isinstance(array, types.Array) and array.dtype == types.float32
-            and array.ndim == 1 and array.layout == "C"):
-        raise TypingError(f"ld_nc_v2_f32: needs a 1-D C-contiguous float32 array, got {array}")
-    _require_integers("ld_nc_v2_f32", index)
-
-    def codegen(context, builder, sig, args):
-        addr = _element_address(context, builder, sig, args)
-        return context.make_tuple(builder, _F32X2, _emit(builder, _LD_NC_V2_F32, [addr]))
-
-    return _F32X2(array, index), codegen
+    an 8-byte aligned base. No bounds check, no negative-index wraparound.""")
 
 
 # --- L2 prefetch ------------------------------------------------------------------------------

@@ -30,32 +30,22 @@ WARPS_PER_BLOCK = 2        # the mma probe runs two warps per block to exercise 
 THREADS = 64
 
 
-@cuda.jit
-def dp4a_kernel(out, a, b, c):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = dp4a(a[i], b[i], c[i])
+def _elementwise3(fn, name):
+    """Probe kernel `name`(out, a, b, c): out[i] = fn(a[i], b[i], c[i]) for a device function
+    or intrinsic fn of three integers."""
+    def kern(out, a, b, c):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = fn(a[i], b[i], c[i])
+
+    kern.__name__ = kern.__qualname__ = name
+    return cuda.jit(kern)
 
 
-@cuda.jit
-def dp4a_us_kernel(out, a, b, c):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = dp4a_us(a[i], b[i], c[i])
-
-
-@cuda.jit
-def byte_perm_kernel(out, a, b, sel):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = byte_perm(a[i], b[i], sel[i])
-
-
-@cuda.jit
-def dp4a_linked_kernel(out, a, b, c):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = dp4a_linked(a[i], b[i], c[i])
+dp4a_kernel = _elementwise3(dp4a, "dp4a_kernel")
+dp4a_us_kernel = _elementwise3(dp4a_us, "dp4a_us_kernel")
+byte_perm_kernel = _elementwise3(byte_perm, "byte_perm_kernel")
+dp4a_linked_kernel = _elementwise3(dp4a_linked, "dp4a_linked_kernel")
 
 
 @cuda.jit
