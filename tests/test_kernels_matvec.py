@@ -506,3 +506,62 @@ def test_fitted_unroll_gives_the_full_unrolls_bits(rng, monkeypatch, K, parts):
         full = _launch_rows(w, qt, M, K, x[t], True, 1, parts=parts)[0].view(np.uint32)
         np.testing.assert_array_equal(y[t].view(np.uint32), full, err_msg=f"rows, row {t}")
         np.testing.assert_array_equal(y1[t].view(np.uint32), full, err_msg=f"one row, row {t}")
+
+
+def _q4k_row_in_kernel_order(blocks, xq, xd, parts):
+    """float32 emulation of matvec_q4k's documented order for one row (no fused multiply-add,
+    as the simulator): chunk values, lane sums, the warp butterfly, then the row's warps."""
+    from bw24nb.quant.kquants import _unpack_scales_k4
+    f32 = np.float32
+    d = blocks[:, 0:2].copy().view(np.float16).astype(f32).reshape(-1)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(f32).reshape(-1)
+    sc, mn = _unpack_scales_k4(blocks[:, 4:16])
+    qs = blocks[:, 16:144].astype(np.int64)
+    x = xq.astype(np.int64)
+
+    def chunk(c):
+        b, p, h = c >> 3, (c & 7) >> 1, c & 1
+        e = 256 * b + 64 * p + 16 * h
+        q = qs[b, 32 * p + 16 * h:32 * p + 16 * h + 16]
+        sa, sxa = int((q & 15) @ x[e:e + 16]), int(x[e:e + 16].sum())
+        sb, sxb = int((q >> 4) @ x[e + 32:e + 48]), int(x[e + 32:e + 48].sum())
+        va = xd[e >> 5] * (f32(d[b] * f32(sc[b, 2 * p])) * f32(sa)
+                           - f32(dmin[b] * f32(mn[b, 2 * p])) * f32(sxa))
+        vb = xd[(e + 32) >> 5] * (f32(d[b] * f32(sc[b, 2 * p + 1])) * f32(sb)
+                                  - f32(dmin[b] * f32(mn[b, 2 * p + 1])) * f32(sxb))
+        return f32(va + vb)
+
+    n = len(blocks) * 8
+    total = f32(0.0)
+    for w in range(parts):
+        lanes = np.zeros(32, f32)
+        for lane in range(32):
+            for c in range(32 * w + lane, n, 32 * parts):
+                lanes[lane] = f32(lanes[lane] + chunk(c))
+        total = warp_tree_sum_host(lanes) if w == 0 else f32(total + warp_tree_sum_host(lanes))
+    return total
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_q4k_matvec_is_its_documented_order_bit_for_bit(rng, parts):
+    """With realistic (not power-of-two) scales the Q4_K kernel's rounding is its summation
+    order's: every row must equal a float32 emulation of that order exactly. This pins the
+    order itself -- chunk formula, the high nibbles' d sc_b / 16 against 16 sb (decision 0020:
+    the same product), lane sums, butterfly, warps -- and the rows kernel must give each row
+    the same bits."""
+    M, K, T = 3, 4096, 2                    # 128 chunks a row: 2-4 a lane, so order shows
+    w = random_weight_bytes(rng, QType.Q4_K, M, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    xq, xd = quantize_act_q8_reference(x)
+    blocks = w.reshape(M, K // 256, -1)
+    for rows in (1, T):
+        y = cuda.device_array(rows * M, np.float32)
+        launch_matvec_q8(cuda.to_device(w), QType.Q4_K, M, K, cuda.to_device(xq[:rows * K]),
+                         cuda.to_device(xd[:rows * K // 32]), y, parts=parts, rows=rows)
+        out = y.copy_to_host().reshape(rows, M)
+        for t in range(rows):
+            want = [_q4k_row_in_kernel_order(blocks[r], xq[t * K:(t + 1) * K],
+                                             xd[t * K // 32:(t + 1) * K // 32], parts)
+                    for r in range(M)]
+            np.testing.assert_array_equal(out[t].view(np.uint32),
+                                          np.array(want, np.float32).view(np.uint32))
