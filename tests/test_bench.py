@@ -214,3 +214,36 @@ def test_bench_torch_on_cpu_records_decode_and_prefill():
     assert metrics["decode_tok_s@8"]["value"] > 0 and metrics["prefill_tok_s@8"]["value"] > 0
     assert metrics["decode_tok_s@8"]["config"]["engine"] == "torch-eager"
     assert metrics["decode_tok_s@8"]["config"]["fastest_torch"] is True
+
+
+def test_sass_count_finds_the_kernel_and_its_work_loop():
+    """bench/sass_count.py's parser on a made-up cuobjdump listing: the helper function is left
+    out, the loop is the backward-branch span with the dot products (not the longer one with
+    none), registers come from the kernel's resource line."""
+    from bench.sass_count import count
+    listing = """Resource usage:
+ Function __cuda_sm20_div_s64:
+  REG:20 STACK:0 SHARED:0
+ Function kern:
+  REG:58 STACK:0 SHARED:16
+\t\tFunction : __cuda_sm20_div_s64
+        /*0000*/                   IMAD R0, R1, R2, RZ ;
+        /*0010*/                   BRA 0x0 ;
+\t\tFunction : kern
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   IADD3 R1, R0, 0x1, RZ ;
+        /*0020*/                   LDG.E.128.CONSTANT R4, desc[UR6][R2.64] ;
+        /*0030*/                   IDP.4A.S8.S8 R8, R4, R5, RZ ;
+        /*0040*/               @P0 IDP.4A.S8.S8 R8, R6, R7, R8 ;
+        /*0050*/               @P1 BRA 0x20 ;
+        /*0060*/                   SHFL.BFLY PT, R9, R8, 0x10, 0x1f ;
+        /*0070*/                   FADD R8, R8, R9 ;
+        /*0080*/                   ISETP.GE.AND P2, PT, R1, 0x4, PT ;
+        /*0090*/                   IADD3 R1, R1, 0x1, RZ ;
+        /*00a0*/                   SEL R3, R1, RZ, P2 ;
+        /*00b0*/               @!P2 BRA 0x60 ;
+        /*00c0*/                   EXIT ;
+"""
+    c = count(listing)
+    assert c["total"] == 13 and c["registers"] == 58 and c["stack_bytes"] == 0
+    assert c["loop"] == 4 and c["loop_ops"] == {"IDP": 2, "LDG": 1, "BRA": 1}

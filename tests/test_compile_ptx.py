@@ -148,23 +148,9 @@ def test_system_ptxas_accepts_sm90_ptx(compiled):
 
 def _assemble(ptx_texts: list[str], arch: str) -> str | None:
     """None if nvJitLink links these PTX modules into a cubin for ``arch``, else its error log."""
-    from cuda.bindings import nvjitlink
+    from bw24nb.ptx.offline import link_ptx
 
-    handle = nvjitlink.create(1, [f"-arch={arch}"])
-    try:
-        for i, text in enumerate(ptx_texts):
-            data = text.encode()
-            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), f"module{i}")
-        nvjitlink.complete(handle)
-        return None
-    except nvjitlink.nvJitLinkError as exc:
-        size = nvjitlink.get_error_log_size(handle)
-        log = bytearray(size)
-        if size:
-            nvjitlink.get_error_log(handle, log)
-        return f"{exc}: {bytes(log).decode(errors='replace').strip(chr(0)).strip()}"
-    finally:
-        nvjitlink.destroy(handle)
+    return link_ptx(ptx_texts, arch)[1]
 
 
 def _target(ptx: str) -> str | None:
@@ -172,33 +158,16 @@ def _target(ptx: str) -> str | None:
     return m.group(1) if m else None
 
 
-class _NoGpuDevice:
-    """Stands in for ``get_current_device()`` where numba-cuda 0.30 asks for one while compiling
-    a kernel's ``@cuda.jit(device=True)`` callees (``CUDADispatcher.compile_device`` reads the
-    device's compute capability) — on a machine without a GPU that call fails at driver init.
-    The PTX target still comes from compile_ptx's ``cc``."""
-    compute_capability = (9, 0)
-
-
 def _allow_compiling_without_gpu() -> None:
-    from numba import cuda
-    from numba.cuda import dispatcher
+    from bw24nb.ptx.offline import allow_compiling_without_gpu
 
-    if not cuda.is_available():
-        dispatcher.get_current_device = lambda: _NoGpuDevice
+    allow_compiling_without_gpu()
 
 
 def _compile(dispatcher, sig, cc):
-    from numba import cuda
+    from bw24nb.ptx.offline import compile_ptx
 
-    _NoGpuDevice.compute_capability = tuple(cc[:2])
-    opts = getattr(dispatcher, "targetoptions", {}) or {}
-    kwargs = {"cc": cc}
-    for key in ("fastmath", "lineinfo", "launch_bounds"):
-        if opts.get(key):
-            kwargs[key] = opts[key]
-    ptx, _ = cuda.compile_ptx(dispatcher.py_func, sig, **kwargs)
-    return ptx
+    return compile_ptx(dispatcher, sig, cc)
 
 
 def _worker(out_path: str, modules: list[str]) -> None:

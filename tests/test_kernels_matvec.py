@@ -270,11 +270,10 @@ def test_matvec_ptx_sums_with_shuffles():
     import subprocess
     import sys
     # every @kernel calls its body as a device function (jit.waiting_kernel), whose compile asks
-    # numba for the current device: test_compile_ptx's stand-in device answers without a GPU
+    # numba for the current device: bw24nb.ptx.offline's stand-in device answers without a GPU
     code = ("import sys\n"
-            "sys.path.insert(0, 'tests')\n"
-            "from test_compile_ptx import _allow_compiling_without_gpu\n"
-            "_allow_compiling_without_gpu()\n"
+            "from bw24nb.ptx.offline import allow_compiling_without_gpu\n"
+            "allow_compiling_without_gpu()\n"
             "from numba import cuda\n"
             "from bw24nb.kernels import matvec as m\n"
             "from bw24nb.kernels import matvec_q4k as m4\n"
