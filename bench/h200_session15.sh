@@ -1,0 +1,32 @@
+# The next device calls (written in session 14, whose device budget ended first): what the Q4_K
+# instruction diet (decision 0020) was not yet measured on. Session 14 measured the 9B shape
+# (decode, verify K = 1 / 3 / 8, the spec gate K = 1..8) and the 35B-A3B shape's bench, each
+# beside 1bf232c. Left:
+#   m35gate  the 35B-A3B shape's spec gate K = 1..8 (mtp / oracle / adversarial / mixed,
+#            "states"): its MoE token and group kernels run the changed path
+#   m35spec  its verify cost per round, K = 1 / 3 / 8 (session 13: 2.06x a step at K = 3)
+#   q27      the 27B shape's bench (64 layers of Q4_K; session 13: 87.8 / 85.5 tok/s, pp512 1230)
+#   q27old   the same on the old tree, side by side (needs .old: see below)
+#   sass     bench/sass_count.py on the device's own toolkit, to check the static counts there
+# Carry .whl, and .old for q27old: `mkdir .old && git archive 1bf232c bw24nb bench | tar -x -C
+# .old` (ignored by git; named in carry it travels, and runs with its own kernel cache). Budget: m35gate ~300 s, m35spec ~170 s,
+# q27 ~250 s each with its factory run once (~150 s): two calls.
+export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-m35gate,m35spec}; . bench/device_env.sh
+OLD="env PYTHONPATH=/tmp/site:$PWD/.old BW24_KERNEL_CACHE=/tmp/bw24-kernels-old"
+P35=""; P27=""
+{ on m35gate || on m35spec; } && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
+{ on q27 || on q27old; } && [ ! -f /tmp/q27.gguf ] && { python3 -m bw24nb.factory qwen3.6-27b --out /tmp/q27.gguf --seed 1 --tokenizer none > $L/factory27.log 2>&1 & P27=$!; }
+on sass && { run ${SASS_S:-120} sass python3 bench/sass_count.py bw24nb.kernels.matvec_q4k:matvec_q8_q4_k_v4 bw24nb.kernels.matvec_q4k:matvec_q8_q4_k_v4_r4 --commit $C --jsonl /tmp/sass.jsonl
+  cut -c1-160 $L/sass.log | tail -3; }
+# wait on the factories' pids (never `pgrep -f`: it matches the shell naming it, session 12)
+[ -n "$P35" ] && wait $P35
+on m35gate && { run ${GATE_S:-300} m35gate python3 bench/spec_gate.py /tmp/m35.gguf --ks 1-8 --n 64 --prompt-len 32 --ctx 512 --scripted --rollback states --commit $C --jsonl /tmp/spec.jsonl
+  grep -E "K=[18]:|MISMATCH|Error|Traceback|spec gate|K in" $L/m35gate.log | cut -c1-150 | head -24; }
+on m35spec && { run ${SB_S:-170} m35spec python3 bench/spec_bench.py /tmp/m35.gguf --ks 1,3,8 --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --name qwen3.6-35b-a3b-random --commit $C --jsonl /tmp/spec.jsonl
+  grep -E "verify|decode step|Error|Traceback" $L/m35spec.log | head -12; }
+[ -n "$P27" ] && wait $P27
+Q27="/tmp/q27.gguf --name qwen3.6-27b-random --runs 3 --torch none --act-quant q8"
+on q27 && run ${B27_S:-250} q27new python3 bench/run_bench.py $Q27 --commit $C --jsonl /tmp/bench.jsonl
+on q27old && run ${B27_S:-250} q27old $OLD python3 .old/bench/run_bench.py $Q27 --commit 1bf232c --jsonl /tmp/bench_old.jsonl
+{ on q27 || on q27old; } && grep -E "gate:|decode_tok_s@|prefill_tok|Error|Traceback" $L/q27*.log | grep -v "^  qwen" | cut -c1-170
+cp /tmp/*.jsonl $OUT/ 2>/dev/null; tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
