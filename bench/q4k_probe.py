@@ -7,7 +7,8 @@ enough weight copies that every launch reads HBM; per-launch time includes the g
 
 Variants (`lib` is the library kernel; the others are built here, from its device functions):
   lib        matvec_q4k.matvec_q8_q4_k_v4 through launch_matvec_q8 (what the engine runs)
-  same       this file's copy of it (factory below with no knob turned): must equal `lib`
+  same       this file's copy of the kernel of sessions 5-13 (factory below with no knob
+             turned): must equal `lib`, the library's session-14 formulation, bit for bit
   noscale    DIAGNOSTIC, wrong values: sub-block scales/mins not decoded (sc = m = 1)
   nosums     DIAGNOSTIC, wrong values: the activation-sum dp4a skipped (sxa = sxb = 0)
   loads      DIAGNOSTIC, wrong values: the same loads, values folded with xor (the memory floor
@@ -78,6 +79,21 @@ def _scale_min_old(s0, s1, s2, j):
     return sc, m
 
 
+@cuda.jit(device=True, inline="always")
+def _words(w32, row_word, c):
+    """Chunk c's weight words as the kernel of sessions 5-13 loaded them: (s0, s1, s2) the
+    packed scales, (q0..q3) the quants. The variants below are built on that kernel; since
+    session 14 matvec_q4k's `_chunk_weights` also decodes them (decision 0020), so `lib` and
+    `same` are two formulations of one order, and must still agree bit for bit."""
+    b = c >> 3
+    p = (c & 7) >> 1
+    h = c & 1
+    blk = row_word + b * q4.Q4_K_WORDS
+    _hdr, s0, s1, s2 = ld_nc_v4_u32(w32, blk)
+    q0, q1, q2, q3 = ld_nc_v4_u32(w32, blk + 4 + 8 * p + 4 * h)
+    return s0, s1, s2, q0, q1, q2, q3
+
+
 def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoist=False,
          sums=False, bytewise=False, pf_own=False, pf_next=0):
     W = warps
@@ -88,7 +104,7 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoi
     @cuda.jit(device=True, inline="always")
     def chunk_loads(w32, wh, xq, xd, row_word, c):
         # every load of chunk c, before any arithmetic (the `hoist` variant)
-        s0, s1, s2, q0, q1, q2, q3 = q4._chunk_weights(w32, row_word, c)
+        s0, s1, s2, q0, q1, q2, q3 = _words(w32, row_word, c)
         b = c >> 3
         p = (c & 7) >> 1
         h = c & 1
@@ -176,10 +192,10 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoi
             v2 = chunk_math(L2, c2)
             v3 = chunk_math(L3, c3)
         else:
-            v0 = chunk_value(wh, xq, xd, xs, row_word, c, q4._chunk_weights(w32, row_word, c))
-            v1 = chunk_value(wh, xq, xd, xs, row_word, c1, q4._chunk_weights(w32, row_word, c1))
-            v2 = chunk_value(wh, xq, xd, xs, row_word, c2, q4._chunk_weights(w32, row_word, c2))
-            v3 = chunk_value(wh, xq, xd, xs, row_word, c3, q4._chunk_weights(w32, row_word, c3))
+            v0 = chunk_value(wh, xq, xd, xs, row_word, c, _words(w32, row_word, c))
+            v1 = chunk_value(wh, xq, xd, xs, row_word, c1, _words(w32, row_word, c1))
+            v2 = chunk_value(wh, xq, xd, xs, row_word, c2, _words(w32, row_word, c2))
+            v3 = chunk_value(wh, xq, xd, xs, row_word, c3, _words(w32, row_word, c3))
         return v0, keep(v1, c + stride, nchunk), keep(v2, c + 2 * stride, nchunk), \
             keep(v3, c + 3 * stride, nchunk)
 
