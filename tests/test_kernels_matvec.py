@@ -460,7 +460,7 @@ def test_parts1_build_equals_run_time_parts_build(rng, rows):
     for kern in (q4.KERNELS(rows, 1), q4.KERNELS(rows, 2)):
         assert (kern is q4.KERNELS(rows, 1)) == (len(outs) == 0)
         y = cuda.to_device(np.full(rows * M, np.nan, np.float32))
-        kern[(M + 3) // 4, 128]((w8.view(np.uint32), w8.view(np.float16)), np.int32(M),
+        kern[(M + 3) // 4, 128]((w8.view(np.uint32),), np.int32(M),
                                 np.int32(K), (cuda.to_device(xq.reshape(-1)).view(np.uint32),
                                               cuda.to_device(xd.reshape(-1))),
                                 y, y, y, np.int32(0), np.int32(0), np.int32(1))

@@ -195,7 +195,7 @@ def _value(w, x, row_word, c, wq):
     return _chunk_value(x[0], x[1], c, wq)
 
 
-# w = (w32, wh): the GGUF rows as uint32 words and as float16; x = (xq as uint32 words, xd)
+# w = (w32,): the GGUF rows as uint32 words; x = (xq as uint32 words, xd)
 PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value,
                x_row_q8, lambda K: (K >> 8) * CHUNKS_PER_BLOCK)
 KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
@@ -219,18 +219,18 @@ matvec_q8_q4_k_v4_grp = group_kernels(PATH)(1)
 matvec_q8_q4_k_v4_u1_tok_l16 = token_kernels(fit_unroll(PATH, 512, 1), 16)(1)
 matvec_q8_q4_k_v4_u1_grp_l16 = group_kernels(fit_unroll(PATH, 512, 1), 16)(1)
 
-_SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
+_SIG = ("void(UniTuple(uint32[::1], 1), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
 PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                   "matvec_q8_q4_k_v4_r4": [_SIG], "matvec_q8_q4_k_v4_u2_p1": [_SIG],
                   "matvec_q8_q4_k_v4_u1_r4": [_SIG],
                   "matvec_q8_q4_k_v4_tok": [
-                      "void(Tuple((uint32[::1], float16[::1])), int32[:, ::1], int32, int32, "
+                      "void(UniTuple(uint32[::1], 1), int32[:, ::1], int32, int32, "
                       "int32, int32, Tuple((uint32[::1], float32[::1])), int32, float32[::1], "
                       "int32)"],
                   "matvec_q8_q4_k_v4_grp": [
-                      "void(Tuple((uint32[::1], float16[::1])), uint32[::1], int32[::1], int32, "
+                      "void(UniTuple(uint32[::1], 1), uint32[::1], int32[::1], int32, "
                       "int32, int32, Tuple((uint32[::1], float32[::1])), float32[::1], int32)"]}
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_tok"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
@@ -247,6 +247,6 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
     kern = KERNELS(rows, parts, K)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
     kern[grid, threads, stream](
-        (w32, w8.view(np.float16)), np.int32(M), np.int32(K), (xq, xd), y_dev,
+        (w32,), np.int32(M), np.int32(K), (xq, xd), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))

@@ -541,7 +541,7 @@ def token_matrix(buf, qtype, rows: int, cols: int, q6k_r=None, k: int = 1) -> To
     w8, w16, wh = weight_views(buf)
     if qt == QType.Q4_K:
         return TokenMatrix(matvec_q4k.PATH,
-                           (w8.view(np.uint32), w8.view(np.float16)), "q8u", rows, cols, parts)
+                           (w8.view(np.uint32),), "q8u", rows, cols, parts)
     if qt in matvec.PATHS_Q8 and cols % 32 == 0:
         return TokenMatrix(matvec.PATHS_Q8[qt], (w8, w16, wh), "q8",
                            rows, cols, parts)
