@@ -8,6 +8,10 @@
 #   q27      the 27B shape's bench (64 layers of Q4_K; session 13: 87.8 / 85.5 tok/s, pp512 1230)
 #   q27old   the same on the old tree, side by side (needs .old: see below)
 #   sass     bench/sass_count.py on the device's own toolkit, to check the static counts there
+#   mv       bench/matvec_bench.py --act-rows 2,4,9 on the 9B shapes: the rows kernels indexed
+#            from one base plus an offset (landed unmeasured at the end of session 14; session
+#            14's numbers at 3a5a2d1: 12288 x 4096 at 1 / 2 / 4 / 9 rows 11.44 / 14.95 / 24.05 /
+#            48.03 us); then spec_bench on the 9B shape (verify K = 3 was 6.90 ms)
 # Carry .whl, and .old for q27old: `mkdir .old && git archive 1bf232c bw24nb bench | tar -x -C
 # .old` (ignored by git; named in carry it travels, and runs with its own kernel cache). Budget: m35gate ~300 s, m35spec ~170 s,
 # q27 ~250 s each with its factory run once (~150 s): two calls.
@@ -16,6 +20,8 @@ OLD="env PYTHONPATH=/tmp/site:$PWD/.old BW24_KERNEL_CACHE=/tmp/bw24-kernels-old"
 P35=""; P27=""
 { on m35gate || on m35spec; } && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 { on q27 || on q27old; } && [ ! -f /tmp/q27.gguf ] && { python3 -m bw24nb.factory qwen3.6-27b --out /tmp/q27.gguf --seed 1 --tokenizer none > $L/factory27.log 2>&1 & P27=$!; }
+on mv && { run ${MV_S:-150} mv python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows 2,4,9 --commit $C --out /tmp/matvec.jsonl
+  grep -E "Q4_K|Error|Traceback" $L/mv.log | head -16; grep -c '"rows_bits": false' /tmp/matvec.jsonl; }
 on sass && { run ${SASS_S:-120} sass python3 bench/sass_count.py bw24nb.kernels.matvec_q4k:matvec_q8_q4_k_v4 bw24nb.kernels.matvec_q4k:matvec_q8_q4_k_v4_r4 --commit $C --jsonl /tmp/sass.jsonl
   cut -c1-160 $L/sass.log | tail -3; }
 # wait on the factories' pids (never `pgrep -f`: it matches the shell naming it, session 12)

@@ -256,6 +256,8 @@ class RowPath(NamedTuple):
     value: object
     x_row: object
     units_host: object = None       # units(K) on the host (`fit_unroll`); None: never refit
+    x_one: object = None            # x_one(x, K): the one-row kernel's x as `value` takes it
+                                    # (None: x itself; Q4_K's adds its row offsets, 0)
 
 
 _FITTED: dict = {}
@@ -423,6 +425,11 @@ def _row_total(p):
     return row_total
 
 
+@cuda.jit(device=True, inline="always")
+def _same_x(x, K):
+    return x
+
+
 def row_kernel(p, fixed_parts=0):
     """The one-row decode kernel of path p: kern[grid, THREADS](w, M, K, x, y, bias, residual,
     has_bias, has_residual, parts), one output row per `parts` warps. With fixed_parts the
@@ -431,6 +438,7 @@ def row_kernel(p, fixed_parts=0):
     to 637 PTX instructions (session 5; its run-time-parts build ran 15.2 us against 13.1 us at
     12288 x 4096 on the H200, bench/q4k_probe.py `lib` vs `same`)."""
     row_total, units, row_base = _row_total(p), p.units, p.base
+    x_one = _same_x if p.x_one is None else p.x_one
     FP = fixed_parts
 
     def matvec(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
@@ -443,7 +451,7 @@ def row_kernel(p, fixed_parts=0):
         last = n - 1
         if row >= M:                  # split rows: stay for the block barrier, load nothing
             n = 0
-        total = row_total(w, x, row_base(row, K), n, last, P, part, lane, part_sh)
+        total = row_total(w, x_one(x, K), row_base(row, K), n, last, P, part, lane, part_sh)
         if lane == 0 and part == 0 and row < M:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 

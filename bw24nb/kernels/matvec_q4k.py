@@ -49,7 +49,7 @@ from numba import cuda
 
 from ..ptx import byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32
 from ..quant.types import QType, type_size
-from .matvec import RowPath, fit_unroll, group_kernels, path_kernels, token_kernels, x_row_q8
+from .matvec import RowPath, fit_unroll, group_kernels, path_kernels, token_kernels
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -149,17 +149,17 @@ def _chunk_weights(w32, row_word, c):
 
 
 @cuda.jit(device=True, inline="always")
-def _chunk_value(xq, xd, c, wq):
+def _chunk_value(xq, xd, ow, os, c, wq):
     """Value of chunk c against one row of activations (step 1 of the docstring), its
     decoded weights `wq` from `_chunk_weights`: two 16-byte activation loads, 16 dp4a, the
-    float combination."""
+    float combination. The row starts at word `ow` of xq and entry `os` of xd (`_x_row`)."""
     dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = wq
     p, h = _lane_pos()
     # word of the first element of sub-block 2p the chunk holds; sub-block 2p + 1's is 8 words
     # (32 bytes) on, and their scales are entries s and s + 1: constant offsets from one address
     b = _u32(_u32(c) >> np.uint32(3))
-    xw = _u32(b * np.uint32(64) + _u32(16 * p + 4 * h))
-    s = _u32(b * np.uint32(8) + _u32(2 * p))
+    xw = np.int64(_u32(b * np.uint32(64) + _u32(16 * p + 4 * h))) + ow
+    s = np.int64(_u32(b * np.uint32(8) + _u32(2 * p))) + os
     a0, a1, a2, a3 = ld_nc_v4_u32(xq, xw)
     b0, b1, b2, b3 = ld_nc_v4_u32(xq, xw + 8)
     sa = _dot4(l0, l1, l2, l3, a0, a1, a2, a3)
@@ -192,12 +192,27 @@ def _weights(w, row_word, c):
 
 @cuda.jit(device=True, inline="always")
 def _value(w, x, row_word, c, wq):
-    return _chunk_value(x[0], x[1], c, wq)
+    return _chunk_value(x[0], x[1], x[2], x[3], c, wq)
+
+
+@cuda.jit(device=True, inline="always")
+def _x_row(x, t, K):
+    """Activation row t of x = (xq words, xd) as the whole arrays and the row's start (word
+    t K / 4 of xq, entry t K / 32 of xd). Not slices (matvec.x_row_q8): a slice per row gave
+    every row's loads their own 64-bit address arithmetic, ~8 instructions per (row, chunk) in
+    the rows kernels; offsets from one base cost ~4 (sm_90 SASS, decision 0020)."""
+    return x[0], x[1], np.uint32(t * (K >> 2)), np.uint32(t * (K >> 5))
+
+
+@cuda.jit(device=True, inline="always")
+def _x_one(x, K):
+    """The one-row kernel's activations: `_x_row`'s form at row 0."""
+    return x[0], x[1], np.uint32(0), np.uint32(0)
 
 
 # w = (w32,): the GGUF rows as uint32 words; x = (xq as uint32 words, xd)
 PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value,
-               x_row_q8, lambda K: (K >> 8) * CHUNKS_PER_BLOCK)
+               _x_row, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, _x_one)
 KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 
 
