@@ -16,7 +16,6 @@
 # .old` (ignored by git; named in carry it travels, and runs with its own kernel cache). Budget: m35gate ~300 s, m35spec ~170 s,
 # q27 ~250 s each with its factory run once (~150 s): two calls.
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-m35gate,m35spec}; . bench/device_env.sh
-OLD="env PYTHONPATH=/tmp/site:$PWD/.old BW24_KERNEL_CACHE=/tmp/bw24-kernels-old"
 P35=""; P27=""
 { on m35gate || on m35spec; } && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 { on q27 || on q27old; } && [ ! -f /tmp/q27.gguf ] && { python3 -m bw24nb.factory qwen3.6-27b --out /tmp/q27.gguf --seed 1 --tokenizer none > $L/factory27.log 2>&1 & P27=$!; }
@@ -31,8 +30,5 @@ on m35gate && { run ${GATE_S:-300} m35gate python3 bench/spec_gate.py /tmp/m35.g
 on m35spec && { run ${SB_S:-170} m35spec python3 bench/spec_bench.py /tmp/m35.gguf --ks 1,3,8 --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --name qwen3.6-35b-a3b-random --commit $C --jsonl /tmp/spec.jsonl
   grep -E "verify|decode step|Error|Traceback" $L/m35spec.log | head -12; }
 [ -n "$P27" ] && wait $P27
-Q27="/tmp/q27.gguf --name qwen3.6-27b-random --runs 3 --torch none --act-quant q8"
-on q27 && run ${B27_S:-250} q27new python3 bench/run_bench.py $Q27 --commit $C --jsonl /tmp/bench.jsonl
-on q27old && run ${B27_S:-250} q27old $OLD python3 .old/bench/run_bench.py $Q27 --commit 1bf232c --jsonl /tmp/bench_old.jsonl
-{ on q27 || on q27old; } && grep -E "gate:|decode_tok_s@|prefill_tok|Error|Traceback" $L/q27*.log | grep -v "^  qwen" | cut -c1-170
+OLD_COMMIT=1bf232c bench_pair q27 /tmp/q27.gguf qwen3.6-27b-random
 cp /tmp/*.jsonl $OUT/ 2>/dev/null; tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L

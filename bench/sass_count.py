@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))      # after PYTHONPATH: another tree (an old commit) may come first
+sys.path.append(str(ROOT / "bench"))
 
 _INSN = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _WORK = {"IDP", "IMMA", "HMMA", "FFMA", "FMUL", "LDG"}
@@ -146,11 +147,8 @@ def kernel_sass(spec: str, cc: tuple[int, int], assembler: str) -> tuple[str, st
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
+    from matvec_bench import _commit as commit      # git HEAD of the tree it runs in
+    return commit()
 
 
 def main() -> int:
