@@ -191,13 +191,13 @@ def _unfitted(launch):
         matvec.FIT_UNROLL = was
 
 
-def _rows_match_one_row(launch_q8, w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
+def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
     """True when every row t of a rows kernel's output `out` equals, bit for bit, the one-row
     kernel run on row t's activations alone."""
     y1 = cuda.device_array(M, np.float32, stream=stream)
     for t in range(out.size // M):
-        launch_q8(w, qt, M, K, xq_r[t * K:(t + 1) * K], xd_r[t * K // 32:(t + 1) * K // 32], y1,
-                  stream=stream)
+        launch_matvec_q8(w, qt, M, K, xq_r[t * K:(t + 1) * K],
+                         xd_r[t * K // 32:(t + 1) * K // 32], y1, stream=stream)
         one = y1.copy_to_host(stream=stream)
         stream.synchronize()
         if not np.array_equal(one.view(np.uint32), out[t * M:(t + 1) * M].view(np.uint32)):
@@ -241,7 +241,7 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             kernels.append(("dp4a_full", lambda w: _unfitted(lambda: launch_matvec_q8(
                 w, qt, M, K, xq, xd, y_full, stream=stream)), ref_q8, 10 * REL_ERR_BAD, y_full,
                 scale))
-        xq_r_of, xd_r_of = {}, {}
+        rows_x = {}                            # dp4a_r<T> -> its (xq, xd), for the bit check
         for nr in act_rows:                   # verify's rows kernels: T activation rows at once
             x_r = rng.standard_normal((nr, K)).astype(np.float32)
             xq_r = cuda.device_array(nr * K, np.int8, stream=stream)
@@ -253,7 +253,7 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
                                                         d_h[t * K // 32:(t + 1) * K // 32])
                                     for t in range(nr)])
             scale_r = np.concatenate([w_abs @ np.abs(x_r[t].astype(np.float64)) for t in range(nr)])
-            xq_r_of[f"dp4a_r{nr}"], xd_r_of[f"dp4a_r{nr}"] = xq_r, xd_r
+            rows_x[f"dp4a_r{nr}"] = xq_r, xd_r
             kernels.append((f"dp4a_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_r=y_r:
                             launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r, stream=stream, rows=nr),
                             ref_r, 10 * REL_ERR_BAD, y_r, scale_r))
@@ -282,7 +282,7 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             rows[-1]["max_rel_err"] = float("inf")      # the fitted unroll changed a bit: BAD
         if name.startswith("dp4a_r"):                   # verify's contract: row t of the rows
             rows[-1]["rows_bits"] = same = _rows_match_one_row(    # kernel is the one-row
-                launch_matvec_q8, ws[0], qt, M, K, xq_r_of[name], xd_r_of[name], out, stream)
+                ws[0], qt, M, K, *rows_x[name], out, stream)
             if not same:                                 # kernel's result on row t, bit for bit
                 rows[-1]["max_rel_err"] = float("inf")
     del ws

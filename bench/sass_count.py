@@ -2,7 +2,7 @@
 device says what it does to the time.
 
     python3 bench/sass_count.py bw24nb.kernels.matvec_q4k:matvec_q8_q4_k_v4 \
-        bw24nb.kernels.matvec_q4k:matvec_q8_q4_k_v4_r4 [--cc 9.0] [--jsonl F] [--show-loop]
+        bw24nb.kernels.matvec_q4k:matvec_q8_q4_k_v4_r4 [--cc 9.0] [--jsonl F] [--show-sass]
 
 Each KERNEL is module:attribute, a kernel the module lists in PTX_SIGNATURES (its first
 signature is compiled). The PTX comes from numba (bw24nb.ptx.offline), the cubin from the ptxas
@@ -158,7 +158,7 @@ def main() -> int:
     ap.add_argument("--cc", default="9.0", help="compute capability, e.g. 9.0 or 12.0")
     ap.add_argument("--jsonl", default=None, help="append one record per kernel here")
     ap.add_argument("--commit", default=None)
-    ap.add_argument("--show-loop", action="store_true", help="print the kernel's SASS")
+    ap.add_argument("--show-sass", action="store_true", help="print the kernel's SASS")
     ap.add_argument("--assembler", choices=("ptxas", "nvjitlink"), default="ptxas",
                     help="ptxas on PATH (closest to the device driver's JIT; default) or "
                          "nvJitLink (the NVVM's own toolkit version; its SASS may differ)")
@@ -174,7 +174,7 @@ def main() -> int:
         mix = " ".join(f"{k}:{v}" for k, v in list(c["loop_ops"].items())[:14])
         print(f"{spec}  sm_{cc[0]}{cc[1]} ({how}): {c['registers']} registers, stack {c['stack_bytes']} B, "
               f"{c['total']} instructions, main loop {c['loop']}: {mix}")
-        if args.show_loop:
+        if args.show_sass:
             print(sass)
         if args.jsonl:
             with open(args.jsonl, "a") as f:

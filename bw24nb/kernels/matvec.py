@@ -227,6 +227,11 @@ def rows_epilogue(nr):
 # ---------------------------------------------------------------- the row loop
 
 
+@cuda.jit(device=True, inline="always")
+def _same_x(x, K):
+    return x
+
+
 class RowPath(NamedTuple):
     """One family of decode matvec kernels, as the device functions the row loop calls.
 
@@ -256,8 +261,8 @@ class RowPath(NamedTuple):
     value: object
     x_row: object
     units_host: object = None       # units(K) on the host (`fit_unroll`); None: never refit
-    x_one: object = None            # x_one(x, K): the one-row kernel's x as `value` takes it
-                                    # (None: x itself; Q4_K's adds its row offsets, 0)
+    x_one: object = _same_x         # x_one(x, K): the one-row kernel's x as `value` takes it
+                                    # (x itself; Q4_K's `_x_row` at row 0 adds offsets of 0)
 
 
 _FITTED: dict = {}
@@ -425,11 +430,6 @@ def _row_total(p):
     return row_total
 
 
-@cuda.jit(device=True, inline="always")
-def _same_x(x, K):
-    return x
-
-
 def row_kernel(p, fixed_parts=0):
     """The one-row decode kernel of path p: kern[grid, THREADS](w, M, K, x, y, bias, residual,
     has_bias, has_residual, parts), one output row per `parts` warps. With fixed_parts the
@@ -437,8 +437,7 @@ def row_kernel(p, fixed_parts=0):
     stride and the slot indices fold, and the Q4_K kernel went from 64 to 48 registers and 842
     to 637 PTX instructions (session 5; its run-time-parts build ran 15.2 us against 13.1 us at
     12288 x 4096 on the H200, bench/q4k_probe.py `lib` vs `same`)."""
-    row_total, units, row_base = _row_total(p), p.units, p.base
-    x_one = _same_x if p.x_one is None else p.x_one
+    row_total, units, row_base, x_one = _row_total(p), p.units, p.base, p.x_one
     FP = fixed_parts
 
     def matvec(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):

@@ -207,7 +207,7 @@ def _x_row(x, t, K):
 @cuda.jit(device=True, inline="always")
 def _x_one(x, K):
     """The one-row kernel's activations: `_x_row`'s form at row 0."""
-    return x[0], x[1], np.uint32(0), np.uint32(0)
+    return _x_row(x, 0, K)
 
 
 # w = (w32,): the GGUF rows as uint32 words; x = (xq as uint32 words, xd)
