@@ -155,14 +155,18 @@ def test_add(rng):
     np.testing.assert_array_equal(out.copy_to_host(), a + b)
 
 
+@pytest.mark.parametrize("one_step", [True, False], ids=["one-step", "loop"])
 @pytest.mark.parametrize("N,C", [(1, 96), (2, 320), (1, 1024)])
-def test_rms_norm_q8_is_norm_then_quantize(rng, N, C):
+def test_rms_norm_q8_is_norm_then_quantize(rng, monkeypatch, N, C, one_step):
     """The fused norm + int8 quantizer writes exactly what rms_norm followed by quantize_act
     writes (same float32 y, same amax, d and rounding), bit for bit; C = 320 with a 128-thread
     block leaves the last step to some warps only; C = 1024 is 8 warps meeting in block_sum.
     (A 4096-wide row runs 1024 threads, more than the simulator's warp exchanges keep up with:
-    the kernel-check on the GPU covers it.)"""
+    the kernel-check on the GPU covers it.) Both the one-step path (x and w loaded before the
+    reduction) and the general loop, which rows of > 4 elements a thread take."""
+    from bw24nb.kernels import norm
     from bw24nb.kernels.norm import launch_rms_norm_q8
+    monkeypatch.setattr(norm, "ONE_STEP_ROWS", one_step)
     x = _rand(rng, N, C, scale=3.0)
     w = _rand(rng, C)
     eps = 1e-6
@@ -192,12 +196,16 @@ def _assert_fused_q8_is_norm_then_quantize(N, C, norm, fused):
     assert np.all(qh[N * C:] == 99) and np.all(np.isnan(dh[N * C // 32:]))
 
 
+@pytest.mark.parametrize("one_step", [True, False], ids=["one-step", "loop"])
 @pytest.mark.parametrize("N,C", [(3, 32), (4, 128), (2, 96)])
-def test_gated_rms_norm_q8_is_gated_norm_then_quantize(rng, N, C):
+def test_gated_rms_norm_q8_is_gated_norm_then_quantize(rng, monkeypatch, N, C, one_step):
     """The Gated DeltaNet output norm with the int8 quantizer fused in writes exactly what
     gated_rms_norm followed by quantize_act writes, bit for bit (rows = value heads; the
-    128-wide row of the real models runs 32 threads, 4 steps of one block per warp)."""
+    128-wide row of the real models runs 32 threads, 4 steps of one block per warp), on the
+    one-step path and on the general loop."""
+    from bw24nb.kernels import norm
     from bw24nb.kernels.norm import launch_gated_rms_norm_q8
+    monkeypatch.setattr(norm, "ONE_STEP_ROWS", one_step)
     x = _rand(rng, N, C, scale=3.0)
     z = _rand(rng, N, C, scale=2.0)
     w = _rand(rng, C)

@@ -37,6 +37,10 @@ SCRATCH_WARPS = 32
 # Elements per thread below which a smaller block is used: a 128-wide head row runs as one
 # 32-thread warp (4 elements each) instead of 128 threads doing one load and a 7-level tree.
 NORM_MIN_ELEMS_PER_THREAD = 4
+# The q8 norms' one-step path (rows of <= 4 elements a thread, their loads all issued before
+# the reduction). A switch only so that the simulator tests can run the general loop on small
+# rows too and compare the two paths bit for bit; kernels compiled for the GPU freeze it.
+ONE_STEP_ROWS = True
 
 
 def pow2_block(want: int, cap: int) -> int:
@@ -194,35 +198,82 @@ def rms_norm_q8_rows(x, w, eps, y, xq, xd):
     the next matvecs' int8 input): y as rms_norm_rows writes it, and xq[r, :], xd[r, :] exactly
     as quantize_act_q8 would from y. C % 32 == 0 and the block a multiple of 32, so at every
     step of the element loop warp w holds one whole 32-value block (elements 32w .. 32w + 31 +
-    k * blockDim): its amax is a warp_max, with no extra barrier."""
+    k * blockDim): its amax is a warp_max, with no extra barrier.
+    A row of at most 4 elements a thread (every decode hidden size up to 4096: `_row_threads`)
+    takes `_one_step_q8`: x and w loaded together before the reduction, one memory round trip
+    where the loop below takes two (w's load waited for the sum); the same arithmetic."""
     scratch = cuda.shared.array(SCRATCH_WARPS, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
     B = cuda.blockDim.x
+    if ONE_STEP_ROWS and C <= 4 * B:
+        _one_step_q8(scratch, x, w, eps, y, xq, xd, row, C, B)
+        return
     last = C - 1
     rstd = _row_rstd(scratch, _sum_squares(x, row, C), C, eps)
-    # four elements a step: their loads issue together and their warp_max chains interleave
-    # (a 4096-wide row at 1024 threads is one step); i + kB < C is the same for the whole warp,
-    # since C and B are multiples of 32
+    # four elements a step: their loads issue together and their warp_max chains interleave;
+    # i + kB < C is the same for the whole warp, since C and B are multiples of 32
     for i in range(cuda.threadIdx.x, C, 4 * B):
         j1 = min(i + B, last)
         j2 = min(i + 2 * B, last)
         j3 = min(i + 3 * B, last)
-        v0 = x[row, i] * rstd * w[i]
-        v1 = x[row, j1] * rstd * w[j1]
-        v2 = x[row, j2] * rstd * w[j2]
-        v3 = x[row, j3] * rstd * w[j3]
-        m0 = warp_max(abs(v0))
-        m1 = warp_max(abs(v1))
-        m2 = warp_max(abs(v2))
-        m3 = warp_max(abs(v3))
-        _store_q8(y, xq, xd, row, i, v0, m0)
-        if i + B < C:
-            _store_q8(y, xq, xd, row, i + B, v1, m1)
-        if i + 2 * B < C:
-            _store_q8(y, xq, xd, row, i + 2 * B, v2, m2)
-        if i + 3 * B < C:
-            _store_q8(y, xq, xd, row, i + 3 * B, v3, m3)
+        _quantize4(y, xq, xd, row, i, B, C,
+                   x[row, i] * rstd * w[i], x[row, j1] * rstd * w[j1],
+                   x[row, j2] * rstd * w[j2], x[row, j3] * rstd * w[j3])
+
+
+@cuda.jit(device=True, inline="always")
+def _quantize4(y, xq, xd, row, i, B, C, v0, v1, v2, v3):
+    """Store elements i, i + B, i + 2B, i + 3B (those < C) of a row with their int8 codes:
+    the four warp_max chains interleave (C and B multiples of 32, so each condition is
+    warp-uniform)."""
+    m0 = warp_max(abs(v0))
+    m1 = warp_max(abs(v1))
+    m2 = warp_max(abs(v2))
+    m3 = warp_max(abs(v3))
+    _store_q8(y, xq, xd, row, i, v0, m0)
+    if i + B < C:
+        _store_q8(y, xq, xd, row, i + B, v1, m1)
+    if i + 2 * B < C:
+        _store_q8(y, xq, xd, row, i + 2 * B, v2, m2)
+    if i + 3 * B < C:
+        _store_q8(y, xq, xd, row, i + 3 * B, v3, m3)
+
+
+@cuda.jit(device=True, inline="always")
+def _one_step_q8(scratch, x, w, eps, y, xq, xd, row, C, B):
+    """rms_norm_q8_rows for C <= 4B: thread j's elements j, j + B, j + 2B, j + 3B and their
+    weights are loaded at once and kept in registers; the squares are added in `_sum_squares`'
+    order and each value is x * rstd * w as in the loop, so the bits are the loop's. A thread
+    past the row (C < B: never for the q8 row lengths, C >= 32 = the smallest block) adds
+    nothing and stores nothing (warp-uniform: C and B are multiples of 32)."""
+    i = cuda.threadIdx.x
+    last = C - 1
+    i0 = min(i, last)
+    j1 = min(i + B, last)
+    j2 = min(i + 2 * B, last)
+    j3 = min(i + 3 * B, last)
+    x0 = x[row, i0]
+    x1 = x[row, j1]
+    x2 = x[row, j2]
+    x3 = x[row, j3]
+    w0 = w[i0]
+    w1 = w[j1]
+    w2 = w[j2]
+    w3 = w[j3]
+    acc = float32(0.0)
+    if i < C:
+        acc += x0 * x0
+    if i + B < C:
+        acc += x1 * x1
+    if i + 2 * B < C:
+        acc += x2 * x2
+    if i + 3 * B < C:
+        acc += x3 * x3
+    rstd = _row_rstd(scratch, acc, C, eps)
+    if i < C:
+        _quantize4(y, xq, xd, row, i, B, C,
+                   x0 * rstd * w0, x1 * rstd * w1, x2 * rstd * w2, x3 * rstd * w3)
 
 
 @kernel
@@ -230,12 +281,49 @@ def gated_rms_norm_q8_rows(x, z, w, eps, y, xq, xd):
     """gated_rms_norm_rows + quantize_act_q8 of its output in one launch (decode: the Gated
     DeltaNet output norm feeds ssm_out's int8 matvec): y exactly as gated_rms_norm_rows writes
     it (same sum order, same product order), xq / xd exactly as quantize_act_q8 would from y.
-    C % 32 == 0: at every step of the element loop a warp holds one whole 32-value block."""
+    C % 32 == 0: at every step of the element loop a warp holds one whole 32-value block.
+    A row of at most 4 elements a thread (the real models' 128-wide heads on 32 threads) loads
+    its x, z and w at once, before the reduction: one memory round trip, the same arithmetic."""
     scratch = cuda.shared.array(SCRATCH_WARPS, float32)
     row = cuda.blockIdx.x
     C = x.shape[1]
+    B = cuda.blockDim.x
+    if ONE_STEP_ROWS and C <= 4 * B:
+        i = cuda.threadIdx.x
+        last = C - 1
+        i0 = min(i, last)
+        j1 = min(i + B, last)
+        j2 = min(i + 2 * B, last)
+        j3 = min(i + 3 * B, last)
+        x0 = x[row, i0]
+        x1 = x[row, j1]
+        x2 = x[row, j2]
+        x3 = x[row, j3]
+        z0 = z[row, i0]
+        z1 = z[row, j1]
+        z2 = z[row, j2]
+        z3 = z[row, j3]
+        w0 = w[i0]
+        w1 = w[j1]
+        w2 = w[j2]
+        w3 = w[j3]
+        acc = float32(0.0)             # `_gated_rstd`'s order: j, j + B, j + 2B, j + 3B
+        if i < C:
+            acc += x0 * x0
+        if i + B < C:
+            acc += x1 * x1
+        if i + 2 * B < C:
+            acc += x2 * x2
+        if i + 3 * B < C:
+            acc += x3 * x3
+        rstd = _row_rstd(scratch, acc, C, eps)
+        if i < C:
+            _quantize4(y, xq, xd, row, i, B, C,
+                       x0 * rstd * w0 * _silu(z0), x1 * rstd * w1 * _silu(z1),
+                       x2 * rstd * w2 * _silu(z2), x3 * rstd * w3 * _silu(z3))
+        return
     rstd = _gated_rstd(scratch, x, row, C, eps)
-    for i in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+    for i in range(cuda.threadIdx.x, C, B):
         v = x[row, i] * rstd * w[i] * _silu(z[row, i])
         _store_q8(y, xq, xd, row, i, v, warp_max(abs(v)))
 

@@ -1,0 +1,129 @@
+"""What a small kernel costs inside a decode graph: chains of the decode step's launches.
+
+    python3 bench/launch_chain.py [--n 64] [--hidden 4096] [--commit SHA] [--out PATH]
+
+The 9B decode step spends ~1.1 ms of its ~3.1 ms outside the matvecs, in a dozen small
+kernels a layer; a graph launch gap is ~0.9 us (../shared/DEVICE.md), so most of that is each
+small kernel's own dependency chain, not the launch. This measures it: each sequence below is
+captured N times over into one graph with programmatic edges, as the engine captures its
+decode step, and timed per repetition (CUDA events, median of 5 replays after 2 warm-ups):
+
+  empty     a one-block kernel storing one value: the floor of a dependent launch
+  norm      rms_norm_q8 of one hidden row (the attn / ffn norm of a decode layer)
+  gnorm     the gated q8 norm over 32 value heads of 128 (the GDN output norm)
+  mv        the Q4_K hidden x hidden matvec with a residual (ssm_out / attn_output), the
+            weights rotated over copies so that every launch reads HBM
+  mv+norm   mv then norm, as in a layer: (mv+norm) - mv is what the norm adds to a step
+
+Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
+(default $OUT/launch_chain.jsonl). Benchmarks are not tests.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from bw24nb.graph import CudaGraph  # noqa: E402
+from bw24nb.jit import kernel  # noqa: E402
+from bw24nb.kernels.dequant import random_weight_bytes  # noqa: E402
+from bw24nb.kernels.matvec import launch_matvec_q8  # noqa: E402
+from bw24nb.kernels.norm import launch_gated_rms_norm_q8, launch_rms_norm_q8  # noqa: E402
+from bw24nb.quant import QType  # noqa: E402
+from bw24nb.quant.types import row_bytes  # noqa: E402
+from matvec_bench import L2_BYTES, _commit, event_ms  # noqa: E402
+
+
+@kernel
+def store_one(y):
+    """The smallest kernel a graph can chain: one thread stores one value."""
+    if cuda.threadIdx.x == 0:
+        y[0] = y[0] + np.float32(1.0)
+
+
+def per_rep_us(stream, n, body) -> float:
+    """Capture body(i) for i < n into one programmatic graph; us per repetition."""
+    body(0)                                   # compiled and loaded before capture
+    stream.synchronize()
+    with CudaGraph.capture(stream, programmatic=True) as g:
+        for i in range(n):
+            body(i)
+    ms = event_ms(lambda: g.replay(stream), stream)
+    g.close()
+    return 1e3 * ms / n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=64, help="repetitions per graph")
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--note", default="")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    H, n = a.hidden, a.n
+    stream = cuda.stream()
+    rng = np.random.default_rng(0)
+    eps = np.float32(1e-6)
+
+    one = cuda.to_device(np.zeros(1, np.float32), stream=stream)
+    h = cuda.to_device(rng.standard_normal(H).astype(np.float32), stream=stream)
+    nw = cuda.to_device((1 + 0.1 * rng.standard_normal(H)).astype(np.float32), stream=stream)
+    y = cuda.device_array(H, np.float32, stream=stream)
+    xq = cuda.device_array(H, np.int8, stream=stream)
+    xd = cuda.device_array(H // 32, np.float32, stream=stream)
+    heads, dv = 32, 128
+    o = cuda.to_device(rng.standard_normal((heads, dv)).astype(np.float32), stream=stream)
+    z = cuda.to_device(rng.standard_normal((heads, dv)).astype(np.float32), stream=stream)
+    gw = cuda.to_device(np.ones(dv, np.float32), stream=stream)
+    gy = cuda.device_array((heads, dv), np.float32, stream=stream)
+    gq = cuda.device_array(heads * dv, np.int8, stream=stream)
+    gd = cuda.device_array(heads * dv // 32, np.float32, stream=stream)
+    nbytes = H * row_bytes(QType.Q4_K, H)
+    copies = max(2, math.ceil(3 * L2_BYTES / nbytes))
+    w_host = random_weight_bytes(rng, QType.Q4_K, H, H)
+    ws = [cuda.to_device(w_host, stream=stream) for _ in range(copies)]
+    launch_rms_norm_q8(h, nw, eps, y, xq, xd, stream=stream)     # a valid int8 input for mv
+
+    def mv(i):
+        launch_matvec_q8(ws[i % copies], QType.Q4_K, H, H, xq, xd, h, residual=h, stream=stream)
+
+    def norm(i):
+        launch_rms_norm_q8(h, nw, eps, y, xq, xd, stream=stream)
+
+    seqs = {
+        "empty": lambda i: store_one[1, 32, stream](one),
+        "norm": norm,
+        "gnorm": lambda i: launch_gated_rms_norm_q8(o, z, gw, eps, gy, gq, gd, stream=stream),
+        "mv": mv,
+        "mv+norm": lambda i: (mv(i), norm(i)),
+    }
+    date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    gpu = getattr(cuda.get_current_device(), "name", "simulator")
+    gpu = gpu.decode() if isinstance(gpu, bytes) else str(gpu)
+    commit = a.commit or _commit()
+    out = a.out or os.path.join(os.environ.get("OUT", "."), "launch_chain.jsonl")
+    res = {}
+    with open(out, "a") as f:
+        for name, body in seqs.items():
+            res[name] = us = per_rep_us(stream, n, body)
+            print(f"{name:8s} {us:8.2f} us a repetition (n = {n})", flush=True)
+            f.write(json.dumps({"date": date, "gpu": gpu, "commit": commit, "hidden": H, "n": n,
+                                "sequence": name, "us": round(us, 3), "note": a.note}) + "\n")
+    print(f"norm after a matvec adds {res['mv+norm'] - res['mv']:.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
