@@ -9,7 +9,9 @@ captured N times over into one graph with programmatic edges, as the engine capt
 decode step, and timed per repetition (CUDA events, median of 5 replays after 2 warm-ups):
 
   empty     a one-block kernel storing one value: the floor of a dependent launch
-  norm      rms_norm_q8 of one hidden row (the attn / ffn norm of a decode layer)
+  norm      rms_norm_q8 of one hidden row (the attn / ffn norm of a decode layer), split over
+            a block per slot (the default since session 15)
+  norm1     the same on one block (split=False, the form before)
   gnorm     the gated q8 norm over 32 value heads of 128 (the GDN output norm)
   mv        the Q4_K hidden x hidden matvec with a residual (ssm_out / attn_output), the
             weights rotated over copies so that every launch reads HBM
@@ -99,15 +101,20 @@ def main() -> int:
     def mv(i):
         launch_matvec_q8(ws[i % copies], QType.Q4_K, H, H, xq, xd, h, residual=h, stream=stream)
 
-    def norm(i):
-        launch_rms_norm_q8(h, nw, eps, y, xq, xd, stream=stream)
+    def norm(i, split=None):
+        launch_rms_norm_q8(h, nw, eps, y, xq, xd, stream=stream, split=split)
+
+    def norm1(i):
+        norm(i, False)
 
     seqs = {
         "empty": lambda i: store_one[1, 32, stream](one),
         "norm": norm,
+        "norm1": norm1,
         "gnorm": lambda i: launch_gated_rms_norm_q8(o, z, gw, eps, gy, gq, gd, stream=stream),
         "mv": mv,
         "mv+norm": lambda i: (mv(i), norm(i)),
+        "mv+norm1": lambda i: (mv(i), norm1(i)),
     }
     date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     gpu = getattr(cuda.get_current_device(), "name", "simulator")
@@ -121,7 +128,9 @@ def main() -> int:
             print(f"{name:8s} {us:8.2f} us a repetition (n = {n})", flush=True)
             f.write(json.dumps({"date": date, "gpu": gpu, "commit": commit, "hidden": H, "n": n,
                                 "sequence": name, "us": round(us, 3), "note": a.note}) + "\n")
-    print(f"norm after a matvec adds {res['mv+norm'] - res['mv']:.2f} us")
+    for nm in ("norm", "norm1"):
+        if "mv+" + nm in res:
+            print(f"{nm} after a matvec adds {res['mv+' + nm] - res['mv']:.2f} us")
     return 0
 
 

@@ -518,7 +518,10 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 # chain (before session 13's side streams: Engine._side_by_side)
                 "proj-chain": dict(proj_branches=False),
                 # both as chains: the session-12 launch order
-                "chain": dict(moe_branches=False, proj_branches=False)}
+                "chain": dict(moe_branches=False, proj_branches=False),
+                # decode's q8 norms on one block a row (before session 15's split over a block
+                # per slot: norm.launch_rms_norm_q8, the same bits)
+                "norm-whole": dict(norm_split=False)}
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,

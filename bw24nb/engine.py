@@ -275,7 +275,7 @@ class Engine:
                  prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "lane",
                  fuse_prefill: bool = True, moe_q8: bool = True, prefill_path: str = "auto",
                  moe_prefill: str = "grouped", moe_branches: bool = True,
-                 proj_branches: bool = True):
+                 proj_branches: bool = True, norm_split: bool = True):
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {ACT_QUANT}, not {act_quant!r}")
         # "q8": matvecs on integer block weights (Q8_0 .. Q6_K) take int8 activations (one
@@ -357,6 +357,10 @@ class Engine:
         # (`_side_by_side`; three side streams: GDN's qkv, z, beta, alpha is the most); False:
         # one chain (same kernels, same bits: --launch proj-chain)
         self._proj_branches = Branches(3) if proj_branches else None
+        # decode / verify's q8 norms over a block per slot (norm.launch_rms_norm_q8's split:
+        # the same bits; False = one block a row, the form before session 15: --launch
+        # norm-whole)
+        self._norm_split = norm_split
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
@@ -685,7 +689,8 @@ class Engine:
         if launches and launches[0][0] == "quant_act":
             K = x.shape[len(x.shape) - 1]      # (the simulator's shape tuple has no [-1])
             xq, xd = ws.xq[:T * K], ws.xd[:T * K // 32]  # the views _quantize_input hands out
-            return [(name + "_q8", lambda: norm.launch_rms_norm_q8(h, wn.buf, eps, x, xq, xd, s))] \
+            return [(name + "_q8", lambda: norm.launch_rms_norm_q8(h, wn.buf, eps, x, xq, xd, s,
+                                                             split=self._norm_split))] \
                 + launches[1:]
         return [(name, lambda: norm.launch_rms_norm(h, wn.buf, eps, x, s))] + launches
 

@@ -155,15 +155,18 @@ def test_add(rng):
     np.testing.assert_array_equal(out.copy_to_host(), a + b)
 
 
-@pytest.mark.parametrize("one_step", [True, False], ids=["one-step", "loop"])
+@pytest.mark.parametrize("one_step,split", [(True, True), (True, False), (False, False)],
+                         ids=["split", "one-step", "loop"])
 @pytest.mark.parametrize("N,C", [(1, 96), (2, 320), (1, 1024)])
-def test_rms_norm_q8_is_norm_then_quantize(rng, monkeypatch, N, C, one_step):
+def test_rms_norm_q8_is_norm_then_quantize(rng, monkeypatch, N, C, one_step, split):
     """The fused norm + int8 quantizer writes exactly what rms_norm followed by quantize_act
     writes (same float32 y, same amax, d and rounding), bit for bit; C = 320 with a 128-thread
     block leaves the last step to some warps only; C = 1024 is 8 warps meeting in block_sum.
     (A 4096-wide row runs 1024 threads, more than the simulator's warp exchanges keep up with:
-    the kernel-check on the GPU covers it.) Both the one-step path (x and w loaded before the
-    reduction) and the general loop, which rows of > 4 elements a thread take."""
+    the kernel-check on the GPU covers it.) The one-step path (x and w loaded before the
+    reduction), on one block a row and split over a block per slot (C = 96 on 32 threads: 3
+    blocks; C = 320 on 128: 3, the last one half idle), and the general loop, which rows of
+    > 4 elements a thread take."""
     from bw24nb.kernels import norm
     from bw24nb.kernels.norm import launch_rms_norm_q8
     monkeypatch.setattr(norm, "ONE_STEP_ROWS", one_step)
@@ -173,7 +176,7 @@ def test_rms_norm_q8_is_norm_then_quantize(rng, monkeypatch, N, C, one_step):
     xd_, wd = cuda.to_device(x), cuda.to_device(w)
     _assert_fused_q8_is_norm_then_quantize(
         N, C, lambda y: launch_rms_norm(xd_, wd, eps, y),
-        lambda y, q, d: launch_rms_norm_q8(xd_, wd, eps, y, q, d))
+        lambda y, q, d: launch_rms_norm_q8(xd_, wd, eps, y, q, d, split=split))
 
 
 def _assert_fused_q8_is_norm_then_quantize(N, C, norm, fused):

@@ -41,6 +41,10 @@ NORM_MIN_ELEMS_PER_THREAD = 4
 # the reduction). A switch only so that the simulator tests can run the general loop on small
 # rows too and compare the two paths bit for bit; kernels compiled for the GPU freeze it.
 ONE_STEP_ROWS = True
+# rms_norm_q8 rows spread over one block per slot (`_one_step_q8`) while a launch has at most
+# this many rows (decode's one, verify's K + 1); prefill's many rows fill the GPU without it
+NORM_Q8_SPLIT = True
+NORM_SPLIT_MAX_ROWS = 16
 
 
 def pow2_block(want: int, cap: int) -> int:
@@ -242,11 +246,15 @@ def _quantize4(y, xq, xd, row, i, B, C, v0, v1, v2, v3):
 
 @cuda.jit(device=True, inline="always")
 def _one_step_q8(scratch, x, w, eps, y, xq, xd, row, C, B):
-    """rms_norm_q8_rows for C <= 4B: thread j's elements j, j + B, j + 2B, j + 3B and their
-    weights are loaded at once and kept in registers; the squares are added in `_sum_squares`'
-    order and each value is x * rstd * w as in the loop, so the bits are the loop's. A thread
-    past the row (C < B: never for the q8 row lengths, C >= 32 = the smallest block) adds
-    nothing and stores nothing (warp-uniform: C and B are multiples of 32)."""
+    """rms_norm_q8_rows for C <= 4B: thread j's elements j, j + B, j + 2B, j + 3B (its
+    "slots" 0..3) and their weights are loaded at once and kept in registers; the squares are
+    added in `_sum_squares`' order and each value is x * rstd * w as in the loop, so the bits
+    are the loop's. A thread past the row (C < B: never for the q8 row lengths, C >= 32 = the
+    smallest block) adds nothing and stores nothing (warp-uniform: C, B multiples of 32).
+    Split rows (gridDim.y = S > 1, `launch_rms_norm_q8`): block (row, s) still sums the whole
+    row -- the same loads and order, so every block has the same rstd, bit for bit -- but
+    loads the weights of, and quantizes, slot s alone: the quantization, most of the norm's
+    instructions, is spread over S SMs instead of queueing on one."""
     i = cuda.threadIdx.x
     last = C - 1
     i0 = min(i, last)
@@ -257,10 +265,19 @@ def _one_step_q8(scratch, x, w, eps, y, xq, xd, row, C, B):
     x1 = x[row, j1]
     x2 = x[row, j2]
     x3 = x[row, j3]
-    w0 = w[i0]
-    w1 = w[j1]
-    w2 = w[j2]
-    w3 = w[j3]
+    S = cuda.gridDim.y
+    sl = cuda.blockIdx.y
+    if S > 1:                      # slot sl's weight only (the others are never read)
+        js = min(i + sl * B, last)
+        w0 = w[js]
+        w1 = w0
+        w2 = w0
+        w3 = w0
+    else:
+        w0 = w[i0]
+        w1 = w[j1]
+        w2 = w[j2]
+        w3 = w[j3]
     acc = float32(0.0)
     if i < C:
         acc += x0 * x0
@@ -271,7 +288,13 @@ def _one_step_q8(scratch, x, w, eps, y, xq, xd, row, C, B):
     if i + 3 * B < C:
         acc += x3 * x3
     rstd = _row_rstd(scratch, acc, C, eps)
-    if i < C:
+    if S > 1:
+        e = i + sl * B
+        if e < C:                  # warp-uniform
+            xs = x0 if sl == 0 else (x1 if sl == 1 else (x2 if sl == 2 else x3))
+            v = xs * rstd * w0
+            _store_q8(y, xq, xd, row, e, v, warp_max(abs(v)))
+    elif i < C:
         _quantize4(y, xq, xd, row, i, B, C,
                    x0 * rstd * w0, x1 * rstd * w1, x2 * rstd * w2, x3 * rstd * w3)
 
@@ -331,10 +354,13 @@ def gated_rms_norm_q8_rows(x, z, w, eps, y, xq, xd):
 # ------------------------------------------------------------------ launchers
 
 
-def launch_rms_norm_q8(x, w, eps: float, y, xq, xd, stream=0):
+def launch_rms_norm_q8(x, w, eps: float, y, xq, xd, stream=0, split=None):
     """`launch_rms_norm` + `quantize_act.launch_quantize_act(y, xq, xd)` in one launch: rows of
     C = len(w) (a multiple of 32); xq int8 and xd float32 hold >= rows * C and rows * C / 32
-    values (flat or shaped). Reference: ops.rms_norm, then quantize_act_q8_reference."""
+    values (flat or shaped). Reference: ops.rms_norm, then quantize_act_q8_reference.
+    split (default `NORM_Q8_SPLIT`): with few rows (<= NORM_SPLIT_MAX_ROWS: decode, verify)
+    and at most 4 elements a thread, each row runs on one block per slot, every block summing
+    the whole row and quantizing its slot (`_one_step_q8`); the same bits either way."""
     C = w.shape[0]
     if C % 32:
         raise ValueError(f"rms_norm_q8: row length {C} is not a multiple of 32")
@@ -343,8 +369,12 @@ def launch_rms_norm_q8(x, w, eps: float, y, xq, xd, stream=0):
     flat = (lambda a: a if a.ndim == 1 else a.reshape(a.size))
     q = flat(xq)[:N * C].reshape(N, C)
     d = flat(xd)[:N * C // 32].reshape(N, C // 32)
-    rms_norm_q8_rows[N, _row_threads(C), stream](xr, w, np.float32(eps), yr, q, d)
-
+    B = _row_threads(C)
+    S = (C + B - 1) // B
+    if not (NORM_Q8_SPLIT if split is None else split) or not ONE_STEP_ROWS \
+            or N > NORM_SPLIT_MAX_ROWS or S > 4:
+        S = 1
+    rms_norm_q8_rows[(N, S), B, stream](xr, w, np.float32(eps), yr, q, d)
 
 
 def _rows(a, C: int):
