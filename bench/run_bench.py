@@ -299,6 +299,10 @@ def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_g
     _profile_prefill(rec, model, engine, cfg, prefill, base)
 
 
+# launches per chained graph in the decode profile's second pass (0: skip it)
+CHAIN_PROFILE = 16
+
+
 def _profile_decode(rec: Recorder, model: str, engine, cfg, prompt: int, base: dict) -> None:
     engine.reset()
     engine.prefill(prompt_ids(prompt, cfg.vocab_size))
@@ -312,6 +316,24 @@ def _profile_decode(rec: Recorder, model: str, engine, cfg, prompt: int, base: d
         rec.add(model, f"kernel_ms:{name}", sum(v), "ms", **base, launches=len(v),
                 share=round(sum(v) / step_ms, 4) if step_ms else None, context=prompt)
     rec.add(model, "decode_step_eager_ms", step_ms, "ms", **base, context=prompt)
+    if not CHAIN_PROFILE:
+        return
+    # the same launches, each chained CHAIN_PROFILE times in one graph with the decode graph's
+    # edges: what each costs inside the step (the eager rows above each pay a graph launch)
+    engine.reset()
+    engine.prefill(prompt_ids(prompt, cfg.vocab_size))
+    chained: dict[str, list[float]] = {}
+    for name, ms in engine.profile_decode_step(replays=5, chain=CHAIN_PROFILE):
+        chained.setdefault(name, []).append(float(ms))
+    chain_ms = sum(sum(v) for v in chained.values())
+    print(f"  decode step, chained x{CHAIN_PROFILE}, per kernel: {chain_ms:.3f} ms")
+    for name, v in sorted(chained.items(), key=lambda kv: -sum(kv[1])):
+        print(f"    kernel_chain_ms:{name} {sum(v):.4f} ({len(v)} launches, "
+              f"{1e3 * sum(v) / len(v):.2f} us each)")
+        rec.add(model, f"kernel_chain_ms:{name}", sum(v), "ms", **base, launches=len(v),
+                chain=CHAIN_PROFILE, context=prompt)
+    rec.add(model, "decode_step_chain_ms", chain_ms, "ms", **base, chain=CHAIN_PROFILE,
+            context=prompt)
 
 
 def _profile_prefill(rec: Recorder, model: str, engine, cfg, prefill: int, base: dict) -> None:

@@ -1044,14 +1044,15 @@ class Engine:
         t2 = time.perf_counter()
         return out, {"prefill_s": t1 - t0, "decode_s": t2 - t1, "decode_tokens": len(out) - 1}
 
-    def profile_decode_step(self, replays: int = 20) -> list[tuple[str, float]]:
-        """Device time (ms) of each launch of one decode step (`time_launches`). Leaves the
+    def profile_decode_step(self, replays: int = 20, chain: int = 1) -> list[tuple[str, float]]:
+        """Device time (ms) of each launch of one decode step (`time_launches`; `chain` > 1:
+        each launch chained that many times in one graph, as in the decode graph). Leaves the
         sequence state as it was (launches that advance state are replayed on a saved copy)."""
         saved = self._save_step_state()
         self._run(self._decode_step())               # compile + load every kernel first
         self._restore_step_state(saved)
         return self.time_launches(self._decode_step(), replays,
-                                  lambda: self._restore_step_state(saved))
+                                  lambda: self._restore_step_state(saved), chain=chain)
 
     def profile_prefill(self, ids, replays: int = 3) -> list[tuple[str, float]]:
         """Device time (ms) of each launch of one prefill chunk of `ids` (at most one chunk,
@@ -1079,23 +1080,29 @@ class Engine:
         self.reset()
         return rows
 
-    def time_launches(self, launches, replays: int = 20, restore=None) -> list[tuple[str, float]]:
+    def time_launches(self, launches, replays: int = 20, restore=None,
+                      chain: int = 1) -> list[tuple[str, float]]:
         """(name, ms) per launch: every launch is captured alone into a CUDA graph and replayed
         `replays` times between CUDA events, so host launch cost (~16 us per eager Numba launch)
         stays out of the numbers (a graph launch of one node still adds ~2 us: small kernels
-        read high). Each kernel must have run once already; `restore()` after each launch puts
-        back whatever state it advanced."""
+        read high). chain > 1: the launch is captured `chain` times over into one graph with
+        the decode graph's edges (programmatic where it has them), and the time is per launch
+        -- what it costs inside a step, after a kernel like itself (bench/launch_chain.py; the
+        values it computes are then off, the time is not). Each kernel must have run once
+        already; `restore()` after each launch puts back whatever state it advanced."""
         rows = []
+        chain = max(1, int(chain))
         for name, fn in launches:
-            with CudaGraph.capture(self.stream) as g:
-                fn()
+            with CudaGraph.capture(self.stream, programmatic=chain > 1 and self.programmatic) as g:
+                for _ in range(chain):
+                    fn()
             a, b = cuda.event(), cuda.event()
             a.record(self.stream)
             for _ in range(replays):
                 g.replay(self.stream)
             b.record(self.stream)
             b.synchronize()
-            rows.append((name, cuda.event_elapsed_time(a, b) / replays))
+            rows.append((name, cuda.event_elapsed_time(a, b) / (replays * chain)))
             g.close()
             if restore is not None:
                 restore()

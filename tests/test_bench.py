@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import roofline  # noqa: E402
+from bench import roofline, run_bench  # noqa: E402
 from bench.run_bench import Recorder, bench_engine, parse_llama_bench  # noqa: E402
 from bw24nb.factory import model_config, write_gguf_model  # noqa: E402
 from bw24nb.formats import open_model  # noqa: E402
@@ -107,8 +107,9 @@ class ReferenceEngine:
     def decode(self, token):
         return self.model.decode(token)
 
-    def profile_decode_step(self):
-        return [("attn_q", 0.5), ("ffn_up", 1.0), ("attn_q", 0.25)]
+    def profile_decode_step(self, replays=20, chain=1):
+        f = 0.5 if chain > 1 else 1.0          # chained: what each costs inside the step
+        return [("attn_q", 0.5 * f), ("ffn_up", 1.0 * f), ("attn_q", 0.25 * f)]
 
     def profile_prefill(self, ids):
         self.profiled_prefill = len(ids)
@@ -142,6 +143,9 @@ def test_bench_engine_records(small, tmp_path):
     assert metrics["kernel_ms:attn_q"]["value"] == 0.75
     assert metrics["kernel_ms:attn_q"]["config"]["launches"] == 2
     assert metrics["decode_step_eager_ms"]["value"] == 1.75
+    assert metrics["kernel_chain_ms:attn_q"]["value"] == 0.375
+    assert metrics["kernel_chain_ms:attn_q"]["config"]["chain"] == run_bench.CHAIN_PROFILE > 1
+    assert metrics["decode_step_chain_ms"]["value"] == 0.875
     assert eng.profiled_prefill == 5                           # the pp prompt's length
     assert metrics["prefill_kernel_ms:attention"]["value"] == 3.5
     assert metrics["prefill_kernel_ms:attention"]["config"]["launches"] == 2

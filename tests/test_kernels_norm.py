@@ -155,10 +155,13 @@ def test_add(rng):
     np.testing.assert_array_equal(out.copy_to_host(), a + b)
 
 
-@pytest.mark.parametrize("one_step,split", [(True, True), (True, False), (False, False)],
-                         ids=["split", "one-step", "loop"])
+@pytest.mark.parametrize("one_step,split,max_threads", [
+    (True, True, None), (True, False, None), (False, False, None), (False, True, None),
+    (True, True, 64), (True, False, 64)],
+    ids=["split", "one-step", "loop", "loop-split", "wide-split", "wide-loop"])
 @pytest.mark.parametrize("N,C", [(1, 96), (2, 320), (1, 1024)])
-def test_rms_norm_q8_is_norm_then_quantize(rng, monkeypatch, N, C, one_step, split):
+def test_rms_norm_q8_is_norm_then_quantize(rng, monkeypatch, N, C, one_step, split,
+                                           max_threads):
     """The fused norm + int8 quantizer writes exactly what rms_norm followed by quantize_act
     writes (same float32 y, same amax, d and rounding), bit for bit; C = 320 with a 128-thread
     block leaves the last step to some warps only; C = 1024 is 8 warps meeting in block_sum.
@@ -166,10 +169,15 @@ def test_rms_norm_q8_is_norm_then_quantize(rng, monkeypatch, N, C, one_step, spl
     the kernel-check on the GPU covers it.) The one-step path (x and w loaded before the
     reduction), on one block a row and split over a block per slot (C = 96 on 32 threads: 3
     blocks; C = 320 on 128: 3, the last one half idle), and the general loop, which rows of
-    > 4 elements a thread take."""
+    > 4 elements a thread take, on one block and split over a block per slot. "wide" caps the
+    block at 64 threads, so that C = 320 and 1024 are rows of 5 and 16 elements a thread, as
+    the 27B's 5120 is at the real cap of 1024: split (5 slots) and not (16 slots, over
+    NORM_SPLIT_MAX_SLOTS)."""
     from bw24nb.kernels import norm
     from bw24nb.kernels.norm import launch_rms_norm_q8
     monkeypatch.setattr(norm, "ONE_STEP_ROWS", one_step)
+    if max_threads is not None:
+        monkeypatch.setattr(norm, "NORM_THREADS_MAX", max_threads)
     x = _rand(rng, N, C, scale=3.0)
     w = _rand(rng, C)
     eps = 1e-6
@@ -228,11 +236,15 @@ def test_gated_rms_norm_q8_refuses_rows_that_are_not_whole_blocks():
                                  cuda.to_device(np.zeros(3, np.float32)))
 
 
+@pytest.mark.parametrize("one_step", [True, False], ids=["one-step", "loop"])
 @pytest.mark.parametrize("gated", [True, False])
-def test_qk_head_norm_is_split_then_two_head_norms(rng, gated):
+def test_qk_head_norm_is_split_then_two_head_norms(rng, monkeypatch, gated, one_step):
     """One launch for q_norm, k_norm and (gated attention) the query / gate split: the same
-    bits as launch_split_q_gate then launch_head_rms_norm of q and of k."""
+    bits as launch_split_q_gate then launch_head_rms_norm of q and of k, on the one-step path
+    (values and weights loaded before the reduction) and on the loop."""
+    from bw24nb.kernels import norm
     from bw24nb.kernels.norm import launch_head_rms_norm, launch_qk_head_norm
+    monkeypatch.setattr(norm, "ONE_STEP_ROWS", one_step)
     from bw24nb.kernels.rope import launch_split_q_gate
     T, Hq, Hk, D = 2, 3, 2, 64
     qg = _rand(rng, T, Hq * (2 if gated else 1) * D, scale=2.0)

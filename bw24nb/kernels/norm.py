@@ -45,6 +45,9 @@ ONE_STEP_ROWS = True
 # this many rows (decode's one, verify's K + 1); prefill's many rows fill the GPU without it
 NORM_Q8_SPLIT = True
 NORM_SPLIT_MAX_ROWS = 16
+# slots (elements a thread) up to which a row is split: every block re-reads the whole row, so
+# the split trades L2 reads for the quantization's instructions (5 at the 27B's 5120 / 1024)
+NORM_SPLIT_MAX_SLOTS = 8
 
 
 def pow2_block(want: int, cap: int) -> int:
@@ -130,22 +133,72 @@ def qk_head_norm_rows(qsrc, q, gate, wq, k, wk, eps, split):
     split of the gated q_proj) in one launch: blocks 0 .. Nq-1 take query head row r of
     qsrc [Nq, S] (S = 2D gated -- [query | gate] -- else D), q[r, :] = rms_norm(query) * wq and
     gate[r, :] = qsrc[r, D:2D]; blocks Nq .. Nq+Nk-1 normalize k [Nk, D] rows in place with wk.
-    Every row is rms_norm_rows' arithmetic at the same block size, bit for bit."""
+    Every row is rms_norm_rows' arithmetic at the same block size, bit for bit; a head of at
+    most 4 elements a thread (D = 256 on 64 threads, 128 on 32) loads its values and weights
+    before the reduction (`_norm_row_one_step`)."""
     scratch = cuda.shared.array(SCRATCH_WARPS, float32)
     b = cuda.blockIdx.x
     Nq = q.shape[0]
     D = q.shape[1]
+    B = cuda.blockDim.x
     if b < Nq:
-        rstd = _row_rstd(scratch, _sum_squares(qsrc, b, D), D, eps)
-        for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-            q[b, i] = qsrc[b, i] * rstd * wq[i]
-            if split:
+        if split:
+            for i in range(cuda.threadIdx.x, D, B):
                 gate[b, i] = qsrc[b, D + i]
+        if ONE_STEP_ROWS and D <= 4 * B:
+            _norm_row_one_step(scratch, qsrc, b, q, b, wq, D, B, eps)
+            return
+        rstd = _row_rstd(scratch, _sum_squares(qsrc, b, D), D, eps)
+        for i in range(cuda.threadIdx.x, D, B):
+            q[b, i] = qsrc[b, i] * rstd * wq[i]
     else:
         row = b - Nq
+        if ONE_STEP_ROWS and D <= 4 * B:
+            _norm_row_one_step(scratch, k, row, k, row, wk, D, B, eps)
+            return
         rstd = _row_rstd(scratch, _sum_squares(k, row, D), D, eps)
-        for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        for i in range(cuda.threadIdx.x, D, B):
             k[row, i] = k[row, i] * rstd * wk[i]
+
+
+@cuda.jit(device=True, inline="always")
+def _norm_row_one_step(scratch, src, srow, dst, drow, w, C, B, eps):
+    """dst[drow, :C] = rms_norm(src[srow, :C]) * w for C <= 4B (dst may be src): thread j's
+    elements j, j + B, j + 2B, j + 3B and their weights loaded at once, squares added in
+    `_sum_squares`' order, each value x * rstd * w -- rms_norm_rows' bits, one memory round
+    trip (the loop form loaded w after the reduction)."""
+    i = cuda.threadIdx.x
+    last = C - 1
+    i0 = min(i, last)
+    j1 = min(i + B, last)
+    j2 = min(i + 2 * B, last)
+    j3 = min(i + 3 * B, last)
+    x0 = src[srow, i0]
+    x1 = src[srow, j1]
+    x2 = src[srow, j2]
+    x3 = src[srow, j3]
+    w0 = w[i0]
+    w1 = w[j1]
+    w2 = w[j2]
+    w3 = w[j3]
+    acc = float32(0.0)
+    if i < C:
+        acc += x0 * x0
+    if i + B < C:
+        acc += x1 * x1
+    if i + 2 * B < C:
+        acc += x2 * x2
+    if i + 3 * B < C:
+        acc += x3 * x3
+    rstd = _row_rstd(scratch, acc, C, eps)
+    if i < C:
+        dst[drow, i] = x0 * rstd * w0
+    if i + B < C:
+        dst[drow, i + B] = x1 * rstd * w1
+    if i + 2 * B < C:
+        dst[drow, i + 2 * B] = x2 * rstd * w2
+    if i + 3 * B < C:
+        dst[drow, i + 3 * B] = x3 * rstd * w3
 
 
 @kernel
@@ -214,6 +267,17 @@ def rms_norm_q8_rows(x, w, eps, y, xq, xd):
         _one_step_q8(scratch, x, w, eps, y, xq, xd, row, C, B)
         return
     last = C - 1
+    if cuda.gridDim.y > 1:
+        # a wide row split over a block per slot (the 27B's 5120 on 1024 threads: 5 slots):
+        # every block sums the whole row in `_sum_squares`' order (the same rstd, bit for
+        # bit) and quantizes slot blockIdx.y alone, its weight loaded before the sum
+        e = cuda.threadIdx.x + cuda.blockIdx.y * B
+        we = w[min(e, last)]
+        rstd = _row_rstd(scratch, _sum_squares(x, row, C), C, eps)
+        if e < C:                  # warp-uniform
+            v = x[row, e] * rstd * we
+            _store_q8(y, xq, xd, row, e, v, warp_max(abs(v)))
+        return
     rstd = _row_rstd(scratch, _sum_squares(x, row, C), C, eps)
     # four elements a step: their loads issue together and their warp_max chains interleave;
     # i + kB < C is the same for the whole warp, since C and B are multiples of 32
@@ -358,9 +422,10 @@ def launch_rms_norm_q8(x, w, eps: float, y, xq, xd, stream=0, split=None):
     """`launch_rms_norm` + `quantize_act.launch_quantize_act(y, xq, xd)` in one launch: rows of
     C = len(w) (a multiple of 32); xq int8 and xd float32 hold >= rows * C and rows * C / 32
     values (flat or shaped). Reference: ops.rms_norm, then quantize_act_q8_reference.
-    split (default `NORM_Q8_SPLIT`): with few rows (<= NORM_SPLIT_MAX_ROWS: decode, verify)
-    and at most 4 elements a thread, each row runs on one block per slot, every block summing
-    the whole row and quantizing its slot (`_one_step_q8`); the same bits either way."""
+    split (default `NORM_Q8_SPLIT`): with few rows (<= NORM_SPLIT_MAX_ROWS: decode, verify),
+    each row runs on one block per slot (element j + sB of thread j is its slot s; at most
+    NORM_SPLIT_MAX_SLOTS), every block summing the whole row and quantizing its slot
+    (`_one_step_q8`, or the wide-row branch of the kernel); the same bits either way."""
     C = w.shape[0]
     if C % 32:
         raise ValueError(f"rms_norm_q8: row length {C} is not a multiple of 32")
@@ -371,8 +436,8 @@ def launch_rms_norm_q8(x, w, eps: float, y, xq, xd, stream=0, split=None):
     d = flat(xd)[:N * C // 32].reshape(N, C // 32)
     B = _row_threads(C)
     S = (C + B - 1) // B
-    if not (NORM_Q8_SPLIT if split is None else split) or not ONE_STEP_ROWS \
-            or N > NORM_SPLIT_MAX_ROWS or S > 4:
+    if not (NORM_Q8_SPLIT if split is None else split) or N > NORM_SPLIT_MAX_ROWS \
+            or S > NORM_SPLIT_MAX_SLOTS:
         S = 1
     rms_norm_q8_rows[(N, S), B, stream](xr, w, np.float32(eps), yr, q, d)
 
