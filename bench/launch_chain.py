@@ -16,6 +16,10 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   mv        the Q4_K hidden x hidden matvec with a residual (ssm_out / attn_output), the
             weights rotated over copies so that every launch reads HBM
   mv+norm   mv then norm, as in a layer: (mv+norm) - mv is what the norm adds to a step
+  attn<S>@<P>        decode attention as the engine launches it (F16 cache, split pass +
+                     combine with the output gate and the int8 output) for the head shape S
+                     (9b: 16 / 4 heads of 256, 05b: 14 / 2 of 64) at position P of an 8192 cache
+  attn<S>split@<P>   its split pass alone: the combine costs the difference
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -39,6 +43,7 @@ from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
 from bw24nb.jit import kernel  # noqa: E402
+from bw24nb.kernels import attention, decode_attention  # noqa: E402
 from bw24nb.kernels.dequant import random_weight_bytes  # noqa: E402
 from bw24nb.kernels.matvec import launch_matvec_q8  # noqa: E402
 from bw24nb.kernels.norm import launch_gated_rms_norm_q8, launch_rms_norm_q8  # noqa: E402
@@ -52,6 +57,41 @@ def store_one(y):
     """The smallest kernel a graph can chain: one thread stores one value."""
     if cuda.threadIdx.x == 0:
         y[0] = y[0] + np.float32(1.0)
+
+
+# decode attention head shapes (query heads, KV heads, head dim)
+ATTENTION_SHAPES = {"9b": (16, 4, 256), "05b": (14, 2, 64)}
+
+
+def attention_launches(stream, rng, Hq, Hkv, D, ctx, position):
+    """(full, split): decode attention of one token at `position` over a random F16 cache of
+    `ctx` positions, as the engine launches it (the output gate and int8 output fused into the
+    combine), and its split pass alone."""
+    from bw24nb.quant import QType as _Q
+
+    def cache():
+        v = rng.standard_normal((Hkv, ctx, D)).astype(np.float16)
+        u8 = cuda.to_device(v.view(np.uint8), stream=stream)
+        return u8, u8.view(np.float16)
+    k_u8, k_f16 = cache()
+    v_u8, v_f16 = cache()
+    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32), stream=stream)
+    pos = cuda.to_device(np.array([position], np.int32), stream=stream)
+    out = cuda.device_array((1, Hq, D), np.float32, stream=stream)
+    gate = cuda.to_device(rng.standard_normal(Hq * D).astype(np.float32), stream=stream)
+    xq = cuda.device_array(Hq * D, np.int8, stream=stream)
+    xd = cuda.device_array(Hq * D // 32, np.float32, stream=stream)
+    pml, pacc = attention.alloc_decode_partials(1, Hq, D, attention.decode_splits(ctx, Hkv))
+
+    def full(i):
+        attention.launch_flash_decode(q, pos, k_u8, k_f16, _Q.F16, v_u8, v_f16, _Q.F16, out,
+                                      pml, pacc, stream=stream, gate=gate, xq=xq, xd=xd)
+
+    def split(i):
+        decode_attention.launch_split(q, pos, k_u8, v_u8, np.float32(1.0 / np.sqrt(D)),
+                                      attention.DECODE_MIN_CHUNK, attention.DECODE_CHUNK_ALIGN,
+                                      pml, pacc, stream)
+    return full, split
 
 
 def per_rep_us(stream, n, body) -> float:
@@ -72,6 +112,11 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--note", default="")
+    ap.add_argument("--only", default="",
+                    help="comma list of sequence-name prefixes to run (default: all)")
+    ap.add_argument("--ctx", type=int, default=8192, help="the attention cache's positions")
+    ap.add_argument("--positions", default="511,6143",
+                    help="attention sequences' query positions (comma list; none: '')")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     H, n = a.hidden, a.n
@@ -116,6 +161,14 @@ def main() -> int:
         "mv+norm": lambda i: (mv(i), norm(i)),
         "mv+norm1": lambda i: (mv(i), norm1(i)),
     }
+    for tag, (Hq, Hkv, D) in ATTENTION_SHAPES.items():
+        for p in [int(v) for v in a.positions.split(",") if v]:
+            full, split = attention_launches(stream, rng, Hq, Hkv, D, a.ctx, p)
+            seqs[f"attn{tag}@{p}"] = full
+            seqs[f"attn{tag}split@{p}"] = split
+    if a.only:
+        keep = tuple(v for v in a.only.split(",") if v)
+        seqs = {k: v for k, v in seqs.items() if k.startswith(keep)}
     date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     gpu = getattr(cuda.get_current_device(), "name", "simulator")
     gpu = gpu.decode() if isinstance(gpu, bytes) else str(gpu)
@@ -129,7 +182,7 @@ def main() -> int:
             f.write(json.dumps({"date": date, "gpu": gpu, "commit": commit, "hidden": H, "n": n,
                                 "sequence": name, "us": round(us, 3), "note": a.note}) + "\n")
     for nm in ("norm", "norm1"):
-        if "mv+" + nm in res:
+        if "mv+" + nm in res and "mv" in res:
             print(f"{nm} after a matvec adds {res['mv+' + nm] - res['mv']:.2f} us")
     return 0
 
