@@ -106,6 +106,45 @@ def _sum_squares(x, row, C):
 
 
 @cuda.jit(device=True, inline="always")
+def _slots(B, C):
+    """This thread's four slots j, j + B, j + 2B, j + 3B of a row of C (j = threadIdx),
+    clamped to the row's last element: a clamped slot reads a valid element, and the callers
+    drop it (`_squares4`, and their stores test i + kB < C)."""
+    i = cuda.threadIdx.x
+    last = C - 1
+    return min(i, last), min(i + B, last), min(i + 2 * B, last), min(i + 3 * B, last)
+
+
+@cuda.jit(device=True, inline="always")
+def _row4(a, row, s):
+    """a[row, k] at the four slots s (`_slots`): four loads issued together."""
+    return a[row, s[0]], a[row, s[1]], a[row, s[2]], a[row, s[3]]
+
+
+@cuda.jit(device=True, inline="always")
+def _vec4(w, s):
+    """w[k] at the four slots s (`_slots`)."""
+    return w[s[0]], w[s[1]], w[s[2]], w[s[3]]
+
+
+@cuda.jit(device=True, inline="always")
+def _squares4(B, C, x0, x1, x2, x3):
+    """The thread's sum of squares over its slots inside the row, in `_sum_squares`' order
+    (slot 0 first, each add its own rounding), for rows of at most 4 elements a thread."""
+    i = cuda.threadIdx.x
+    acc = float32(0.0)
+    if i < C:
+        acc += x0 * x0
+    if i + B < C:
+        acc += x1 * x1
+    if i + 2 * B < C:
+        acc += x2 * x2
+    if i + 3 * B < C:
+        acc += x3 * x3
+    return acc
+
+
+@cuda.jit(device=True, inline="always")
 def _row_rstd(scratch, sumsq, C, eps):
     total = block_sum(scratch, sumsq)
     return float32(1.0) / math.sqrt(total / float32(C) + eps)
@@ -168,28 +207,10 @@ def _norm_row_one_step(scratch, src, srow, dst, drow, w, C, B, eps):
     `_sum_squares`' order, each value x * rstd * w -- rms_norm_rows' bits, one memory round
     trip (the loop form loaded w after the reduction)."""
     i = cuda.threadIdx.x
-    last = C - 1
-    i0 = min(i, last)
-    j1 = min(i + B, last)
-    j2 = min(i + 2 * B, last)
-    j3 = min(i + 3 * B, last)
-    x0 = src[srow, i0]
-    x1 = src[srow, j1]
-    x2 = src[srow, j2]
-    x3 = src[srow, j3]
-    w0 = w[i0]
-    w1 = w[j1]
-    w2 = w[j2]
-    w3 = w[j3]
-    acc = float32(0.0)
-    if i < C:
-        acc += x0 * x0
-    if i + B < C:
-        acc += x1 * x1
-    if i + 2 * B < C:
-        acc += x2 * x2
-    if i + 3 * B < C:
-        acc += x3 * x3
+    sl = _slots(B, C)
+    x0, x1, x2, x3 = _row4(src, srow, sl)
+    w0, w1, w2, w3 = _vec4(w, sl)
+    acc = _squares4(B, C, x0, x1, x2, x3)
     rstd = _row_rstd(scratch, acc, C, eps)
     if i < C:
         dst[drow, i] = x0 * rstd * w0
@@ -320,42 +341,23 @@ def _one_step_q8(scratch, x, w, eps, y, xq, xd, row, C, B):
     loads the weights of, and quantizes, slot s alone: the quantization, most of the norm's
     instructions, is spread over S SMs instead of queueing on one."""
     i = cuda.threadIdx.x
-    last = C - 1
-    i0 = min(i, last)
-    j1 = min(i + B, last)
-    j2 = min(i + 2 * B, last)
-    j3 = min(i + 3 * B, last)
-    x0 = x[row, i0]
-    x1 = x[row, j1]
-    x2 = x[row, j2]
-    x3 = x[row, j3]
+    sl = _slots(B, C)
+    x0, x1, x2, x3 = _row4(x, row, sl)
     S = cuda.gridDim.y
-    sl = cuda.blockIdx.y
-    if S > 1:                      # slot sl's weight only (the others are never read)
-        js = min(i + sl * B, last)
-        w0 = w[js]
+    s = cuda.blockIdx.y
+    if S > 1:                      # slot s's weight only (the others are never read)
+        w0 = w[min(i + s * B, C - 1)]
         w1 = w0
         w2 = w0
         w3 = w0
     else:
-        w0 = w[i0]
-        w1 = w[j1]
-        w2 = w[j2]
-        w3 = w[j3]
-    acc = float32(0.0)
-    if i < C:
-        acc += x0 * x0
-    if i + B < C:
-        acc += x1 * x1
-    if i + 2 * B < C:
-        acc += x2 * x2
-    if i + 3 * B < C:
-        acc += x3 * x3
+        w0, w1, w2, w3 = _vec4(w, sl)
+    acc = _squares4(B, C, x0, x1, x2, x3)
     rstd = _row_rstd(scratch, acc, C, eps)
     if S > 1:
-        e = i + sl * B
+        e = i + s * B
         if e < C:                  # warp-uniform
-            xs = x0 if sl == 0 else (x1 if sl == 1 else (x2 if sl == 2 else x3))
+            xs = x0 if s == 0 else (x1 if s == 1 else (x2 if s == 2 else x3))
             v = xs * rstd * w0
             _store_q8(y, xq, xd, row, e, v, warp_max(abs(v)))
     elif i < C:
@@ -377,32 +379,11 @@ def gated_rms_norm_q8_rows(x, z, w, eps, y, xq, xd):
     B = cuda.blockDim.x
     if ONE_STEP_ROWS and C <= 4 * B:
         i = cuda.threadIdx.x
-        last = C - 1
-        i0 = min(i, last)
-        j1 = min(i + B, last)
-        j2 = min(i + 2 * B, last)
-        j3 = min(i + 3 * B, last)
-        x0 = x[row, i0]
-        x1 = x[row, j1]
-        x2 = x[row, j2]
-        x3 = x[row, j3]
-        z0 = z[row, i0]
-        z1 = z[row, j1]
-        z2 = z[row, j2]
-        z3 = z[row, j3]
-        w0 = w[i0]
-        w1 = w[j1]
-        w2 = w[j2]
-        w3 = w[j3]
-        acc = float32(0.0)             # `_gated_rstd`'s order: j, j + B, j + 2B, j + 3B
-        if i < C:
-            acc += x0 * x0
-        if i + B < C:
-            acc += x1 * x1
-        if i + 2 * B < C:
-            acc += x2 * x2
-        if i + 3 * B < C:
-            acc += x3 * x3
+        sl = _slots(B, C)
+        x0, x1, x2, x3 = _row4(x, row, sl)
+        z0, z1, z2, z3 = _row4(z, row, sl)
+        w0, w1, w2, w3 = _vec4(w, sl)
+        acc = _squares4(B, C, x0, x1, x2, x3)         # `_gated_rstd`'s order
         rstd = _row_rstd(scratch, acc, C, eps)
         if i < C:
             _quantize4(y, xq, xd, row, i, B, C,
