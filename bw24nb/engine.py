@@ -538,8 +538,7 @@ class Engine:
         key = (T, kind)
         if key not in self._moe_scratch:
             any_w = next(iter(self.experts.values()))
-            self._moe_scratch[key] = (kind(T, any_w, self.moe_branches)
-                                      if issubclass(kind, moe.MoEScratchQ8) else kind(T, any_w))
+            self._moe_scratch[key] = kind(T, any_w, self.moe_branches)
         return self._moe_scratch[key]
 
     @staticmethod

@@ -381,9 +381,11 @@ class ExpertWeights:
 class MoEScratch:
     """Every intermediate buffer of `launch_moe_block` for T tokens, allocated once (before
     any graph capture): router logits, expert ids and weights, the k experts' gate / up /
-    activation rows, and the shared expert's."""
+    activation rows, and the shared expert's. `branches` is the int8 blocks' side-stream
+    switch (MoEScratchQ8); the float block has none and ignores it, so every kind of scratch
+    is built alike (Engine._scratch)."""
 
-    def __init__(self, T: int, w: ExpertWeights):
+    def __init__(self, T: int, w: ExpertWeights, branches: bool | None = None):
         f32 = np.float32
         self.T = T
         self.logits = cuda.device_array((T, w.n_experts), f32)

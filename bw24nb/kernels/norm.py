@@ -91,17 +91,23 @@ def _sum_squares(x, row, C):
     last = C - 1
     acc = float32(0.0)
     for i in range(cuda.threadIdx.x, C, 4 * B):
-        v0 = x[row, i]
-        v1 = x[row, min(i + B, last)]
-        v2 = x[row, min(i + 2 * B, last)]
-        v3 = x[row, min(i + 3 * B, last)]
-        acc += v0 * v0
-        if i + B < C:
-            acc += v1 * v1
-        if i + 2 * B < C:
-            acc += v2 * v2
-        if i + 3 * B < C:
-            acc += v3 * v3
+        acc = _add_squares(acc, i, B, C, x[row, i], x[row, min(i + B, last)],
+                           x[row, min(i + 2 * B, last)], x[row, min(i + 3 * B, last)])
+    return acc
+
+
+@cuda.jit(device=True, inline="always")
+def _add_squares(acc, i, B, C, x0, x1, x2, x3):
+    """acc plus the squares of elements i, i + B, i + 2B, i + 3B (those inside the row of C),
+    in that order, each add its own rounding: one step of `_sum_squares`."""
+    if i < C:
+        acc += x0 * x0
+    if i + B < C:
+        acc += x1 * x1
+    if i + 2 * B < C:
+        acc += x2 * x2
+    if i + 3 * B < C:
+        acc += x3 * x3
     return acc
 
 
@@ -129,19 +135,9 @@ def _vec4(w, s):
 
 @cuda.jit(device=True, inline="always")
 def _squares4(B, C, x0, x1, x2, x3):
-    """The thread's sum of squares over its slots inside the row, in `_sum_squares`' order
-    (slot 0 first, each add its own rounding), for rows of at most 4 elements a thread."""
-    i = cuda.threadIdx.x
-    acc = float32(0.0)
-    if i < C:
-        acc += x0 * x0
-    if i + B < C:
-        acc += x1 * x1
-    if i + 2 * B < C:
-        acc += x2 * x2
-    if i + 3 * B < C:
-        acc += x3 * x3
-    return acc
+    """The thread's sum of squares over its slots inside the row: `_sum_squares` for rows of
+    at most 4 elements a thread (its one step, the loads already done)."""
+    return _add_squares(float32(0.0), cuda.threadIdx.x, B, C, x0, x1, x2, x3)
 
 
 @cuda.jit(device=True, inline="always")
