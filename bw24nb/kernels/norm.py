@@ -15,6 +15,12 @@ B is chosen by `_row_threads(C)` alone, so the same C always reduces in the same
 Then y = (x * rstd) * w with rstd = 1 / sqrt(sum / C + eps), float32 throughout.
 Every form may run in place (y aliasing x, h aliasing r or x): each element is read and written
 by the same thread, reads before writes.
+
+Decode's norms are one block on one SM, so their time is their chain of dependent steps, not
+their bytes (bench/launch_chain.py; decision 0021). Rows of at most 4 elements a thread load
+everything (x, w, z) before the reduction: one memory round trip. The q8 norm of decode and
+verify rows runs a block per slot: every block sums the whole row in the order above, so all
+get the same rstd bit for bit, and each quantizes its own slot.
 """
 from __future__ import annotations
 
