@@ -146,7 +146,7 @@ def main() -> int:
     def mv(i):
         launch_matvec_q8(ws[i % copies], QType.Q4_K, H, H, xq, xd, h, residual=h, stream=stream)
 
-    def norm(i, split=None):
+    def norm(i, split=True):
         launch_rms_norm_q8(h, nw, eps, y, xq, xd, stream=stream, split=split)
 
     def norm1(i):

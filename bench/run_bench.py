@@ -303,31 +303,33 @@ def bench_engine(rec: Recorder, model: str, engine, source, *, runs: int, read_g
 CHAIN_PROFILE = 16
 
 
+def _by_name(rows) -> tuple[dict[str, list[float]], float]:
+    """(name, ms) launch rows grouped by name, the largest total first, and their sum (ms)."""
+    totals: dict[str, list[float]] = {}
+    for name, ms in rows:
+        totals.setdefault(name, []).append(float(ms))
+    return (dict(sorted(totals.items(), key=lambda kv: -sum(kv[1]))),
+            sum(sum(v) for v in totals.values()))
+
+
 def _profile_decode(rec: Recorder, model: str, engine, cfg, prompt: int, base: dict) -> None:
     engine.reset()
     engine.prefill(prompt_ids(prompt, cfg.vocab_size))
-    totals: dict[str, list[float]] = {}
-    for name, ms in engine.profile_decode_step():
-        totals.setdefault(name, []).append(float(ms))
-    step_ms = sum(sum(v) for v in totals.values())
+    totals, step_ms = _by_name(engine.profile_decode_step())
     print(f"  decode step, eager, per kernel (context {prompt}): {step_ms:.3f} ms in "
           f"{sum(len(v) for v in totals.values())} launches")
-    for name, v in sorted(totals.items(), key=lambda kv: -sum(kv[1])):
+    for name, v in totals.items():
         rec.add(model, f"kernel_ms:{name}", sum(v), "ms", **base, launches=len(v),
                 share=round(sum(v) / step_ms, 4) if step_ms else None, context=prompt)
     rec.add(model, "decode_step_eager_ms", step_ms, "ms", **base, context=prompt)
     if not CHAIN_PROFILE:
         return
     # the same launches, each chained CHAIN_PROFILE times in one graph with the decode graph's
-    # edges: what each costs inside the step (the eager rows above each pay a graph launch)
-    engine.reset()
-    engine.prefill(prompt_ids(prompt, cfg.vocab_size))
-    chained: dict[str, list[float]] = {}
-    for name, ms in engine.profile_decode_step(replays=5, chain=CHAIN_PROFILE):
-        chained.setdefault(name, []).append(float(ms))
-    chain_ms = sum(sum(v) for v in chained.values())
+    # edges: what each costs inside the step (the eager rows above each pay a graph launch);
+    # profile_decode_step left the sequence where it was, so no second prefill
+    chained, chain_ms = _by_name(engine.profile_decode_step(replays=5, chain=CHAIN_PROFILE))
     print(f"  decode step, chained x{CHAIN_PROFILE}, per kernel: {chain_ms:.3f} ms")
-    for name, v in sorted(chained.items(), key=lambda kv: -sum(kv[1])):
+    for name, v in chained.items():
         print(f"    kernel_chain_ms:{name} {sum(v):.4f} ({len(v)} launches, "
               f"{1e3 * sum(v) / len(v):.2f} us each)")
         rec.add(model, f"kernel_chain_ms:{name}", sum(v), "ms", **base, launches=len(v),
@@ -339,7 +341,6 @@ def _profile_decode(rec: Recorder, model: str, engine, cfg, prompt: int, base: d
 def _profile_prefill(rec: Recorder, model: str, engine, cfg, prefill: int, base: dict) -> None:
     if not hasattr(engine, "profile_prefill"):
         return
-    totals = {}
     # one chunk at most: the "rows" prefill's chunks are shorter than the GEMM's 512
     prefill = min(prefill, engine.wsp.T) if hasattr(engine, "wsp") else prefill
     try:
@@ -347,12 +348,10 @@ def _profile_prefill(rec: Recorder, model: str, engine, cfg, prefill: int, base:
     except Exception as e:      # a diagnostic: the measurements above stand without it
         print(f"  prefill profile failed ({type(e).__name__}: {e})")
         return
-    for name, ms in rows:
-        totals.setdefault(name, []).append(float(ms))
-    pf_ms = sum(sum(v) for v in totals.values())
+    totals, pf_ms = _by_name(rows)
     print(f"  prefill of {prefill} tokens, per kernel: {pf_ms:.3f} ms in "
           f"{sum(len(v) for v in totals.values())} launches")
-    for name, v in sorted(totals.items(), key=lambda kv: -sum(kv[1])):
+    for name, v in totals.items():
         print(f"    prefill_kernel_ms:{name} {sum(v):.3f} ({len(v)} launches)")
         rec.add(model, f"prefill_kernel_ms:{name}", sum(v), "ms", **base, launches=len(v),
                 share=round(sum(v) / pf_ms, 4) if pf_ms else None, prompt=prefill)

@@ -49,7 +49,6 @@ NORM_MIN_ELEMS_PER_THREAD = 4
 ONE_STEP_ROWS = True
 # rms_norm_q8 rows spread over one block per slot (`_one_step_q8`) while a launch has at most
 # this many rows (decode's one, verify's K + 1); prefill's many rows fill the GPU without it
-NORM_Q8_SPLIT = True
 NORM_SPLIT_MAX_ROWS = 16
 # slots (elements a thread) up to which a row is split: every block re-reads the whole row, so
 # the split trades L2 reads for the quantization's instructions (5 at the 27B's 5120 / 1024)
@@ -401,11 +400,11 @@ def gated_rms_norm_q8_rows(x, z, w, eps, y, xq, xd):
 # ------------------------------------------------------------------ launchers
 
 
-def launch_rms_norm_q8(x, w, eps: float, y, xq, xd, stream=0, split=None):
+def launch_rms_norm_q8(x, w, eps: float, y, xq, xd, stream=0, split=True):
     """`launch_rms_norm` + `quantize_act.launch_quantize_act(y, xq, xd)` in one launch: rows of
     C = len(w) (a multiple of 32); xq int8 and xd float32 hold >= rows * C and rows * C / 32
     values (flat or shaped). Reference: ops.rms_norm, then quantize_act_q8_reference.
-    split (default `NORM_Q8_SPLIT`): with few rows (<= NORM_SPLIT_MAX_ROWS: decode, verify),
+    split (False: one block a row, the form before session 15): with few rows (<= NORM_SPLIT_MAX_ROWS: decode, verify),
     each row runs on one block per slot (element j + sB of thread j is its slot s; at most
     NORM_SPLIT_MAX_SLOTS), every block summing the whole row and quantizing its slot
     (`_one_step_q8`, or the wide-row branch of the kernel); the same bits either way."""
@@ -419,8 +418,7 @@ def launch_rms_norm_q8(x, w, eps: float, y, xq, xd, stream=0, split=None):
     d = flat(xd)[:N * C // 32].reshape(N, C // 32)
     B = _row_threads(C)
     S = (C + B - 1) // B
-    if not (NORM_Q8_SPLIT if split is None else split) or N > NORM_SPLIT_MAX_ROWS \
-            or S > NORM_SPLIT_MAX_SLOTS:
+    if not split or N > NORM_SPLIT_MAX_ROWS or S > NORM_SPLIT_MAX_SLOTS:
         S = 1
     rms_norm_q8_rows[(N, S), B, stream](xr, w, np.float32(eps), yr, q, d)
 
