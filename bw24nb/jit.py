@@ -33,21 +33,13 @@ environment variables read at import). A cache entry that cannot be read or load
 dropped and the kernel compiled again. Why this and not plain ``cache=True``:
 docs/decisions/0007-kernel-disk-cache.md.
 
-Every kernel begins with ``grid_dependency_launch()`` (``griddepcontrol.launch_dependents``)
-and ``grid_dependency_wait()`` (``griddepcontrol.wait``, bw24nb/ptx): the kernel is compiled as
-a wrapper that lets its successor be scheduled, waits, then runs the function as an inlined
-device function. So any graph of bw24nb kernels may link them with programmatic edges
-(graph.py): a kernel's blocks may then be launched while its predecessor still runs, and they
-touch no memory before the predecessor has completed. One place, so no kernel can forget it.
-A kernel may name a `prologue` (``@kernel(prologue=f)``, f a device function of the kernel's
-parameters) that runs between the two: it may only prefetch data no kernel of the graph writes
-(weights) into L2 -- a hint that changes no value -- so a matvec's weights stream in while the
-kernel before it still runs (docs/decisions/0022). $BW24_PDL picks the build, read when a
-kernel is defined: ``prefetch`` (the default: trigger, prologue, wait), ``trigger`` (no
-prologue) or ``off`` (the wait alone, the build before decision 0022); the wrapper's code
-differs, so `code_key` and the disk cache tell the builds apart. (The body is a
-device-function call, which numba compiles by asking for the current device: compile_ptx on a
-machine without a GPU needs tests/test_compile_ptx.py's stand-in device.)
+Every kernel begins with ``grid_dependency_wait()`` (``griddepcontrol.wait``, bw24nb/ptx): the
+kernel is compiled as a wrapper that waits, then runs the function as an inlined device
+function. So any graph of bw24nb kernels may link them with programmatic edges (graph.py):
+a kernel's blocks may then be launched while its predecessor still runs, and they touch no
+memory before the predecessor has completed. One place, so no kernel can forget it. (The
+body is a device-function call, which numba compiles by asking for the current device:
+compile_ptx on a machine without a GPU needs tests/test_compile_ptx.py's stand-in device.)
 
 Under numba's CUDA simulator ``@kernel`` is plain ``cuda.jit`` (nothing is compiled, and
 launches run one after another anyway).
@@ -92,10 +84,9 @@ def kernel(fn=None, **options):
         return lambda f: kernel(f, **options)
     if options.get("device"):
         raise TypeError("@kernel is for kernels; keep device functions @cuda.jit(device=True)")
-    prologue = options.pop("prologue", None)
-    if simulator_enabled():         # the prologue runs there too: its twins check its ranges
-        return cuda.jit(fn if prologue is None else waiting_kernel(fn, prologue), **options)
-    dispatcher = cuda.jit(waiting_kernel(fn, prologue), **options)
+    if simulator_enabled():
+        return cuda.jit(fn, **options)
+    dispatcher = cuda.jit(waiting_kernel(fn), **options)
     KERNELS.append(dispatcher)
     root = cache_dir()
     if root is not None:
@@ -107,47 +98,26 @@ def kernel(fn=None, **options):
     return dispatcher
 
 
-PDL_ENV = "BW24_PDL"
-PDL_MODES = ("prefetch", "trigger", "off")
-
-
-def pdl_mode() -> str:
-    """The build of kernels defined from now on: $BW24_PDL (module docstring), default
-    "prefetch"."""
-    mode = os.environ.get(PDL_ENV, "prefetch").strip().lower() or "prefetch"
-    if mode not in PDL_MODES:
-        raise ValueError(f"${PDL_ENV} must be one of {', '.join(PDL_MODES)}, not {mode!r}")
-    return mode
-
-
-def waiting_kernel(fn, prologue=None):
+def waiting_kernel(fn):
     """A function with fn's name, module and parameters that runs
-    ``grid_dependency_launch(); prologue(...); grid_dependency_wait(); fn(...)`` (the parts
-    pdl_mode() leaves in), fn and prologue compiled as device functions that NVVM inlines
-    (forceinline). The wrapper is made by a generated factory so that fn and the intrinsics are
+    ``grid_dependency_wait(); fn(...)``, fn compiled as a device function that NVVM inlines
+    (forceinline). The wrapper is made by a generated factory so that fn and the intrinsic are
     closure cells: `code_key` then describes them, fn's code and closure included."""
-    from .ptx import grid_dependency_launch, grid_dependency_wait
+    from .ptx import grid_dependency_wait
     params = list(inspect.signature(fn).parameters.values())
     if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.default is not p.empty
            for p in params):
         raise TypeError(f"@kernel {fn.__qualname__}: kernels take plain positional parameters")
     names = ", ".join(p.name for p in params)
-    mode = pdl_mode()
-    trigger = mode != "off"
-    pro = prologue is not None and mode == "prefetch"
-    src = (f"def _make(_wait, _launch, _prologue, _body):\n"
+    src = (f"def _make(_wait, _body):\n"
            f"    def {fn.__name__}({names}):\n"
-           + (f"        _launch()\n" if trigger else "")
-           + (f"        _prologue({names})\n" if pro else "")
-           + f"        _wait()\n"
+           f"        _wait()\n"
            f"        _body({names})\n"
            f"    return {fn.__name__}\n")
     scope: dict = {}
     exec(compile(src, fn.__code__.co_filename, "exec"), scope)
     inline = {} if simulator_enabled() else {"forceinline": True}    # (the simulator has none)
-    device = cuda.jit(device=True, **inline)
-    wrapper = scope["_make"](grid_dependency_wait, grid_dependency_launch if trigger else None,
-                             device(prologue) if pro else None, device(fn))
+    wrapper = scope["_make"](grid_dependency_wait, cuda.jit(device=True, **inline)(fn))
     wrapper.__code__ = wrapper.__code__.replace(co_firstlineno=fn.__code__.co_firstlineno)
     wrapper.__module__, wrapper.__qualname__, wrapper.__doc__ = (fn.__module__, fn.__qualname__,
                                                                  fn.__doc__)

@@ -84,7 +84,6 @@ from ..jit import kernel
 from ..quant.types import QType, row_bytes
 from ..ptx import f32_from_bits, ld_nc_v4_u32, warp_sum, warp_sum8, warp_sum16
 from .dequant import LAYOUTS, layout, weight_views
-from .prefetch import prefetch_bytes
 
 # One warp per row, 4 warps (128 threads) a block: the decode shapes have M = 128 .. 151936
 # rows, and at M = 128 a 4-warp block still spreads the rows over 32 blocks (8-warp blocks would
@@ -264,8 +263,6 @@ class RowPath(NamedTuple):
     units_host: object = None       # units(K) on the host (`fit_unroll`); None: never refit
     x_one: object = _same_x         # x_one(x, K): the one-row kernel's x as `value` takes it
                                     # (x itself; Q4_K's `_x_row` at row 0 adds offsets of 0)
-    prefetch: object = None         # prefetch(w, r0, r1, K): rows [r0, r1)'s weights into L2
-                                    # (kernels/prefetch.py); None: the kernels have no prologue
 
 
 _FITTED: dict = {}
@@ -405,13 +402,13 @@ def _warp_row(parts):
     return lane, row, warp - row * parts
 
 
-def _named(fn, p, fixed_parts, nr=1, kind="", prologue=None):
+def _named(fn, p, fixed_parts, nr=1, kind=""):
     """Kernel name <p.name><kind>[_p1][_r<nr>]: every build of a path has its own name (the
     disk cache tells kernels apart by name and module)."""
     fn.__name__ = fn.__qualname__ = (p.name + kind + (f"_p{fixed_parts}" if fixed_parts else "")
                                      + (f"_r{nr}" if nr > 1 else ""))
     fn.__module__ = p.module
-    return kernel(fn, prologue=prologue)
+    return kernel(fn)
 
 
 def _row_total(p):
@@ -431,27 +428,6 @@ def _row_total(p):
         return combine_parts(part_sh, P, part, lane, warp_sum(acc))
 
     return row_total
-
-
-def _prologue(p, fixed_parts):
-    """The decode kernels' prologue (jit.py; kernels/prefetch.py): thread 0 of a block
-    prefetches the weight rows of the block's warps -- rows first_warp // P .. last_warp // P
-    (`_warp_row`) -- before the block waits for the kernel before it. None when path p has no
-    `prefetch`. The row and rows kernels share the signature it takes."""
-    if p.prefetch is None:
-        return None
-    prefetch, FP = p.prefetch, fixed_parts
-
-    def prologue(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
-        if cuda.threadIdx.x == 0:
-            P = FP if FP else parts
-            first = cuda.blockIdx.x * WARPS_PER_BLOCK
-            r0 = first // P
-            r1 = min(M, (first + WARPS_PER_BLOCK - 1) // P + 1)
-            if r0 < r1:
-                prefetch(w, r0, r1, K)
-
-    return prologue
 
 
 def row_kernel(p, fixed_parts=0):
@@ -478,7 +454,7 @@ def row_kernel(p, fixed_parts=0):
         if lane == 0 and part == 0 and row < M:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
-    return _named(matvec, p, FP, prologue=_prologue(p, FP))
+    return _named(matvec, p, FP)
 
 
 def rows_kernel_of(p, nr, fixed_parts=0):
@@ -507,7 +483,7 @@ def rows_kernel_of(p, nr, fixed_parts=0):
             step(acc, w, x, base, u, stride, last, n, K)
         finish(acc, part_sh, lane, part, row, M, P, y, bias, residual, has_bias, has_residual)
 
-    return _named(matvec_rows, p, FP, nr, prologue=_prologue(p, FP))
+    return _named(matvec_rows, p, FP, nr)
 
 
 # ---------------------------------------------------------------- rows on part of a warp
@@ -779,13 +755,9 @@ def _generic_path(lay, q8):
         def x_row(x, t, K):
             return (x[0][t * K:],)
 
-    @cuda.jit(device=True, inline="always")
-    def prefetch(w, r0, r1, K):
-        prefetch_bytes(w[0], base(r0, K), base(r1, K))
-
     name = f"matvec_q8_{lay.name}" if q8 else f"matvec_{lay.name}"
     return RowPath(name, __name__, UNROLL, units, base, weights, value, x_row,
-                   lambda K: (K // qk) * gpb, prefetch=prefetch)
+                   lambda K: (K // qk) * gpb)
 
 
 @cuda.jit(device=True, inline="always")

@@ -50,7 +50,6 @@ from numba import cuda
 from ..ptx import byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32
 from ..quant.types import QType, type_size
 from .matvec import RowPath, fit_unroll, group_kernels, path_kernels, token_kernels
-from .prefetch import prefetch_bytes
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -212,13 +211,8 @@ def _x_one(x, K):
 
 
 # w = (w32,): the GGUF rows as uint32 words; x = (xq as uint32 words, xd)
-@cuda.jit(device=True, inline="always")
-def _prefetch(w, r0, r1, K):
-    prefetch_bytes(w[0], 4 * _base(r0, K), 4 * _base(r1, K))
-
-
 PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value,
-               _x_row, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, _x_one, _prefetch)
+               _x_row, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, _x_one)
 KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 
 

@@ -60,7 +60,6 @@ from numba import cuda
 from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
-from .prefetch import prefetch_bytes
 from .matvec import (THREADS, WARPS_PER_BLOCK, RowPath, _flat, at_least, check_rows,
                      path_kernels, x_row_q8, warps_per_row)
 
@@ -252,16 +251,8 @@ def _value(w, x, base, c, wq):
 
 
 # w = (body as uint32 words, d float16); x = (xq, xd as uint32 words): matvec.py's row loop
-@cuda.jit(device=True, inline="always")
-def _prefetch(w, r0, r1, K):
-    """Rows [r0, r1)'s block bodies and their d (kernels/prefetch.py)."""
-    b0, b1 = np.int64(r0) * (K >> 8), np.int64(r1) * (K >> 8)
-    prefetch_bytes(w[0], 4 * BODY_WORDS * b0, 4 * BODY_WORDS * b1)
-    prefetch_bytes(w[1], 2 * b0, 2 * b1)
-
-
 PATH = RowPath("matvec_q8_q6_k_r", __name__, UNROLL, _units, _base, _weights, _value,
-               x_row_q8, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, prefetch=_prefetch)
+               x_row_q8, lambda K: (K >> 8) * CHUNKS_PER_BLOCK)
 KERNELS = path_kernels(PATH, "matvec_q6k_r")    # KERNELS(rows, parts)
 
 

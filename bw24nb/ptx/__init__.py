@@ -21,15 +21,9 @@
         = i for |i| < 2^22, one add instead of a 16-per-clock cvt (kernels/matmul_q8.py).
     f16x2_to_f32x2(word) -> (float32, float32)   the two halves of a 32-bit word (low, high)
     grid_dependency_wait()
-        ``griddepcontrol.wait`` (sm_90+; nothing before): every @kernel runs it before touching
-        memory (bw24nb/jit.py), so graphs may link kernels with programmatic edges (graph.py).
-    grid_dependency_launch()
-        ``griddepcontrol.launch_dependents`` (sm_90+; nothing before): every @kernel runs it
-        first, so the next kernel of a programmatic chain is scheduled while this one runs.
+        ``griddepcontrol.wait`` (sm_90+; nothing before): every @kernel runs it first
+        (bw24nb/jit.py), so graphs may link kernels with programmatic edges (graph.py).
     prefetch_l2(array, index)   ``prefetch.global.L2`` of the line of ``array[index]`` (a hint)
-    prefetch_l2_bulk(array, byte_offset, nbytes)
-        ``cp.async.bulk.prefetch.L2.global`` of nbytes bytes of the array's data (sm_90+; a
-        hint; offset and length multiples of 16): a kernel's weights before its wait.
     fp4x2_to_f16x2(byte) -> uint32      two FP4 E2M1 codes -> packed f16x2 bits (low nibble low)
     fp4x2_to_f32x2(byte) -> (float32, float32)   (low nibble's value, high nibble's value)
     fp4_e2m1_to_f32(nibble) -> float32           value of code ``nibble & 0xF``
@@ -66,14 +60,12 @@ if simulator_enabled():
         fp4x2_to_f16x2,
         fp4x2_to_f16x2_bits_linked,
         fp4x2_to_f32x2,
-        grid_dependency_launch,
         grid_dependency_wait,
         ld_nc_v2_f32,
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
         mma_s8_m16n8k32_linked,
         prefetch_l2,
-        prefetch_l2_bulk,
     )
     from bw24nb.ptx.twins import install_simulator_fixes
     from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
@@ -92,13 +84,11 @@ else:
         dp4a_us,
         f16x2_to_f32x2,
         f32_from_bits,
-        grid_dependency_launch,
         grid_dependency_wait,
         ld_nc_v2_f32,
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
         prefetch_l2,
-        prefetch_l2_bulk,
     )
     from bw24nb.ptx.linked import (  # noqa: F401
         dp4a_linked,
@@ -112,8 +102,7 @@ else:
 
 __all__ = [
     "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum", "warp_max", "f32_from_bits",
-    "f16x2_to_f32x2", "grid_dependency_wait", "grid_dependency_launch", "prefetch_l2",
-    "prefetch_l2_bulk", "warp_pair_sum", "warp_sum16",
+    "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "warp_pair_sum", "warp_sum16",
     "warp_sum8",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
