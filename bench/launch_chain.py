@@ -20,6 +20,7 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
                      combine with the output gate and the int8 output) for the head shape S
                      (9b: 16 / 4 heads of 256, 05b: 14 / 2 of 64) at position P of an 8192 cache
   attn<S>split@<P>   its split pass alone: the combine costs the difference
+  .../mc<V>          the same with the split plan's min_chunk V (--min-chunks)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -63,10 +64,11 @@ def store_one(y):
 ATTENTION_SHAPES = {"9b": (16, 4, 256), "05b": (14, 2, 64)}
 
 
-def attention_launches(stream, rng, Hq, Hkv, D, ctx, position):
+def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     """(full, split): decode attention of one token at `position` over a random F16 cache of
     `ctx` positions, as the engine launches it (the output gate and int8 output fused into the
-    combine), and its split pass alone."""
+    combine), and its split pass alone; min_chunk: the split plan's (default the engine's)."""
+    mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
     from bw24nb.quant import QType as _Q
 
     def cache():
@@ -85,11 +87,12 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position):
 
     def full(i):
         attention.launch_flash_decode(q, pos, k_u8, k_f16, _Q.F16, v_u8, v_f16, _Q.F16, out,
-                                      pml, pacc, stream=stream, gate=gate, xq=xq, xd=xd)
+                                      pml, pacc, stream=stream, gate=gate, xq=xq, xd=xd,
+                                      min_chunk=mc)
 
     def split(i):
         decode_attention.launch_split(q, pos, k_u8, v_u8, np.float32(1.0 / np.sqrt(D)),
-                                      attention.DECODE_MIN_CHUNK, attention.DECODE_CHUNK_ALIGN,
+                                      mc, attention.DECODE_CHUNK_ALIGN,
                                       pml, pacc, stream)
     return full, split
 
@@ -117,6 +120,9 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=8192, help="the attention cache's positions")
     ap.add_argument("--positions", default="511,6143",
                     help="attention sequences' query positions (comma list; none: '')")
+    ap.add_argument("--min-chunks", default="",
+                    help="comma list of split-plan min_chunk values for the attention sequences, "
+                         "each named attn<shape>[split]@<pos>/mc<v> (default: the engine's only)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     H, n = a.hidden, a.n
@@ -163,9 +169,11 @@ def main() -> int:
     }
     for tag, (Hq, Hkv, D) in ATTENTION_SHAPES.items():
         for p in [int(v) for v in a.positions.split(",") if v]:
-            full, split = attention_launches(stream, rng, Hq, Hkv, D, a.ctx, p)
-            seqs[f"attn{tag}@{p}"] = full
-            seqs[f"attn{tag}split@{p}"] = split
+            for mc in [int(v) for v in a.min_chunks.split(",") if v] or [None]:
+                sfx = "" if mc is None else f"/mc{mc}"
+                full, split = attention_launches(stream, rng, Hq, Hkv, D, a.ctx, p, mc)
+                seqs[f"attn{tag}@{p}{sfx}"] = full
+                seqs[f"attn{tag}split@{p}{sfx}"] = split
     if a.only:
         keep = tuple(v for v in a.only.split(",") if v)
         seqs = {k: v for k, v in seqs.items() if k.startswith(keep)}

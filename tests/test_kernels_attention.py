@@ -274,3 +274,48 @@ def test_flash_decode_split_plans(rng, align, threads):
     np.testing.assert_allclose(out.copy_to_host(), want, atol=ATOL, rtol=RTOL)
     written = ~np.isnan(part_ml.copy_to_host()[0, 0, :, 0])
     assert written.sum() == (3 if align == 128 else 8)
+
+
+def test_flash_decode_combine_slices_and_batches(rng):
+    """head_dim 128: the combine takes two blocks a head (combine_slices), each 4 groups of 64
+    threads; chunk_align 1 and min_chunk 4 over 150 keys give 38 used splits, so a group's
+    run is 10 partials -- the first COMBINE_BATCH loaded with (m, l), the rest in the loop.
+    The result is the attention, a 2-token verify gives each token its own launch's bits, and
+    the fused gate + int8 output equal sigmoid_mul then quantize_act."""
+    from bw24nb.kernels.activation import launch_sigmoid_mul
+    from bw24nb.kernels.attention import COMBINE_BATCH, combine_slices
+    from bw24nb.kernels.quantize_act import launch_quantize_act
+    Hq, Hkv, D, n_ctx, n_splits, T = 2, 1, 128, 150, 48, 2
+    assert combine_slices(D) == 2 and (38 + 3) // 4 > COMBINE_BATCH
+    cache = _filled_cache(rng, n_ctx + 2, Hkv, D, n_ctx + 2, *_F16)
+    layer = cache.layer(0)
+    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    positions = np.arange(n_ctx - T, n_ctx, dtype=np.int32)
+    n = T * Hq * D
+    gate = (rng.standard_normal(n) * 3).astype(np.float32)
+
+    def run(qs, pos, **outs):
+        part_ml, part_acc = alloc_decode_partials(len(pos), Hq, D, n_splits)
+        out = _poisoned((len(pos), Hq, D))
+        launch_flash_decode(cuda.to_device(qs), cuda.to_device(pos), layer[0], layer[1],
+                            QType.F16, layer[2], layer[3], QType.F16, out, part_ml, part_acc,
+                            min_chunk=4, chunk_align=1, **outs)
+        return out
+
+    plain = run(q, positions)
+    k_deq, v_deq = cache.read(0, n_ctx)
+    want = ops.attention(q, k_deq, v_deq, causal_offset=n_ctx - T)
+    np.testing.assert_allclose(plain.copy_to_host(), want, atol=ATOL, rtol=RTOL)
+    for t in range(T):
+        np.testing.assert_array_equal(plain.copy_to_host()[t],
+                                      run(q[t:t + 1], positions[t:t + 1]).copy_to_host()[0])
+    launch_sigmoid_mul(plain, cuda.to_device(gate))
+    q_ref = cuda.to_device(np.zeros(n, np.int8))
+    d_ref = cuda.to_device(np.zeros(n // 32, np.float32))
+    launch_quantize_act(plain.reshape(n), q_ref, d_ref)
+    xq = cuda.to_device(np.full(n, 99, np.int8))
+    xd = cuda.to_device(np.full(n // 32, np.nan, np.float32))
+    fused = run(q, positions, gate=cuda.to_device(gate), xq=xq, xd=xd)
+    np.testing.assert_array_equal(fused.copy_to_host(), plain.copy_to_host())
+    np.testing.assert_array_equal(xq.copy_to_host(), q_ref.copy_to_host())
+    np.testing.assert_array_equal(xd.copy_to_host(), d_ref.copy_to_host())

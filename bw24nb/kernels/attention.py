@@ -94,6 +94,12 @@ DECODE_THREADS = 256                                # 8 warps: rows and PV group
 # the wider block's barriers and its 32-warp max / sum cost more than the loads it overlaps.
 COMBINE_THREADS = 256
 COMBINE_THREADS_MAX = 1024
+# A head's combine is one block per COMBINE_SLICE_DIMS of its dims (`combine_slices`), and a
+# thread loads COMBINE_BATCH of its partials a round trip (the first batch before the (m, l)
+# reduction). Session 16: with one block a head and four loads a round trip after the
+# reduction, the combine was half of decode attention (launch_chain, research/tune-data).
+COMBINE_SLICE_DIMS = 64
+COMBINE_BATCH = 8
 _COMBINE_WARPS = COMBINE_THREADS_MAX // 32
 
 _NEG_INF = np.float32(-np.inf)
@@ -471,36 +477,64 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
 @kernel
 def flash_decode_combine(positions, ctx, min_chunk, chunk_align, part_ml, part_acc, out, gate,
                          xq, xd, has_gate, has_q8):
-    """Merge the split-K partials of one (t, head). Grid T * Hq, a power of two >= 256 threads
-    (COMBINE_THREADS; <= COMBINE_THREADS_MAX).
+    """Merge the split-K partials of one (t, head, slice of the head's dims). Grid
+    T * Hq * slices (`combine_slices`: the head's D dims in slices of DS = D / slices), a power
+    of two >= 256 threads (COMBINE_THREADS; <= COMBINE_THREADS_MAX).
 
     Every step is parallel, with a fixed order (so the result is deterministic):
       1. thread s < used reads (m_s, l_s); M = max over the visible splits (l_s > 0) by
          warp_max, then the warp maxima (max is exact in any order);
       2. w_s = exp(m_s - M) (0 for an empty split) into shared; L = sum_s l_s w_s by warp_sum's
          tree within each warp of 32 splits, then the warps' sums in warp order;
-      3. the D outputs: G = blockDim / Dp groups of Dp threads (Dp = D rounded up to a
-         power of two); group g sums splits [g * per, (g + 1) * per) ascending, four loads in
-         flight per step; the groups' sums are added in group order; out = that / L.
-    Walking the partials one dependent global load at a time (the first version) cost tens of
-    microseconds a launch.
+      3. the slice's DS outputs: G = blockDim / Dp groups of Dp threads (Dp = DS rounded up to
+         a power of two); group g sums splits [g * per, (g + 1) * per) ascending; the groups'
+         sums are added in group order; out = that / L.
+    The first COMBINE_BATCH partials of a thread's run, the (m, l) of step 1 and the gate of
+    step 4 are loaded together before step 1, so one L2 round trip serves them all; the rest
+    of a run follows COMBINE_BATCH loads a round trip. (Session 16, launch_chain: the combine
+    with one block a head, its loads after step 2 and four at a time, cost 7.5 us of the 0.5B
+    heads' 16.4 us a layer at 512 tokens and 16 us of the 9B heads' 31.)
     Then, in the same threads (decode's next two launches folded in, each with its own
     arithmetic, so the bits are those of the separate launches):
       4. has_gate: out *= sigmoid(gate) (activation.sigmoid_mul; gate flat [T * Hq * D]);
       5. has_q8: xq, xd = quantize_act_q8(out) over the flat [T * Hq * D] output (D % 32 == 0,
-         so a 32-value block is one warp of group 0 and its amax a warp_max), the int8 input
-         of the attn_output matvec."""
+         and DS % 32 == 0, so a 32-value block is one warp of group 0 and its amax a
+         warp_max), the int8 input of the attn_output matvec."""
     w_sh = cuda.shared.array(DECODE_SPLITS_MAX, float32)
     red_sh = cuda.shared.array(_COMBINE_WARPS, float32)
     acc_sh = cuda.shared.array(COMBINE_THREADS_MAX, float32)
+    xs = cuda.local.array(COMBINE_BATCH, float32)
     T, Hq, S, D = part_acc.shape
-    t = cuda.blockIdx.x // Hq
-    h = cuda.blockIdx.x - t * Hq
+    slices = cuda.gridDim.x // (T * Hq)
+    DS = D // slices
+    th = cuda.blockIdx.x // slices
+    d0 = (cuda.blockIdx.x - th * slices) * DS
+    t = th // Hq
+    h = th - t * Hq
     tid = cuda.threadIdx.x
     lane = tid & 31
     warp = tid >> 5
     n_warps = cuda.blockDim.x >> 5
     _, _, used = _split_plan(positions[t], ctx, S, min_chunk, chunk_align)
+    # this thread's place in step 3, and its first batch of partials, loaded with step 1's
+    Dp = 32
+    while Dp < DS:
+        Dp *= 2
+    G = cuda.blockDim.x // Dp
+    g = tid // Dp
+    d = tid - g * Dp
+    per = (used + G - 1) // G
+    s0 = g * per
+    s1 = min(used, s0 + per)
+    mine = d < DS and s0 < s1
+    for j in range(COMBINE_BATCH):
+        xs[j] = float32(0.0)
+        if mine and s0 + j < s1:
+            xs[j] = part_acc[t, h, s0 + j, d0 + d]
+    i = (t * Hq + h) * D + d0 + d
+    gv = float32(0.0)
+    if has_gate and g == 0 and d < DS:
+        gv = gate[i]
     m = _NEG_INF
     l_s = float32(0.0)
     if tid < used:
@@ -527,47 +561,43 @@ def flash_decode_combine(positions, ctx, min_chunk, chunk_align, part_ml, part_a
     L = red_sh[0]
     for j in range(1, n_warps):
         L += red_sh[j]
-    # 3. groups of Dp threads over the splits
-    Dp = 32
-    while Dp < D:
-        Dp *= 2
-    G = cuda.blockDim.x // Dp
-    g = tid // Dp
-    d = tid - g * Dp
-    per = (used + G - 1) // G
-    s0 = g * per
-    s1 = min(used, s0 + per)
+    # 3. groups of Dp threads over the splits, ascending: the loaded batch, then the rest
     a = float32(0.0)
-    if d < D and s0 < s1:
-        last = s1 - 1
-        for s in range(s0, s1, 4):
-            x0 = part_acc[t, h, s, d]
-            x1 = part_acc[t, h, min(s + 1, last), d]
-            x2 = part_acc[t, h, min(s + 2, last), d]
-            x3 = part_acc[t, h, min(s + 3, last), d]
-            a += x0 * w_sh[s]
-            if s + 1 < s1:
-                a += x1 * w_sh[s + 1]
-            if s + 2 < s1:
-                a += x2 * w_sh[s + 2]
-            if s + 3 < s1:
-                a += x3 * w_sh[s + 3]
+    if mine:
+        for j in range(COMBINE_BATCH):
+            if s0 + j < s1:
+                a += xs[j] * w_sh[s0 + j]
+        for b in range(s0 + COMBINE_BATCH, s1, COMBINE_BATCH):
+            for j in range(COMBINE_BATCH):
+                if b + j < s1:
+                    xs[j] = part_acc[t, h, b + j, d0 + d]
+            for j in range(COMBINE_BATCH):
+                if b + j < s1:
+                    a += xs[j] * w_sh[b + j]
     acc_sh[tid] = a
     cuda.syncthreads()
-    if g == 0 and d < D:
+    if g == 0 and d < DS:
         total = acc_sh[d]
         for j in range(1, G):
             total += acc_sh[j * Dp + d]
         v = total / L
-        i = (t * Hq + h) * D + d
         if has_gate:
-            v = v * sigmoid(gate[i])
-        out[t, h, d] = v
+            v = v * sigmoid(gv)
+        out[t, h, d0 + d] = v
         if has_q8:
             code, scale = q8_code(v, warp_max(abs(v)))
             xq[i] = code
             if (d & 31) == 0:
                 xd[i >> 5] = scale
+
+
+def combine_slices(D: int) -> int:
+    """Blocks a head's combine takes (`flash_decode_combine`): D / COMBINE_SLICE_DIMS when that
+    divides evenly and is more than one, else 1. Slices multiply the combine's blocks (16 heads
+    are 16 blocks on a 132-SM GPU) and divide each block's splits among more groups."""
+    if D > COMBINE_SLICE_DIMS and D % COMBINE_SLICE_DIMS == 0:
+        return D // COMBINE_SLICE_DIMS
+    return 1
 
 
 # ------------------------------------------------------------------ launchers
@@ -680,7 +710,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
             _scale(scale, D), np.int32(min_chunk), np.int32(chunk_align), part_ml, part_acc)
     # absent outputs get stand-ins of the right type that the kernel never touches
     flat_ml = part_ml.reshape(part_ml.size)
-    flash_decode_combine[T * Hq, combine_threads, stream](
+    flash_decode_combine[T * Hq * combine_slices(D), combine_threads, stream](
         positions, np.int32(k_u8.shape[1]), np.int32(min_chunk), np.int32(chunk_align), part_ml,
         part_acc, out,
         flat_ml if gate is None else gate.reshape(gate.size),
