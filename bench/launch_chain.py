@@ -20,6 +20,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
                      combine with the output gate and the int8 output) for the head shape S
                      (9b: 16 / 4 heads of 256, 05b: 14 / 2 of 64) at position P of an 8192 cache
   attn<S>split@<P>   its split pass alone: the combine costs the difference
+  attn<S>comb@<P>    its combine alone, over the partials the split left
+  attn<S>split+e@<P> the split pass, then the one-thread kernel `empty` runs
   .../mc<V>          the same with the split plan's min_chunk V (--min-chunks)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
@@ -44,7 +46,7 @@ from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
 from bw24nb.jit import kernel  # noqa: E402
-from bw24nb.kernels import attention, decode_attention  # noqa: E402
+from bw24nb.kernels import attention  # noqa: E402
 from bw24nb.kernels.dequant import random_weight_bytes  # noqa: E402
 from bw24nb.kernels.matvec import launch_matvec_q8  # noqa: E402
 from bw24nb.kernels.norm import launch_gated_rms_norm_q8, launch_rms_norm_q8  # noqa: E402
@@ -65,12 +67,12 @@ ATTENTION_SHAPES = {"9b": (16, 4, 256), "05b": (14, 2, 64)}
 
 
 def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
-    """(full, split): decode attention of one token at `position` over a random F16 cache of
-    `ctx` positions, as the engine launches it (the output gate and int8 output fused into the
-    combine), and its split pass alone; min_chunk: the split plan's (default the engine's)."""
+    """(full, split, combine, split then empty): decode attention of one token at `position`
+    over a random F16 cache of `ctx` positions, as the engine launches it (the output gate and
+    int8 output fused into the combine); its split pass alone; its combine alone (over the
+    partials the split left); the split followed by the one-thread kernel (what a kernel
+    boundary after the split costs); min_chunk: the split plan's (default the engine's)."""
     mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
-    from bw24nb.quant import QType as _Q
-
     def cache():
         v = rng.standard_normal((Hkv, ctx, D)).astype(np.float16)
         u8 = cuda.to_device(v.view(np.uint8), stream=stream)
@@ -85,16 +87,17 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     xd = cuda.device_array(Hq * D // 32, np.float32, stream=stream)
     pml, pacc = attention.alloc_decode_partials(1, Hq, D, attention.decode_splits(ctx, Hkv))
 
-    def full(i):
-        attention.launch_flash_decode(q, pos, k_u8, k_f16, _Q.F16, v_u8, v_f16, _Q.F16, out,
-                                      pml, pacc, stream=stream, gate=gate, xq=xq, xd=xd,
-                                      min_chunk=mc)
+    def attend(only):
+        return lambda i: attention.launch_flash_decode(
+            q, pos, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16, out, pml, pacc, stream=stream,
+            gate=gate, xq=xq, xd=xd, min_chunk=mc, only=only)
 
-    def split(i):
-        decode_attention.launch_split(q, pos, k_u8, v_u8, np.float32(1.0 / np.sqrt(D)),
-                                      mc, attention.DECODE_CHUNK_ALIGN,
-                                      pml, pacc, stream)
-    return full, split
+    full, split, combine = attend(None), attend("split"), attend("combine")
+
+    def split_then_empty(i):
+        split(i)
+        store_one[1, 32, stream](out.reshape(out.size))
+    return full, split, combine, split_then_empty
 
 
 def per_rep_us(stream, n, body) -> float:
@@ -171,9 +174,12 @@ def main() -> int:
         for p in [int(v) for v in a.positions.split(",") if v]:
             for mc in [int(v) for v in a.min_chunks.split(",") if v] or [None]:
                 sfx = "" if mc is None else f"/mc{mc}"
-                full, split = attention_launches(stream, rng, Hq, Hkv, D, a.ctx, p, mc)
+                full, split, comb, split_e = attention_launches(stream, rng, Hq, Hkv, D, a.ctx,
+                                                                p, mc)
                 seqs[f"attn{tag}@{p}{sfx}"] = full
                 seqs[f"attn{tag}split@{p}{sfx}"] = split
+                seqs[f"attn{tag}comb@{p}{sfx}"] = comb
+                seqs[f"attn{tag}split+e@{p}{sfx}"] = split_e
     if a.only:
         keep = tuple(v for v in a.only.split(",") if v)
         seqs = {k: v for k, v in seqs.items() if k.startswith(keep)}

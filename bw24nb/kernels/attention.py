@@ -659,7 +659,7 @@ def alloc_decode_partials(T: int, n_heads: int, head_dim: int, n_splits: int):
 
 def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
                         part_ml, part_acc, scale=None, stream=0, min_chunk=None, gate=None,
-                        xq=None, xd=None, chunk_align=None, combine_threads=None):
+                        xq=None, xd=None, chunk_align=None, combine_threads=None, only=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
@@ -672,7 +672,10 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     The combine also applies what decode does next, saving those launches: gate (T * Hq * D
     floats) multiplies the output by sigmoid(gate) (= activation.launch_sigmoid_mul), and xq
     (int8) / xd (float32), given together, receive quantize_act's int8 copy of the output
-    (= quantize_act.launch_quantize_act on out, flat; needs D % 32 == 0)."""
+    (= quantize_act.launch_quantize_act on out, flat; needs D % 32 == 0).
+    only: "split" or "combine" launches that pass alone (bench/launch_chain.py times each)."""
+    if only not in (None, "split", "combine"):
+        raise ValueError(f"only must be None, 'split' or 'combine', not {only!r}")
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
     if min_chunk < 1:
         raise ValueError(f"min_chunk must be >= 1, not {min_chunk}")
@@ -700,7 +703,9 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
         raise ValueError(f"partials {tuple(part_ml.shape)}, {tuple(part_acc.shape)} do not fit "
                          f"q {tuple(q.shape)}")
     from . import decode_attention
-    if decode_attention.supports(Hq // Hkv, D, k_type, v_type):     # F16 cache: 16-byte loads
+    if only == "combine":
+        pass
+    elif decode_attention.supports(Hq // Hkv, D, k_type, v_type):   # F16 cache: 16-byte loads
         decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
                                       chunk_align, part_ml, part_acc, stream)
     else:
@@ -708,6 +713,8 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
         flash_decode_split[grid, DECODE_THREADS, stream](
             q, positions, k_u8, k_f16, np.int32(k_type), v_u8, v_f16, np.int32(v_type),
             _scale(scale, D), np.int32(min_chunk), np.int32(chunk_align), part_ml, part_acc)
+    if only == "split":
+        return
     # absent outputs get stand-ins of the right type that the kernel never touches
     flat_ml = part_ml.reshape(part_ml.size)
     flash_decode_combine[T * Hq * combine_slices(D), combine_threads, stream](
