@@ -23,6 +23,7 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   attn<S>comb@<P>    its combine alone, over the partials the split left
   attn<S>split+e@<P> the split pass, then the one-thread kernel `empty` runs
   .../mc<V>          the same with the split plan's min_chunk V (--min-chunks)
+  .../npf            attention or its split with the split's K / V prefetch off
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -46,7 +47,7 @@ from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
 from bw24nb.jit import kernel  # noqa: E402
-from bw24nb.kernels import attention  # noqa: E402
+from bw24nb.kernels import attention, decode_attention  # noqa: E402
 from bw24nb.kernels.dequant import random_weight_bytes  # noqa: E402
 from bw24nb.kernels.matvec import launch_matvec_q8  # noqa: E402
 from bw24nb.kernels.norm import launch_gated_rms_norm_q8, launch_rms_norm_q8  # noqa: E402
@@ -98,6 +99,18 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
         split(i)
         store_one[1, 32, stream](out.reshape(out.size))
     return full, split, combine, split_then_empty
+
+
+def without_kv_prefetch(body):
+    """body with decode_attention's K / V prefetch off while it launches (the split kernel
+    before decision 0022)."""
+    def launch(i):
+        was, decode_attention.PREFETCH_KV = decode_attention.PREFETCH_KV, False
+        try:
+            body(i)
+        finally:
+            decode_attention.PREFETCH_KV = was
+    return launch
 
 
 def per_rep_us(stream, n, body) -> float:
@@ -180,6 +193,8 @@ def main() -> int:
                 seqs[f"attn{tag}split@{p}{sfx}"] = split
                 seqs[f"attn{tag}comb@{p}{sfx}"] = comb
                 seqs[f"attn{tag}split+e@{p}{sfx}"] = split_e
+                seqs[f"attn{tag}@{p}{sfx}/npf"] = without_kv_prefetch(full)
+                seqs[f"attn{tag}split@{p}{sfx}/npf"] = without_kv_prefetch(split)
     if a.only:
         keep = tuple(v for v in a.only.split(",") if v)
         seqs = {k: v for k, v in seqs.items() if k.startswith(keep)}

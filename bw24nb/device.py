@@ -49,6 +49,7 @@ class ArchFeatures:
     native_fp4_cvt: bool      # cvt.rn.f16x2.e2m1x2 (sm_100a / sm_120a and later)
     int8_mma: bool            # mma.sync.m16n8k32.s8 (sm_80 and later)
     grid_dependency: bool     # griddepcontrol + programmatic graph edges (sm_90 and later)
+    bulk_prefetch: bool       # cp.async.bulk.prefetch.L2 (sm_90 and later)
 
     @property
     def name(self) -> str:
@@ -57,7 +58,7 @@ class ArchFeatures:
 
 def features_for(cc: tuple[int, int]) -> ArchFeatures:
     return ArchFeatures(cc=cc, native_fp4_cvt=cc >= (10, 0), int8_mma=cc >= (8, 0),
-                        grid_dependency=cc >= (9, 0))
+                        grid_dependency=cc >= (9, 0), bulk_prefetch=cc >= (9, 0))
 
 
 @lru_cache(maxsize=1)

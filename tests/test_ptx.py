@@ -448,3 +448,15 @@ def test_simulated_shared_arrays_are_one_per_line_and_block():
         out = cuda.to_device(np.zeros(2, np.float32))
         _two_shared_arrays[1, 256](out)
         assert list(out.copy_to_host()) == [sum(range(256)), -1.0]
+
+
+def test_prefetch_l2_bulk_twin_checks_the_range():
+    """The simulator twin of cp.async.bulk.prefetch.L2 demands what the instruction does: a
+    16-byte aligned start and length, positive, inside the array; prefetch_bytes widens and
+    cuts any byte range to that."""
+    from bw24nb.ptx.twins import prefetch_l2_bulk
+    a = np.zeros(40, np.uint32)                 # 160 bytes
+    prefetch_l2_bulk(a, 16, 144)
+    for off, n in ((8, 16), (16, 8), (0, 0), (16, 160), (-16, 32)):
+        with pytest.raises(IndexError, match="prefetch_l2_bulk"):
+            prefetch_l2_bulk(a, off, n)

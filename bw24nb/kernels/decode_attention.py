@@ -39,6 +39,7 @@ from numba import cuda, float32
 from ..jit import kernel
 from ..ptx import f16x2_to_f32x2, ld_nc_v4_u32, warp_max, warp_sum
 from .attention import _split_plan     # the plan the combine derives again: one definition
+from .prefetch import prefetch_bytes
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -51,6 +52,10 @@ _ACC_SH = WARPS * _RD_MAX   # the merge buffer (q_sh aliases its start; q is dea
 _P_SH = WARPS * ROWS_MAX * TILE
 _ML_SH = WARPS * ROWS_MAX
 _NEG_INF = np.float32(-np.inf)
+# A split's K and V rows are named to L2 (one bulk prefetch a cache, kernels/prefetch.py) as
+# soon as its range is known, so V's round trip overlaps q's load and the scores instead of
+# following them (docs/decisions/0022). False: the kernel before (launch_split(prefetch=)).
+PREFETCH_KV = True
 
 
 def supports(n_rep: int, D: int, k_type, v_type) -> bool:
@@ -59,8 +64,9 @@ def supports(n_rep: int, D: int, k_type, v_type) -> bool:
             and 1 <= n_rep <= ROWS_MAX and D in HEAD_DIMS)
 
 
-def _make(R: int, E: int):
-    """The split kernel for R query rows and E = D / 32 dims per lane."""
+def _make(R: int, E: int, prefetch: bool = True):
+    """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
+    split's K and V rows to L2 first (PREFETCH_KV)."""
     D = 32 * E
     DW = D // 2             # uint32 words in one K or V row
     CH = D // 8             # 16-byte chunks in one K row
@@ -100,6 +106,13 @@ def _make(R: int, E: int):
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
+        head_word = np.int64(kvh) * ctx * DW
+        if prefetch and tid == 0:           # both caches' rows of the split, before q loads
+            prefetch_bytes(kw, 4 * (head_word + np.int64(begin) * DW),
+                           4 * (head_word + np.int64(end) * DW))
+        if prefetch and tid == 32:
+            prefetch_bytes(vw, 4 * (head_word + np.int64(begin) * DW),
+                           4 * (head_word + np.int64(end) * DW))
         for i in range(tid, R * D, THREADS):
             r = i // D
             buf[i] = q[tok, kvh * R + r, i - r * D]
@@ -108,7 +121,6 @@ def _make(R: int, E: int):
             lsum[r] = float32(0.0)
         for i in range(RE):
             acc[i] = float32(0.0)
-        head_word = np.int64(kvh) * ctx * DW
         cuda.syncthreads()
         # every warp runs the same number of steps (the barriers below are block-wide); a
         # warp whose tile starts past `end` scores nothing and adds nothing
@@ -198,33 +210,35 @@ def _make(R: int, E: int):
                 part_ml[tok, h, split_i, 0] = M
                 part_ml[tok, h, split_i, 1] = L
 
-    split.__name__ = split.__qualname__ = f"flash_decode_f16_r{R}_e{E}"
+    split.__name__ = split.__qualname__ = f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf")
     return kernel(split)
 
 
 _KERNELS: dict = {}
 
 
-def split_kernel(R: int, E: int):
+def split_kernel(R: int, E: int, prefetch: bool = True):
     """The (R, E) split kernel, built (not compiled) on first request."""
-    if (R, E) not in _KERNELS:
-        _KERNELS[(R, E)] = _make(R, E)
-    return _KERNELS[(R, E)]
+    if (R, E, prefetch) not in _KERNELS:
+        _KERNELS[(R, E, prefetch)] = _make(R, E, prefetch)
+    return _KERNELS[(R, E, prefetch)]
 
 
 def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
-                 stream=0):
+                 stream=0, prefetch=None):
     """The split pass (attention.launch_flash_decode runs the combine after it, with the same
     min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
-    attention.alloc_decode_partials makes them."""
+    attention.alloc_decode_partials makes them; prefetch: the K / V prefetch (default
+    PREFETCH_KV; the same results either way)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
     n_splits = part_ml.shape[2]
     kw = k_u8.reshape(k_u8.size).view(np.uint32)
     vw = v_u8.reshape(v_u8.size).view(np.uint32)
-    split_kernel(R, E)[(n_splits, Hkv, T), THREADS, stream](
+    split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch))[
+        (n_splits, Hkv, T), THREADS, stream](
         q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
         np.int32(chunk_align), part_ml, part_acc)
 

@@ -24,6 +24,9 @@
         ``griddepcontrol.wait`` (sm_90+; nothing before): every @kernel runs it first
         (bw24nb/jit.py), so graphs may link kernels with programmatic edges (graph.py).
     prefetch_l2(array, index)   ``prefetch.global.L2`` of the line of ``array[index]`` (a hint)
+    prefetch_l2_bulk(array, byte_offset, nbytes)
+        ``cp.async.bulk.prefetch.L2.global`` of nbytes bytes of the array's data (sm_90+; a
+        hint; offset and length multiples of 16): one instruction for a contiguous range.
     fp4x2_to_f16x2(byte) -> uint32      two FP4 E2M1 codes -> packed f16x2 bits (low nibble low)
     fp4x2_to_f32x2(byte) -> (float32, float32)   (low nibble's value, high nibble's value)
     fp4_e2m1_to_f32(nibble) -> float32           value of code ``nibble & 0xF``
@@ -66,6 +69,7 @@ if simulator_enabled():
         mma_s8_m16n8k32,
         mma_s8_m16n8k32_linked,
         prefetch_l2,
+        prefetch_l2_bulk,
     )
     from bw24nb.ptx.twins import install_simulator_fixes
     from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
@@ -89,6 +93,7 @@ else:
         ld_nc_v4_u32,
         mma_s8_m16n8k32,
         prefetch_l2,
+        prefetch_l2_bulk,
     )
     from bw24nb.ptx.linked import (  # noqa: F401
         dp4a_linked,
@@ -102,7 +107,7 @@ else:
 
 __all__ = [
     "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum", "warp_max", "f32_from_bits",
-    "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "warp_pair_sum", "warp_sum16",
+    "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum", "warp_sum16",
     "warp_sum8",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",

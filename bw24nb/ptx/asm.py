@@ -280,3 +280,36 @@ def prefetch_l2(typingctx, array, index):
         return context.get_dummy_value()
 
     return types.none(array, index), codegen
+
+
+_PREFETCH_L2_BULK = snippet("prefetch_l2_bulk")
+
+
+@intrinsic
+def prefetch_l2_bulk(typingctx, array, byte_offset, nbytes):
+    """``cp.async.bulk.prefetch.L2.global`` of bytes [byte_offset, byte_offset + nbytes) of a
+    1-D C-contiguous array's data (prefetch_l2_bulk.ptx says why): a hint with no result.
+    byte_offset (from the array's start, which must be 16-byte aligned) and nbytes must be
+    multiples of 16, nbytes > 0, the range inside the array (the twin checks all of it;
+    `bw24nb.kernels.prefetch.prefetch_bytes` rounds a range to fit). Nothing is emitted before
+    sm_90 (device.ArchFeatures.bulk_prefetch)."""
+    if not (isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C"):
+        raise TypingError(f"prefetch_l2_bulk: needs a 1-D C-contiguous array, got {array}")
+    _require_integers("prefetch_l2_bulk", byte_offset, nbytes)
+
+    def codegen(context, builder, sig, args):
+        from bw24nb.device import current_features
+        if current_features().bulk_prefetch:
+            aryty, offty, nty = sig.args
+            ary = context.make_array(aryty)(context, builder, value=args[0])
+            base = builder.ptrtoint(ary.data, ir.IntType(64))
+            off = context.cast(builder, args[1], offty, types.int64)
+            addr = builder.add(base, off)
+            n = _as_i32(context, builder, args[2], nty)
+            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(32)])
+            builder.call(ir.InlineAsm(fnty, _PREFETCH_L2_BULK.asm_template,
+                                      _PREFETCH_L2_BULK.constraints, side_effect=True),
+                         [addr, n])
+        return context.get_dummy_value()
+
+    return types.none(array, byte_offset, nbytes), codegen

@@ -123,6 +123,16 @@ def grid_dependency_wait() -> None:
     return None
 
 
+def prefetch_l2_bulk(array, byte_offset, nbytes) -> None:
+    """A hint with no effect on results; the twin checks what the instruction demands: a
+    16-byte aligned start and length (the array's own start is 16-byte aligned on the device),
+    a positive length, and the range inside the array."""
+    o, n = int(byte_offset), int(nbytes)
+    if o < 0 or o % 16 or n <= 0 or n % 16 or o + n > array.nbytes:
+        raise IndexError(f"prefetch_l2_bulk: bytes [{o}, {o + n}) of a {array.nbytes}-byte "
+                         f"array: start and length must be positive multiples of 16 inside it")
+
+
 def prefetch_l2(array, index) -> None:
     """A hint with no effect on results; the twin only checks the index is inside the array."""
     i = int(index)
