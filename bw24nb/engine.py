@@ -752,7 +752,9 @@ class Engine:
               else None)
         if split:
             fused = qo
-            plan = ATTENTION_PLANS[self.attention_plan] if ws.rowwise else {}
+            # prefill: one combine block a head, no K / V prefetch (launch_flash_decode says why)
+            plan = (ATTENTION_PLANS[self.attention_plan] if ws.rowwise
+                    else dict(slices=1, prefetch=False))
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,

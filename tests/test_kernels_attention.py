@@ -319,3 +319,25 @@ def test_flash_decode_combine_slices_and_batches(rng):
     np.testing.assert_array_equal(fused.copy_to_host(), plain.copy_to_host())
     np.testing.assert_array_equal(xq.copy_to_host(), q_ref.copy_to_host())
     np.testing.assert_array_equal(xd.copy_to_host(), d_ref.copy_to_host())
+
+
+def test_flash_decode_prefill_form_and_bad_slices(rng):
+    """The prefill form (slices=1, prefetch=False: Engine's for T > K + 1 tokens) computes the
+    same attention as the decode form, in its own summation order; a slice count that does not
+    divide head_dim is refused by name."""
+    Hq, Hkv, D, n_ctx, T = 2, 1, 128, 40, 3
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    q = cuda.to_device(rng.standard_normal((T, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
+
+    def run(**kw):
+        part_ml, part_acc = alloc_decode_partials(T, Hq, D, 4)
+        out = _poisoned((T, Hq, D))
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, min_chunk=4, chunk_align=1, **kw)
+        return out.copy_to_host()
+
+    np.testing.assert_allclose(run(slices=1, prefetch=False), run(), atol=ATOL, rtol=RTOL)
+    with pytest.raises(ValueError, match="slices must divide head_dim 128"):
+        run(slices=3)

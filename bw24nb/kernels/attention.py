@@ -659,7 +659,8 @@ def alloc_decode_partials(T: int, n_heads: int, head_dim: int, n_splits: int):
 
 def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
                         part_ml, part_acc, scale=None, stream=0, min_chunk=None, gate=None,
-                        xq=None, xd=None, chunk_align=None, combine_threads=None, only=None):
+                        xq=None, xd=None, chunk_align=None, combine_threads=None, only=None,
+                        slices=None, prefetch=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
@@ -673,7 +674,12 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     floats) multiplies the output by sigmoid(gate) (= activation.launch_sigmoid_mul), and xq
     (int8) / xd (float32), given together, receive quantize_act's int8 copy of the output
     (= quantize_act.launch_quantize_act on out, flat; needs D % 32 == 0).
-    only: "split" or "combine" launches that pass alone (bench/launch_chain.py times each)."""
+    only: "split" or "combine" launches that pass alone (bench/launch_chain.py times each).
+    slices: blocks a head's combine takes (default `combine_slices(D)`; the summation order
+    depends on it, so a verify must use decode's); prefetch: the F16 split pass's K / V
+    prefetch (default decode_attention.PREFETCH_KV; no effect on results). A prefill over many
+    tokens passes 1 and False: its tokens' blocks share the cache rows, and a head's combine
+    has few splits (Engine._attention_launches)."""
     if only not in (None, "split", "combine"):
         raise ValueError(f"only must be None, 'split' or 'combine', not {only!r}")
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
@@ -707,7 +713,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
         pass
     elif decode_attention.supports(Hq // Hkv, D, k_type, v_type):   # F16 cache: 16-byte loads
         decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
-                                      chunk_align, part_ml, part_acc, stream)
+                                      chunk_align, part_ml, part_acc, stream, prefetch)
     else:
         grid = (n_splits, Hkv, T * _row_tiles(1, Hq // Hkv))     # tiles of one token each
         flash_decode_split[grid, DECODE_THREADS, stream](
@@ -717,7 +723,11 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
         return
     # absent outputs get stand-ins of the right type that the kernel never touches
     flat_ml = part_ml.reshape(part_ml.size)
-    flash_decode_combine[T * Hq * combine_slices(D), combine_threads, stream](
+    slices = combine_slices(D) if slices is None else int(slices)
+    if slices < 1 or D % slices or (xq is not None and (D // slices) % 32):
+        raise ValueError(f"slices must divide head_dim {D} (into multiples of 32 with the int8 "
+                         f"output), not {slices}")
+    flash_decode_combine[T * Hq * slices, combine_threads, stream](
         positions, np.int32(k_u8.shape[1]), np.int32(min_chunk), np.int32(chunk_align), part_ml,
         part_acc, out,
         flat_ml if gate is None else gate.reshape(gate.size),
