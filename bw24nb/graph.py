@@ -23,13 +23,15 @@ Rules of capture (the driver's, not ours):
 Programmatic edges (``capture(stream, programmatic=True)``, sm_90+): a graph of many small
 kernels spends much of its time between them -- each kernel's blocks are launched only after
 the previous kernel has drained. With every kernel-to-kernel edge made programmatic (port
-"launch order"), the next kernel's blocks are launched once every block of the previous one has
-exited (none issues ``griddepcontrol.launch_dependents``, which would allow it earlier), and
-wait in ``griddepcontrol.wait`` -- which every bw24nb ``@kernel`` runs before touching memory
-(jit.py) -- until it has completed and its writes are visible. Results are unchanged; only the
-launch latency overlaps the previous kernel's drain. Only for graphs whose kernels all wait that
-way. (An explicit launch_dependents after each kernel's wait was measured in session 8 and
-changed nothing end to end: docs/decisions/0014.)
+"launch order", CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER: the driver documents it as activating
+"when all blocks of the kernel have begun execution"), the next kernel's blocks are launched
+once every block of the previous one has begun, and wait in ``griddepcontrol.wait`` -- which
+every bw24nb ``@kernel`` runs before touching memory (jit.py) -- until it has completed and its
+writes are visible. Results are unchanged; only the launch latency overlaps the previous
+kernel's run. Only for graphs whose kernels all wait that way. ``griddepcontrol.launch_dependents``
+belongs to the other port ("programmatic"), so under this one it changes nothing -- as measured
+after each kernel's wait (session 8, docs/decisions/0014) and before it (session 16, with and
+without an L2 prefetch of each matvec's weights before the wait: docs/decisions/0022).
 
 Under numba's CUDA simulator there are no graphs. ``CudaGraph`` then records each simulated
 kernel launch made by the capturing thread (kernel, grid, block, dynamic shared memory,

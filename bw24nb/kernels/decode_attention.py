@@ -210,7 +210,8 @@ def _make(R: int, E: int, prefetch: bool = True):
                 part_ml[tok, h, split_i, 0] = M
                 part_ml[tok, h, split_i, 1] = L
 
-    split.__name__ = split.__qualname__ = f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf")
+    name = f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf")
+    split.__name__ = split.__qualname__ = name
     return kernel(split)
 
 
