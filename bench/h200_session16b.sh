@@ -1,7 +1,7 @@
 # Session 16's second call: griddepcontrol.launch_dependents first + the matvecs' L2 prefetch of
+# their weights before the wait (docs/decisions/0022), side by side with the build before.
 # (Ran on 6940165, whose BW24_PDL build switch was reverted in 7e91515: this script is the record
 # of that run and needs that commit checked out to run again.)
-# their weights before the wait (docs/decisions/0022), side by side with the build before.
 # Stages ($1, comma list):
 #   chain    bench/launch_chain.py (mv, mv+norm, norm, empty) under BW24_PDL=prefetch, trigger, off
 #   q9, c05  run_bench on the 9B / 0.5B shapes: this tree (new), $OLD_TREE (old), and this tree
