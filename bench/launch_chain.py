@@ -47,7 +47,7 @@ from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
 from bw24nb.jit import kernel  # noqa: E402
-from bw24nb.kernels import attention, decode_attention  # noqa: E402
+from bw24nb.kernels import attention  # noqa: E402
 from bw24nb.kernels.dequant import random_weight_bytes  # noqa: E402
 from bw24nb.kernels.matvec import launch_matvec_q8  # noqa: E402
 from bw24nb.kernels.norm import launch_gated_rms_norm_q8, launch_rms_norm_q8  # noqa: E402
@@ -68,11 +68,13 @@ ATTENTION_SHAPES = {"9b": (16, 4, 256), "05b": (14, 2, 64)}
 
 
 def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
-    """(full, split, combine, split then empty): decode attention of one token at `position`
-    over a random F16 cache of `ctx` positions, as the engine launches it (the output gate and
-    int8 output fused into the combine); its split pass alone; its combine alone (over the
-    partials the split left); the split followed by the one-thread kernel (what a kernel
-    boundary after the split costs); min_chunk: the split plan's (default the engine's)."""
+    """{kind: launch}: decode attention of one token at `position` over a random F16 cache of
+    `ctx` positions, as the engine launches it (the output gate and int8 output fused into
+    the combine) ("" ); its split pass alone ("split"); its combine alone, over the partials the
+    split left ("comb"); the split followed by the one-thread kernel, what a kernel boundary
+    after the split costs ("split+e"); the whole and the split without the split's K / V
+    prefetch ("/npf", "split/npf"). min_chunk: the split plan's (default the engine's). A
+    kind's "/..." part goes after the sequence name's position (docstring above)."""
     mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
     def cache():
         v = rng.standard_normal((Hkv, ctx, D)).astype(np.float16)
@@ -88,29 +90,19 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     xd = cuda.device_array(Hq * D // 32, np.float32, stream=stream)
     pml, pacc = attention.alloc_decode_partials(1, Hq, D, attention.decode_splits(ctx, Hkv))
 
-    def attend(only):
+    def attend(only, prefetch=None):
         return lambda i: attention.launch_flash_decode(
             q, pos, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16, out, pml, pacc, stream=stream,
-            gate=gate, xq=xq, xd=xd, min_chunk=mc, only=only)
+            gate=gate, xq=xq, xd=xd, min_chunk=mc, only=only, prefetch=prefetch)
 
-    full, split, combine = attend(None), attend("split"), attend("combine")
+    split = attend("split")
 
     def split_then_empty(i):
         split(i)
         store_one[1, 32, stream](out.reshape(out.size))
-    return full, split, combine, split_then_empty
-
-
-def without_kv_prefetch(body):
-    """body with decode_attention's K / V prefetch off while it launches (the split kernel
-    before decision 0022)."""
-    def launch(i):
-        was, decode_attention.PREFETCH_KV = decode_attention.PREFETCH_KV, False
-        try:
-            body(i)
-        finally:
-            decode_attention.PREFETCH_KV = was
-    return launch
+    return {"": attend(None), "split": split, "comb": attend("combine"),
+            "split+e": split_then_empty, "/npf": attend(None, False),
+            "split/npf": attend("split", False)}
 
 
 def per_rep_us(stream, n, body) -> float:
@@ -187,14 +179,10 @@ def main() -> int:
         for p in [int(v) for v in a.positions.split(",") if v]:
             for mc in [int(v) for v in a.min_chunks.split(",") if v] or [None]:
                 sfx = "" if mc is None else f"/mc{mc}"
-                full, split, comb, split_e = attention_launches(stream, rng, Hq, Hkv, D, a.ctx,
-                                                                p, mc)
-                seqs[f"attn{tag}@{p}{sfx}"] = full
-                seqs[f"attn{tag}split@{p}{sfx}"] = split
-                seqs[f"attn{tag}comb@{p}{sfx}"] = comb
-                seqs[f"attn{tag}split+e@{p}{sfx}"] = split_e
-                seqs[f"attn{tag}@{p}{sfx}/npf"] = without_kv_prefetch(full)
-                seqs[f"attn{tag}split@{p}{sfx}/npf"] = without_kv_prefetch(split)
+                for kind, body in attention_launches(stream, rng, Hq, Hkv, D, a.ctx, p,
+                                                     mc).items():
+                    base, _, after = kind.partition("/")
+                    seqs[f"attn{tag}{base}@{p}{sfx}" + (f"/{after}" if after else "")] = body
     if a.only:
         keep = tuple(v for v in a.only.split(",") if v)
         seqs = {k: v for k, v in seqs.items() if k.startswith(keep)}

@@ -564,13 +564,11 @@ def flash_decode_combine(positions, ctx, min_chunk, chunk_align, part_ml, part_a
     # 3. groups of Dp threads over the splits, ascending: the loaded batch, then the rest
     a = float32(0.0)
     if mine:
-        for j in range(COMBINE_BATCH):
-            if s0 + j < s1:
-                a += xs[j] * w_sh[s0 + j]
-        for b in range(s0 + COMBINE_BATCH, s1, COMBINE_BATCH):
-            for j in range(COMBINE_BATCH):
-                if b + j < s1:
-                    xs[j] = part_acc[t, h, b + j, d0 + d]
+        for b in range(s0, s1, COMBINE_BATCH):
+            if b > s0:                      # (the first batch is loaded above)
+                for j in range(COMBINE_BATCH):
+                    if b + j < s1:
+                        xs[j] = part_acc[t, h, b + j, d0 + d]
             for j in range(COMBINE_BATCH):
                 if b + j < s1:
                     a += xs[j] * w_sh[b + j]
@@ -708,9 +706,13 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
             or tuple(part_acc.shape) != (T, Hq, n_splits, D)):
         raise ValueError(f"partials {tuple(part_ml.shape)}, {tuple(part_acc.shape)} do not fit "
                          f"q {tuple(q.shape)}")
+    slices = combine_slices(D) if slices is None else int(slices)
+    if slices < 1 or D % slices or (xq is not None and (D // slices) % 32):
+        raise ValueError(f"slices must divide head_dim {D} (into multiples of 32 with the int8 "
+                         f"output), not {slices}")
     from . import decode_attention
     if only == "combine":
-        pass
+        pass                        # the partials the last split pass left
     elif decode_attention.supports(Hq // Hkv, D, k_type, v_type):   # F16 cache: 16-byte loads
         decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
                                       chunk_align, part_ml, part_acc, stream, prefetch)
@@ -723,10 +725,6 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
         return
     # absent outputs get stand-ins of the right type that the kernel never touches
     flat_ml = part_ml.reshape(part_ml.size)
-    slices = combine_slices(D) if slices is None else int(slices)
-    if slices < 1 or D % slices or (xq is not None and (D // slices) % 32):
-        raise ValueError(f"slices must divide head_dim {D} (into multiples of 32 with the int8 "
-                         f"output), not {slices}")
     flash_decode_combine[T * Hq * slices, combine_threads, stream](
         positions, np.int32(k_u8.shape[1]), np.int32(min_chunk), np.int32(chunk_align), part_ml,
         part_acc, out,

@@ -107,12 +107,10 @@ def _make(R: int, E: int, prefetch: bool = True):
         lane = tid & 31
         warp = tid >> 5
         head_word = np.int64(kvh) * ctx * DW
-        if prefetch and tid == 0:           # both caches' rows of the split, before q loads
-            prefetch_bytes(kw, 4 * (head_word + np.int64(begin) * DW),
-                           4 * (head_word + np.int64(end) * DW))
-        if prefetch and tid == 32:
-            prefetch_bytes(vw, 4 * (head_word + np.int64(begin) * DW),
-                           4 * (head_word + np.int64(end) * DW))
+        if prefetch and (tid == 0 or tid == 32):    # the split's rows, before q loads
+            b0 = 4 * (head_word + np.int64(begin) * DW)
+            b1 = 4 * (head_word + np.int64(end) * DW)
+            prefetch_bytes(kw if tid == 0 else vw, b0, b1)
         for i in range(tid, R * D, THREADS):
             r = i // D
             buf[i] = q[tok, kvh * R + r, i - r * D]
