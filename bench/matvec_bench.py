@@ -16,6 +16,8 @@ quantized once beforehand):
     time *including* the ~0.9 us graph launch gap between kernels (what the decode step pays);
   * GB/s = weight bytes / that time; pct = GB/s / read roofline, the roofline measured in the
     same run by bench/device_smoke.py's 16-byte ld.global.nc read kernel (1 GiB buffer);
+  * Q8_0 / Q5_0 / Q4_0 shapes: also `dp4a_group`, the generic group path that
+    kernels/matvec_qx0.py's 16-byte kernel replaced (matvec.QX0_V4 off), in the same run;
   * --act-rows T,..: also the dp4a kernels over T rows of activations at once (`dp4a_r<T>`,
     what speculative decoding's verify of K = T - 1 drafts runs, decision 0009): per-launch
     time for all T rows, and `x_r1` = that time over the one-row dp4a time in the same run
@@ -60,6 +62,12 @@ from bw24nb.kernels.matvec import (  # noqa: E402
 from bw24nb.kernels.quantize_act import launch_quantize_act  # noqa: E402
 from bw24nb.quant import QType, dequantize  # noqa: E402
 from bw24nb.quant.types import row_bytes  # noqa: E402
+
+try:                                  # (an older tree, run side by side, has no such path)
+    from bw24nb.kernels.matvec_qx0 import PATHS as _QX0_PATHS  # noqa: E402
+    QX0_TYPES = set(_QX0_PATHS)
+except ImportError:
+    QX0_TYPES = set()
 
 L2_BYTES = 60 * 2**20
 STREAM_FACTOR = 3            # bytes streamed per replay >= 3 x L2: the L2 cannot hold the set
@@ -191,6 +199,18 @@ def _unfitted(launch):
         matvec.FIT_UNROLL = was
 
 
+def _group_path(launch):
+    """launch() with matvec.QX0_V4 off (Q8_0 / Q5_0 / Q4_0 on the generic group path), restored
+    after."""
+    from bw24nb.kernels import matvec
+    was = matvec.QX0_V4
+    matvec.QX0_V4 = False
+    try:
+        launch()
+    finally:
+        matvec.QX0_V4 = was
+
+
 def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
     """True when every row t of a rows kernel's output `out` equals, bit for bit, the one-row
     kernel run on row t's activations alone."""
@@ -236,6 +256,11 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
                                      xd.copy_to_host(stream=stream))
         kernels.append(("dp4a", lambda w: launch_matvec_q8(w, qt, M, K, xq, xd, y, stream=stream),
                         ref_q8, 10 * REL_ERR_BAD, y, scale))
+        if qt in QX0_TYPES:                   # Q8_0 / Q5_0 / Q4_0: the group path before
+            y_grp = cuda.device_array(M, np.float32, stream=stream)
+            kernels.append(("dp4a_group", lambda w: _group_path(lambda: launch_matvec_q8(
+                w, qt, M, K, xq, xd, y_grp, stream=stream)), ref_q8, 10 * REL_ERR_BAD, y_grp,
+                scale))
         if fit_ab:                            # the same kernel with the full 4 slots a step
             y_full = cuda.device_array(M, np.float32, stream=stream)
             kernels.append(("dp4a_full", lambda w: _unfitted(lambda: launch_matvec_q8(
@@ -291,8 +316,10 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", choices=["all", "small", "9b", "35b", "big"], default="all",
-                    help="small: skip the lm_head and the 9B / 35B-A3B shapes; 9b: only the 9B "
+    ap.add_argument("--shapes", choices=["all", "small", "0.5b", "9b", "35b", "big"],
+                    default="all",
+                    help="small: skip the lm_head and the 9B / 35B-A3B shapes; 0.5b: the 0.5B "
+                         "shapes with the lm_head; 9b: only the 9B "
                          "shapes; 35b: only the 35B-A3B shapes; big: the 9B and 35B-A3B shapes")
     ap.add_argument("--launches", type=int, default=50)
     ap.add_argument("--no-old", action="store_true", help="skip the old kernel's rows")
@@ -303,7 +330,9 @@ def main() -> int:
                     "numbers of activation rows (verify's K + 1), e.g. 2,4,9")
     ap.add_argument("--fit-ab", action="store_true",
                     help="also time the dp4a kernel with its full unroll (`dp4a_full`, "
-                         "matvec.FIT_UNROLL off), which must give the fitted kernel's bits")
+                         "matvec.FIT_UNROLL off), which must give the fitted kernel's bits "
+                         "(Q8_0 / Q5_0 / Q4_0 always get `dp4a_group`: the generic group path "
+                         "their 16-byte kernel replaced, matvec.QX0_V4 off)")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
     args = ap.parse_args()
@@ -329,6 +358,7 @@ def main() -> int:
         [s for s in SHAPES if s[3].startswith("9B")] if args.shapes == "9b" else \
         [s for s in SHAPES if s[3].startswith(("9B", "35B"))] if args.shapes == "big" else \
         [s for s in SHAPES if s[3].startswith("35B")] if args.shapes == "35b" else \
+        [s for s in SHAPES if s[3].startswith("0.5B")] if args.shapes == "0.5b" else \
         [s for s in SHAPES if s[0] * s[1] < 2e7 and s[3].startswith("0.5B")]
     if args.tiny:
         shapes = [(4, 256, qt, "tiny") for qt in (QType.Q5_0, QType.Q8_0, QType.Q6_K, QType.Q4_K)]

@@ -42,7 +42,9 @@ Two paths:
                     for the integer block types (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K); the
                     integer part of each 32-value block dot is exact, the scales multiply in
                     float32 (dequant.py, <type>_group_dot_q8). Q4_K goes to matvec_q4k.py's
-                    16-byte-load kernel. The engine's decode default for these types.
+                    16-byte-load kernel, Q8_0 / Q5_0 / Q4_0 to matvec_qx0.py's (a block a
+                    unit, its own summation order). The engine's decode default for these
+                    types.
 
 Several rows of activations at once (rows = T > 1, launch_*(..., rows=T)): speculative
 decoding verifies T = K + 1 tokens in one forward, and each verified row must be the value
@@ -851,6 +853,9 @@ EXPECTED_PTX = {name: ["shfl.sync.bfly.b32"] for name in PTX_SIGNATURES}
 # ---------------------------------------------------------------- launchers
 
 
+# False: Q8_0 / Q5_0 / Q4_0 keep the generic group path (bench/matvec_bench.py compares both)
+QX0_V4 = True
+
 # Split a row over more warps while the launch has fewer than this many warps: ~16 a SM on a
 # 132-SM H200 is what it takes to keep enough loads in flight (decision 0004).
 SPLIT_BELOW_WARPS = 132 * 16
@@ -946,7 +951,8 @@ def _parts(M, K, parts):
 def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, residual=None,
                      stream=0, parts=None, rows=1):
     """y = W @ dequant(xq, xd) (+ bias) (+ residual) with dp4a, for Q8_0, Q4_0, Q5_0, Q4_K,
-    Q5_K, Q6_K weights. xq_dev int8[K] and xd_dev float32[K / 32] come from
+    Q5_K, Q6_K weights (Q4_K on matvec_q4k.py's kernel; Q8_0 / Q5_0 / Q4_0 on matvec_qx0.py's
+    when the buffer allows it, `matvec_qx0.usable`). xq_dev int8[K] and xd_dev float32[K / 32] come from
     `quantize_act.launch_quantize_act`. Reference: `matvec_q8_reference`.
     rows: T = 1 .. MAX_ROWS rows of activations (as `launch_matvec`): xq_dev int8[T * K] and
     xd_dev float32[T * K / 32] (row t's at t * K and t * K / 32: quantize_act's [T, K]
@@ -968,6 +974,12 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
         from . import matvec_q4k
         matvec_q4k.launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts,
                           _grid(M, parts), THREADS, stream, rows)
+        return
+    from . import matvec_qx0
+    if QX0_V4 and lay.qtype in matvec_qx0.PATHS and matvec_qx0.usable(w8):
+        # Q8_0 / Q5_0 / Q4_0: 16-byte loads of the GGUF blocks, lined up in registers
+        matvec_qx0.launch(lay.qtype, w8, w16, wh, M, K, xq_dev, xd_dev, y_dev, bias, residual,
+                          parts, _grid(M, parts), THREADS, stream, rows)
         return
     xq32 = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.int32)      # 4 int8 per dp4a operand
     kern = rows_kernel(lay.qtype, rows, q8=True, parts=parts, K=K)

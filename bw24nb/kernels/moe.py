@@ -533,7 +533,7 @@ def token_matrix(buf, qtype, rows: int, cols: int, q6k_r=None, k: int = 1) -> To
     given. Float types take float activations (the router, the shared-expert gate); integer
     types int8 ones. The warps per row are matvec.warps_per_row's for the k * rows rows a
     token's launch computes: fixed here, so that a token's sums never depend on T."""
-    from . import matvec_q4k, matvec_q6k
+    from . import matvec_q4k, matvec_q6k, matvec_qx0
     lay = layout(qtype)
     qt, parts = lay.qtype, matvec.warps_per_row(k * rows, cols)
     if q6k_r is not None:
@@ -544,6 +544,10 @@ def token_matrix(buf, qtype, rows: int, cols: int, q6k_r=None, k: int = 1) -> To
     if qt == QType.Q4_K:
         return TokenMatrix(matvec_q4k.PATH,
                            (w8.view(np.uint32),), "q8u", rows, cols, parts)
+    if (matvec.QX0_V4 and qt in matvec_qx0.PATHS and cols % 32 == 0
+            and matvec_qx0.usable(w8)):
+        return TokenMatrix(matvec_qx0.PATHS[qt], matvec_qx0.weight_args(w8, w16, wh), "q8u",
+                           rows, cols, parts)
     if qt in matvec.PATHS_Q8 and cols % 32 == 0:
         return TokenMatrix(matvec.PATHS_Q8[qt], (w8, w16, wh), "q8",
                            rows, cols, parts)
