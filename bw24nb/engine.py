@@ -752,9 +752,11 @@ class Engine:
               else None)
         if split:
             fused = qo
-            # prefill: one combine block a head, no K / V prefetch (launch_flash_decode says why)
+            # prefill: one combine block a head, no K / V prefetch, the combine's small batch
+            # (launch_flash_decode and attention.combine_kernel say why)
             plan = (ATTENTION_PLANS[self.attention_plan] if ws.rowwise
-                    else dict(slices=1, prefetch=False))
+                    else dict(slices=1, prefetch=False,
+                              combine_batch=attention.PREFILL_COMBINE_BATCH))
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,

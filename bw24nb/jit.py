@@ -78,6 +78,9 @@ def cache_dir() -> Path | None:
     return Path(value or DEFAULT_DIR).expanduser()
 
 
+_GPU_ONLY = ("max_registers",)
+
+
 def kernel(fn=None, **options):
     """``cuda.jit(fn, **options)`` for a kernel, with the on-disk cache attached."""
     if fn is None:                                  # used as @kernel(...)
@@ -85,7 +88,8 @@ def kernel(fn=None, **options):
     if options.get("device"):
         raise TypeError("@kernel is for kernels; keep device functions @cuda.jit(device=True)")
     if simulator_enabled():
-        return cuda.jit(fn, **options)
+        # options only the GPU compiler knows (the simulator's jit refuses them)
+        return cuda.jit(fn, **{k: v for k, v in options.items() if k not in _GPU_ONLY})
     dispatcher = cuda.jit(waiting_kernel(fn), **options)
     KERNELS.append(dispatcher)
     root = cache_dir()

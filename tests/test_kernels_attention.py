@@ -319,6 +319,13 @@ def test_flash_decode_combine_slices_and_batches(rng):
     np.testing.assert_array_equal(fused.copy_to_host(), plain.copy_to_host())
     np.testing.assert_array_equal(xq.copy_to_host(), q_ref.copy_to_host())
     np.testing.assert_array_equal(xd.copy_to_host(), d_ref.copy_to_host())
+    # the batch (prefill's PREFILL_COMBINE_BATCH, or any other) only moves loads: same bits
+    for batch in (1, 2, 3):
+        other = run(q, positions, gate=cuda.to_device(gate), combine_batch=batch)
+        np.testing.assert_array_equal(other.copy_to_host().view(np.uint32),
+                                      fused.copy_to_host().view(np.uint32))
+    with pytest.raises(ValueError, match="combine batch"):
+        run(q, positions, combine_batch=0)
 
 
 def test_flash_decode_prefill_form_and_bad_slices(rng):

@@ -100,6 +100,11 @@ COMBINE_THREADS_MAX = 1024
 # reduction, the combine was half of decode attention (launch_chain, research/tune-data).
 COMBINE_SLICE_DIMS = 64
 COMBINE_BATCH = 8
+COMBINE_BATCH_MAX = 16
+# Prefill's combine (T x Hq blocks, at most PREFILL_SPLITS splits a token): 2 partials a round
+# trip cover a group's run there, in fewer registers than COMBINE_BATCH (`combine_kernel`).
+# Session 17: with the batch of 8, the 0.5B prefill's attention took 4.34 ms against 3.60.
+PREFILL_COMBINE_BATCH = 2
 _COMBINE_WARPS = COMBINE_THREADS_MAX // 32
 
 _NEG_INF = np.float32(-np.inf)
@@ -474,119 +479,149 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
         part_ml[t, h, split, 1] = l_sh[tid]
 
 
-@kernel
-def flash_decode_combine(positions, ctx, min_chunk, chunk_align, part_ml, part_acc, out, gate,
-                         xq, xd, has_gate, has_q8):
-    """Merge the split-K partials of one (t, head, slice of the head's dims). Grid
-    T * Hq * slices (`combine_slices`: the head's D dims in slices of DS = D / slices), a power
-    of two >= 256 threads (COMBINE_THREADS; <= COMBINE_THREADS_MAX).
+def _make_combine(BATCH: int):
+    """The combine kernel loading BATCH partials a round trip (`combine_kernel`)."""
 
-    Every step is parallel, with a fixed order (so the result is deterministic):
-      1. thread s < used reads (m_s, l_s); M = max over the visible splits (l_s > 0) by
-         warp_max, then the warp maxima (max is exact in any order);
-      2. w_s = exp(m_s - M) (0 for an empty split) into shared; L = sum_s l_s w_s by warp_sum's
-         tree within each warp of 32 splits, then the warps' sums in warp order;
-      3. the slice's DS outputs: G = blockDim / Dp groups of Dp threads (Dp = DS rounded up to
-         a power of two); group g sums splits [g * per, (g + 1) * per) ascending; the groups'
-         sums are added in group order; out = that / L.
-    The first COMBINE_BATCH partials of a thread's run, the (m, l) of step 1 and the gate of
-    step 4 are loaded together before step 1, so one L2 round trip serves them all; the rest
-    of a run follows COMBINE_BATCH loads a round trip. (Session 16, launch_chain: the combine
-    with one block a head, its loads after step 2 and four at a time, cost 7.5 us of the 0.5B
-    heads' 16.4 us a layer at 512 tokens and 16 us of the 9B heads' 31.)
-    Then, in the same threads (decode's next two launches folded in, each with its own
-    arithmetic, so the bits are those of the separate launches):
-      4. has_gate: out *= sigmoid(gate) (activation.sigmoid_mul; gate flat [T * Hq * D]);
-      5. has_q8: xq, xd = quantize_act_q8(out) over the flat [T * Hq * D] output (D % 32 == 0,
-         and DS % 32 == 0, so a 32-value block is one warp of group 0 and its amax a
-         warp_max), the int8 input of the attn_output matvec."""
-    w_sh = cuda.shared.array(DECODE_SPLITS_MAX, float32)
-    red_sh = cuda.shared.array(_COMBINE_WARPS, float32)
-    acc_sh = cuda.shared.array(COMBINE_THREADS_MAX, float32)
-    xs = cuda.local.array(COMBINE_BATCH, float32)
-    T, Hq, S, D = part_acc.shape
-    slices = cuda.gridDim.x // (T * Hq)
-    DS = D // slices
-    th = cuda.blockIdx.x // slices
-    d0 = (cuda.blockIdx.x - th * slices) * DS
-    t = th // Hq
-    h = th - t * Hq
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    warp = tid >> 5
-    n_warps = cuda.blockDim.x >> 5
-    _, _, used = _split_plan(positions[t], ctx, S, min_chunk, chunk_align)
-    # this thread's place in step 3, and its first batch of partials, loaded with step 1's
-    Dp = 32
-    while Dp < DS:
-        Dp *= 2
-    G = cuda.blockDim.x // Dp
-    g = tid // Dp
-    d = tid - g * Dp
-    per = (used + G - 1) // G
-    s0 = g * per
-    s1 = min(used, s0 + per)
-    mine = d < DS and s0 < s1
-    for j in range(COMBINE_BATCH):
-        xs[j] = float32(0.0)
-        if mine and s0 + j < s1:
-            xs[j] = part_acc[t, h, s0 + j, d0 + d]
-    i = (t * Hq + h) * D + d0 + d
-    gv = float32(0.0)
-    if has_gate and g == 0 and d < DS:
-        gv = gate[i]
-    m = _NEG_INF
-    l_s = float32(0.0)
-    if tid < used:
-        l_s = part_ml[t, h, tid, 1]
-        if l_s > float32(0.0):
-            m = part_ml[t, h, tid, 0]
-    wm = warp_max(m)
-    if lane == 0:
-        red_sh[warp] = wm
-    cuda.syncthreads()
-    M = red_sh[0]
-    for j in range(1, n_warps):
-        M = max(M, red_sh[j])
-    w = float32(0.0)
-    if m != _NEG_INF:
-        w = math.exp(m - M)
-    if tid < S:
-        w_sh[tid] = w
-    ls = warp_sum(l_s * w)
-    cuda.syncthreads()                      # every thread has read red_sh (the maxima)
-    if lane == 0:
-        red_sh[warp] = ls
-    cuda.syncthreads()
-    L = red_sh[0]
-    for j in range(1, n_warps):
-        L += red_sh[j]
-    # 3. groups of Dp threads over the splits, ascending: the loaded batch, then the rest
-    a = float32(0.0)
-    if mine:
-        for b in range(s0, s1, COMBINE_BATCH):
-            if b > s0:                      # (the first batch is loaded above)
-                for j in range(COMBINE_BATCH):
+    def flash_decode_combine(positions, ctx, min_chunk, chunk_align, part_ml, part_acc, out,
+                             gate, xq, xd, has_gate, has_q8):
+        """Merge the split-K partials of one (t, head, slice of the head's dims). Grid
+        T * Hq * slices (`combine_slices`: the head's D dims in slices of DS = D / slices), a power
+        of two >= 256 threads (COMBINE_THREADS; <= COMBINE_THREADS_MAX).
+
+        Every step is parallel, with a fixed order (so the result is deterministic):
+          1. thread s < used reads (m_s, l_s); M = max over the visible splits (l_s > 0) by
+             warp_max, then the warp maxima (max is exact in any order);
+          2. w_s = exp(m_s - M) (0 for an empty split) into shared; L = sum_s l_s w_s by warp_sum's
+             tree within each warp of 32 splits, then the warps' sums in warp order;
+          3. the slice's DS outputs: G = blockDim / Dp groups of Dp threads (Dp = DS rounded up to
+             a power of two); group g sums splits [g * per, (g + 1) * per) ascending; the groups'
+             sums are added in group order; out = that / L.
+        The first BATCH partials of a thread's run, the (m, l) of step 1 and the gate of
+        step 4 are loaded together before step 1, so one L2 round trip serves them all; the rest
+        of a run follows BATCH loads a round trip. (Session 16, launch_chain: the combine
+        with one block a head, its loads after step 2 and four at a time, cost 7.5 us of the 0.5B
+        heads' 16.4 us a layer at 512 tokens and 16 us of the 9B heads' 31.)
+        Then, in the same threads (decode's next two launches folded in, each with its own
+        arithmetic, so the bits are those of the separate launches):
+          4. has_gate: out *= sigmoid(gate) (activation.sigmoid_mul; gate flat [T * Hq * D]);
+          5. has_q8: xq, xd = quantize_act_q8(out) over the flat [T * Hq * D] output (D % 32 == 0,
+             and DS % 32 == 0, so a 32-value block is one warp of group 0 and its amax a
+             warp_max), the int8 input of the attn_output matvec."""
+        w_sh = cuda.shared.array(DECODE_SPLITS_MAX, float32)
+        red_sh = cuda.shared.array(_COMBINE_WARPS, float32)
+        acc_sh = cuda.shared.array(COMBINE_THREADS_MAX, float32)
+        xs = cuda.local.array(BATCH, float32)
+        T, Hq, S, D = part_acc.shape
+        slices = cuda.gridDim.x // (T * Hq)
+        DS = D // slices
+        th = cuda.blockIdx.x // slices
+        d0 = (cuda.blockIdx.x - th * slices) * DS
+        t = th // Hq
+        h = th - t * Hq
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        n_warps = cuda.blockDim.x >> 5
+        _, _, used = _split_plan(positions[t], ctx, S, min_chunk, chunk_align)
+        # this thread's place in step 3, and its first batch of partials, loaded with step 1's
+        Dp = 32
+        while Dp < DS:
+            Dp *= 2
+        G = cuda.blockDim.x // Dp
+        g = tid // Dp
+        d = tid - g * Dp
+        per = (used + G - 1) // G
+        s0 = g * per
+        s1 = min(used, s0 + per)
+        mine = d < DS and s0 < s1
+        for j in range(BATCH):
+            xs[j] = float32(0.0)
+            if mine and s0 + j < s1:
+                xs[j] = part_acc[t, h, s0 + j, d0 + d]
+        i = (t * Hq + h) * D + d0 + d
+        gv = float32(0.0)
+        if has_gate and g == 0 and d < DS:
+            gv = gate[i]
+        m = _NEG_INF
+        l_s = float32(0.0)
+        if tid < used:
+            l_s = part_ml[t, h, tid, 1]
+            if l_s > float32(0.0):
+                m = part_ml[t, h, tid, 0]
+        wm = warp_max(m)
+        if lane == 0:
+            red_sh[warp] = wm
+        cuda.syncthreads()
+        M = red_sh[0]
+        for j in range(1, n_warps):
+            M = max(M, red_sh[j])
+        w = float32(0.0)
+        if m != _NEG_INF:
+            w = math.exp(m - M)
+        if tid < S:
+            w_sh[tid] = w
+        ls = warp_sum(l_s * w)
+        cuda.syncthreads()                      # every thread has read red_sh (the maxima)
+        if lane == 0:
+            red_sh[warp] = ls
+        cuda.syncthreads()
+        L = red_sh[0]
+        for j in range(1, n_warps):
+            L += red_sh[j]
+        # 3. groups of Dp threads over the splits, ascending: the loaded batch, then the rest
+        a = float32(0.0)
+        if mine:
+            for b in range(s0, s1, BATCH):
+                if b > s0:                      # (the first batch is loaded above)
+                    for j in range(BATCH):
+                        if b + j < s1:
+                            xs[j] = part_acc[t, h, b + j, d0 + d]
+                for j in range(BATCH):
                     if b + j < s1:
-                        xs[j] = part_acc[t, h, b + j, d0 + d]
-            for j in range(COMBINE_BATCH):
-                if b + j < s1:
-                    a += xs[j] * w_sh[b + j]
-    acc_sh[tid] = a
-    cuda.syncthreads()
-    if g == 0 and d < DS:
-        total = acc_sh[d]
-        for j in range(1, G):
-            total += acc_sh[j * Dp + d]
-        v = total / L
-        if has_gate:
-            v = v * sigmoid(gv)
-        out[t, h, d0 + d] = v
-        if has_q8:
-            code, scale = q8_code(v, warp_max(abs(v)))
-            xq[i] = code
-            if (d & 31) == 0:
-                xd[i >> 5] = scale
+                        a += xs[j] * w_sh[b + j]
+        acc_sh[tid] = a
+        cuda.syncthreads()
+        if g == 0 and d < DS:
+            total = acc_sh[d]
+            for j in range(1, G):
+                total += acc_sh[j * Dp + d]
+            v = total / L
+            if has_gate:
+                v = v * sigmoid(gv)
+            out[t, h, d0 + d] = v
+            if has_q8:
+                code, scale = q8_code(v, warp_max(abs(v)))
+                xq[i] = code
+                if (d & 31) == 0:
+                    xd[i >> 5] = scale
+
+    if BATCH != COMBINE_BATCH:
+        flash_decode_combine.__name__ = flash_decode_combine.__qualname__ = \
+            f"flash_decode_combine_b{BATCH}"
+    # a small batch fits in 48 registers: 5 blocks of 256 threads an SM (sm_90); 50 would be
+    # allocated as 56, 4 blocks (prefill's many blocks are what this batch is for)
+    return kernel(flash_decode_combine, **({} if BATCH > 2 else dict(max_registers=48)))
+
+
+_COMBINE_KERNELS: dict = {}
+
+
+def combine_kernel(batch: int = COMBINE_BATCH):
+    """The combine with `batch` partials a round trip (1 <= batch <= COMBINE_BATCH_MAX), built
+    on first request. The batch changes when a thread's loads are issued, never what it adds or
+    in which order: every batch gives the same bits. A larger batch holds more registers (sm_90,
+    bench/sass_count.py: 80 at 8 against 48 before session 16's batching), which costs
+    occupancy where the grid is large: prefill's T x Hq blocks (PREFILL_COMBINE_BATCH)."""
+    batch = int(batch)
+    if not 1 <= batch <= COMBINE_BATCH_MAX:
+        raise ValueError(f"combine batch must be 1 .. {COMBINE_BATCH_MAX}, not {batch}")
+    if batch not in _COMBINE_KERNELS:
+        _COMBINE_KERNELS[batch] = _make_combine(batch)
+    return _COMBINE_KERNELS[batch]
+
+
+flash_decode_combine = combine_kernel(COMBINE_BATCH)
+flash_decode_combine_b2 = combine_kernel(2)
 
 
 def combine_slices(D: int) -> int:
@@ -658,7 +693,7 @@ def alloc_decode_partials(T: int, n_heads: int, head_dim: int, n_splits: int):
 def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
                         part_ml, part_acc, scale=None, stream=0, min_chunk=None, gate=None,
                         xq=None, xd=None, chunk_align=None, combine_threads=None, only=None,
-                        slices=None, prefetch=None):
+                        slices=None, prefetch=None, combine_batch=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
@@ -677,7 +712,8 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     depends on it, so a verify must use decode's); prefetch: the F16 split pass's K / V
     prefetch (default decode_attention.PREFETCH_KV; no effect on results). A prefill over many
     tokens passes 1 and False: its tokens' blocks share the cache rows, and a head's combine
-    has few splits (Engine._attention_launches)."""
+    has few splits (Engine._attention_launches). combine_batch: partials a combine thread
+    loads a round trip (`combine_kernel`; default COMBINE_BATCH; no effect on results)."""
     if only not in (None, "split", "combine"):
         raise ValueError(f"only must be None, 'split' or 'combine', not {only!r}")
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
@@ -706,6 +742,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
             or tuple(part_acc.shape) != (T, Hq, n_splits, D)):
         raise ValueError(f"partials {tuple(part_ml.shape)}, {tuple(part_acc.shape)} do not fit "
                          f"q {tuple(q.shape)}")
+    combine = combine_kernel(COMBINE_BATCH if combine_batch is None else combine_batch)
     slices = combine_slices(D) if slices is None else int(slices)
     if slices < 1 or D % slices or (xq is not None and (D // slices) % 32):
         raise ValueError(f"slices must divide head_dim {D} (into multiples of 32 with the int8 "
@@ -725,7 +762,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
         return
     # absent outputs get stand-ins of the right type that the kernel never touches
     flat_ml = part_ml.reshape(part_ml.size)
-    flash_decode_combine[T * Hq * slices, combine_threads, stream](
+    combine[T * Hq * slices, combine_threads, stream](
         positions, np.int32(k_u8.shape[1]), np.int32(min_chunk), np.int32(chunk_align), part_ml,
         part_acc, out,
         flat_ml if gate is None else gate.reshape(gate.size),
@@ -745,3 +782,4 @@ PTX_SIGNATURES = {
     "flash_decode_combine": [f"void(int32[::1], int32, int32, int32, {_A4}, {_A4}, {_A3}, float32[::1], "
                              "int8[::1], float32[::1], int32, int32)"],
 }
+PTX_SIGNATURES["flash_decode_combine_b2"] = PTX_SIGNATURES["flash_decode_combine"]
