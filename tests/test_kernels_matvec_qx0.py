@@ -153,6 +153,11 @@ def test_qx0_last_block_ends_the_buffer(rng, qt):
     assert w.size % 16 == 0 and _uses_new_path(w, qt)
     last_quants = 7 * type_size(qt) + {QType.Q8_0: 2, QType.Q5_0: 6, QType.Q4_0: 2}[qt]
     assert last_quants % 16 == 0
+    _assert_close_to_reference(rng, w, qt, M, K)
+
+
+def _assert_close_to_reference(rng, w, qt, M, K):
+    """One launch on fresh activations, within the float path's rounding of the reference."""
     x = rng.standard_normal(K).astype(np.float32)
     xq, xd = quantize_act_q8_reference(x)
     out = _run(w, qt, M, K, xq, xd)[0]
@@ -170,11 +175,7 @@ def test_qx0_unusable_buffers_take_the_generic_path(rng, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("matvec_qx0 launched on a buffer it may not read")
     monkeypatch.setattr(matvec_qx0, "launch", refuse)
-    x = rng.standard_normal(K).astype(np.float32)
-    xq, xd = quantize_act_q8_reference(x)
-    out = _run(w, qt, M, K, xq, xd)[0]
-    ref = matvec_q8_reference(w, qt, M, K, xq, xd)
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    _assert_close_to_reference(rng, w, qt, M, K)
 
 
 def test_qx0_switch_off_gives_the_generic_path(rng, monkeypatch):
@@ -182,12 +183,7 @@ def test_qx0_switch_off_gives_the_generic_path(rng, monkeypatch):
     path; both agree within rounding."""
     qt, M, K = QType.Q5_0, 8, 896
     w = random_weight_bytes(rng, qt, M, K)
-    x = rng.standard_normal(K).astype(np.float32)
-    xq, xd = quantize_act_q8_reference(x)
-    new = _run(w, qt, M, K, xq, xd)[0]
+    _assert_close_to_reference(rng, w, qt, M, K)
     monkeypatch.setattr(matvec, "QX0_V4", False)
     monkeypatch.setattr(matvec_qx0, "launch", lambda *a, **k: pytest.fail("new path ran"))
-    old = _run(w, qt, M, K, xq, xd)[0]
-    ref = matvec_q8_reference(w, qt, M, K, xq, xd)
-    for got in (new, old):
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    _assert_close_to_reference(rng, w, qt, M, K)

@@ -82,10 +82,11 @@ def _window2(w32, byte_off):
 
 
 @cuda.jit(device=True, inline="always")
-def _line_up8(w32, byte_off):
-    """The 32 bytes at byte_off (even) as 8 words: `_window3`'s, rotated by m / 4 words,
-    then joined 2 bytes on when m & 2."""
-    m, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11 = _window3(w32, byte_off)
+def _lined_up(m, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11):
+    """The 8 words starting at the even byte m of the window w0 .. w11: rotated by m / 4 words
+    (a select stage by 2 words when m & 8, one by 1 when m & 4), then joined 2 bytes on (one
+    prmt a word) when m & 2. A caller that keeps fewer words leaves the rest to dead-code
+    elimination (the function is inlined)."""
     two = (m & _u32(8)) != 0
     r0 = w2 if two else w0
     r1 = w3 if two else w1
@@ -114,25 +115,20 @@ def _line_up8(w32, byte_off):
 
 
 @cuda.jit(device=True, inline="always")
+def _line_up8(w32, byte_off):
+    """The 32 bytes at byte_off (even) as 8 words (`_window3`, `_lined_up`)."""
+    m, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11 = _window3(w32, byte_off)
+    return _lined_up(m, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11)
+
+
+@cuda.jit(device=True, inline="always")
 def _line_up4(w32, byte_off):
-    """The 16 bytes at byte_off (even) as 4 words (`_line_up8` over `_window2`)."""
+    """The 16 bytes at byte_off (even) as 4 words (`_window2`, `_lined_up`: its first 4 words
+    read only the 8 the window holds)."""
     m, w0, w1, w2, w3, w4, w5, w6, w7 = _window2(w32, byte_off)
-    two = (m & _u32(8)) != 0
-    r0 = w2 if two else w0
-    r1 = w3 if two else w1
-    r2 = w4 if two else w2
-    r3 = w5 if two else w3
-    r4 = w6 if two else w4
-    r5 = w7 if two else w5
-    one = (m & _u32(4)) != 0
-    s0 = r1 if one else r0
-    s1 = r2 if one else r1
-    s2 = r3 if one else r2
-    s3 = r4 if one else r3
-    s4 = r5 if one else r4
-    sel = _sel(m)
-    return (byte_perm(s0, s1, sel), byte_perm(s1, s2, sel), byte_perm(s2, s3, sel),
-            byte_perm(s3, s4, sel))
+    z = _u32(0)
+    q0, q1, q2, q3, q4, q5, q6, q7 = _lined_up(m, w0, w1, w2, w3, w4, w5, w6, w7, z, z, z, z)
+    return q0, q1, q2, q3
 
 
 @cuda.jit(device=True, inline="always")
