@@ -264,8 +264,10 @@ def _matvec_chain(qt, K) -> int:
 
 
 # (label, M, K): rows x input width of real decode projections
-_MATVEC_REAL = [("0.5b.ffn_down", Q05.hidden, Q05.ffn), ("9b.ffn_up", Q9.ffn, Q9.hidden),
-                ("35b.expert_gate", MOE.expert_ffn, MOE.hidden)]
+# (0.5b.ffn_up: K = 896, whose Q8_0 / Q5_0 / Q4_0 blocks start at every 2-byte offset of a
+# 16-byte word -- kernels/matvec_qx0.py's line-up)
+_MATVEC_REAL = [("0.5b.ffn_down", Q05.hidden, Q05.ffn), ("0.5b.ffn_up", Q05.ffn, Q05.hidden),
+                ("9b.ffn_up", Q9.ffn, Q9.hidden), ("35b.expert_gate", MOE.expert_ffn, MOE.hidden)]
 _LM_HEAD = ("0.5b.lm_head", Q05.vocab, Q05.hidden)
 
 
