@@ -389,7 +389,7 @@ def main() -> int:
                            **({} if "rows_bits" not in r else dict(rows_bits=r["rows_bits"])))
                 f.write(json.dumps(rec) + "\n")
                 table.append(rec)
-                print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<7} {r['us']:9.2f} us "
+                print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<10} {r['us']:9.2f} us "
                       f"{r['gbs']:7.0f} GB/s {r['pct']:5.1f}%  err {r['max_rel_err']:.1e}"
                       f"{'' if x_r1 is None else f'  x{x_r1} of one row'}"
                       f"{'' if r.get('rows_bits', True) else '  rows != one row'}"
@@ -397,10 +397,10 @@ def main() -> int:
 
     print(f"\nmatvec bench, {gpu}, commit {commit}, roofline {roof:.0f} GB/s "
           f"(us per launch include the graph's ~0.9 us launch gap)")
-    print(f"{'shape':>13} {'type':<5} {'what':<27} {'kernel':<6} {'us':>9} {'GB/s':>7} "
+    print(f"{'shape':>13} {'type':<5} {'what':<27} {'kernel':<10} {'us':>9} {'GB/s':>7} "
           f"{'%roof':>6} {'max_rel_err':>11} {'launches':>8}")
     for r in table:
-        print(f"{r['shape']:>13} {r['qtype']:<5} {r['what']:<27} {r['kernel']:<6} {r['us']:9.2f} "
+        print(f"{r['shape']:>13} {r['qtype']:<5} {r['what']:<27} {r['kernel']:<10} {r['us']:9.2f} "
               f"{r['gbs']:7.0f} {r['pct']:6.1f} {r['max_rel_err']:11.1e} {r['launches']:8d}"
               f"{'' if r['ok'] else '  BAD'}")
     print(f"# {len(table)} rows -> {out_path} ({time.time() - t0:.0f} s)")
