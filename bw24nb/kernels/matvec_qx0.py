@@ -227,20 +227,20 @@ def _qx_0_sum(qh, q0, q1, q2, q3, a0, a1, a2, a3, a4, a5, a6, a7, bias):
     return s - np.int32(bias) * sx
 
 
-@cuda.jit(device=True, inline="always")
-def _q5_0_value(w, x, base, u, q):
-    d, qh, q0, q1, q2, q3 = q
-    a0, a1, a2, a3, a4, a5, a6, a7, xd = _x_block(x, u)
-    return (d * xd) * np.float32(_qx_0_sum(qh, q0, q1, q2, q3, a0, a1, a2, a3, a4, a5, a6, a7,
-                                           16))
+def _qx_0_value(bias):
+    """The unit value of Q5_0 (bias 16) or Q4_0 (bias 8) from `_q5_0_weights` /
+    `_q4_0_weights`' (d, qh, 4 quant words)."""
+    @cuda.jit(device=True, inline="always")
+    def value(w, x, base, u, q):
+        d, qh, q0, q1, q2, q3 = q
+        a0, a1, a2, a3, a4, a5, a6, a7, xd = _x_block(x, u)
+        return (d * xd) * np.float32(_qx_0_sum(qh, q0, q1, q2, q3, a0, a1, a2, a3, a4, a5, a6,
+                                               a7, bias))
+    return value
 
 
-@cuda.jit(device=True, inline="always")
-def _q4_0_value(w, x, base, u, q):
-    d, qh, q0, q1, q2, q3 = q
-    a0, a1, a2, a3, a4, a5, a6, a7, xd = _x_block(x, u)
-    return (d * xd) * np.float32(_qx_0_sum(qh, q0, q1, q2, q3, a0, a1, a2, a3, a4, a5, a6, a7,
-                                           8))
+_q5_0_value = _qx_0_value(16)
+_q4_0_value = _qx_0_value(8)
 
 
 # ---------------------------------------------------------------- the paths
