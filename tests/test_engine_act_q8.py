@@ -88,3 +88,29 @@ def test_fused_prefill_gives_the_unfused_bits(quantized_gguf, rng):
     assert "swiglu_q8" in names[True] and "swiglu_q8" not in names[False]
     assert len(names[True]) == len(names[False]) - src.config.num_hidden_layers
     np.testing.assert_array_equal(out[True].view(np.uint32), out[False].view(np.uint32))
+
+
+def test_block_weights_take_the_16_byte_path(engine, monkeypatch):
+    """Every Q8_0 / Q5_0 / Q4_0 matrix the engine holds, and every stack of them, is a buffer
+    matvec_qx0 may read (16-byte aligned, whole 16-byte words: `usable`), and a decode step runs
+    its matvecs on that path -- a change to uploads or stacking that broke the alignment would
+    otherwise drop them to the generic path silently (decision 0023)."""
+    from bw24nb.kernels import matvec_qx0
+    from bw24nb.kernels.dequant import weight_views
+    mats = [w for w in engine.w.tensors.values()
+            if w.qtype in matvec_qx0.PATHS and len(w.shape) == 2]
+    mats += [w for w in engine.stacks.values() if w.qtype in matvec_qx0.PATHS]
+    assert {w.qtype for w in mats} == set(TYPES)
+    for w in mats:
+        assert matvec_qx0.usable(weight_views(w.buf)[0]), (w.qtype, w.shape)
+    calls = []
+    launch = matvec_qx0.launch
+
+    def counted(qt, *args, **kw):
+        calls.append(qt)
+        return launch(qt, *args, **kw)
+    monkeypatch.setattr(matvec_qx0, "launch", counted)
+    engine.reset()
+    engine.prefill([7, 200])
+    engine.decode(31)
+    assert set(calls) == set(TYPES)
