@@ -188,27 +188,16 @@ def _commit() -> str:
         return "unknown"
 
 
-def _unfitted(launch):
-    """launch() with matvec.FIT_UNROLL off (the path's full unroll), restored after."""
+def _switched_off(switch, launch):
+    """launch() with the module switch matvec.<switch> off, restored after: FIT_UNROLL (the
+    path's full unroll) or QX0_V4 (Q8_0 / Q5_0 / Q4_0 on the generic group path)."""
     from bw24nb.kernels import matvec
-    was = matvec.FIT_UNROLL
-    matvec.FIT_UNROLL = False
+    was = getattr(matvec, switch)
+    setattr(matvec, switch, False)
     try:
         launch()
     finally:
-        matvec.FIT_UNROLL = was
-
-
-def _group_path(launch):
-    """launch() with matvec.QX0_V4 off (Q8_0 / Q5_0 / Q4_0 on the generic group path), restored
-    after."""
-    from bw24nb.kernels import matvec
-    was = matvec.QX0_V4
-    matvec.QX0_V4 = False
-    try:
-        launch()
-    finally:
-        matvec.QX0_V4 = was
+        setattr(matvec, switch, was)
 
 
 def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
@@ -258,14 +247,14 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
                         ref_q8, 10 * REL_ERR_BAD, y, scale))
         if qt in QX0_TYPES:                   # Q8_0 / Q5_0 / Q4_0: the group path before
             y_grp = cuda.device_array(M, np.float32, stream=stream)
-            kernels.append(("dp4a_group", lambda w: _group_path(lambda: launch_matvec_q8(
-                w, qt, M, K, xq, xd, y_grp, stream=stream)), ref_q8, 10 * REL_ERR_BAD, y_grp,
-                scale))
+            kernels.append(("dp4a_group", lambda w: _switched_off("QX0_V4", lambda:
+                launch_matvec_q8(w, qt, M, K, xq, xd, y_grp, stream=stream)), ref_q8,
+                10 * REL_ERR_BAD, y_grp, scale))
         if fit_ab:                            # the same kernel with the full 4 slots a step
             y_full = cuda.device_array(M, np.float32, stream=stream)
-            kernels.append(("dp4a_full", lambda w: _unfitted(lambda: launch_matvec_q8(
-                w, qt, M, K, xq, xd, y_full, stream=stream)), ref_q8, 10 * REL_ERR_BAD, y_full,
-                scale))
+            kernels.append(("dp4a_full", lambda w: _switched_off("FIT_UNROLL", lambda:
+                launch_matvec_q8(w, qt, M, K, xq, xd, y_full, stream=stream)), ref_q8,
+                10 * REL_ERR_BAD, y_full, scale))
         rows_x = {}                            # dp4a_r<T> -> its (xq, xd), for the bit check
         for nr in act_rows:                   # verify's rows kernels: T activation rows at once
             x_r = rng.standard_normal((nr, K)).astype(np.float32)

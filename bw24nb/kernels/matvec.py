@@ -952,7 +952,7 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
                      stream=0, parts=None, rows=1):
     """y = W @ dequant(xq, xd) (+ bias) (+ residual) with dp4a, for Q8_0, Q4_0, Q5_0, Q4_K,
     Q5_K, Q6_K weights (Q4_K on matvec_q4k.py's kernel; Q8_0 / Q5_0 / Q4_0 on matvec_qx0.py's
-    when the buffer allows it, `matvec_qx0.usable`). xq_dev int8[K] and xd_dev float32[K / 32] come from
+    when the buffer allows it, `matvec_qx0.serves`). xq_dev int8[K] and xd_dev float32[K / 32] come from
     `quantize_act.launch_quantize_act`. Reference: `matvec_q8_reference`.
     rows: T = 1 .. MAX_ROWS rows of activations (as `launch_matvec`): xq_dev int8[T * K] and
     xd_dev float32[T * K / 32] (row t's at t * K and t * K / 32: quantize_act's [T, K]
@@ -976,7 +976,7 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
                           _grid(M, parts), THREADS, stream, rows)
         return
     from . import matvec_qx0
-    if QX0_V4 and lay.qtype in matvec_qx0.PATHS and matvec_qx0.usable(w8):
+    if matvec_qx0.serves(lay.qtype, w8):
         # Q8_0 / Q5_0 / Q4_0: 16-byte loads of the GGUF blocks, lined up in registers
         matvec_qx0.launch(lay.qtype, w8, w16, wh, M, K, xq_dev, xd_dev, y_dev, bias, residual,
                           parts, _grid(M, parts), THREADS, stream, rows)

@@ -41,18 +41,16 @@ from numba import cuda
 
 from ..ptx import byte_perm, dp4a, ld_nc_v4_u32
 from ..quant.types import QType, type_size
+from . import matvec
 from .matvec import RowPath, path_kernels, token_kernels
+# the activations as Q4_K's kernel takes them: whole arrays and a row's word / scale offsets
+from .matvec_q4k import _u32, _x_one, _x_row
 
 _LOW = np.uint32(0x0F0F0F0F)
 _ONES = np.int32(0x01010101)
 _FIFTH_BITS = np.uint32(0x10101010)
 _SPREAD = np.uint32(0x02040810)       # bit k of a 4-bit value -> bit 4 of byte k (no carries)
 UNROLL = 4                             # blocks per lane per step (K = 4096: one step)
-
-
-@cuda.jit(device=True, inline="always")
-def _u32(v):
-    return np.uint32(v)
 
 
 @cuda.jit(device=True, inline="always")
@@ -251,18 +249,6 @@ def _units(K):
     return K >> 5
 
 
-@cuda.jit(device=True, inline="always")
-def _x_row(x, t, K):
-    """Activation row t of x = (xq words, xd): the whole arrays and the row's start (word
-    t K / 4 of xq, entry t K / 32 of xd), as matvec_q4k's `_x_row`."""
-    return x[0], x[1], np.uint32(t * (K >> 2)), np.uint32(t * (K >> 5))
-
-
-@cuda.jit(device=True, inline="always")
-def _x_one(x, K):
-    return _x_row(x, 0, K)
-
-
 def _base_of(ts):
     @cuda.jit(device=True, inline="always")
     def base(row, K):
@@ -313,6 +299,13 @@ def usable(w8) -> bool:
     return ptr is None or ptr.value is None or ptr.value % 16 == 0
 
 
+def serves(qtype, w8) -> bool:
+    """Whether a Q8_0 / Q5_0 / Q4_0 matrix in w8 runs on these kernels: the path is on
+    (matvec.QX0_V4), the type is one of `PATHS` and the buffer is `usable`. The one test for
+    matvec.launch_matvec_q8 and the MoE token matrices (moe.token_matrix)."""
+    return matvec.QX0_V4 and qtype in PATHS and usable(w8)
+
+
 def weight_args(w8, w16, wh):
     """The kernels' weight tuple from dequant.weight_views' three views."""
     return (w8.view(np.uint32), w16, wh)
@@ -320,8 +313,8 @@ def weight_args(w8, w16, wh):
 
 def launch(qt, w8, w16, wh, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads,
            stream, rows=1):
-    """Called by matvec.launch_matvec_q8 for Q8_0 / Q5_0 / Q4_0 when `usable(w8)` (its checks
-    already done, y and residual flat)."""
+    """Called by matvec.launch_matvec_q8 when `serves(qt, w8)` (its checks already done, y and
+    residual flat)."""
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
     kern = KERNELS[qt](rows, parts, K)

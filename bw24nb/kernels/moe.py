@@ -544,8 +544,7 @@ def token_matrix(buf, qtype, rows: int, cols: int, q6k_r=None, k: int = 1) -> To
     if qt == QType.Q4_K:
         return TokenMatrix(matvec_q4k.PATH,
                            (w8.view(np.uint32),), "q8u", rows, cols, parts)
-    if (matvec.QX0_V4 and qt in matvec_qx0.PATHS and cols % 32 == 0
-            and matvec_qx0.usable(w8)):
+    if cols % 32 == 0 and matvec_qx0.serves(qt, w8):
         return TokenMatrix(matvec_qx0.PATHS[qt], matvec_qx0.weight_args(w8, w16, wh), "q8u",
                            rows, cols, parts)
     if qt in matvec.PATHS_Q8 and cols % 32 == 0:
