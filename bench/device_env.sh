@@ -4,7 +4,8 @@
 #   run SECONDS NAME CMD...   CMD under a time limit, output to $L/NAME.log, one "== NAME rc=.. Ns" line
 #   bench_pair TAG FILE NAME  run_bench on FILE for stage TAG (this tree) and stage TAGold (the
 #                             tree in $OLD_TREE, default .old, commit $OLD_COMMIT), then their
-#                             gate / decode / prefill lines
+#                             gate / decode / prefill lines; $RB_EXTRA / $RB_OLD_EXTRA: more
+#                             run_bench arguments for the new / the old tree
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
@@ -16,7 +17,7 @@ on() { case ,$stages, in *,$1,*) return 0;; esac; return 1; }
 run() { local t=$1 name=$2; shift 2; local s=$(date +%s); timeout $t "$@" > "$L/$name.log" 2>&1; local rc=$?
         echo "== $name rc=$rc $(( $(date +%s) - s ))s"; }
 bench_pair() { local tag=$1 file=$2 name=$3 old=${OLD_TREE:-.old}
-  local args="--name $name --runs 3 --torch none --act-quant q8 ${RB_EXTRA:-}"
-  on $tag && run ${PAIR_S:-250} ${tag}new python3 bench/run_bench.py $file $args --commit $C --jsonl /tmp/bench.jsonl
-  on ${tag}old && run ${PAIR_S:-250} ${tag}old env PYTHONPATH=/tmp/site:$PWD/$old BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 $old/bench/run_bench.py $file $args --commit ${OLD_COMMIT:-old} --jsonl /tmp/bench_old.jsonl
+  local args="--name $name --runs 3 --torch none --act-quant q8"
+  on $tag && run ${PAIR_S:-250} ${tag}new python3 bench/run_bench.py $file $args ${RB_EXTRA:-} --commit $C --jsonl /tmp/bench.jsonl
+  on ${tag}old && run ${PAIR_S:-250} ${tag}old env PYTHONPATH=/tmp/site:$PWD/$old BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 $old/bench/run_bench.py $file $args ${RB_OLD_EXTRA:-} --commit ${OLD_COMMIT:-old} --jsonl /tmp/bench_old.jsonl
   { on $tag || on ${tag}old; } && grep -E "gate:|decode_tok_s@|prefill_tok|Error|Traceback" $L/${tag}*.log | grep -v "^  qwen" | cut -c1-170; }

@@ -1,22 +1,30 @@
-# The next session's first device call (written at the end of session 17, whose device budget ran
-# out): what session 17's last commits did not get to run on the GPU. Stages ($1, comma list):
-#   kc          bw24nb kernel-check --size real --only 'matvec*': every decode matvec path on the
-#               GPU against its numpy reference, now with K = 896 (kernels/matvec_qx0.py's Q8_0 /
-#               Q5_0 / Q4_0 line-up at every block alignment; Q4_0 never ran on the GPU)
-#   q9, q9old   run_bench pair on the 9B shape: this tree against $OLD_TREE (38eff85, before
-#               prefill's combine took its batch of 2 in 48 registers): pp512 at head dim 256
-#   c05         run_bench on the 0.5B shape (session 17: 876-887 / 775-788 tok/s, pp512 32.3k)
+# Session 18's device calls. Stages ($1, comma list):
+#   kc          bw24nb kernel-check --size real --only 'matvec*,flash_decode*': every decode matvec
+#               path (with K = 896: matvec_qx0's Q8_0 / Q5_0 / Q4_0 line-up; Q4_0 never ran on
+#               the GPU) and decode attention, the one-launch form too, against numpy
+#   lc          launch_chain: decode attention split + combine against the one-launch form on
+#               its default plan and on $FS splits, 0.5B / 9B heads at 511 / 6143
+#   c05         run_bench, 0.5B shape: --launch split-attn,fused-attn side by side
+#   q9, q9old   run_bench pair, 9B shape: this tree (split-attn,fused-attn) against $OLD_TREE
+#               (38eff85, before prefill's combine took its batch of 2 in 48 registers)
+#   gate9       bench/spec_gate.py on the 9B shape, K = 1..8, with the engine's default plan
 # Carry .whl and .old (git archive 38eff85 | tar x -C .old; bench/ and bw24nb/ are enough).
-export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-kc,q9,q9old,c05}; . bench/device_env.sh
+export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-kc,lc,c05}; . bench/device_env.sh
 P9=""; P05=""
-{ on q9 || on q9old; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
+{ on q9 || on q9old || on gate9; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on c05 && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
-on kc && { run ${KC_S:-150} kc python3 -m bw24nb.cli kernel-check --size real --only 'matvec*'
-  grep -E "FAIL|BAD|Error|Traceback|checks? (passed|failed)" $L/kc.log | head -12; tail -2 $L/kc.log; }
-[ -n "$P9" ] && wait $P9
-bench_pair q9 /tmp/q9.gguf qwen3.5-9b-random
-grep -h -E "prefill_kernel_ms:attention " $L/q9new.log $L/q9old.log 2>/dev/null
+on kc && { run ${KC_S:-170} kc python3 -m bw24nb.cli kernel-check --size real --only 'matvec*,flash_decode*'
+  grep -E "FAIL|BAD|Error|Traceback|one launch" $L/kc.log | head -16; tail -2 $L/kc.log; }
+on lc && { run ${LC_S:-150} lc python3 bench/launch_chain.py --n 32 --commit $C --out /tmp/launch_chain.jsonl \
+    --only attn05b@,attn05bfused,attn9b@,attn9bfused --fused-splits ${FS:-4,8,32} \
+    --note "session 18: decode attention split + combine vs one launch (fused), splits sweep"
+  grep -E "us a rep|Error|Traceback" $L/lc.log | head -40; }
 [ -n "$P05" ] && wait $P05
-bench_pair c05 /tmp/c05.gguf qwen2.5-coder-0.5b-random
+RB_EXTRA="--launch split-attn,fused-attn" PAIR_S=${C05_S:-200} bench_pair c05 /tmp/c05.gguf qwen2.5-coder-0.5b-random
+[ -n "$P9" ] && wait $P9
+RB_EXTRA="--launch split-attn,fused-attn" PAIR_S=${Q9_S:-250} bench_pair q9 /tmp/q9.gguf qwen3.5-9b-random
+on gate9 && { run ${G9_S:-300} gate9 python3 bench/spec_gate.py /tmp/q9.gguf --commit $C --jsonl /tmp/spec.jsonl --rollback states ${G9_ARGS:-}
+  grep -E "MATCH|MISMATCH|Error|Traceback" $L/gate9.log | head -20; }
+grep -h -E "prefill_kernel_ms:attention |kernel_chain_ms:attention " $L/*new.log $L/*old.log 2>/dev/null | head
 cp /tmp/*.jsonl $OUT/ 2>/dev/null; cp $L/kc.log $OUT/kernel_check_real.txt 2>/dev/null
 tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
