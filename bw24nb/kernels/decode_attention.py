@@ -34,10 +34,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint32
 
 from ..jit import kernel
-from ..ptx import f16x2_to_f32x2, ld_nc_v4_u32, warp_max, warp_sum
+from ..ptx import f16x2_to_f32x2, ld_nc_v4_u32, warp_max, warp_sum, warp_sync
 from .activation import sigmoid
 from .attention import DECODE_SPLITS_MAX
 from .attention import _split_plan     # the plan the combine derives again: one definition
@@ -47,7 +47,9 @@ from .quantize_act import q8_code
 WARPS = 4
 THREADS = 32 * WARPS
 TILE = 32                   # keys a warp scores at once: one per lane
-VB = 8                      # keys whose V values a lane loads before using any (PV loop)
+VG = 8                      # keys of one V group (a tile is 4 groups)
+VW = 32                     # V words a lane may have in flight: 4 groups with E <= 2 dims a
+                            # lane, 2 with 4, 1 (and the next) with 8
 ROWS_MAX = 8                # query heads per KV head (Qwen family: 4 .. 8)
 HEAD_DIMS = (32, 64, 128, 256)
 _RD_MAX = ROWS_MAX * 256    # q rows of one block / one warp's accumulators in shared memory
@@ -79,20 +81,51 @@ def _make(R: int, E: int, prefetch: bool = True, fused: bool = False):
     DW = D // 2             # uint32 words in one K or V row
     CH = D // 8             # 16-byte chunks in one K row
     RE = R * E              # accumulators a lane holds (a constant for cuda.local.array)
-    VE = VB * E             # V values a lane holds for one group of keys
+    EW = (E + 1) // 2       # V words a lane reads a key (E = 1: the word its lane pair shares)
+    GW = VG * EW            # words of one V group (VG keys) a lane holds
+    NE = max(1, min(TILE // VG, VW // GW))      # V groups issued with the K tile (the rest
+                                                # one group ahead of the products)
     NO = (R * D + THREADS - 1) // THREADS       # merge: outputs a thread finishes
     SB = max(1, min(8, MERGE_LOADS // NO))      # merge: splits a thread loads a round trip
     SBNO = SB * NO                              # (a constant for cuda.local.array)
     SJ = DECODE_SPLITS_MAX // 32                # merge: splits a lane weighs (s = lane + 32 j)
 
     @cuda.jit(device=True, inline="always")
-    def v_dims(vw, row_word, lane, e):
-        """Value e of this lane's E dims of the V row starting at word row_word."""
+    def v_load(vraw, vw, head_word, k0, j0, nk, end, lane):
+        """The words of this lane's E dims of keys k0 + j0 .. + VG - 1 (a key past `end` reads
+        the last key's row, unused) into vraw[GW], if the group has a key (j0 < nk)."""
+        if j0 < nk:
+            lw = (lane >> 1) if E == 1 else lane * (E // 2)
+            for jj in range(VG):
+                vrow = head_word + np.int64(min(k0 + j0 + jj, end - 1)) * DW + lw
+                if EW == 4:                     # 16-byte aligned (lw = 4 lane): one load
+                    w0, w1, w2, w3 = ld_nc_v4_u32(vw, vrow)
+                    vraw[jj * 4] = w0
+                    vraw[jj * 4 + 1] = w1
+                    vraw[jj * 4 + 2] = w2
+                    vraw[jj * 4 + 3] = w3
+                else:
+                    for w in range(EW):
+                        vraw[jj * EW + w] = vw[vrow + w]
+
+    @cuda.jit(device=True, inline="always")
+    def pv(acc, vraw, j0, nk, p_sh, pb, lane):
+        """acc[r, e] += p[r, j] v[j, e] for the group's keys j = j0 .. j0 + VG - 1 (< nk),
+        ascending."""
+        for jj in range(VG):
+            if j0 + jj < nk:
+                for r in range(R):
+                    pj = p_sh[pb + r * TILE + j0 + jj]
+                    for e in range(E):
+                        acc[r * E + e] += pj * v_value(vraw, jj, e, lane)
+
+    @cuda.jit(device=True, inline="always")
+    def v_value(vraw, jj, e, lane):
+        """Value e of this lane's E dims of the group's key jj."""
         if E == 1:
-            lo, hi = f16x2_to_f32x2(vw[row_word + (lane >> 1)])
+            lo, hi = f16x2_to_f32x2(vraw[jj])
             return hi if (lane & 1) else lo
-        w = vw[row_word + lane * (E // 2) + (e >> 1)]
-        lo, hi = f16x2_to_f32x2(w)
+        lo, hi = f16x2_to_f32x2(vraw[jj * EW + (e >> 1)])
         return hi if (e & 1) else lo
 
     @cuda.jit(device=True, inline="always")
@@ -187,7 +220,12 @@ def _make(R: int, E: int, prefetch: bool = True, fused: bool = False):
         lsum = cuda.local.array(R, float32)
         alpha = cuda.local.array(R, float32)
         acc = cuda.local.array(RE, float32)
-        vv = cuda.local.array(VE, float32)
+        # the tile's V words, a group of VG keys each (separate arrays, so that every index
+        # is a constant and they stay in registers)
+        v0 = cuda.local.array(GW, uint32)
+        v1 = cuda.local.array(GW, uint32)
+        v2 = cuda.local.array(GW, uint32)
+        v3 = cuda.local.array(GW, uint32)
         split_i = cuda.blockIdx.x
         n_splits = cuda.gridDim.x
         kvh = cuda.blockIdx.y
@@ -221,6 +259,13 @@ def _make(R: int, E: int, prefetch: bool = True, fused: bool = False):
             nk = min(TILE, end - k0)            # <= 0: this warp has no tile this step
             key = min(k0 + lane, end - 1)
             row = head_word + np.int64(key) * DW
+            # V's first NE groups, in flight with the K tile (none if nk <= 0)
+            v_load(v0, vw, head_word, k0, 0, nk, end, lane)
+            if NE > 1:
+                v_load(v1, vw, head_word, k0, VG, nk, end, lane)
+            if NE > 2:
+                v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
+                v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
             for r in range(R):
                 s[r] = float32(0.0)
             for c in range(CH):
@@ -253,26 +298,30 @@ def _make(R: int, E: int, prefetch: bool = True, fused: bool = False):
                 m[r] = m_new
                 alpha[r] = al
                 p_sh[(warp * ROWS_MAX + r) * TILE + lane] = p
-            cuda.syncthreads()                  # p_sh written before any lane reads it
+            warp_sync()                         # p_sh (this warp's rows) written, then read
             for r in range(R):
                 for e in range(E):
                     acc[r * E + e] *= alpha[r]
-            # keys in groups of VB: the group's V words are all loaded (a key past `end` reads
-            # the last key's row, unused) before the first is used, so VB loads are in flight
-            # where a loop over keys waited for each (the tile's cost was ~32 DRAM latencies)
-            for j0 in range(0, TILE, VB):
-                if j0 < nk:                     # (nk is the same for the whole warp)
-                    for jj in range(VB):
-                        vrow = head_word + np.int64(min(k0 + j0 + jj, end - 1)) * DW
-                        for e in range(E):
-                            vv[jj * E + e] = v_dims(vw, vrow, lane, e)
-                    for jj in range(VB):
-                        if j0 + jj < nk:
-                            for r in range(R):
-                                pj = p_sh[(warp * ROWS_MAX + r) * TILE + j0 + jj]
-                                for e in range(E):
-                                    acc[r * E + e] += pj * vv[jj * E + e]
-            cuda.syncthreads()                  # p_sh read before the next step rewrites it
+            # the 4 groups of VG keys in order; a group not yet issued is issued NE groups
+            # before its products (the first NE with the K tile), so at most one V round trip
+            # a tile is exposed, where session 6's loop over keys waited for each of 32
+            pb = warp * ROWS_MAX * TILE
+            if NE == 1:
+                v_load(v1, vw, head_word, k0, VG, nk, end, lane)
+            if NE == 2:
+                v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
+            pv(acc, v0, 0, nk, p_sh, pb, lane)
+            if NE == 1:
+                v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
+            if NE == 2:
+                v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
+            pv(acc, v1, VG, nk, p_sh, pb, lane)
+            if NE == 1:
+                v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
+            pv(acc, v2, 2 * VG, nk, p_sh, pb, lane)
+            pv(acc, v3, 3 * VG, nk, p_sh, pb, lane)
+            warp_sync()                         # p_sh read before the next step rewrites it
+        cuda.syncthreads()                      # every warp done with q before buf is reused
         # merge the warps in order into the split's partial (q is dead: buf holds acc now)
         for r in range(R):
             for e in range(E):

@@ -77,6 +77,7 @@ if simulator_enabled():
     from bw24nb.ptx.warp import warp_sum_twin as warp_sum  # noqa: F401
     from bw24nb.ptx.warp import warp_sum16_twin as warp_sum16  # noqa: F401
     from bw24nb.ptx.warp import warp_sum8_twin as warp_sum8  # noqa: F401
+    from bw24nb.ptx.warp import warp_sync_twin as warp_sync  # noqa: F401
 
     install_simulator_fixes()       # numba's shared arrays, allocated without a race
 else:
@@ -100,7 +101,8 @@ else:
         fp4x2_to_f16x2_bits_linked,
         mma_s8_m16n8k32_linked,
     )
-    from bw24nb.ptx.warp import warp_max, warp_pair_sum, warp_sum, warp_sum8, warp_sum16  # noqa: F401
+    from bw24nb.ptx.warp import (  # noqa: F401
+        warp_max, warp_pair_sum, warp_sum, warp_sum8, warp_sum16, warp_sync)
 
     fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32 = (
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
@@ -108,6 +110,7 @@ else:
 __all__ = [
     "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum", "warp_max", "f32_from_bits",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
+    "warp_sync",
     "warp_sum16", "warp_sum8",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",

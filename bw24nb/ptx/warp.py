@@ -177,6 +177,20 @@ def warp_sum8_twin(v) -> np.float32:
     return _meet_warp("sum8", _group_sums_host(8), v)
 
 
+@cuda.jit(device=True, inline="always")
+def warp_sync():
+    """GPU: ``bar.warp.sync`` over the full warp (``cuda.syncwarp``): what the warp's lanes
+    wrote to shared memory before it, every lane reads after it. A barrier of 32 lanes, not of
+    the block: a kernel whose warps share nothing in a loop needs no block-wide wait there."""
+    cuda.syncwarp()
+
+
+def warp_sync_twin() -> None:
+    """Simulator twin of `warp_sync` (numba's simulator has no syncwarp): the warp's 32 lanes
+    meet at the rendezvous the sums use, so none passes before all have arrived."""
+    _meet_warp("sync", lambda vals: np.float32(0.0), 0.0)
+
+
 def warp_max_twin(v) -> np.float32:
     """Simulator twin of `warp_max`."""
     return _meet_warp("max", lambda vals: np.float32(np.max(vals)), v)
