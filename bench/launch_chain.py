@@ -24,9 +24,6 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   attn<S>split+e@<P> the split pass, then the one-thread kernel `empty` runs
   .../mc<V>          the same with the split plan's min_chunk V (--min-chunks)
   .../npf            attention or its split with the split's K / V prefetch off
-  attn<S>fused@<P>[/s<N>]  decode attention in one launch (launch_flash_decode(counters=):
-                     the split pass's last block merges), on its default plan or on N splits
-                     (--fused-splits); /mc<V> sets its min_chunk too
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -70,17 +67,14 @@ def store_one(y):
 ATTENTION_SHAPES = {"9b": (16, 4, 256), "05b": (14, 2, 64)}
 
 
-def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None,
-                       fused_splits=()):
+def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     """{kind: launch}: decode attention of one token at `position` over a random F16 cache of
     `ctx` positions, as the engine launches it (the output gate and int8 output fused into
     the combine) ("" ); its split pass alone ("split"); its combine alone, over the partials the
     split left ("comb"); the split followed by the one-thread kernel, what a kernel boundary
     after the split costs ("split+e"); the whole and the split without the split's K / V
-    prefetch ("/npf", "split/npf"); the one-launch form ("fused") on its default plan and on
-    each of `fused_splits` splits ("fused/s<N>"). min_chunk: the split plan's (default the
-    engine's; the fused form's own default when None). A kind's "/..." part goes after the
-    sequence name's position (docstring above)."""
+    prefetch ("/npf", "split/npf"). min_chunk: the split plan's (default the engine's). A
+    kind's "/..." part goes after the sequence name's position (docstring above)."""
     mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
     def cache():
         v = rng.standard_normal((Hkv, ctx, D)).astype(np.float16)
@@ -102,20 +96,13 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None,
             gate=gate, xq=xq, xd=xd, min_chunk=mc, only=only, prefetch=prefetch)
 
     split = attend("split")
-    counters = attention.alloc_decode_counters(1, Hkv)
-
-    def fused(splits=None):
-        return lambda i: attention.launch_flash_decode(
-            q, pos, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16, out, pml, pacc, stream=stream,
-            gate=gate, xq=xq, xd=xd, min_chunk=min_chunk, counters=counters, splits=splits)
 
     def split_then_empty(i):
         split(i)
         store_one[1, 32, stream](out.reshape(out.size))
     return {"": attend(None), "split": split, "comb": attend("combine"),
             "split+e": split_then_empty, "/npf": attend(None, False),
-            "split/npf": attend("split", False), "fused": fused(),
-            **{f"fused/s{n}": fused(n) for n in fused_splits}}
+            "split/npf": attend("split", False)}
 
 
 def per_rep_us(stream, n, body) -> float:
@@ -144,9 +131,6 @@ def main() -> int:
     ap.add_argument("--min-chunks", default="",
                     help="comma list of split-plan min_chunk values for the attention sequences, "
                          "each named attn<shape>[split]@<pos>/mc<v> (default: the engine's only)")
-    ap.add_argument("--fused-splits", default="",
-                    help="comma list of split counts for the one-launch attention sequences, "
-                         "each named attn<shape>fused@<pos>/s<n> (default: its plan's only)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     H, n = a.hidden, a.n
@@ -195,9 +179,8 @@ def main() -> int:
         for p in [int(v) for v in a.positions.split(",") if v]:
             for mc in [int(v) for v in a.min_chunks.split(",") if v] or [None]:
                 sfx = "" if mc is None else f"/mc{mc}"
-                fs = [int(v) for v in a.fused_splits.split(",") if v]
                 for kind, body in attention_launches(stream, rng, Hq, Hkv, D, a.ctx, p,
-                                                     mc, fs).items():
+                                                     mc).items():
                     base, _, after = kind.partition("/")
                     seqs[f"attn{tag}{base}@{p}{sfx}" + (f"/{after}" if after else "")] = body
     if a.only:

@@ -519,10 +519,6 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 # decode attention's split plan before session 7 (no 128-key rounding of long
                 # splits)
                 "plain-attn": dict(attention_plan="plain"),
-                # decode attention in one launch (session 18: the split pass's last block
-                # merges) or as split pass + combine (the default before)
-                "fused-attn": dict(attention_plan="fused"),
-                "split-attn": dict(attention_plan="aligned"),
                 # the float MoE block (before session 10's int8 block, moe.launch_moe_block_q8)
                 "moe-float": dict(moe_q8=False),
                 # prefill on the decode kernels (Engine(prefill_path="rows"): prefill gives

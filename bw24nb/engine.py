@@ -64,11 +64,7 @@ def gets_q6k_r(qtype, shape) -> bool:
 
 
 # Engine(attention_plan=...): the decode attention's split plan (attention.launch_flash_decode)
-# "fused": one launch (the split pass's last block of a token's KV head merges the partials:
-# launch_flash_decode(counters=), F16 caches) on its own plan (attention.FUSED_SPLITS /
-# FUSED_MIN_CHUNK); other caches keep the two launches
-ATTENTION_PLANS = {"aligned": {}, "plain": dict(chunk_align=1, combine_threads=256),
-                   "fused": dict(fused=True)}
+ATTENTION_PLANS = {"aligned": {}, "plain": dict(chunk_align=1, combine_threads=256)}
 # Prefill attention: "split" = the decode split-K kernels over the chunk's T tokens (a block per
 # (split, KV head, token), PREFILL_SPLITS splits at most per token), "tile" = the one-pass
 # tiled kernel (attention.flash_attn_cache). Measured on the H200 (session 8, prefill of 512
@@ -266,8 +262,6 @@ class Workspace:
         self.positions = cuda.device_array(T, np.int32)
         # split-K attention partials (decode, verify; prefill with n_splits = PREFILL_SPLITS)
         self.part_ml, self.part_acc = attention.alloc_decode_partials(T, Hq, D, n_splits)
-        # the fused decode attention's per-(token, KV head) counters (attention_plan "fused")
-        self.counters = attention.alloc_decode_counters(T, Hkv) if self.rowwise else None
 
 
 class Engine:
@@ -760,11 +754,9 @@ class Engine:
             fused = qo
             # prefill: one combine block a head, no K / V prefetch, the combine's small batch
             # (launch_flash_decode and attention.combine_kernel say why)
-            plan = (dict(ATTENTION_PLANS[self.attention_plan]) if ws.rowwise
+            plan = (ATTENTION_PLANS[self.attention_plan] if ws.rowwise
                     else dict(slices=1, prefetch=False,
                               combine_batch=attention.PREFILL_COMBINE_BATCH))
-            if plan.pop("fused", False):
-                plan["counters"] = ws.counters
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,

@@ -1389,23 +1389,6 @@ def check_flash_decode(rng, size):
                       _attention_bound(q, k, v, positions, D ** -0.5, ref, n_splits,
                                        merges=2 if supports(Hq // Hkv, D, kt, vt) else 1),
                       _ATTN_TOL, guard_ok=guard_ok)
-        if supports(Hq // Hkv, D, kt, vt):
-            # the one-launch form (counters=: the split pass's last block merges), its own
-            # plan, run twice on the same counters (each launch must leave them at zero)
-            counters = at.alloc_decode_counters(T, Hkv)
-            splits = min(at.FUSED_SPLITS, n_splits)
-            for rep in range(2):
-                out1 = Out((T, Hq, D))
-                at.launch_flash_decode(_dev(q), _dev(positions), k_u8, k_f16, kt, v_u8, v_f16,
-                                       vt, out1.dev, part_ml, part_acc, counters=counters)
-                got1, ok1 = out1.get()
-                left = counters.copy_to_host()
-                yield compare("flash_decode one launch", f"{kt.name}/{vt.name}",
-                              f"T{T} ctx{n_ctx}/{splits}sp H{Hq}/{Hkv} D{D} #{rep + 1}", got1,
-                              ref, _attention_bound(q, k, v, positions, D ** -0.5, ref, splits,
-                                                    merges=2), _ATTN_TOL, guard_ok=ok1,
-                              problems=[f"counters left at {left.tolist()}" if left.any()
-                                        else ""])
 
 
 @check("flash_decode_fused", "kernels.attention.launch_flash_decode")

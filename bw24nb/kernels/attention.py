@@ -105,12 +105,6 @@ COMBINE_BATCH_MAX = 16
 # trip cover a group's run there, in fewer registers than COMBINE_BATCH (`combine_kernel`).
 # Session 17: with the batch of 8, the 0.5B prefill's attention took 4.34 ms against 3.60.
 PREFILL_COMBINE_BATCH = 2
-# Decode attention fused into one launch (`launch_flash_decode(counters=)`, F16 cache): the
-# last split block of a (token, KV head) merges the partials itself, so its plan keeps the
-# splits few -- at most FUSED_SPLITS a token, each at least FUSED_MIN_CHUNK keys (a 32-key tile
-# for each of the split kernel's 4 warps) -- because that merge runs on one block.
-FUSED_SPLITS = 16
-FUSED_MIN_CHUNK = 128
 _COMBINE_WARPS = COMBINE_THREADS_MAX // 32
 
 _NEG_INF = np.float32(-np.inf)
@@ -696,17 +690,10 @@ def alloc_decode_partials(T: int, n_heads: int, head_dim: int, n_splits: int):
             cuda.device_array((T, n_heads, n_splits, head_dim), np.float32))
 
 
-def alloc_decode_counters(T: int, n_kv_heads: int):
-    """Device workspace of the fused decode attention (`launch_flash_decode(counters=)`): one
-    zeroed int32 a (token, KV head); every launch leaves it zeroed again."""
-    return cuda.to_device(np.zeros(T * n_kv_heads, np.int32))
-
-
 def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, out,
                         part_ml, part_acc, scale=None, stream=0, min_chunk=None, gate=None,
                         xq=None, xd=None, chunk_align=None, combine_threads=None, only=None,
-                        slices=None, prefetch=None, combine_batch=None, counters=None,
-                        splits=None):
+                        slices=None, prefetch=None, combine_batch=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
@@ -726,23 +713,10 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     prefetch (default decode_attention.PREFETCH_KV; no effect on results). A prefill over many
     tokens passes 1 and False: its tokens' blocks share the cache rows, and a head's combine
     has few splits (Engine._attention_launches). combine_batch: partials a combine thread
-    loads a round trip (`combine_kernel`; default COMBINE_BATCH; no effect on results).
-    counters (`alloc_decode_counters(T, Hkv)`): one launch instead of two where the cache is
-    F16 (decode_attention.supports) -- the split pass's last block of each (token, KV head)
-    merges the partials, gates and quantizes like the combine (its own summation order:
-    decode_attention's `merge`); the plan then defaults to FUSED_MIN_CHUNK keys a split and
-    splits = min(FUSED_SPLITS, part_ml.shape[2]) splits a token (the grid; the order depends
-    on both, so a verify must use decode's). Ignored (two launches) for other caches; `only`
-    and `slices` do not apply to it."""
+    loads a round trip (`combine_kernel`; default COMBINE_BATCH; no effect on results)."""
     if only not in (None, "split", "combine"):
         raise ValueError(f"only must be None, 'split' or 'combine', not {only!r}")
-    from . import decode_attention
-    Hkv = k_u8.shape[0]
-    fused = (counters is not None and only is None
-             and decode_attention.supports(q.shape[1] // Hkv, q.shape[2], k_type, v_type))
-    if min_chunk is None:
-        min_chunk = FUSED_MIN_CHUNK if fused else DECODE_MIN_CHUNK
-    min_chunk = int(min_chunk)
+    min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
     if min_chunk < 1:
         raise ValueError(f"min_chunk must be >= 1, not {min_chunk}")
     chunk_align = DECODE_CHUNK_ALIGN if chunk_align is None else int(chunk_align)
@@ -762,26 +736,18 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
                            or xd.dtype != np.float32 or xd.size < n // 32):
         raise ValueError(f"flash_decode: the int8 output needs head_dim % 32 == 0 (it is {D}), "
                          f"xq int8[>= {n}] and xd float32[>= {n // 32}]")
+    Hkv = k_u8.shape[0]
     n_splits = part_ml.shape[2]
     if (tuple(part_ml.shape) != (T, Hq, n_splits, 2)
             or tuple(part_acc.shape) != (T, Hq, n_splits, D)):
         raise ValueError(f"partials {tuple(part_ml.shape)}, {tuple(part_acc.shape)} do not fit "
                          f"q {tuple(q.shape)}")
-    if fused:
-        if counters.dtype != np.int32 or counters.size < T * Hkv:
-            raise ValueError(f"flash_decode: counters must be int32 with >= {T * Hkv} values "
-                             f"(alloc_decode_counters), not {counters.dtype}[{counters.size}]")
-        splits = min(FUSED_SPLITS, n_splits) if splits is None else int(splits)
-        decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
-                                      chunk_align, part_ml, part_acc, stream, prefetch,
-                                      n_splits=splits, counters=counters.reshape(counters.size),
-                                      out=out, gate=gate, xq=xq, xd=xd)
-        return
     combine = combine_kernel(COMBINE_BATCH if combine_batch is None else combine_batch)
     slices = combine_slices(D) if slices is None else int(slices)
     if slices < 1 or D % slices or (xq is not None and (D // slices) % 32):
         raise ValueError(f"slices must divide head_dim {D} (into multiples of 32 with the int8 "
                          f"output), not {slices}")
+    from . import decode_attention
     if only == "combine":
         pass                        # the partials the last split pass left
     elif decode_attention.supports(Hq // Hkv, D, k_type, v_type):   # F16 cache: 16-byte loads

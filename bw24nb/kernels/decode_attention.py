@@ -34,15 +34,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, uint32
 
 from ..jit import kernel
 from ..ptx import f16x2_to_f32x2, ld_nc_v4_u32, warp_max, warp_sum, warp_sync
-from .activation import sigmoid
-from .attention import DECODE_SPLITS_MAX
 from .attention import _split_plan     # the plan the combine derives again: one definition
 from .prefetch import prefetch_bytes
-from .quantize_act import q8_code
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -61,9 +58,6 @@ _NEG_INF = np.float32(-np.inf)
 # soon as its range is known, so V's round trip overlaps q's load and the scores instead of
 # following them (docs/decisions/0022). False: the kernel before (launch_split(prefetch=)).
 PREFETCH_KV = True
-# The fused form's merge (`_make(fused=True)`): loads of partials in flight a thread, at most
-# (split batch x outputs a thread), so a merge of `used` splits takes ~used / batch L2 trips.
-MERGE_LOADS = 32
 
 
 def supports(n_rep: int, D: int, k_type, v_type) -> bool:
@@ -72,11 +66,9 @@ def supports(n_rep: int, D: int, k_type, v_type) -> bool:
             and 1 <= n_rep <= ROWS_MAX and D in HEAD_DIMS)
 
 
-def _make(R: int, E: int, prefetch: bool = True, fused: bool = False):
+def _make(R: int, E: int, prefetch: bool = True):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
-    split's K and V rows to L2 first (PREFETCH_KV); fused: the last block of a (token, KV head)
-    to finish merges the splits' partials itself (`launch_split`'s counters; the combine
-    kernel's work, without its launch)."""
+    split's K and V rows to L2 first (PREFETCH_KV)."""
     D = 32 * E
     DW = D // 2             # uint32 words in one K or V row
     CH = D // 8             # 16-byte chunks in one K row
@@ -85,10 +77,6 @@ def _make(R: int, E: int, prefetch: bool = True, fused: bool = False):
     GW = VG * EW            # words of one V group (VG keys) a lane holds
     NE = max(1, min(TILE // VG, VW // GW))      # V groups issued with the K tile (the rest
                                                 # one group ahead of the products)
-    NO = (R * D + THREADS - 1) // THREADS       # merge: outputs a thread finishes
-    SB = max(1, min(8, MERGE_LOADS // NO))      # merge: splits a thread loads a round trip
-    SBNO = SB * NO                              # (a constant for cuda.local.array)
-    SJ = DECODE_SPLITS_MAX // 32                # merge: splits a lane weighs (s = lane + 32 j)
 
     @cuda.jit(device=True, inline="always")
     def v_load(vraw, vw, head_word, k0, j0, nk, end, lane):
@@ -128,89 +116,7 @@ def _make(R: int, E: int, prefetch: bool = True, fused: bool = False):
         lo, hi = f16x2_to_f32x2(vraw[jj * EW + (e >> 1)])
         return hi if (e & 1) else lo
 
-    @cuda.jit(device=True, inline="always")
-    def merge(tok, kvh, used, tid, part_ml, part_acc, buf, l_sh, out, gate, xq, xd, has_gate,
-              has_q8):
-        """The combine of (tok, kvh)'s R rows over splits [0, used), in the last block to
-        finish: per row, M = max m_s, w_s = exp(m_s - M) (0 for an empty split), L = warp_sum
-        of lane-ascending partial sums of l_s w_s (lane l takes s = l, l + 32, ...); per output,
-        A = sum over s ascending of acc_s w_s; out = A / L, then the output gate and the int8
-        copy exactly as flash_decode_combine applies them (its steps 4 and 5). Thread tid
-        finishes outputs i = tid + k THREADS of the flat [R, D] rows (a warp: 32 dims of one
-        row, D % 32 == 0, so a q8 block's amax is a warp_max); its loads go SB splits x NO
-        outputs a round trip."""
-        lane = tid & 31
-        warp = tid >> 5
-        ml = cuda.local.array(SJ, float32)
-        ll = cuda.local.array(SJ, float32)
-        for r in range(warp, R, WARPS):                 # (m, l) -> weights, one warp a row
-            h = kvh * R + r
-            mx = _NEG_INF
-            for j in range(SJ):
-                s_ = lane + 32 * j
-                ml[j] = _NEG_INF
-                ll[j] = float32(0.0)
-                if s_ < used:
-                    ll[j] = part_ml[tok, h, s_, 1]
-                    if ll[j] > float32(0.0):
-                        ml[j] = part_ml[tok, h, s_, 0]
-                mx = max(mx, ml[j])
-            M = warp_max(mx)
-            ls = float32(0.0)
-            for j in range(SJ):
-                s_ = lane + 32 * j
-                w = float32(0.0)
-                if ml[j] != _NEG_INF:
-                    w = float32(math.exp(ml[j] - M))    # (float32 in the simulator too)
-                if s_ < used:
-                    buf[r * DECODE_SPLITS_MAX + s_] = w
-                ls += ll[j] * w
-            L = warp_sum(ls)
-            if lane == 0:
-                l_sh[r] = L
-        Hq = cuda.gridDim.y * R
-        base = (tok * Hq + kvh * R) * D                 # flat index of row 0, dim 0
-        acc = cuda.local.array(NO, float32)
-        gv = cuda.local.array(NO, float32)
-        xs = cuda.local.array(SBNO, float32)
-        for k in range(NO):
-            acc[k] = float32(0.0)
-            gv[k] = float32(0.0)
-            i = tid + k * THREADS
-            if has_gate and i < R * D:
-                gv[k] = gate[base + i]
-        cuda.syncthreads()                              # the weights, L in shared memory
-        for s0 in range(0, used, SB):
-            for j in range(SB):
-                for k in range(NO):
-                    i = tid + k * THREADS
-                    x = float32(0.0)
-                    if s0 + j < used and i < R * D:
-                        r = i // D
-                        x = part_acc[tok, kvh * R + r, s0 + j, i - r * D]
-                    xs[j * NO + k] = x
-            for j in range(SB):
-                if s0 + j < used:
-                    for k in range(NO):
-                        i = tid + k * THREADS
-                        if i < R * D:
-                            acc[k] += xs[j * NO + k] * buf[(i // D) * DECODE_SPLITS_MAX + s0 + j]
-        for k in range(NO):
-            i = tid + k * THREADS
-            if i < R * D:                               # whole warps (R D % 32 == 0)
-                r = i // D
-                v = acc[k] / l_sh[r]
-                if has_gate:
-                    v = v * sigmoid(gv[k])
-                out[tok, kvh * R + r, i - r * D] = v
-                if has_q8:
-                    code, sc = q8_code(v, warp_max(abs(v)))
-                    xq[base + i] = code
-                    if ((base + i) & 31) == 0:
-                        xd[(base + i) >> 5] = sc
-
-    def split(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
-              counters, out, gate, xq, xd, has_gate, has_q8):
+    def split(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc):
         buf = cuda.shared.array(_ACC_SH, float32)       # q rows, later the warps' accumulators
         p_sh = cuda.shared.array(_P_SH, float32)
         m_sh = cuda.shared.array(_ML_SH, float32)
@@ -350,30 +256,8 @@ def _make(R: int, E: int, prefetch: bool = True, fused: bool = False):
             if d == 0:
                 part_ml[tok, h, split_i, 0] = M
                 part_ml[tok, h, split_i, 1] = L
-        if fused:
-            # the last of the token's `used` blocks to count itself merges them all: each block's
-            # partial is made visible (fence) before it counts (atomic), and the last block
-            # fences again before reading the others' (the CUDA threadFenceReduction pattern);
-            # the counter goes back to 0 for the next launch, which waits for this one to end
-            last_sh = cuda.shared.array(1, int32)
-            cuda.threadfence()
-            cuda.syncthreads()
-            if tid == 0:
-                last = used == 1
-                if not last:
-                    c = tok * cuda.gridDim.y + kvh
-                    last = cuda.atomic.add(counters, c, 1) == used - 1
-                    if last:
-                        counters[c] = 0
-                last_sh[0] = 1 if last else 0
-            cuda.syncthreads()
-            if last_sh[0] == 0:
-                return
-            cuda.threadfence()
-            merge(tok, kvh, used, tid, part_ml, part_acc, buf, l_sh, out, gate, xq, xd,
-                  has_gate, has_q8)
 
-    name = f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_fused" if fused else "")
+    name = f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf")
     split.__name__ = split.__qualname__ = name
     return kernel(split)
 
@@ -381,65 +265,38 @@ def _make(R: int, E: int, prefetch: bool = True, fused: bool = False):
 _KERNELS: dict = {}
 
 
-def split_kernel(R: int, E: int, prefetch: bool = True, fused: bool = False):
+def split_kernel(R: int, E: int, prefetch: bool = True):
     """The (R, E) split kernel, built (not compiled) on first request."""
-    key = (R, E, bool(prefetch), bool(fused))
-    if key not in _KERNELS:
-        _KERNELS[key] = _make(*key)
-    return _KERNELS[key]
+    if (R, E, prefetch) not in _KERNELS:
+        _KERNELS[(R, E, prefetch)] = _make(R, E, prefetch)
+    return _KERNELS[(R, E, prefetch)]
 
 
 def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
-                 stream=0, prefetch=None, n_splits=None, counters=None, out=None, gate=None,
-                 xq=None, xd=None):
+                 stream=0, prefetch=None):
     """The split pass (attention.launch_flash_decode runs the combine after it, with the same
     min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
     attention.alloc_decode_partials makes them; prefetch: the K / V prefetch (default
-    PREFETCH_KV; the same results either way); n_splits: the grid's splits (default
-    part_ml.shape[2], at most that).
-    counters (int32, >= T * Hkv zeros, `attention.alloc_decode_counters`): the fused form --
-    the last block of each (token, KV head) merges the partials into out[T, Hq, D] itself
-    (`_make`), with the combine's output gate (gate) and int8 copy (xq, xd) when given, and
-    leaves its counter at 0 again; no combine launch follows. The caller checks the arrays
-    (attention.launch_flash_decode)."""
+    PREFETCH_KV; the same results either way)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
-    n_splits = part_ml.shape[2] if n_splits is None else int(n_splits)
-    if not 1 <= n_splits <= min(part_ml.shape[2], DECODE_SPLITS_MAX):
-        raise ValueError(f"n_splits must be 1 .. {min(part_ml.shape[2], DECODE_SPLITS_MAX)}, "
-                         f"not {n_splits}")
+    n_splits = part_ml.shape[2]
     kw = k_u8.reshape(k_u8.size).view(np.uint32)
     vw = v_u8.reshape(v_u8.size).view(np.uint32)
-    fused = counters is not None
-    if fused and out is None:
-        raise ValueError("launch_split: the fused form (counters) needs out")
-    # stand-ins of the right types for what the unfused kernel never touches
-    flat = part_ml.reshape(part_ml.size)
-    split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch), fused)[
+    split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch))[
         (n_splits, Hkv, T), THREADS, stream](
         q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
-        np.int32(chunk_align), part_ml, part_acc,
-        counters if fused else flat.view(np.int32),
-        out if fused else q,
-        flat if gate is None else gate.reshape(gate.size),
-        flat.view(np.int8) if xq is None else xq.reshape(xq.size),
-        flat if xd is None else xd.reshape(xd.size),
-        np.int32(gate is not None), np.int32(xq is not None))
+        np.int32(chunk_align), part_ml, part_acc)
 
 
 # the compile check (tests/test_compile_ptx.py): the 9B shape (4 rows, D 256) and the 0.5B
 # shape (7 rows, D 64) stand for the rest
 flash_decode_f16_r4_e8 = split_kernel(4, 8)
 flash_decode_f16_r7_e2 = split_kernel(7, 2)
-flash_decode_f16_r4_e8_fused = split_kernel(4, 8, fused=True)
-flash_decode_f16_r7_e2_fused = split_kernel(7, 2, fused=True)
 _SIG = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
-        "int32, float32[:, :, :, ::1], float32[:, :, :, ::1], int32[::1], float32[:, :, ::1], "
-        "float32[::1], int8[::1], float32[::1], int32, int32)")
-PTX_SIGNATURES = {name: [_SIG] for name in ("flash_decode_f16_r4_e8", "flash_decode_f16_r7_e2",
-                                            "flash_decode_f16_r4_e8_fused",
-                                            "flash_decode_f16_r7_e2_fused")}
+        "int32, float32[:, :, :, ::1], float32[:, :, :, ::1])")
+PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
