@@ -10,6 +10,8 @@ score error e into a relative weight error ~e, and the output is a convex combin
 rtol = 1e-4 bounds that with margin while a wrong mask, a wrong KV head, a dropped tile or a
 mis-merged split moves outputs by O(0.1).
 """
+import math
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -279,7 +281,8 @@ def test_flash_decode_split_plans(rng, align, threads):
 def test_flash_decode_combine_slices_and_batches(rng):
     """head_dim 128: the combine takes two blocks a head (combine_slices), each 4 groups of 64
     threads; chunk_align 1 and min_chunk 4 over 150 keys give 38 used splits, so a group's
-    run is 10 partials -- the first COMBINE_BATCH loaded with (m, l), the rest in the loop.
+    splits (g, g + 4, ...) are up to 10 partials -- the first COMBINE_BATCH loaded with (m, l),
+    the rest in the loop.
     The result is the attention, a 2-token verify gives each token its own launch's bits, and
     the fused gate + int8 output equal sigmoid_mul then quantize_act."""
     from bw24nb.kernels.activation import launch_sigmoid_mul
@@ -348,3 +351,51 @@ def test_flash_decode_prefill_form_and_bad_slices(rng):
     np.testing.assert_allclose(run(slices=1, prefetch=False), run(), atol=ATOL, rtol=RTOL)
     with pytest.raises(ValueError, match="slices must divide head_dim 128"):
         run(slices=3)
+
+
+@pytest.mark.parametrize("D,threads,n_ctx,min_chunk", [(64, 256, 150, 4), (128, 512, 300, 8)],
+                         ids=["d64-4-groups-38-splits", "d128-2-slices-8-groups"])
+def test_flash_decode_combine_order(rng, D, threads, n_ctx, min_chunk):
+    """The combine is, bit for bit, its documented order over the partials the split pass left
+    (flash_decode_combine's docstring; the simulator rounds every float32 operation as numpy
+    does): M = max m_s; w_s = exp(m_s - M); L = each warp's butterfly tree of l_s w_s over its
+    32 splits, the warps' sums in warp order; group g of G sums x_s w_s over its splits g, g + G,
+    ... ascending, the groups in order; out = that / L."""
+    from bw24nb.kernels.attention import combine_slices
+    from bw24nb.ptx.warp import warp_tree_sum_host
+    Hq, Hkv, n_splits = 2, 1, 48
+    cache = _filled_cache(rng, n_ctx + 2, Hkv, D, n_ctx + 2, *_F16)
+    layer = cache.layer(0)
+    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
+    part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
+    out = _poisoned((1, Hq, D))
+    for only in ("split", "combine"):
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, min_chunk=min_chunk,
+                            chunk_align=1, combine_threads=threads, only=only)
+    ml, acc = part_ml.copy_to_host()[0], part_acc.copy_to_host()[0]
+    used = -(-n_ctx // max(min_chunk, -(-n_ctx // n_splits)))
+    DS = D // combine_slices(D)
+    Dp = 1 << max(5, (DS - 1).bit_length())
+    G = threads // Dp
+    f = np.float32
+    want = np.empty((Hq, D), np.float32)
+    for h in range(Hq):
+        m, l_ = ml[h, :used, 0], ml[h, :used, 1]
+        M = m.max()
+        w = np.array([f(math.exp(f(x - M))) for x in m], np.float32)
+        lw = np.zeros(threads, np.float32)
+        lw[:used] = l_ * w
+        L = f(0)
+        for k in range(threads // 32):
+            s_k = warp_tree_sum_host(lw[32 * k:32 * k + 32])
+            L = s_k if k == 0 else f(L + s_k)
+        total = np.zeros(D, np.float32)
+        for g in range(G):
+            a = np.zeros(D, np.float32)
+            for s_ in range(g, used, G):
+                a = (a + acc[h, s_] * w[s_]).astype(np.float32)
+            total = a if g == 0 else (total + a).astype(np.float32)
+        want[h] = total / L
+    np.testing.assert_array_equal(out.copy_to_host()[0].view(np.uint32), want.view(np.uint32))

@@ -494,13 +494,16 @@ def _make_combine(BATCH: int):
           2. w_s = exp(m_s - M) (0 for an empty split) into shared; L = sum_s l_s w_s by warp_sum's
              tree within each warp of 32 splits, then the warps' sums in warp order;
           3. the slice's DS outputs: G = blockDim / Dp groups of Dp threads (Dp = DS rounded up to
-             a power of two); group g sums splits [g * per, (g + 1) * per) ascending; the groups'
-             sums are added in group order; out = that / L.
-        The first BATCH partials of a thread's run, the (m, l) of step 1 and the gate of
-        step 4 are loaded together before step 1, so one L2 round trip serves them all; the rest
-        of a run follows BATCH loads a round trip. (Session 16, launch_chain: the combine
-        with one block a head, its loads after step 2 and four at a time, cost 7.5 us of the 0.5B
-        heads' 16.4 us a layer at 512 tokens and 16 us of the 9B heads' 31.)
+             a power of two); group g sums splits g, g + G, g + 2G, ... (< used) ascending; the
+             groups' sums are added in group order; out = that / L.
+        The first BATCH partials of a thread's splits, the (m, l) of step 1 and the gate of
+        step 4 are loaded together, while the token's position is in flight (a group's splits
+        do not depend on the plan; those past `used` are loaded and never added), so one L2
+        round trip serves them all; the rest follow BATCH loads a round trip. (Session 16,
+        launch_chain: the combine with one block a head, its loads after step 2 and four at a
+        time, cost 7.5 us of the 0.5B heads' 16.4 us a layer at 512 tokens and 16 us of the 9B
+        heads' 31. Session 18: the strided groups, whose loads no longer wait for the
+        position; before, group g summed the run [g * per, (g + 1) * per).)
         Then, in the same threads (decode's next two launches folded in, each with its own
         arithmetic, so the bits are those of the separate launches):
           4. has_gate: out *= sigmoid(gate) (activation.sigmoid_mul; gate flat [T * Hq * D]);
@@ -522,7 +525,7 @@ def _make_combine(BATCH: int):
         lane = tid & 31
         warp = tid >> 5
         n_warps = cuda.blockDim.x >> 5
-        _, _, used = _split_plan(positions[t], ctx, S, min_chunk, chunk_align)
+        position = positions[t]                 # issued first; nothing below waits for it
         # this thread's place in step 3, and its first batch of partials, loaded with step 1's
         Dp = 32
         while Dp < DS:
@@ -530,24 +533,26 @@ def _make_combine(BATCH: int):
         G = cuda.blockDim.x // Dp
         g = tid // Dp
         d = tid - g * Dp
-        per = (used + G - 1) // G
-        s0 = g * per
-        s1 = min(used, s0 + per)
-        mine = d < DS and s0 < s1
+        mine = d < DS
         for j in range(BATCH):
             xs[j] = float32(0.0)
-            if mine and s0 + j < s1:
-                xs[j] = part_acc[t, h, s0 + j, d0 + d]
+            if mine and g + G * j < S:
+                xs[j] = part_acc[t, h, g + G * j, d0 + d]
         i = (t * Hq + h) * D + d0 + d
         gv = float32(0.0)
         if has_gate and g == 0 and d < DS:
             gv = gate[i]
-        m = _NEG_INF
+        m_s = _NEG_INF
         l_s = float32(0.0)
-        if tid < used:
+        if tid < S:
+            m_s = part_ml[t, h, tid, 0]
             l_s = part_ml[t, h, tid, 1]
-            if l_s > float32(0.0):
-                m = part_ml[t, h, tid, 0]
+        _, _, used = _split_plan(position, ctx, S, min_chunk, chunk_align)
+        m = _NEG_INF
+        if tid >= used:
+            l_s = float32(0.0)
+        elif l_s > float32(0.0):
+            m = m_s
         wm = warp_max(m)
         if lane == 0:
             red_sh[warp] = wm
@@ -557,7 +562,7 @@ def _make_combine(BATCH: int):
             M = max(M, red_sh[j])
         w = float32(0.0)
         if m != _NEG_INF:
-            w = math.exp(m - M)
+            w = float32(math.exp(m - M))     # (float32 in the simulator too)
         if tid < S:
             w_sh[tid] = w
         ls = warp_sum(l_s * w)
@@ -568,17 +573,19 @@ def _make_combine(BATCH: int):
         L = red_sh[0]
         for j in range(1, n_warps):
             L += red_sh[j]
-        # 3. groups of Dp threads over the splits, ascending: the loaded batch, then the rest
+        # 3. groups of Dp threads over their splits g + G j, ascending: the loaded batch, then
+        # the rest
         a = float32(0.0)
         if mine:
-            for b in range(s0, s1, BATCH):
-                if b > s0:                      # (the first batch is loaded above)
+            n_mine = (used - g + G - 1) // G if g < used else 0
+            for b in range(0, n_mine, BATCH):
+                if b > 0:                       # (the first batch is loaded above)
                     for j in range(BATCH):
-                        if b + j < s1:
-                            xs[j] = part_acc[t, h, b + j, d0 + d]
+                        if b + j < n_mine:
+                            xs[j] = part_acc[t, h, g + G * (b + j), d0 + d]
                 for j in range(BATCH):
-                    if b + j < s1:
-                        a += xs[j] * w_sh[b + j]
+                    if b + j < n_mine:
+                        a += xs[j] * w_sh[g + G * (b + j)]
         acc_sh[tid] = a
         cuda.syncthreads()
         if g == 0 and d < DS:

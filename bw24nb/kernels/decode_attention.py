@@ -136,22 +136,25 @@ def _make(R: int, E: int, prefetch: bool = True):
         n_splits = cuda.gridDim.x
         kvh = cuda.blockIdx.y
         tok = cuda.blockIdx.z
-        n_ctx, chunk, used = _split_plan(positions[tok], ctx, n_splits, min_chunk, chunk_align)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        # the position's load issued first, q's rows loaded while it is in flight (a block
+        # past the context loads them for nothing), the plan then
+        position = positions[tok]
+        for i in range(tid, R * D, THREADS):
+            r = i // D
+            buf[i] = q[tok, kvh * R + r, i - r * D]
+        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
         if split_i >= used:
             return                  # the whole block: the combine never reads this split
         begin = split_i * chunk
         end = min(begin + chunk, n_ctx)
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
         head_word = np.int64(kvh) * ctx * DW
-        if prefetch and (tid == 0 or tid == 32):    # the split's rows, before q loads
+        if prefetch and (tid == 0 or tid == 32):    # the split's rows
             b0 = 4 * (head_word + np.int64(begin) * DW)
             b1 = 4 * (head_word + np.int64(end) * DW)
             prefetch_bytes(kw if tid == 0 else vw, b0, b1)
-        for i in range(tid, R * D, THREADS):
-            r = i // D
-            buf[i] = q[tok, kvh * R + r, i - r * D]
         for r in range(R):
             m[r] = _NEG_INF
             lsum[r] = float32(0.0)
