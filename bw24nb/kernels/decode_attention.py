@@ -73,6 +73,7 @@ def _make(R: int, E: int, prefetch: bool = True):
     DW = D // 2             # uint32 words in one K or V row
     CH = D // 8             # 16-byte chunks in one K row
     RE = R * E              # accumulators a lane holds (a constant for cuda.local.array)
+    NQ = (R * D + THREADS - 1) // THREADS       # q values a thread loads
     EW = (E + 1) // 2       # V words a lane reads a key (E = 1: the word its lane pair shares)
     GW = VG * EW            # words of one V group (VG keys) a lane holds
     NE = max(1, min(TILE // VG, VW // GW))      # V groups issued with the K tile (the rest
@@ -126,6 +127,7 @@ def _make(R: int, E: int, prefetch: bool = True):
         lsum = cuda.local.array(R, float32)
         alpha = cuda.local.array(R, float32)
         acc = cuda.local.array(RE, float32)
+        qv = cuda.local.array(NQ, float32)
         # the tile's V words, a group of VG keys each (separate arrays, so that every index
         # is a constant and they stay in registers)
         v0 = cuda.local.array(GW, uint32)
@@ -139,12 +141,16 @@ def _make(R: int, E: int, prefetch: bool = True):
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
-        # the position's load issued first, q's rows loaded while it is in flight (a block
-        # past the context loads them for nothing), the plan then
+        # the position's load issued first and q's rows into registers while it is in
+        # flight; the plan and the K / V prefetch as soon as it arrives, then q into shared
+        # memory (a block past the context loads q for nothing)
         position = positions[tok]
-        for i in range(tid, R * D, THREADS):
-            r = i // D
-            buf[i] = q[tok, kvh * R + r, i - r * D]
+        for k in range(NQ):
+            i = tid + k * THREADS
+            qv[k] = float32(0.0)
+            if i < R * D:
+                r = i // D
+                qv[k] = q[tok, kvh * R + r, i - r * D]
         n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
         if split_i >= used:
             return                  # the whole block: the combine never reads this split
@@ -155,6 +161,10 @@ def _make(R: int, E: int, prefetch: bool = True):
             b0 = 4 * (head_word + np.int64(begin) * DW)
             b1 = 4 * (head_word + np.int64(end) * DW)
             prefetch_bytes(kw if tid == 0 else vw, b0, b1)
+        for k in range(NQ):
+            i = tid + k * THREADS
+            if i < R * D:
+                buf[i] = qv[k]
         for r in range(R):
             m[r] = _NEG_INF
             lsum[r] = float32(0.0)
