@@ -16,9 +16,12 @@ registers:
   * online softmax per row over the tile: m' = max(m, warp_max(s)), p = exp(s - m'),
     alpha = exp(m - m'), l = l alpha + warp_sum(p);
   * PV: lane l owns dims [lE, lE + E) (E = D / 32); acc[r, e] = acc[r, e] alpha_r, then
-    += p[r, j] v[j, d] for the tile's keys j ascending (p through shared memory; the warp reads
-    one whole V row per key: coalesced), the V values of VB = 8 keys loaded before the first
-    of them is used (session 6: one key at a time, a tile cost ~10 us of waiting on the H200);
+    += p[r, j] v[j, d] for the tile's keys j ascending (p through shared memory, a warp's own
+    rows: warp barriers only; the warp reads one whole V row per key: coalesced). V's words
+    are issued ahead: the tile's first groups of VG = 8 keys (all four with E <= 2, two with
+    E = 4, one with E = 8) with the K tile, each later group one group before its products
+    (session 6: one key at a time, a tile cost ~10 us of waiting on the H200; session 18,
+    decision 0025: groups issued after the scores, 4 round trips a tile, ~7 us);
   * the four warps' (m, l, acc) merge in warp order (M = max m_w, weights exp(m_w - M)) into the
     split's partial, in attention.py's layout, so its `flash_decode_combine` finishes the job.
 Every sum has a fixed order and a block only ever sees one token, so a verify over K + 1 tokens
