@@ -251,3 +251,24 @@ def test_sass_count_finds_the_kernel_and_its_work_loop():
     c = count(listing)
     assert c["total"] == 13 and c["registers"] == 58 and c["stack_bytes"] == 0
     assert c["loop"] == 4 and c["loop_ops"] == {"IDP": 2, "LDG": 1, "BRA": 1}
+
+
+def test_attention_phases_reduces_working_blocks_only():
+    """bench/attention_phases.py: intervals over the blocks that stamped every phase (a block
+    past the context stamps entry and plan only), the span from the first entry to the last
+    partial stored, and the skew of the entries."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench.attention_phases import reduce_stamps
+    from bw24nb.kernels.decode_attention import TRACE_STAMPS
+    n = len(TRACE_STAMPS)
+    st = np.zeros((1, 1, 3, 2, n), np.uint64)
+    for b, t0 in enumerate((100, 130)):                  # two working blocks, 10 ns a phase
+        st[0, 0, b, 1] = t0 + 10 * np.arange(n) * (b + 1)
+        st[0, 0, b, 0] = 1000 + 20 * np.arange(n)
+    st[0, 0, 2, 1, :2] = (90, 95)                         # exits after its plan
+    st[0, 0, 2, 0, :2] = (5, 6)
+    res = reduce_stamps(st)
+    assert res[f"{TRACE_STAMPS[0]}->{TRACE_STAMPS[1]}"] == (15.0, 20.0, 20.0)
+    assert res["span"][0] == 130 + 20 * (n - 1) - 90
+    assert res["entry skew"][0] == 130 - 90
+    assert res["blocks"][:2] == (2.0, 3.0)

@@ -399,3 +399,37 @@ def test_flash_decode_combine_order(rng, D, threads, n_ctx, min_chunk):
             total = a if g == 0 else (total + a).astype(np.float32)
         want[h] = total / L
     np.testing.assert_array_equal(out.copy_to_host()[0].view(np.uint32), want.view(np.uint32))
+
+
+def test_traced_split_pass_gives_the_same_bits_and_ordered_stamps(rng):
+    """decode_attention's instrumented build (trace=): the outputs of the plain build, bit for
+    bit; a working block's stamps in order (the simulator's clock is the host's), a block past
+    the context stamps entry and plan only."""
+    from bw24nb.kernels import decode_attention as da
+    Hq, Hkv, D, n_ctx, n_splits = 4, 2, 32, 40, 4          # chunks of 16: 3 used, 1 exits
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
+    outs = []
+    trace = cuda.to_device(np.zeros(da.trace_shape(1, Hkv, n_splits), np.uint64))
+    for tr in (None, trace):
+        part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
+        out = _poisoned((1, Hq, D))
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, trace=tr)
+        outs.append(out.copy_to_host())
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    stamps = trace.copy_to_host()[0]                        # [Hkv, splits, 2, stamps]
+    for kvh in range(Hkv):
+        for split in range(n_splits):
+            for clock in (0, 1):
+                st = stamps[kvh, split, clock].astype(np.int64)
+                if split < 3:
+                    assert (st > 0).all() and (np.diff(st) >= 0).all()
+                else:
+                    assert (st[:2] > 0).all() and (st[2:] == 0).all()
+    with pytest.raises(ValueError, match="trace must be uint64"):
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, _poisoned((1, Hq, D)), part_ml, part_acc,
+                            trace=cuda.to_device(np.zeros(5, np.uint64)))

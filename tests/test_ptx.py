@@ -317,6 +317,18 @@ def test_malformed_blocks_are_rejected(tmp_path, block, message):
         parse_snippets(path)
 
 
+def test_timer_blocks_read_special_registers_by_name(tmp_path):
+    """timers.ptx: %clock64 / %globaltimer are read by name (the only special registers a
+    block may name); any other undeclared register is still an error."""
+    assert snippet("clock64").asm_template == "mov.u64 $0, %clock64;"
+    assert snippet("global_timer").asm_template == "mov.u64 $0, %globaltimer;"
+    assert snippet("clock64").constraints == "=l"
+    path = tmp_path / "lane.ptx"
+    path.write_text("// @inline x: =r %d0\nmov.u32 %d0, %laneid;\n// @end\n")
+    with pytest.raises(SnippetError, match="%laneid"):
+        parse_snippets(path)
+
+
 # --- GPU: the real snippets against the twins -----------------------------------------------------
 
 @requires_gpu

@@ -40,7 +40,8 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..jit import kernel
-from ..ptx import f16x2_to_f32x2, ld_nc_v4_u32, warp_max, warp_sum, warp_sync
+from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max, warp_sum,
+                   warp_sync)
 from .attention import _split_plan     # the plan the combine derives again: one definition
 from .prefetch import prefetch_bytes
 
@@ -61,6 +62,12 @@ _NEG_INF = np.float32(-np.inf)
 # soon as its range is known, so V's round trip overlaps q's load and the scores instead of
 # following them (docs/decisions/0022). False: the kernel before (launch_split(prefetch=)).
 PREFETCH_KV = True
+# The instrumented build (`launch_split(trace=)`, bench/attention_phases.py): thread 0 of each
+# block stamps %clock64 and %globaltimer (bw24nb.ptx) at these points -- kernel entry (after
+# the grid-dependency wait), the plan known (the position's round trip), q in shared memory,
+# the first tile's scores, its softmax, every tile done, the partial stored; a block past the
+# context stamps the first two only (the rest stay 0).
+TRACE_STAMPS = ("entry", "plan", "q", "scores", "softmax", "tiles", "stored")
 
 
 def supports(n_rep: int, D: int, k_type, v_type) -> bool:
@@ -69,9 +76,12 @@ def supports(n_rep: int, D: int, k_type, v_type) -> bool:
             and 1 <= n_rep <= ROWS_MAX and D in HEAD_DIMS)
 
 
-def _make(R: int, E: int, prefetch: bool = True):
+def _make(R: int, E: int, prefetch: bool = True, trace: bool = False):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
-    split's K and V rows to L2 first (PREFETCH_KV)."""
+    split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
+    results; the stamps' stores are the only difference)."""
+    NS = len(TRACE_STAMPS)
+    trace_on = trace
     D = 32 * E
     DW = D // 2             # uint32 words in one K or V row
     CH = D // 8             # 16-byte chunks in one K row
@@ -112,6 +122,12 @@ def _make(R: int, E: int, prefetch: bool = True):
                         acc[r * E + e] += pj * v_value(vraw, jj, e, lane)
 
     @cuda.jit(device=True, inline="always")
+    def stamp(trace, base, k):
+        """Stamp k of this block: its SM's cycle counter, then the global timer."""
+        trace[base + k] = clock64()
+        trace[base + NS + k] = global_timer()
+
+    @cuda.jit(device=True, inline="always")
     def v_value(vraw, jj, e, lane):
         """Value e of this lane's E dims of the group's key jj."""
         if E == 1:
@@ -120,7 +136,8 @@ def _make(R: int, E: int, prefetch: bool = True):
         lo, hi = f16x2_to_f32x2(vraw[jj * EW + (e >> 1)])
         return hi if (e & 1) else lo
 
-    def split(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc):
+    def split(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
+              trace):
         buf = cuda.shared.array(_ACC_SH, float32)       # q rows, later the warps' accumulators
         p_sh = cuda.shared.array(_P_SH, float32)
         m_sh = cuda.shared.array(_ML_SH, float32)
@@ -144,6 +161,9 @@ def _make(R: int, E: int, prefetch: bool = True):
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
+        tb = ((tok * cuda.gridDim.y + kvh) * n_splits + split_i) * 2 * NS     # trace base
+        if trace_on and tid == 0:
+            stamp(trace, tb, 0)
         # the position's load issued first and q's rows into registers while it is in
         # flight; the plan and the K / V prefetch as soon as it arrives, then q into shared
         # memory (a block past the context loads q for nothing)
@@ -155,6 +175,8 @@ def _make(R: int, E: int, prefetch: bool = True):
                 r = i // D
                 qv[k] = q[tok, kvh * R + r, i - r * D]
         n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+        if trace_on and tid == 0:
+            stamp(trace, tb, 1)
         if split_i >= used:
             return                  # the whole block: the combine never reads this split
         begin = split_i * chunk
@@ -174,6 +196,8 @@ def _make(R: int, E: int, prefetch: bool = True):
         for i in range(RE):
             acc[i] = float32(0.0)
         cuda.syncthreads()
+        if trace_on and tid == 0:
+            stamp(trace, tb, 2)
         # every warp runs the same number of steps (the barriers below are block-wide); a
         # warp whose tile starts past `end` scores nothing and adds nothing
         for t0 in range(begin, end, WARPS * TILE):
@@ -208,6 +232,8 @@ def _make(R: int, E: int, prefetch: bool = True):
                     a += buf[qb + 6] * k_6
                     a += buf[qb + 7] * k_7
                     s[r] = a
+            if trace_on and tid == 0 and t0 == begin:
+                stamp(trace, tb, 3)
             for r in range(R):
                 sc = s[r] * scale if lane < nk else _NEG_INF
                 m_new = max(m[r], warp_max(sc))
@@ -221,6 +247,8 @@ def _make(R: int, E: int, prefetch: bool = True):
                 alpha[r] = al
                 p_sh[(warp * ROWS_MAX + r) * TILE + lane] = p
             warp_sync()                         # p_sh (this warp's rows) written, then read
+            if trace_on and tid == 0 and t0 == begin:
+                stamp(trace, tb, 4)
             for r in range(R):
                 for e in range(E):
                     acc[r * E + e] *= alpha[r]
@@ -244,6 +272,8 @@ def _make(R: int, E: int, prefetch: bool = True):
             pv(acc, v3, 3 * VG, nk, p_sh, pb, lane)
             warp_sync()                         # p_sh read before the next step rewrites it
         cuda.syncthreads()                      # every warp done with q before buf is reused
+        if trace_on and tid == 0:
+            stamp(trace, tb, 5)
         # merge the warps in order into the split's partial (q is dead: buf holds acc now)
         for r in range(R):
             for e in range(E):
@@ -272,8 +302,10 @@ def _make(R: int, E: int, prefetch: bool = True):
             if d == 0:
                 part_ml[tok, h, split_i, 0] = M
                 part_ml[tok, h, split_i, 1] = L
+        if trace_on and tid == 0:
+            stamp(trace, tb, 6)
 
-    name = f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf")
+    name = f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_trace" if trace else "")
     split.__name__ = split.__qualname__ = name
     return kernel(split)
 
@@ -281,30 +313,44 @@ def _make(R: int, E: int, prefetch: bool = True):
 _KERNELS: dict = {}
 
 
-def split_kernel(R: int, E: int, prefetch: bool = True):
+def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False):
     """The (R, E) split kernel, built (not compiled) on first request."""
-    if (R, E, prefetch) not in _KERNELS:
-        _KERNELS[(R, E, prefetch)] = _make(R, E, prefetch)
-    return _KERNELS[(R, E, prefetch)]
+    key = (R, E, bool(prefetch), bool(trace))
+    if key not in _KERNELS:
+        _KERNELS[key] = _make(*key)
+    return _KERNELS[key]
+
+
+def trace_shape(T: int, n_kv_heads: int, n_splits: int) -> tuple:
+    """The shape of `launch_split`'s trace: [T, Hkv, n_splits, 2, len(TRACE_STAMPS)] uint64,
+    [..., 0, k] the k-th stamp's %clock64, [..., 1, k] its %globaltimer."""
+    return (T, n_kv_heads, n_splits, 2, len(TRACE_STAMPS))
 
 
 def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
-                 stream=0, prefetch=None):
+                 stream=0, prefetch=None, trace=None):
     """The split pass (attention.launch_flash_decode runs the combine after it, with the same
     min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
     attention.alloc_decode_partials makes them; prefetch: the K / V prefetch (default
-    PREFETCH_KV; the same results either way)."""
+    PREFETCH_KV; the same results either way); trace: a uint64 device array of
+    `trace_shape` runs the instrumented build, which stamps TRACE_STAMPS into it."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
     n_splits = part_ml.shape[2]
     kw = k_u8.reshape(k_u8.size).view(np.uint32)
     vw = v_u8.reshape(v_u8.size).view(np.uint32)
-    split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch))[
+    if trace is not None and (trace.dtype != np.uint64
+                              or tuple(trace.shape) != trace_shape(T, Hkv, n_splits)):
+        raise ValueError(f"launch_split: trace must be uint64{list(trace_shape(T, Hkv, n_splits))}"
+                         f", not {trace.dtype}{list(trace.shape)}")
+    stamps = (kw[:2].view(np.uint64) if trace is None    # a stand-in the kernel never touches
+              else trace.reshape(trace.size))
+    split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch), trace is not None)[
         (n_splits, Hkv, T), THREADS, stream](
         q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
-        np.int32(chunk_align), part_ml, part_acc)
+        np.int32(chunk_align), part_ml, part_acc, stamps)
 
 
 # the compile check (tests/test_compile_ptx.py): the 9B shape (4 rows, D 256) and the 0.5B
@@ -312,7 +358,7 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
 flash_decode_f16_r4_e8 = split_kernel(4, 8)
 flash_decode_f16_r7_e2 = split_kernel(7, 2)
 _SIG = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
-        "int32, float32[:, :, :, ::1], float32[:, :, :, ::1])")
+        "int32, float32[:, :, :, ::1], float32[:, :, :, ::1], uint64[::1])")
 PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}

@@ -54,6 +54,7 @@ from bw24nb.device import current_features, simulator_enabled
 if simulator_enabled():
     from bw24nb.ptx.twins import (  # noqa: F401
         byte_perm,
+        clock64,
         dp4a,
         dp4a_linked,
         dp4a_us,
@@ -63,6 +64,7 @@ if simulator_enabled():
         fp4x2_to_f16x2,
         fp4x2_to_f16x2_bits_linked,
         fp4x2_to_f32x2,
+        global_timer,
         grid_dependency_wait,
         ld_nc_v2_f32,
         ld_nc_v4_u32,
@@ -85,10 +87,12 @@ else:
         FP4_BITS,
         FP4_CVT,
         byte_perm,
+        clock64,
         dp4a,
         dp4a_us,
         f16x2_to_f32x2,
         f32_from_bits,
+        global_timer,
         grid_dependency_wait,
         ld_nc_v2_f32,
         ld_nc_v4_u32,
@@ -110,7 +114,7 @@ else:
 __all__ = [
     "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum", "warp_max", "f32_from_bits",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
-    "warp_sync",
+    "warp_sync", "clock64", "global_timer",
     "warp_sum16", "warp_sum8",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",

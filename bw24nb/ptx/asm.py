@@ -124,6 +124,32 @@ def grid_dependency_wait(typingctx):
     return types.none(), codegen
 
 
+# --- timers -------------------------------------------------------------------------------------
+
+
+def _timer_intrinsic(name: str, doc: str):
+    snip = snippet(name)
+
+    def typer(typingctx):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(64), [])
+            return builder.call(ir.InlineAsm(fnty, snip.asm_template, "=l,~{memory}",
+                                             side_effect=True), [])
+        return types.uint64(), codegen
+
+    typer.__name__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+clock64 = _timer_intrinsic("clock64", """The SM's cycle counter (``mov.u64 %clock64``,
+timers.ptx): consistent within a block, not across SMs. Volatile, with a memory clobber: the
+compiler moves no load or store across it and never merges two reads.""")
+global_timer = _timer_intrinsic("global_timer", """The GPU's nanosecond timer (``mov.u64
+%globaltimer``, timers.ptx): comparable across blocks and kernels (its update period is the
+GPU's, not one nanosecond). Volatile, with a memory clobber, like `clock64`.""")
+
+
 # --- bit casts ----------------------------------------------------------------------------------
 
 

@@ -31,6 +31,9 @@ _CONSTRAINTS = {"r", "l", "h", "f"}
 _HEADER = re.compile(r"^\s*//\s*@inline\s+(?P<name>\w+)\s*:\s*(?P<ops>.*?)\s*$")
 _END = re.compile(r"^\s*//\s*@end\s*$")
 _OPERAND = re.compile(r"^(?P<out>=?)(?P<c>[a-z])\s+(?P<reg>%\w+)$")
+# PTX's read-only special registers a block may read by name (timers.ptx): no NVVM register
+# can shadow them
+_SPECIAL_REGISTERS = {"%clock", "%clock64", "%globaltimer"}
 
 
 class SnippetError(ValueError):
@@ -142,7 +145,7 @@ def parse_snippets(path: Path) -> dict[str, Snippet]:
         for o in operands:
             if o.register not in used:
                 raise SnippetError(f"{where}: operand {o.register} is not used in the block")
-        for reg in used - {o.register for o in operands}:
+        for reg in used - {o.register for o in operands} - _SPECIAL_REGISTERS:
             if not reg.startswith("%bw_"):
                 raise SnippetError(f"{where}: register {reg} is neither an operand nor a '%bw_' "
                                    "temporary (declared inside the block's {{ }})")

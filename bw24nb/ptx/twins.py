@@ -123,6 +123,17 @@ def grid_dependency_wait() -> None:
     return None
 
 
+def clock64() -> np.uint64:
+    """The simulator has no SM clock: the host's nanosecond counter stands in (increasing, as
+    the cycle counter is)."""
+    return np.uint64(time.perf_counter_ns())
+
+
+def global_timer() -> np.uint64:
+    """The host's nanosecond counter."""
+    return np.uint64(time.perf_counter_ns())
+
+
 def prefetch_l2_bulk(array, byte_offset, nbytes) -> None:
     """A hint with no effect on results; the twin checks what the instruction demands: a
     16-byte aligned start and length (the array's own start is 16-byte aligned on the device),

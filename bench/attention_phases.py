@@ -1,0 +1,140 @@
+"""Where decode attention's split pass spends its time, phase by phase, on the GPU.
+
+    python3 bench/attention_phases.py [--n 32] [--positions 511,6143] [--commit SHA] [--out F]
+
+Decode attention is launched as the engine launches it (F16 cache of --ctx positions, the
+output gate and int8 copy fused into the combine) N times over in one programmatic graph, as
+bench/launch_chain.py does, with the split pass's instrumented build
+(decode_attention.launch_split(trace=)): thread 0 of every block stamps %clock64 and
+%globaltimer at decode_attention.TRACE_STAMPS (entry after the grid-dependency wait, plan,
+q, the first tile's scores and softmax, all tiles, partial stored). The stamps of the last
+repetition are read back and reduced over the working blocks:
+
+  <a>-><b>     per-block time from stamp a to stamp b: median and max, in ns (globaltimer;
+               its update period is the GPU's) and in SM cycles (clock64)
+  span         first block's entry to last block's partial stored (ns)
+  entry skew   last block's entry minus first block's (ns)
+
+One JSON line per (shape, position, interval) goes to --out (default
+$OUT/attention_phases.jsonl). Benchmarks are not tests; the stamps cost a few stores a block,
+so the absolute times are the instrumented kernel's.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from bw24nb.graph import CudaGraph  # noqa: E402
+from bw24nb.kernels import attention, decode_attention  # noqa: E402
+from bw24nb.quant import QType  # noqa: E402
+from launch_chain import ATTENTION_SHAPES  # noqa: E402
+from matvec_bench import _commit  # noqa: E402
+
+
+def traced_attention(stream, rng, Hq, Hkv, D, ctx, position):
+    """(launch, trace): one decode attention launch pair at `position` over a random F16 cache,
+    its split pass stamping into `trace` (decode_attention.trace_shape)."""
+    def cache():
+        v = rng.standard_normal((Hkv, ctx, D)).astype(np.float16)
+        u8 = cuda.to_device(v.view(np.uint8), stream=stream)
+        return u8, u8.view(np.float16)
+    k_u8, k_f16 = cache()
+    v_u8, v_f16 = cache()
+    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32), stream=stream)
+    pos = cuda.to_device(np.array([position], np.int32), stream=stream)
+    out = cuda.device_array((1, Hq, D), np.float32, stream=stream)
+    gate = cuda.to_device(rng.standard_normal(Hq * D).astype(np.float32), stream=stream)
+    xq = cuda.device_array(Hq * D, np.int8, stream=stream)
+    xd = cuda.device_array(Hq * D // 32, np.float32, stream=stream)
+    n_splits = attention.decode_splits(ctx, Hkv)
+    pml, pacc = attention.alloc_decode_partials(1, Hq, D, n_splits)
+    trace = cuda.to_device(np.zeros(decode_attention.trace_shape(1, Hkv, n_splits), np.uint64),
+                           stream=stream)
+
+    def launch():
+        attention.launch_flash_decode(q, pos, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16,
+                                      out, pml, pacc, stream=stream, gate=gate, xq=xq, xd=xd,
+                                      trace=trace)
+    return launch, trace
+
+
+def reduce_stamps(stamps) -> dict:
+    """{interval: (median ns, max ns, median cycles)} over the blocks that ran every phase,
+    plus "span" and "entry skew" (ns); stamps [.., 2, n_stamps] uint64 as the trace holds
+    them."""
+    names = decode_attention.TRACE_STAMPS
+    st = stamps.reshape(-1, 2, len(names)).astype(np.int64)
+    working = st[(st[:, 0, :] > 0).all(axis=1)]
+    res = {}
+    for a in range(len(names) - 1):
+        ns = working[:, 1, a + 1] - working[:, 1, a]
+        cyc = working[:, 0, a + 1] - working[:, 0, a]
+        res[f"{names[a]}->{names[a + 1]}"] = (float(np.median(ns)), float(ns.max()),
+                                               float(np.median(cyc)))
+    ns = working[:, 1, -1] - working[:, 1, 0]
+    res[f"{names[0]}->{names[-1]}"] = (float(np.median(ns)), float(ns.max()),
+                                       float(np.median(working[:, 0, -1] - working[:, 0, 0])))
+    entries = st[:, 1, 0][st[:, 1, 0] > 0]
+    res["span"] = (float(working[:, 1, -1].max() - entries.min()),) * 2 + (0.0,)
+    res["entry skew"] = (float(entries.max() - entries.min()),) * 2 + (0.0,)
+    res["blocks"] = (float(len(working)), float(len(entries)), 0.0)     # working, entered
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=32, help="repetitions per graph")
+    ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--positions", default="511,6143")
+    ap.add_argument("--shapes", default=",".join(ATTENTION_SHAPES))
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--note", default="")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    stream = cuda.stream()
+    rng = np.random.default_rng(0)
+    date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    gpu = getattr(cuda.get_current_device(), "name", "simulator")
+    gpu = gpu.decode() if isinstance(gpu, bytes) else str(gpu)
+    commit = a.commit or _commit()
+    out = a.out or os.path.join(os.environ.get("OUT", "."), "attention_phases.jsonl")
+    with open(out, "a") as f:
+        for tag in [s for s in a.shapes.split(",") if s]:
+            Hq, Hkv, D = ATTENTION_SHAPES[tag]
+            for p in [int(v) for v in a.positions.split(",") if v]:
+                launch, trace = traced_attention(stream, rng, Hq, Hkv, D, a.ctx, p)
+                launch()                                # compiled and loaded before capture
+                stream.synchronize()
+                with CudaGraph.capture(stream, programmatic=True) as g:
+                    for _ in range(a.n):
+                        launch()
+                for _ in range(3):
+                    g.replay(stream)
+                stream.synchronize()
+                g.close()
+                res = reduce_stamps(trace.copy_to_host())
+                for name, (med, mx, cyc) in res.items():
+                    print(f"attn{tag}@{p} {name:18s} " + (
+                        f"{med:.0f} of {mx:.0f} ran every phase" if name == "blocks" else
+                        f"median {med:9.0f} ns  max {mx:9.0f} ns  median {cyc:9.0f} cycles"),
+                        flush=True)
+                    f.write(json.dumps({"date": date, "gpu": gpu, "commit": commit,
+                                        "sequence": f"attn{tag}@{p}", "interval": name,
+                                        "median_ns": med, "max_ns": mx, "median_cycles": cyc,
+                                        "n": a.n, "note": a.note}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
