@@ -359,6 +359,9 @@ flash_decode_f16_r4_e8 = split_kernel(4, 8)
 flash_decode_f16_r7_e2 = split_kernel(7, 2)
 _SIG = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
         "int32, float32[:, :, :, ::1], float32[:, :, :, ::1], uint64[::1])")
-PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG]}
+flash_decode_f16_r7_e2_trace = split_kernel(7, 2, trace=True)      # bench/attention_phases.py
+PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG],
+                  "flash_decode_f16_r7_e2_trace": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
+EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]
