@@ -36,37 +36,18 @@ import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
-from bw24nb.kernels import attention, decode_attention  # noqa: E402
-from bw24nb.quant import QType  # noqa: E402
-from launch_chain import ATTENTION_SHAPES  # noqa: E402
+from bw24nb.kernels import decode_attention  # noqa: E402
+from launch_chain import ATTENTION_SHAPES, attention_launch  # noqa: E402
 from matvec_bench import _commit  # noqa: E402
 
 
 def traced_attention(stream, rng, Hq, Hkv, D, ctx, position):
-    """(launch, trace): one decode attention launch pair at `position` over a random F16 cache,
-    its split pass stamping into `trace` (decode_attention.trace_shape)."""
-    def cache():
-        v = rng.standard_normal((Hkv, ctx, D)).astype(np.float16)
-        u8 = cuda.to_device(v.view(np.uint8), stream=stream)
-        return u8, u8.view(np.float16)
-    k_u8, k_f16 = cache()
-    v_u8, v_f16 = cache()
-    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32), stream=stream)
-    pos = cuda.to_device(np.array([position], np.int32), stream=stream)
-    out = cuda.device_array((1, Hq, D), np.float32, stream=stream)
-    gate = cuda.to_device(rng.standard_normal(Hq * D).astype(np.float32), stream=stream)
-    xq = cuda.device_array(Hq * D, np.int8, stream=stream)
-    xd = cuda.device_array(Hq * D // 32, np.float32, stream=stream)
-    n_splits = attention.decode_splits(ctx, Hkv)
-    pml, pacc = attention.alloc_decode_partials(1, Hq, D, n_splits)
-    trace = cuda.to_device(np.zeros(decode_attention.trace_shape(1, Hkv, n_splits), np.uint64),
-                           stream=stream)
-
-    def launch():
-        attention.launch_flash_decode(q, pos, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16,
-                                      out, pml, pacc, stream=stream, gate=gate, xq=xq, xd=xd,
-                                      trace=trace)
-    return launch, trace
+    """(launch, trace): launch_chain.attention_launch's decode attention at `position`, its
+    split pass stamping into `trace` (decode_attention.trace_shape)."""
+    run = attention_launch(stream, rng, Hq, Hkv, D, ctx, position)
+    trace = cuda.to_device(np.zeros(decode_attention.trace_shape(1, Hkv, run.n_splits),
+                                    np.uint64), stream=stream)
+    return (lambda: run(trace=trace)), trace
 
 
 def reduce_stamps(stamps) -> dict:

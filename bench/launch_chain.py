@@ -67,15 +67,12 @@ def store_one(y):
 ATTENTION_SHAPES = {"9b": (16, 4, 256), "05b": (14, 2, 64)}
 
 
-def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
-    """{kind: launch}: decode attention of one token at `position` over a random F16 cache of
-    `ctx` positions, as the engine launches it (the output gate and int8 output fused into
-    the combine) ("" ); its split pass alone ("split"); its combine alone, over the partials the
-    split left ("comb"); the split followed by the one-thread kernel, what a kernel boundary
-    after the split costs ("split+e"); the whole and the split without the split's K / V
-    prefetch ("/npf", "split/npf"). min_chunk: the split plan's (default the engine's). A
-    kind's "/..." part goes after the sequence name's position (docstring above)."""
-    mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
+def attention_launch(stream, rng, Hq, Hkv, D, ctx, position):
+    """launch(**options): decode attention of one token at `position` over a random F16 cache
+    of `ctx` positions, as the engine launches it (the output gate and int8 output fused into
+    the combine), on partials for the engine's split count; options go to
+    attention.launch_flash_decode (min_chunk, only, prefetch, trace, ...). `.n_splits` and
+    `.out` are the partials' split count and the output."""
     def cache():
         v = rng.standard_normal((Hkv, ctx, D)).astype(np.float16)
         u8 = cuda.to_device(v.view(np.uint8), stream=stream)
@@ -88,18 +85,35 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     gate = cuda.to_device(rng.standard_normal(Hq * D).astype(np.float32), stream=stream)
     xq = cuda.device_array(Hq * D, np.int8, stream=stream)
     xd = cuda.device_array(Hq * D // 32, np.float32, stream=stream)
-    pml, pacc = attention.alloc_decode_partials(1, Hq, D, attention.decode_splits(ctx, Hkv))
+    n_splits = attention.decode_splits(ctx, Hkv)
+    pml, pacc = attention.alloc_decode_partials(1, Hq, D, n_splits)
+
+    def launch(**options):
+        attention.launch_flash_decode(q, pos, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16,
+                                      out, pml, pacc, stream=stream, gate=gate, xq=xq, xd=xd,
+                                      **options)
+    launch.n_splits, launch.out = n_splits, out
+    return launch
+
+
+def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
+    """{kind: launch}: decode attention as `attention_launch` runs it ("" ); its split pass
+    alone ("split"); its combine alone, over the partials the split left ("comb"); the split
+    followed by the one-thread kernel, what a kernel boundary after the split costs
+    ("split+e"); the whole and the split without the split's K / V prefetch ("/npf",
+    "split/npf"). min_chunk: the split plan's (default the engine's). A kind's "/..." part goes
+    after the sequence name's position (docstring above)."""
+    mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
+    run = attention_launch(stream, rng, Hq, Hkv, D, ctx, position)
 
     def attend(only, prefetch=None):
-        return lambda i: attention.launch_flash_decode(
-            q, pos, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16, out, pml, pacc, stream=stream,
-            gate=gate, xq=xq, xd=xd, min_chunk=mc, only=only, prefetch=prefetch)
+        return lambda i: run(min_chunk=mc, only=only, prefetch=prefetch)
 
     split = attend("split")
 
     def split_then_empty(i):
         split(i)
-        store_one[1, 32, stream](out.reshape(out.size))
+        store_one[1, 32, stream](run.out.reshape(run.out.size))
     return {"": attend(None), "split": split, "comb": attend("combine"),
             "split+e": split_then_empty, "/npf": attend(None, False),
             "split/npf": attend("split", False)}
