@@ -66,7 +66,9 @@ PREFETCH_KV = True
 # block stamps %clock64 and %globaltimer (bw24nb.ptx) at these points -- kernel entry (after
 # the grid-dependency wait), the plan known (the position's round trip), q in shared memory,
 # the first tile's scores, its softmax, every tile done, the partial stored; a block past the
-# context stamps the first two only (the rest stay 0).
+# context stamps the first two only (the rest stay 0). A stamp is an instruction-stream point:
+# each one sits behind a barrier, a store it must follow, or a branch on the value it waits
+# for (the plan's `used`, row 0's score), so the compiler cannot read the clock earlier.
 TRACE_STAMPS = ("entry", "plan", "q", "scores", "softmax", "tiles", "stored")
 
 
@@ -175,7 +177,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False):
                 r = i // D
                 qv[k] = q[tok, kvh * R + r, i - r * D]
         n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
-        if trace_on and tid == 0:
+        if trace_on and tid == 0 and used > 0:      # (control-dependent on the position)
             stamp(trace, tb, 1)
         if split_i >= used:
             return                  # the whole block: the combine never reads this split
@@ -232,7 +234,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False):
                     a += buf[qb + 6] * k_6
                     a += buf[qb + 7] * k_7
                     s[r] = a
-            if trace_on and tid == 0 and t0 == begin:
+            if trace_on and tid == 0 and t0 == begin and s[0] == s[0]:   # (after row 0's dot)
                 stamp(trace, tb, 3)
             for r in range(R):
                 sc = s[r] * scale if lane < nk else _NEG_INF
