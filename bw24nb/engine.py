@@ -489,6 +489,34 @@ class Engine:
         return DeviceWeight(self._concat_as_views(ws), ws[0].qtype,
                             (sum(w.rows for w in ws), ws[0].cols), parts=parts.pop())
 
+    def _widen_to_q8_0(self, names) -> bool:
+        """Make q / k / v of mixed 32-value block types all Q8_0, losslessly
+        (quant.legacy.widen_to_q8_0: the same d, q - bias as the int8 quant), so that they stack
+        into one decode launch: the default 0.5B's Q4_K_M file has Q5_0 q / k beside a Q8_0 v on
+        12 of its 24 layers (the "more bits" attn_v), which ran as three launches. The decode
+        kernels give every row the bits it had (matvec_qx0: per block the same exact integer
+        sum times the same d * xd); prefill reads the widened members (same values). Costs 12
+        bytes a 32-value block more (Q5_0's 22 -> 34). False, touching nothing, unless the
+        members are such a set that stacks once widened (the int8 path, one width, one split,
+        16-byte multiples)."""
+        from .quant.legacy import widen_to_q8_0
+        from .quant.types import row_bytes
+        widen = (QType.Q8_0, QType.Q5_0, QType.Q4_0)
+        ws = [self.w.get(n) for n in names]
+        if not self.act_q8 or any(w is None or len(w.shape) != 2 or w.qtype not in widen
+                                  for w in ws):
+            return False
+        if (len({w.qtype for w in ws}) == 1 or len({w.cols for w in ws}) != 1
+                or len({w.parts or matvec.warps_per_row(w.rows, w.cols) for w in ws}) != 1
+                or any(w.rows * row_bytes(QType.Q8_0, w.cols) % 16 for w in ws)):
+            return False
+        for w in ws:
+            if w.qtype != QType.Q8_0:
+                blocks = w.buf.copy_to_host().reshape(-1, row_bytes(w.qtype, 32))
+                w.buf = cuda.to_device(widen_to_q8_0(blocks, w.qtype.name).reshape(-1))
+                w.qtype = QType.Q8_0
+        return True
+
     @staticmethod
     def _concat_as_views(ws):
         """One device buffer holding the members' buffers back to back; each member's `buf`
@@ -523,6 +551,8 @@ class Engine:
             if any(b is not None for b in biases) and not all(b is not None for b in biases):
                 continue                    # (a stack takes one bias for all its rows, or none)
             st = self._stack_rows(qkv)
+            if st is None and self._widen_to_q8_0(qkv):
+                st = self._stack_rows(qkv)
             if st is not None:
                 stacks[i, "qkv"] = st
                 if biases[0] is not None:
@@ -547,7 +577,8 @@ class Engine:
         memory or `budget` (bytes, --vram-budget): a clear error instead of a CUDA OOM halfway
         through the upload. Weights are counted as stored in the file (the upload keeps GGUF
         blocks as they are), plus the Q6_K_R copies `_repack_q6k` adds (the same size as their
-        Q6_K originals); workspaces are small next to them."""
+        Q6_K originals); workspaces are small next to them, and so are the bytes a widened
+        q / k / v adds (`_widen_to_q8_0`: 12 a 32-value block of its Q5_0 / Q4_0 members)."""
         from .cache.kv import kv_cache_bytes
         c = source.config
         weights = 0

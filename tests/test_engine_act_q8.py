@@ -114,3 +114,28 @@ def test_block_weights_take_the_16_byte_path(engine, monkeypatch):
     engine.prefill([7, 200])
     engine.decode(31)
     assert set(calls) == set(TYPES)
+
+
+def test_mixed_qkv_is_widened_to_q8_0_and_stacked(engine, quantized_gguf, monkeypatch):
+    """Engine._widen_to_q8_0: the fixture's types go by turns, so a layer's q / k / v mix
+    Q8_0 / Q5_0 / Q4_0; each becomes one Q8_0 stack (one decode launch), and decode gives the
+    very bits of an engine that keeps the original types in separate launches."""
+    from bw24nb.engine import Engine
+    c = engine.config
+    mixed = [i for i in range(c.num_hidden_layers)
+             if len({QType(open_model(quantized_gguf).info(f"blk.{i}.attn_{n}.weight").qtype)
+                     for n in "qkv"}) > 1]
+    assert mixed
+    for i in mixed:
+        assert engine.stacks[i, "qkv"].qtype == QType.Q8_0
+        assert {engine.w.blk(i, f"attn_{n}.weight").qtype for n in "qkv"} == {QType.Q8_0}
+    ids = [7, 200, 31]
+    engine.reset()
+    widened = np.stack([engine.decode(t) for t in ids])
+    monkeypatch.setattr(Engine, "_widen_to_q8_0", lambda self, names: False)
+    plain = Engine(open_model(quantized_gguf), n_ctx=16, k_type=QType.F16, v_type=QType.F16,
+                   log=lambda m: None, act_quant="q8", use_graph=False)
+    assert all((i, "qkv") not in plain.stacks for i in mixed)
+    plain.reset()
+    separate = np.stack([plain.decode(t) for t in ids])
+    np.testing.assert_array_equal(widened.view(np.uint32), separate.view(np.uint32))

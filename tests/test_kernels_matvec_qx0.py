@@ -187,3 +187,25 @@ def test_qx0_switch_off_gives_the_generic_path(rng, monkeypatch):
     monkeypatch.setattr(matvec, "QX0_V4", False)
     monkeypatch.setattr(matvec_qx0, "launch", lambda *a, **k: pytest.fail("new path ran"))
     _assert_close_to_reference(rng, w, qt, M, K)
+
+
+@pytest.mark.parametrize("qt", [QType.Q5_0, QType.Q4_0], ids=lambda q: q.name)
+def test_widened_to_q8_0_gives_the_same_bits(rng, qt):
+    """quant.legacy.widen_to_q8_0 (Engine._widen_to_q8_0 stacks a mixed q / k / v with it):
+    the Q8_0 copy of a Q5_0 / Q4_0 matrix decodes to the same floats, and the decode matvec --
+    one row and rows -- gives it the bits the original gets (the same integer sums, the same d),
+    with realistic scales."""
+    from bw24nb.quant.legacy import widen_to_q8_0
+    M, K = 24, 896
+    w = random_weight_bytes(rng, qt, M, K)
+    wide = widen_to_q8_0(w.reshape(-1, type_size(qt)), qt.name).reshape(M, -1)
+    assert _uses_new_path(wide, QType.Q8_0)
+    np.testing.assert_array_equal(dequantize(wide.reshape(-1), QType.Q8_0, (M, K)).view(np.uint32),
+                                  dequantize(w.reshape(-1), qt, (M, K)).view(np.uint32))
+    x = rng.standard_normal(3 * K).astype(np.float32)
+    xq, xd = quantize_act_q8_reference(x)
+    for rows in (1, 3):
+        np.testing.assert_array_equal(_run(wide, QType.Q8_0, M, K, xq, xd, rows=rows).view(np.uint32),
+                                      _run(w, qt, M, K, xq, xd, rows=rows).view(np.uint32))
+    with pytest.raises(ValueError, match="Q5_1 is not"):
+        widen_to_q8_0(w.reshape(-1, type_size(qt)), "Q5_1")

@@ -123,3 +123,22 @@ def q8_0_scales_and_values(x):
 def quantize_q8_0(x):
     q, d = q8_0_scales_and_values(x)
     return np.concatenate([f16_bytes(d), q.view(np.uint8)], axis=1)
+
+
+# ---------------------------------------------------------------- widening to Q8_0
+
+
+def widen_to_q8_0(blocks, qtype: str) -> np.ndarray:
+    """Q4_0 / Q5_0 / Q8_0 blocks (uint8 (n, type size)) as Q8_0 blocks holding the same values:
+    the same f16 d, and each value's q - bias (Q4_0 q - 8 in -8..7, Q5_0 q - 16 in -16..15) as
+    Q8_0's int8 quant. Lossless: d * (q - bias) is the very float32 product either way; and
+    the decode kernels' per-block sums are the same integers (kernels/matvec_qx0.py)."""
+    if qtype == "Q8_0":
+        return np.ascontiguousarray(blocks)
+    if qtype == "Q5_0":
+        q = (_nibbles_split(blocks[:, 6:22]) | _fifth_bits(blocks[:, 2:6])).astype(np.int16) - 16
+    elif qtype == "Q4_0":
+        q = _nibbles_split(blocks[:, 2:18]).astype(np.int16) - 8
+    else:
+        raise ValueError(f"widen_to_q8_0: {qtype} is not a 32-value block type with a bias")
+    return np.concatenate([blocks[:, 0:2], q.astype(np.int8).view(np.uint8)], axis=1)
