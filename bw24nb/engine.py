@@ -483,11 +483,16 @@ class Engine:
             return None
         if len({(w.qtype, w.cols, w.buf.dtype) for w in ws}) != 1 or any(len(w.shape) != 2 for w in ws):
             return None
-        parts = {w.parts or matvec.warps_per_row(w.rows, w.cols) for w in ws}
+        parts = {self._split_of(w) for w in ws}
         if len(parts) != 1:
             return None
         return DeviceWeight(self._concat_as_views(ws), ws[0].qtype,
                             (sum(w.rows for w in ws), ws[0].cols), parts=parts.pop())
+
+    @staticmethod
+    def _split_of(w: DeviceWeight) -> int:
+        """Warps a row of `w` takes in the decode matvec: its own split, else the default."""
+        return w.parts or matvec.warps_per_row(w.rows, w.cols)
 
     def _widen_to_q8_0(self, names) -> bool:
         """Make q / k / v of mixed 32-value block types all Q8_0, losslessly
@@ -500,19 +505,19 @@ class Engine:
         members are such a set that stacks once widened (the int8 path, one width, one split,
         16-byte multiples)."""
         from .quant.legacy import widen_to_q8_0
-        from .quant.types import row_bytes
+        from .quant.types import row_bytes, type_size
         widen = (QType.Q8_0, QType.Q5_0, QType.Q4_0)
         ws = [self.w.get(n) for n in names]
         if not self.act_q8 or any(w is None or len(w.shape) != 2 or w.qtype not in widen
                                   for w in ws):
             return False
         if (len({w.qtype for w in ws}) == 1 or len({w.cols for w in ws}) != 1
-                or len({w.parts or matvec.warps_per_row(w.rows, w.cols) for w in ws}) != 1
+                or len({self._split_of(w) for w in ws}) != 1
                 or any(w.rows * row_bytes(QType.Q8_0, w.cols) % 16 for w in ws)):
             return False
         for w in ws:
             if w.qtype != QType.Q8_0:
-                blocks = w.buf.copy_to_host().reshape(-1, row_bytes(w.qtype, 32))
+                blocks = w.buf.copy_to_host().reshape(-1, type_size(w.qtype))
                 w.buf = cuda.to_device(widen_to_q8_0(blocks, w.qtype.name).reshape(-1))
                 w.qtype = QType.Q8_0
         return True

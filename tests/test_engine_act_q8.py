@@ -121,10 +121,9 @@ def test_mixed_qkv_is_widened_to_q8_0_and_stacked(engine, quantized_gguf, monkey
     Q8_0 / Q5_0 / Q4_0; each becomes one Q8_0 stack (one decode launch), and decode gives the
     very bits of an engine that keeps the original types in separate launches."""
     from bw24nb.engine import Engine
-    c = engine.config
-    mixed = [i for i in range(c.num_hidden_layers)
-             if len({QType(open_model(quantized_gguf).info(f"blk.{i}.attn_{n}.weight").qtype)
-                     for n in "qkv"}) > 1]
+    src = open_model(quantized_gguf)
+    mixed = [i for i in range(src.config.num_hidden_layers)
+             if len({QType(src.info(f"blk.{i}.attn_{n}.weight").qtype) for n in "qkv"}) > 1]
     assert mixed
     for i in mixed:
         assert engine.stacks[i, "qkv"].qtype == QType.Q8_0
