@@ -470,13 +470,12 @@ def test_parts1_build_equals_run_time_parts_build(rng, rows):
 
 
 def test_fit_unroll_cuts_slots_to_the_units_a_lane_has():
-    """matvec.fit_unroll: a lane of a one-warp row of K = 2048 Q4_K values has 1 pair (1
-    slot a step), of K = 512 one (split over 2 warps: still one), of K = 4096 two (the path
-    itself: 2 slots); FIT_UNROLL = False keeps the path."""
+    """matvec.fit_unroll: a lane of a one-warp row of K = 2048 Q4_K values has 2 chunks (2
+    slots a step), of K = 512 one (split over 2 warps: still one), of K = 4096 four (the path
+    itself); FIT_UNROLL = False keeps the path."""
     from bw24nb.kernels import matvec, matvec_q4k as q4
     p = q4.PATH
-    assert p.unroll == 2
-    assert matvec.fit_unroll(p, 2048, 1).unroll == 1
+    assert matvec.fit_unroll(p, 2048, 1).unroll == 2
     assert matvec.fit_unroll(p, 512, 1).unroll == 1
     assert matvec.fit_unroll(p, 512, 2).unroll == 1
     assert matvec.fit_unroll(p, 4096, 1) is p
@@ -492,9 +491,9 @@ def test_fit_unroll_cuts_slots_to_the_units_a_lane_has():
 
 @pytest.mark.parametrize("K,parts", [(2048, 1), (512, 1)])
 def test_fitted_unroll_gives_the_full_unrolls_bits(rng, monkeypatch, K, parts):
-    """At K = 2048 / 512 with one warp a row the launchers run 1 slot a step (fit_unroll);
-    the full 2 slots' extra one only adds +0.0, so one row and three rows of the fitted
-    kernels give the unfitted one-row kernel's bits."""
+    """At K = 2048 / 512 with one warp a row the launchers run 2 / 1 slots a step
+    (fit_unroll); the full 4 slots' extra ones only add +0.0, so one row and three rows of the
+    fitted kernels give the unfitted one-row kernel's bits."""
     from bw24nb.kernels import matvec
     qt, M, T = QType.Q4_K, 3, 3
     w = random_weight_bytes(rng, qt, M, K)
@@ -510,7 +509,7 @@ def test_fitted_unroll_gives_the_full_unrolls_bits(rng, monkeypatch, K, parts):
 
 def _q4k_row_in_kernel_order(blocks, xq, xd, parts):
     """float32 emulation of matvec_q4k's documented order for one row (no fused multiply-add,
-    as the simulator): pair values, lane sums, the warp butterfly, then the row's warps."""
+    as the simulator): chunk values, lane sums, the warp butterfly, then the row's warps."""
     from bw24nb.quant.kquants import _unpack_scales_k4
     f32 = np.float32
     d = blocks[:, 0:2].copy().view(np.float16).astype(f32).reshape(-1)
@@ -519,25 +518,25 @@ def _q4k_row_in_kernel_order(blocks, xq, xd, parts):
     qs = blocks[:, 16:144].astype(np.int64)
     x = xq.astype(np.int64)
 
-    def pair(u):
-        b, p = u >> 2, u & 3
-        e = 256 * b + 64 * p
-        q = qs[b, 32 * p:32 * p + 32]
-        sa, sxa = int((q & 15) @ x[e:e + 32]), int(x[e:e + 32].sum())
-        sb, sxb = int((q >> 4) @ x[e + 32:e + 64]), int(x[e + 32:e + 64].sum())
+    def chunk(c):
+        b, p, h = c >> 3, (c & 7) >> 1, c & 1
+        e = 256 * b + 64 * p + 16 * h
+        q = qs[b, 32 * p + 16 * h:32 * p + 16 * h + 16]
+        sa, sxa = int((q & 15) @ x[e:e + 16]), int(x[e:e + 16].sum())
+        sb, sxb = int((q >> 4) @ x[e + 32:e + 48]), int(x[e + 32:e + 48].sum())
         va = xd[e >> 5] * (f32(d[b] * f32(sc[b, 2 * p])) * f32(sa)
                            - f32(dmin[b] * f32(mn[b, 2 * p])) * f32(sxa))
         vb = xd[(e + 32) >> 5] * (f32(d[b] * f32(sc[b, 2 * p + 1])) * f32(sb)
                                   - f32(dmin[b] * f32(mn[b, 2 * p + 1])) * f32(sxb))
         return f32(va + vb)
 
-    n = len(blocks) * 4
+    n = len(blocks) * 8
     total = f32(0.0)
     for w in range(parts):
         lanes = np.zeros(32, f32)
         for lane in range(32):
             for c in range(32 * w + lane, n, 32 * parts):
-                lanes[lane] = f32(lanes[lane] + pair(c))
+                lanes[lane] = f32(lanes[lane] + chunk(c))
         total = warp_tree_sum_host(lanes) if w == 0 else f32(total + warp_tree_sum_host(lanes))
     return total
 
@@ -546,10 +545,10 @@ def _q4k_row_in_kernel_order(blocks, xq, xd, parts):
 def test_q4k_matvec_is_its_documented_order_bit_for_bit(rng, parts):
     """With realistic (not power-of-two) scales the Q4_K kernel's rounding is its summation
     order's: every row must equal a float32 emulation of that order exactly. This pins the
-    order itself -- pair formula, the high nibbles' d sc_b / 16 against 16 sb (decision 0020:
+    order itself -- chunk formula, the high nibbles' d sc_b / 16 against 16 sb (decision 0020:
     the same product), lane sums, butterfly, warps -- and the rows kernel must give each row
     the same bits."""
-    M, K, T = 3, 8192, 2                    # 128 pairs a row: 2-4 a lane, so order shows
+    M, K, T = 3, 4096, 2                    # 128 chunks a row: 2-4 a lane, so order shows
     w = random_weight_bytes(rng, QType.Q4_K, M, K)
     x = rng.standard_normal((T, K)).astype(np.float32)
     xq, xd = quantize_act_q8_reference(x)

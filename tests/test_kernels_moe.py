@@ -402,7 +402,7 @@ def test_moe_block_expert_rows_gives_the_token_blocks_bits(rng):
     np.testing.assert_array_equal(exp.view(np.uint32), tok.view(np.uint32))
 
 
-@pytest.mark.parametrize("qt,K,lanes", [(QType.Q4_K, 1024, 16), (QType.Q4_K, 512, 8),
+@pytest.mark.parametrize("qt,K,lanes", [(QType.Q4_K, 512, 16), (QType.Q4_K, 256, 8),
                                         (QType.Q8_0, 256, 8), (QType.Q8_0, 1024, 32)])
 def test_short_rows_on_part_of_a_warp_keep_the_whole_warps_bits(rng, monkeypatch, qt, K, lanes):
     # a row of <= 16 (8) units takes 16 (8) lanes (matvec.lanes_per_row): the token and group

@@ -6,50 +6,43 @@ activations from quantize_act.py), specialised for Q4_K because a Q4_K super-blo
 each 16-byte run of its quants are 16-byte aligned in the GGUF layout itself, so no repack is
 needed to read them with `ld.global.nc.v4.u32`. The generic q8 kernel reads a 4-byte group per
 lane and decodes both sub-block scales from single bytes for every group (~10 loads per 4
-bytes of weights); this one reads, per lane and per "pair" (a unit of the row loop: the 32
-quant bytes 32p .. 32p + 31 of a block, whose low nibbles are sub-block 2p's 32 values and
-high nibbles sub-block 2p + 1's, so a pair is two whole sub-blocks):
+bytes of weights); this one reads, per lane and per "chunk" of 16 quant bytes:
 
-    1 x 16 B  the block header: d, dmin (f16, word 0) and the packed scales (the 4 lanes of a
+    1 x 16 B  the block header: d, dmin (f16, word 0) and the packed scales (the 8 lanes of a
               block hit the same line; L1 serves them)
-    2 x 16 B  the pair's 32 quant bytes
-    4 x 16 B  the 32 + 32 int8 activations they meet
+    1 x 16 B  quants: bytes 32p + 16h .. +15 of the block's qs -> low nibbles = elements
+              64p + 16h + 0..15 (sub-block 2p), high nibbles = 64p + 32 + 16h + 0..15 (2p + 1)
+    2 x 16 B  the 16 + 16 int8 activations those elements meet
     1 x 8 B   the two activation block scales xd (consecutive: one 8-byte load)
 
-and does 32 dp4a for the dots q.x and the sums of x (the min term), all in registers. The
-high nibbles are never shifted down: masked in place they are 32 q as unsigned bytes, their
+and does 16 dp4a for the dots q.x and the sums of x (the min term), all in registers. The
+high nibbles are never shifted down: masked in place they are 16 q as unsigned bytes, their
 dot comes from dp4a.u32.s32 as 16 sb, and their scale is d sc_b / 16 -- both factors exact, so
 the product is the real number (d sc_b) sb and rounds as it would (step 1 below).
 
-Why pairs (session 19, decision 0026): the kernel is issue-bound (session 14: 32 % fewer
-instructions, 14 % less time). Its unit was a 16-byte "chunk" (half a pair) until then, and
-the header load, the scale decode, the f16 pair conversion, the activation scales' load, the
-float combination and the address arithmetic were paid per 16 quant bytes; a pair pays them
-once per 32. sm_90 SASS of the one-row main loop: 90 instructions a chunk before, ~55 per 16
-quant bytes after (`bench/sass_count.py`).
-
-The work splits in two (session 14): `_pair_weights` -- the loads and decode of the weights
-(scales to float products, nibbles) -- and `_pair_value` -- the activations, dp4a and float
-combination. A rows kernel (below) does the first once per pair for all its rows (ptxas redid
-the decode per row when it was left inside the value).
+The work splits in two (session 14): `_chunk_weights` -- the loads and decode of the weights
+(scales to float products, nibbles) -- and `_chunk_value` -- the activations, dp4a and float
+combination. A rows kernel (below) does the first once per chunk for all its rows; before the
+split ptxas redid the decode per row, and the 4-row kernel's loop ran 96 SASS instructions per
+(row, chunk) against 54 after (sm_90, ptxas 13.0; the one-row loop 132 a chunk against 90).
 
 Summation order (the exactness contract, cf. matvec.py):
-  1. pair value v_u = xd_a * ((d sc_a) sa - (dmin m_a) sxa) + xd_b * ((d sc_b) sb - (dmin m_b) sxb)
-     with sa, sxa, sb, sxb exact int32 dp4a sums over sub-blocks 2p and 2p + 1 (32 values
-     each), d sc and dmin m exact float32 products, the rest float32 left to right;
-  2. lane sum over the lane's pairs, ascending (32w + l, + 32 parts, ...); 3. warp_sum's tree;
+  1. chunk value v_c = xd_a * ((d sc_a) sa - (dmin m_a) sxa) + xd_b * ((d sc_b) sb - (dmin m_b) sxb)
+     with sa, sxa, sb, sxb exact int32 dp4a sums over the chunk's 16 + 16 values, d sc and
+     dmin m exact float32 products, the rest float32 left to right;
+  2. lane sum over the lane's chunks, ascending (32w + l, + 32 parts, ...); 3. warp_sum's tree;
   4. the row's warps in order (matvec.combine_parts); 5. + bias, + residual.
 The reference is `matvec.matvec_q8_reference` (float64 of the same operands); with power-of-two
 scales every step above is exact (tests/test_kernels_matvec.py checks that bit for bit).
 
 rows = T > 1 (speculative decoding's verify, matvec.py's docstring): `KERNELS(T, parts)` runs the
-loop above once, loads and decodes each pair's weights once (`_pair_weights`) and
+loop above once, loads and decodes each chunk's weights once (`_chunk_weights`) and
 meets them with each row's activations (row t's at t * K), one accumulator per row summed in
 the order above, so that each row is bit for bit the one-row kernel's result for it.
 
 The loop itself -- which warp owns which row and chunks, the clamped slots, the combine -- is
 matvec.py's row loop (`row_kernel`, `rows_kernel_of`); this module gives it the Q4_K path
-(`PATH`): what a pair is, its weights (`_pair_weights`) and its value (`_pair_value`).
+(`PATH`): what a chunk is, its weights (`_chunk_weights`) and its value (`_chunk_value`).
 """
 import numpy as np
 from numba import cuda
@@ -59,14 +52,12 @@ from ..quant.types import QType, type_size
 from .matvec import RowPath, fit_unroll, group_kernels, path_kernels, token_kernels
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
-PAIRS_PER_BLOCK = 4                          # 128 quant bytes / 32
-UNROLL = 2                                   # pairs per lane per step: 64 quant bytes in
-                                             # flight a lane (K = 4096, one warp: one step)
+CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
+UNROLL = 4                                   # chunks per lane per step (K = 4096: one step)
 _LOW = np.uint32(0x0F0F0F0F)
 _HIGH = np.uint32(0xF0F0F0F0)
 _SIXTEENTH = np.float32(0.0625)
 _ONES = np.int32(0x01010101)
-_ZERO = np.int32(0)
 _LOW6 = np.uint32(0x3F3F3F3F)
 _TOP2 = np.uint32(0x30303030)
 
@@ -90,28 +81,29 @@ def _pair_scales(s0, s1, s2, p):
 
 @cuda.jit(device=True, inline="always")
 def _lane_pos():
-    """p of every pair this lane takes: pair u holds quant bytes 32p .. 32p + 31 of its block
-    with p = u & 3, and the row loop gives lane l the pairs 32 part + l + j 32 parts
-    (matvec.py), all = l (mod 4). Taking p from the lane rather than from u lets the compiler
-    compute it once per thread (from u it recomputed it for every slot: the loop's stride is a
-    run-time value). A clamped slot (u = the row's last pair) then reads another pair of the
-    same, last block: in bounds, and its value is dropped (`keep`)."""
-    return _u32(cuda.threadIdx.x) & np.uint32(3)
+    """(p, h) of every chunk this lane takes: chunk c holds quant bytes 32p + 16h of its block
+    with p = (c & 7) >> 1, h = c & 1, and the row loop gives lane l the chunks 32 part + l +
+    j 32 parts (matvec.py), all = l (mod 8). Taking them from the lane rather than from c lets
+    the compiler compute them once per thread (from c it recomputed them for every slot: the
+    loop's stride is a run-time value). A clamped slot (c = the row's last chunk) then reads
+    another chunk of the same, last block: in bounds, and its value is dropped (`keep`)."""
+    k = _u32(cuda.threadIdx.x) & np.uint32(7)
+    return _u32(k >> np.uint32(1)), _u32(k & np.uint32(1))
 
 
 @cuda.jit(device=True, inline="always")
-def _dot4(q0, q1, q2, q3, x0, x1, x2, x3, s):
-    """s + the exact int32 dot of 16 int8 x 16 int8 (four dp4a)."""
-    s = dp4a(np.int32(q0), np.int32(x0), s)
+def _dot4(q0, q1, q2, q3, x0, x1, x2, x3):
+    """Exact int32 dot of 16 int8 x 16 int8 (four dp4a)."""
+    s = dp4a(np.int32(q0), np.int32(x0), np.int32(0))
     s = dp4a(np.int32(q1), np.int32(x1), s)
     s = dp4a(np.int32(q2), np.int32(x2), s)
     return dp4a(np.int32(q3), np.int32(x3), s)
 
 
 @cuda.jit(device=True, inline="always")
-def _dot4_us(q0, q1, q2, q3, x0, x1, x2, x3, s):
-    """s + the exact int32 dot of 16 uint8 x 16 int8 (four dp4a.u32.s32)."""
-    s = dp4a_us(q0, x0, s)
+def _dot4_us(q0, q1, q2, q3, x0, x1, x2, x3):
+    """Exact int32 dot of 16 uint8 x 16 int8 (four dp4a.u32.s32)."""
+    s = dp4a_us(q0, x0, np.int32(0))
     s = dp4a_us(q1, x1, s)
     s = dp4a_us(q2, x2, s)
     return dp4a_us(q3, x3, s)
@@ -134,59 +126,49 @@ def _f32(v):
 
 
 @cuda.jit(device=True, inline="always")
-def _pair_weights(w32, row_word, u):
-    """Everything of pair u that does not depend on the activations, decoded once: a rows
+def _chunk_weights(w32, row_word, c):
+    """Everything of chunk c that does not depend on the activations, decoded once: a rows
     kernel calls this once per slot for all its rows (LLVM does not merge repeated inline-asm
-    loads, and ptxas recomputed the decode per row when it was left inside `_pair_value`).
-    Three 16-byte loads -- the block header (d and dmin as f16 in word 0, the packed scales in
-    words 1..3) and the pair's 32 quant bytes -- then
+    loads, and ptxas recomputed the decode per row when it was left inside `_chunk_value`).
+    Two 16-byte loads -- the block header (d and dmin as f16 in word 0, the packed scales in
+    words 1..3) and the chunk's 16 quant bytes -- then
       (d sc_a, dmin m_a, d sc_b / 16, dmin m_b)   exact float32 products (step 1 of the
                                              docstring; the 16 is a power of two: see below)
-      lo0..lo7, hi0..hi7                     the quant words' low nibbles, and their high
+      lo0..lo3, hi0..hi3                     the quant words' low nibbles, and their high
                                              nibbles masked in place (16 x the nibble a byte)."""
-    p = _lane_pos()
+    p, h = _lane_pos()
     row = w32[row_word:]                    # the row's words: offsets in it are 32-bit
-    blk = _u32(_u32(u) >> np.uint32(2)) * np.uint32(Q4_K_WORDS)
+    blk = _u32(_u32(c) >> np.uint32(3)) * np.uint32(Q4_K_WORDS)
     hdr, s0, s1, s2 = ld_nc_v4_u32(row, blk)
-    qw = _u32(blk + _u32(4 + 8 * p))
-    q0, q1, q2, q3 = ld_nc_v4_u32(row, qw)
-    q4, q5, q6, q7 = ld_nc_v4_u32(row, _u32(qw + np.uint32(4)))
+    q0, q1, q2, q3 = ld_nc_v4_u32(row, _u32(blk + _u32(4 + 8 * p + 4 * h)))
     d, dmin = f16x2_to_f32x2(hdr)
     sc_a, m_a, sc_b, m_b = _pair_scales(s0, s1, s2, p)
-    return ((d * _f32(sc_a), dmin * _f32(m_a), (d * _SIXTEENTH) * _f32(sc_b), dmin * _f32(m_b)),
-            (q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW,
-             q4 & _LOW, q5 & _LOW, q6 & _LOW, q7 & _LOW),
-            (q0 & _HIGH, q1 & _HIGH, q2 & _HIGH, q3 & _HIGH,
-             q4 & _HIGH, q5 & _HIGH, q6 & _HIGH, q7 & _HIGH))
+    return (d * _f32(sc_a), dmin * _f32(m_a), (d * _SIXTEENTH) * _f32(sc_b), dmin * _f32(m_b),
+            q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW,
+            q0 & _HIGH, q1 & _HIGH, q2 & _HIGH, q3 & _HIGH)
 
 
 @cuda.jit(device=True, inline="always")
-def _pair_value(xq, xd, ow, os, u, wq):
-    """Value of pair u against one row of activations (step 1 of the docstring), its
-    decoded weights `wq` from `_pair_weights`: four 16-byte activation loads, 32 dp4a, the
+def _chunk_value(xq, xd, ow, os, c, wq):
+    """Value of chunk c against one row of activations (step 1 of the docstring), its
+    decoded weights `wq` from `_chunk_weights`: two 16-byte activation loads, 16 dp4a, the
     float combination. The row starts at word `ow` of xq and entry `os` of xd (`_x_row`)."""
-    (dsa, dma, dsb, dmb), lo, hi = wq
-    p = _lane_pos()
-    # word of sub-block 2p's first activation; sub-block 2p + 1's is 8 words (32 bytes) on,
-    # and their scales are entries s and s + 1: constant offsets from one address
-    b = _u32(_u32(u) >> np.uint32(2))
-    xw = np.int64(_u32(b * np.uint32(64) + _u32(16 * p))) + ow
+    dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = wq
+    p, h = _lane_pos()
+    # word of the first element of sub-block 2p the chunk holds; sub-block 2p + 1's is 8 words
+    # (32 bytes) on, and their scales are entries s and s + 1: constant offsets from one address
+    b = _u32(_u32(c) >> np.uint32(3))
+    xw = np.int64(_u32(b * np.uint32(64) + _u32(16 * p + 4 * h))) + ow
     s = np.int64(_u32(b * np.uint32(8) + _u32(2 * p))) + os
     a0, a1, a2, a3 = ld_nc_v4_u32(xq, xw)
-    a4, a5, a6, a7 = ld_nc_v4_u32(xq, xw + 4)
     b0, b1, b2, b3 = ld_nc_v4_u32(xq, xw + 8)
-    b4, b5, b6, b7 = ld_nc_v4_u32(xq, xw + 12)
-    sa = _dot4(lo[4], lo[5], lo[6], lo[7], a4, a5, a6, a7,
-               _dot4(lo[0], lo[1], lo[2], lo[3], a0, a1, a2, a3, _ZERO))
+    sa = _dot4(l0, l1, l2, l3, a0, a1, a2, a3)
     # 16 sb: the high nibbles in place are unsigned bytes 16 q (dp4a.u32.s32), and
     # (d sc_b / 16) (16 sb) is the real number (d sc_b) sb, both factors exact: the same
     # float32 product and the same fused multiply-add, bit for bit
-    sb16 = _dot4_us(hi[4], hi[5], hi[6], hi[7], b4, b5, b6, b7,
-                    _dot4_us(hi[0], hi[1], hi[2], hi[3], b0, b1, b2, b3, _ZERO))
-    sxa = _dot4(_ONES, _ONES, _ONES, _ONES, a4, a5, a6, a7,
-                _dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3, _ZERO))
-    sxb = _dot4(_ONES, _ONES, _ONES, _ONES, b4, b5, b6, b7,
-                _dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3, _ZERO))
+    sb16 = _dot4_us(h0, h1, h2, h3, b0, b1, b2, b3)
+    sxa = _dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
+    sxb = _dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
     xda, xdb = ld_nc_v2_f32(xd, s)
     va = xda * (dsa * _f32(sa) - dma * _f32(sxa))
     vb = xdb * (dsb * _f32(sb16) - dmb * _f32(sxb))
@@ -195,7 +177,7 @@ def _pair_value(xq, xd, ow, os, u, wq):
 
 @cuda.jit(device=True, inline="always")
 def _units(K):
-    return (K >> 8) * PAIRS_PER_BLOCK
+    return (K >> 8) * CHUNKS_PER_BLOCK
 
 
 @cuda.jit(device=True, inline="always")
@@ -205,12 +187,12 @@ def _base(row, K):
 
 @cuda.jit(device=True, inline="always")
 def _weights(w, row_word, c):
-    return _pair_weights(w[0], row_word, c)
+    return _chunk_weights(w[0], row_word, c)
 
 
 @cuda.jit(device=True, inline="always")
 def _value(w, x, row_word, c, wq):
-    return _pair_value(x[0], x[1], x[2], x[3], c, wq)
+    return _chunk_value(x[0], x[1], x[2], x[3], c, wq)
 
 
 @cuda.jit(device=True, inline="always")
@@ -230,7 +212,7 @@ def _x_one(x, K):
 
 # w = (w32,): the GGUF rows as uint32 words; x = (xq as uint32 words, xd)
 PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value,
-               _x_row, lambda K: (K >> 8) * PAIRS_PER_BLOCK, _x_one)
+               _x_row, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, _x_one)
 KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 
 
@@ -239,24 +221,24 @@ KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 matvec_q8_q4_k_v4 = KERNELS(1, 2)
 matvec_q8_q4_k_v4_p1 = KERNELS(1, 1)
 matvec_q8_q4_k_v4_r4 = KERNELS(4, 2)
-# builds with the unroll fitted to short rows (matvec.fit_unroll): K = 2048 one warp a row (1
-# slot a step), K = 512 four rows (1 slot)
-matvec_q8_q4_k_v4_u1_p1 = KERNELS(1, 1, 2048)
+# builds with the unroll fitted to short rows (matvec.fit_unroll): K = 2048 one warp a row (2
+# slots a step), K = 512 four rows (1 slot)
+matvec_q8_q4_k_v4_u2_p1 = KERNELS(1, 1, 2048)
 matvec_q8_q4_k_v4_u1_r4 = KERNELS(4, 2, 512)
 # the MoE block's per-token / per-expert build of the same loop (matvec.token_kernel)
 matvec_q8_q4_k_v4_tok = token_kernels(PATH)(2)
 # and its expert-major build (matvec.group_kernel: the MoE prefill on the decode kernels)
 matvec_q8_q4_k_v4_grp = group_kernels(PATH)(1)
-# both on a quarter of a warp a row (K = 512, the 35B-A3B shape's expert down projections:
-# 8 pairs, one a lane, matvec.lanes_per_row)
-matvec_q8_q4_k_v4_u1_tok_l8 = token_kernels(fit_unroll(PATH, 512, 1), 8)(1)
-matvec_q8_q4_k_v4_u1_grp_l8 = group_kernels(fit_unroll(PATH, 512, 1), 8)(1)
+# both on half a warp a row (K = 512, the 35B-A3B shape's expert down projections: one chunk
+# a lane, matvec.lanes_per_row)
+matvec_q8_q4_k_v4_u1_tok_l16 = token_kernels(fit_unroll(PATH, 512, 1), 16)(1)
+matvec_q8_q4_k_v4_u1_grp_l16 = group_kernels(fit_unroll(PATH, 512, 1), 16)(1)
 
 _SIG = ("void(UniTuple(uint32[::1], 1), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
 PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
-                  "matvec_q8_q4_k_v4_r4": [_SIG], "matvec_q8_q4_k_v4_u1_p1": [_SIG],
+                  "matvec_q8_q4_k_v4_r4": [_SIG], "matvec_q8_q4_k_v4_u2_p1": [_SIG],
                   "matvec_q8_q4_k_v4_u1_r4": [_SIG],
                   "matvec_q8_q4_k_v4_tok": [
                       "void(UniTuple(uint32[::1], 1), int32[:, ::1], int32, int32, "
@@ -265,8 +247,8 @@ PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                   "matvec_q8_q4_k_v4_grp": [
                       "void(UniTuple(uint32[::1], 1), uint32[::1], int32[::1], int32, "
                       "int32, int32, Tuple((uint32[::1], float32[::1])), float32[::1], int32)"]}
-PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l8"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_tok"]
-PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l8"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
+PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_tok"]
+PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 
