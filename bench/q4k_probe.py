@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
-from numba import cuda  # noqa: E402
+from numba import cuda, float32, uint32  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
 from bw24nb.kernels import matvec_q4k as q4  # noqa: E402
@@ -275,6 +275,8 @@ def make_xreg(blocks_per_sm=8, double_buffer=False, loads=False):
     built = {}
 
     def build(J):
+        XW = 4 * J
+        RWJ = 8 * J
         @cuda.jit(device=True, inline="always")
         def raw(w32, rw, c):
             b = c >> 3
@@ -294,12 +296,12 @@ def make_xreg(blocks_per_sm=8, double_buffer=False, loads=False):
                 return
             p = np.uint32(lane & 7) >> np.uint32(1)
             h = np.uint32(lane & 1)
-            xa = cuda.local.array(4 * J, np.uint32)
-            xb = cuda.local.array(4 * J, np.uint32)
-            sxa = cuda.local.array(J, np.float32)
-            sxb = cuda.local.array(J, np.float32)
-            xda = cuda.local.array(J, np.float32)
-            xdb = cuda.local.array(J, np.float32)
+            xa = cuda.local.array(XW, uint32)
+            xb = cuda.local.array(XW, uint32)
+            sxa = cuda.local.array(J, float32)
+            sxb = cuda.local.array(J, float32)
+            xda = cuda.local.array(J, float32)
+            xdb = cuda.local.array(J, float32)
             for j in range(J):
                 c = lane + 32 * j
                 b = c >> 3
@@ -318,14 +320,14 @@ def make_xreg(blocks_per_sm=8, double_buffer=False, loads=False):
                 sxb[j] = q4._f32(q4._dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3))
                 xda[j], xdb[j] = q4.ld_nc_v2_f32(xd, b * 8 + 2 * p)
             rw_words = np.int64((K >> 8) * q4.Q4_K_WORDS)
-            nxt = cuda.local.array(8 * J, np.uint32)
+            nxt = cuda.local.array(RWJ, uint32)
             if double_buffer:
                 for j in range(J):
                     t = raw(w32, warp * rw_words, lane + 32 * j)
                     for k in range(8):
                         nxt[8 * j + k] = t[k]
             for row in range(warp, M, nwarps):
-                cur = cuda.local.array(8 * J, np.uint32)
+                cur = cuda.local.array(RWJ, uint32)
                 for j in range(J):
                     if double_buffer:
                         for k in range(8):

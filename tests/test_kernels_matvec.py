@@ -564,3 +564,34 @@ def test_q4k_matvec_is_its_documented_order_bit_for_bit(rng, parts):
                     for r in range(M)]
             np.testing.assert_array_equal(out[t].view(np.uint32),
                                           np.array(want, np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("K", [1024, 2048, 3072, 4096])
+def test_q4k_persistent_kernel_gives_the_row_loops_bits(rng, monkeypatch, K):
+    """matvec_q4k's persistent kernel (activations in registers, warps looping over rows) sums
+    each row in the row loop's order at one warp a row: launch_matvec_q8 with it (XREG on) and
+    without it must agree bit for bit, bias and residual included -- on a grid of one block,
+    so that each warp takes several rows, and with M not a multiple of the warps."""
+    from bw24nb.kernels import matvec_q4k as q4
+    M = 11
+    w = cuda.to_device(random_weight_bytes(rng, QType.Q4_K, M, K))
+    x = rng.standard_normal(K).astype(np.float32)
+    xq, xd = quantize_act_q8_reference(x)
+    xq, xd = cuda.to_device(xq), cuda.to_device(xd)
+    bias = cuda.to_device(rng.standard_normal(M).astype(np.float32))
+    res = cuda.to_device(rng.standard_normal(M).astype(np.float32))
+    monkeypatch.setattr(q4, "XREG_BLOCKS_PER_SM", 1)
+    monkeypatch.setattr(q4, "_SMS", [1])
+    assert q4.xreg_serves(M, K, 1, 1) and q4.xreg_grid(M) == 1
+    assert not q4.xreg_serves(M, K, 2, 1) and not q4.xreg_serves(M, K, 1, 2)
+    assert not q4.xreg_serves(M, 5120, 1, 1) and not q4.xreg_serves(M, 1536, 1, 1)
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(q4, "XREG", on)
+        for b, r in ((None, None), (bias, res)):
+            y = cuda.to_device(np.full(M, np.nan, np.float32))
+            launch_matvec_q8(w, QType.Q4_K, M, K, xq, xd, y, bias=b, residual=r, parts=1)
+            outs.append(y.copy_to_host())
+    assert np.all(np.isfinite(outs[0])) and np.all(np.isfinite(outs[1]))
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[2].view(np.uint32))
+    np.testing.assert_array_equal(outs[1].view(np.uint32), outs[3].view(np.uint32))

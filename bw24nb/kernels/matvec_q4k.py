@@ -45,11 +45,14 @@ matvec.py's row loop (`row_kernel`, `rows_kernel_of`); this module gives it the 
 (`PATH`): what a chunk is, its weights (`_chunk_weights`) and its value (`_chunk_value`).
 """
 import numpy as np
-from numba import cuda
+from numba import cuda, float32, uint32
 
-from ..ptx import byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32
+from ..jit import kernel
+from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32,
+                   warp_sum)
 from ..quant.types import QType, type_size
-from .matvec import RowPath, fit_unroll, group_kernels, path_kernels, token_kernels
+from .matvec import (WARPS_PER_BLOCK, RowPath, fit_unroll, group_kernels, path_kernels,
+                     store_row, token_kernels)
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -234,6 +237,110 @@ matvec_q8_q4_k_v4_grp = group_kernels(PATH)(1)
 matvec_q8_q4_k_v4_u1_tok_l16 = token_kernels(fit_unroll(PATH, 512, 1), 16)(1)
 matvec_q8_q4_k_v4_u1_grp_l16 = group_kernels(fit_unroll(PATH, 512, 1), 16)(1)
 
+
+# ---------------------------------------------------------------- persistent warps, x in registers
+
+# The one-row kernel above runs one warp a row in waves of resident warps: every warp loads its
+# weights and its activations, waits, computes, and leaves, so a wave's loads and its
+# arithmetic take turns. At one warp a row a lane's chunks sit at the same activations in
+# every row (c = lane + 32 j), so `matvec_q8_q4_k_xreg<J>` keeps them: a grid of persistent
+# warps (XREG_BLOCKS_PER_SM blocks an SM) takes rows warp, warp + nwarps, ...; each lane loads
+# its J = K / 1024 chunks' activation words, their two scales and their sums (the min term's
+# dp4a) once, and a row costs it only the weights' two 16-byte loads a chunk and half the
+# dp4a. The sums are the row loop's, in its order (one warp a row: the chunk values, lane sums
+# ascending, the warp tree), so a row gets the bits of `KERNELS(1, 1)` (tests check it).
+# bench/q4k_probe.py's `xreg` rows measured it first (session 19, decision 0026).
+XREG = True                 # False: every one-row launch on the row loop (the A/B switch)
+XREG_MAX_J = 4              # K <= 4096: 8 J activation words + 4 J floats stay in registers
+XREG_BLOCKS_PER_SM = 8
+SM_COUNT_DEFAULT = 132      # the H200's, where the device cannot be asked (the simulator)
+_SMS: list = []
+
+
+def _sm_count() -> int:
+    if not _SMS:
+        try:
+            _SMS.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
+        except Exception:               # noqa: BLE001 -- the simulator has no such attribute
+            _SMS.append(SM_COUNT_DEFAULT)
+    return _SMS[0]
+
+
+def xreg_serves(M, K, parts, rows) -> bool:
+    """Whether a launch runs the persistent kernel: one row of activations, one warp a row
+    (its order is the row loop's only then) and K a multiple of 1024 up to 4096."""
+    return XREG and rows == 1 and parts == 1 and K % 1024 == 0 and K // 1024 <= XREG_MAX_J
+
+
+def _make_xreg(J):
+    XW = 4 * J              # (local array sizes must be constants, not expressions)
+
+    def matvec(w32, M, K, xq, xd, y, bias, residual, has_bias, has_residual):
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        nwarps = cuda.gridDim.x * WARPS_PER_BLOCK
+        if warp >= M:
+            return
+        p, h = _lane_pos()
+        xa = cuda.local.array(XW, uint32)     # chunk j's activation words (sub-block 2p)
+        xb = cuda.local.array(XW, uint32)     # (sub-block 2p + 1)
+        sxa = cuda.local.array(J, float32)       # their sums, as the min term's float32
+        sxb = cuda.local.array(J, float32)
+        xda = cuda.local.array(J, float32)       # their block scales
+        xdb = cuda.local.array(J, float32)
+        for j in range(J):
+            b = _u32(_u32(lane + 32 * j) >> np.uint32(3))
+            xw = _u32(b * np.uint32(64) + _u32(16 * p + 4 * h))
+            a0, a1, a2, a3 = ld_nc_v4_u32(xq, xw)
+            b0, b1, b2, b3 = ld_nc_v4_u32(xq, xw + np.uint32(8))
+            xa[4 * j] = a0
+            xa[4 * j + 1] = a1
+            xa[4 * j + 2] = a2
+            xa[4 * j + 3] = a3
+            xb[4 * j] = b0
+            xb[4 * j + 1] = b1
+            xb[4 * j + 2] = b2
+            xb[4 * j + 3] = b3
+            sxa[j] = _f32(_dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3))
+            sxb[j] = _f32(_dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3))
+            xda[j], xdb[j] = ld_nc_v2_f32(xd, _u32(b * np.uint32(8) + _u32(2 * p)))
+        row_words = np.int64((K >> 8) * Q4_K_WORDS)
+        for row in range(warp, M, nwarps):
+            acc = np.float32(0.0)
+            for j in range(J):
+                dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = _chunk_weights(
+                    w32, row * row_words, lane + 32 * j)
+                sa = _dot4(l0, l1, l2, l3, xa[4 * j], xa[4 * j + 1], xa[4 * j + 2],
+                           xa[4 * j + 3])
+                sb16 = _dot4_us(h0, h1, h2, h3, xb[4 * j], xb[4 * j + 1], xb[4 * j + 2],
+                                xb[4 * j + 3])
+                va = xda[j] * (dsa * _f32(sa) - dma * sxa[j])
+                vb = xdb[j] * (dsb * _f32(sb16) - dmb * sxb[j])
+                acc += va + vb
+            total = warp_sum(acc)
+            if lane == 0:
+                store_row(y, bias, residual, has_bias, has_residual, row, total)
+
+    matvec.__name__ = matvec.__qualname__ = f"matvec_q8_q4_k_xreg{J}"
+    return kernel(matvec)
+
+
+_XREG: dict = {}
+
+
+def xreg_kernel(J):
+    """The persistent kernel for J = K / 1024 chunks a lane, built on first request."""
+    if J not in _XREG:
+        _XREG[J] = _make_xreg(J)
+    return _XREG[J]
+
+
+def xreg_grid(M) -> int:
+    return min((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, _sm_count() * XREG_BLOCKS_PER_SM)
+
+
+matvec_q8_q4_k_xreg4 = xreg_kernel(4)
+
 _SIG = ("void(UniTuple(uint32[::1], 1), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
@@ -246,7 +353,10 @@ PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                       "int32)"],
                   "matvec_q8_q4_k_v4_grp": [
                       "void(UniTuple(uint32[::1], 1), uint32[::1], int32[::1], int32, "
-                      "int32, int32, Tuple((uint32[::1], float32[::1])), float32[::1], int32)"]}
+                      "int32, int32, Tuple((uint32[::1], float32[::1])), float32[::1], int32)"],
+                  "matvec_q8_q4_k_xreg4": [
+                      "void(uint32[::1], int32, int32, uint32[::1], float32[::1], float32[::1], "
+                      "float32[::1], float32[::1], int32, int32)"]}
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_tok"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
@@ -259,8 +369,14 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
     flat)."""
     w32 = w8.view(np.uint32)
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
-    kern = KERNELS(rows, parts, K)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
+    if xreg_serves(M, K, parts, rows):
+        xreg_kernel(K // 1024)[xreg_grid(M), threads, stream](
+            w32, np.int32(M), np.int32(K), xq, xd, y_dev,
+            y_dev if bias is None else bias, y_dev if residual is None else residual,
+            np.int32(bias is not None), np.int32(residual is not None))
+        return
+    kern = KERNELS(rows, parts, K)
     kern[grid, threads, stream](
         (w32,), np.int32(M), np.int32(K), (xq, xd), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
