@@ -34,6 +34,7 @@ $OUT/bench.jsonl so it comes back. A short table is printed last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -542,7 +543,31 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "chain": dict(moe_branches=False, proj_branches=False),
                 # decode's q8 norms on one block a row (before session 15's split over a block
                 # per slot: norm.launch_rms_norm_q8, the same bits)
-                "norm-whole": dict(norm_split=False)}
+                "norm-whole": dict(norm_split=False),
+                # module switches, not Engine arguments (MODULE_MODES): the Q4_K one-row
+                # matvecs on matvec_q4k's persistent kernel (off by default, decision 0026),
+                # on SMs x 8 blocks (its default grid) or SMs x 4
+                "q4k-xreg": {}, "q4k-xreg-b4": {}}
+# launch modes that set module attributes while their engine is built and measured
+MODULE_MODES = {"q4k-xreg": [("bw24nb.kernels.matvec_q4k", "XREG", True)],
+                "q4k-xreg-b4": [("bw24nb.kernels.matvec_q4k", "XREG", True),
+                                ("bw24nb.kernels.matvec_q4k", "XREG_BLOCKS_PER_SM", 4)]}
+
+
+@contextlib.contextmanager
+def module_mode(name):
+    """MODULE_MODES[name]'s attributes set for the block, restored after it."""
+    import importlib
+    saved = []
+    try:
+        for mod, attr, value in MODULE_MODES.get(name, ()):
+            m = importlib.import_module(mod)
+            saved.append((m, attr, getattr(m, attr)))
+            setattr(m, attr, value)
+        yield
+    finally:
+        for m, attr, value in reversed(saved):
+            setattr(m, attr, value)
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,
@@ -590,12 +615,14 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
                         ([kvc] if len(kv_caches) > 1 else []) + ([lm] if len(launches) > 1 else [])
                     label = name if not tags else f"{name} [{' '.join(tags)}]"
                     eng = None
+                    stack = contextlib.ExitStack()
                     try:
+                        stack.enter_context(module_mode(lm))
                         eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None, act_quant=aq,
                                      **kv_cache_kwargs(kvc), **LAUNCH_MODES[lm])
                         bench_engine(rec, label, eng, source, runs=runs, read_gb_s=read_gb_s,
                                      long_prompt=long_prompt, decode=decode,
-                                     base_config=dict(base, act_quant=aq,
+                                     base_config=dict(base, act_quant=aq, launch=lm,
                                                       kv_cache=f"{eng.kv.k_type.name}/{eng.kv.v_type.name}",
                                                       programmatic=bool(getattr(eng, "programmatic", False)),
                                                       fuse_attention_output=eng.fuse_attention_output,
@@ -613,6 +640,7 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
                         msg = f"{type(e).__name__}: {e}"[:500]
                         rec.add(label, "engine_ok", 0, "bool", engine="bw24nb", **base, error=msg)
                     finally:
+                        stack.close()       # module modes back to their defaults
                         del eng             # free the engine's VRAM before torch loads
                         _free_numba_memory()
         hf = hf_dirs[i] if hf_dirs and i < len(hf_dirs) else None

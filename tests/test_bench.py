@@ -272,3 +272,23 @@ def test_attention_phases_reduces_working_blocks_only():
     assert res["span"][0] == 130 + 20 * (n - 1) - 90
     assert res["entry skew"][0] == 130 - 90
     assert res["blocks"][:2] == (2.0, 3.0)
+
+
+def test_module_modes_set_their_switches_for_the_block_only():
+    """run_bench's module launch modes (q4k-xreg...) set matvec_q4k's switches while their
+    engine is built and measured, and put the defaults back after it, exception or not."""
+    from bw24nb.kernels import matvec_q4k as q4
+    assert set(run_bench.MODULE_MODES) <= set(run_bench.LAUNCH_MODES)
+    was = (q4.XREG, q4.XREG_BLOCKS_PER_SM)
+    with run_bench.module_mode("q4k-xreg-b4"):
+        assert q4.XREG is True and q4.XREG_BLOCKS_PER_SM == 4
+    assert (q4.XREG, q4.XREG_BLOCKS_PER_SM) == was
+    try:
+        with run_bench.module_mode("q4k-xreg"):
+            assert q4.XREG is True
+            raise RuntimeError("engine failed")
+    except RuntimeError:
+        pass
+    assert (q4.XREG, q4.XREG_BLOCKS_PER_SM) == was
+    with run_bench.module_mode("default"):
+        assert (q4.XREG, q4.XREG_BLOCKS_PER_SM) == was

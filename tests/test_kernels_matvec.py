@@ -582,6 +582,7 @@ def test_q4k_persistent_kernel_gives_the_row_loops_bits(rng, monkeypatch, K):
     res = cuda.to_device(rng.standard_normal(M).astype(np.float32))
     monkeypatch.setattr(q4, "XREG_BLOCKS_PER_SM", 1)
     monkeypatch.setattr(q4, "_SMS", [1])
+    monkeypatch.setattr(q4, "XREG", True)
     assert q4.xreg_serves(M, K, 1, 1) and q4.xreg_grid(M) == 1
     assert not q4.xreg_serves(M, K, 2, 1) and not q4.xreg_serves(M, K, 1, 2)
     assert not q4.xreg_serves(M, 5120, 1, 1) and not q4.xreg_serves(M, 1536, 1, 1)

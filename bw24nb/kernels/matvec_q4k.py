@@ -249,8 +249,11 @@ matvec_q8_q4_k_v4_u1_grp_l16 = group_kernels(fit_unroll(PATH, 512, 1), 16)(1)
 # dp4a) once, and a row costs it only the weights' two 16-byte loads a chunk and half the
 # dp4a. The sums are the row loop's, in its order (one warp a row: the chunk values, lane sums
 # ascending, the warp tree), so a row gets the bits of `KERNELS(1, 1)` (tests check it).
-# bench/q4k_probe.py's `xreg` rows measured it first (session 19, decision 0026).
-XREG = True                 # False: every one-row launch on the row loop (the A/B switch)
+# Off by default (decision 0026): alone it beat the row loop (bench/q4k_probe.py, 12288 x 4096:
+# 12.27 against 13.61 us a launch; the probe's double-buffered form 10.09), but in the engine's
+# programmatic graph the 9B decoded at 351.2 / 342.9 tok/s with it against 356.8 / 351.0
+# without (same call, same tokens). run_bench --launch q4k-xreg,q4k-xreg-b4 turns it on.
+XREG = False                # True: one-row K <= 4096 launches on this kernel (the A/B switch)
 XREG_MAX_J = 4              # K <= 4096: 8 J activation words + 4 J floats stay in registers
 XREG_BLOCKS_PER_SM = 8
 SM_COUNT_DEFAULT = 132      # the H200's, where the device cannot be asked (the simulator)
