@@ -546,12 +546,16 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "norm-whole": dict(norm_split=False),
                 # module switches, not Engine arguments (MODULE_MODES): the Q4_K one-row
                 # matvecs on matvec_q4k's persistent kernel (off by default, decision 0026),
-                # on SMs x 8 blocks (its default grid) or SMs x 4
-                "q4k-xreg": {}, "q4k-xreg-b4": {}}
+                # on SMs x 8 blocks (its default grid) or SMs x 4; -db: with the next row's
+                # weights loaded a row ahead (SMs x 4, or x 8)
+                "q4k-xreg": {}, "q4k-xreg-b4": {}, "q4k-xreg-db": {}, "q4k-xreg-db-b8": {}}
 # launch modes that set module attributes while their engine is built and measured
-MODULE_MODES = {"q4k-xreg": [("bw24nb.kernels.matvec_q4k", "XREG", True)],
-                "q4k-xreg-b4": [("bw24nb.kernels.matvec_q4k", "XREG", True),
-                                ("bw24nb.kernels.matvec_q4k", "XREG_BLOCKS_PER_SM", 4)]}
+_Q4 = "bw24nb.kernels.matvec_q4k"
+MODULE_MODES = {"q4k-xreg": [(_Q4, "XREG", True)],
+                "q4k-xreg-b4": [(_Q4, "XREG", True), (_Q4, "XREG_BLOCKS_PER_SM", 4)],
+                "q4k-xreg-db": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
+                                (_Q4, "XREG_BLOCKS_PER_SM", 4)],
+                "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True)]}
 
 
 @contextlib.contextmanager

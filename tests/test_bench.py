@@ -283,6 +283,9 @@ def test_module_modes_set_their_switches_for_the_block_only():
     with run_bench.module_mode("q4k-xreg-b4"):
         assert q4.XREG is True and q4.XREG_BLOCKS_PER_SM == 4
     assert (q4.XREG, q4.XREG_BLOCKS_PER_SM) == was
+    with run_bench.module_mode("q4k-xreg-db"):
+        assert q4.XREG and q4.XREG_DB and q4.XREG_BLOCKS_PER_SM == 4
+    assert (q4.XREG, q4.XREG_BLOCKS_PER_SM) == was and not q4.XREG_DB
     try:
         with run_bench.module_mode("q4k-xreg"):
             assert q4.XREG is True

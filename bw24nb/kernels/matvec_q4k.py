@@ -139,11 +139,25 @@ def _chunk_weights(w32, row_word, c):
                                              docstring; the 16 is a power of two: see below)
       lo0..lo3, hi0..hi3                     the quant words' low nibbles, and their high
                                              nibbles masked in place (16 x the nibble a byte)."""
+    hdr, s0, s1, s2, q0, q1, q2, q3 = _chunk_words(w32, row_word, c)
+    return _chunk_decode(hdr, s0, s1, s2, q0, q1, q2, q3)
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_words(w32, row_word, c):
+    """Chunk c's two 16-byte loads as they come: (hdr, s0, s1, s2, q0, q1, q2, q3)."""
     p, h = _lane_pos()
     row = w32[row_word:]                    # the row's words: offsets in it are 32-bit
     blk = _u32(_u32(c) >> np.uint32(3)) * np.uint32(Q4_K_WORDS)
     hdr, s0, s1, s2 = ld_nc_v4_u32(row, blk)
     q0, q1, q2, q3 = ld_nc_v4_u32(row, _u32(blk + _u32(4 + 8 * p + 4 * h)))
+    return hdr, s0, s1, s2, q0, q1, q2, q3
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_decode(hdr, s0, s1, s2, q0, q1, q2, q3):
+    """`_chunk_weights`'s decode of the words `_chunk_words` loaded."""
+    p, _h = _lane_pos()
     d, dmin = f16x2_to_f32x2(hdr)
     sc_a, m_a, sc_b, m_b = _pair_scales(s0, s1, s2, p)
     return (d * _f32(sc_a), dmin * _f32(m_a), (d * _SIXTEENTH) * _f32(sc_b), dmin * _f32(m_b),
@@ -256,6 +270,8 @@ matvec_q8_q4_k_v4_u1_grp_l16 = group_kernels(fit_unroll(PATH, 512, 1), 16)(1)
 XREG = False                # True: one-row K <= 4096 launches on this kernel (the A/B switch)
 XREG_MAX_J = 4              # K <= 4096: 8 J activation words + 4 J floats stay in registers
 XREG_BLOCKS_PER_SM = 8
+XREG_DB = False             # True: the next row's weight words loaded a row ahead (the probe's
+                            # xreg_db: 10.09 us at 12288 x 4096, not yet run in the engine)
 SM_COUNT_DEFAULT = 132      # the H200's, where the device cannot be asked (the simulator)
 _SMS: list = []
 
@@ -275,8 +291,9 @@ def xreg_serves(M, K, parts, rows) -> bool:
     return XREG and rows == 1 and parts == 1 and K % 1024 == 0 and K // 1024 <= XREG_MAX_J
 
 
-def _make_xreg(J):
+def _make_xreg(J, db):
     XW = 4 * J              # (local array sizes must be constants, not expressions)
+    RW = 8 * J              # one row's weight words a lane (the double buffer's half)
 
     def matvec(w32, M, K, xq, xd, y, bias, residual, has_bias, has_residual):
         lane = cuda.threadIdx.x & 31
@@ -308,11 +325,29 @@ def _make_xreg(J):
             sxb[j] = _f32(_dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3))
             xda[j], xdb[j] = ld_nc_v2_f32(xd, _u32(b * np.uint32(8) + _u32(2 * p)))
         row_words = np.int64((K >> 8) * Q4_K_WORDS)
+        cur = cuda.local.array(RW, uint32)          # db: this row's words, loaded a row ahead
+        nxt = cuda.local.array(RW, uint32)          # db: the next row's, in flight
+        if db:
+            for j in range(J):
+                _put8(nxt, 8 * j, _chunk_words(w32, warp * row_words, lane + 32 * j))
         for row in range(warp, M, nwarps):
+            if db:
+                for i in range(RW):
+                    cur[i] = nxt[i]
+                # the next row's loads before this row's arithmetic (past the end: the last
+                # row again, in bounds and unused), so DRAM never waits for the dp4a
+                ahead = min(row + nwarps, M - 1) * row_words
+                for j in range(J):
+                    _put8(nxt, 8 * j, _chunk_words(w32, ahead, lane + 32 * j))
             acc = np.float32(0.0)
             for j in range(J):
-                dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = _chunk_weights(
-                    w32, row * row_words, lane + 32 * j)
+                if db:
+                    wq = _chunk_decode(cur[8 * j], cur[8 * j + 1], cur[8 * j + 2],
+                                       cur[8 * j + 3], cur[8 * j + 4], cur[8 * j + 5],
+                                       cur[8 * j + 6], cur[8 * j + 7])
+                else:
+                    wq = _chunk_weights(w32, row * row_words, lane + 32 * j)
+                dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = wq
                 sa = _dot4(l0, l1, l2, l3, xa[4 * j], xa[4 * j + 1], xa[4 * j + 2],
                            xa[4 * j + 3])
                 sb16 = _dot4_us(h0, h1, h2, h3, xb[4 * j], xb[4 * j + 1], xb[4 * j + 2],
@@ -324,25 +359,41 @@ def _make_xreg(J):
             if lane == 0:
                 store_row(y, bias, residual, has_bias, has_residual, row, total)
 
-    matvec.__name__ = matvec.__qualname__ = f"matvec_q8_q4_k_xreg{J}"
+    matvec.__name__ = matvec.__qualname__ = f"matvec_q8_q4_k_xreg{J}" + ("_db" if db else "")
     return kernel(matvec)
+
+
+@cuda.jit(device=True, inline="always")
+def _put8(a, i, w):
+    """a[i .. i + 7] = the 8 words w (constant indices once unrolled: registers)."""
+    a[i] = w[0]
+    a[i + 1] = w[1]
+    a[i + 2] = w[2]
+    a[i + 3] = w[3]
+    a[i + 4] = w[4]
+    a[i + 5] = w[5]
+    a[i + 6] = w[6]
+    a[i + 7] = w[7]
 
 
 _XREG: dict = {}
 
 
-def xreg_kernel(J):
-    """The persistent kernel for J = K / 1024 chunks a lane, built on first request."""
-    if J not in _XREG:
-        _XREG[J] = _make_xreg(J)
-    return _XREG[J]
+def xreg_kernel(J, db=None):
+    """The persistent kernel for J = K / 1024 chunks a lane (db: with the next row's words
+    loaded a row ahead; default XREG_DB), built on first request."""
+    key = (J, XREG_DB if db is None else bool(db))
+    if key not in _XREG:
+        _XREG[key] = _make_xreg(*key)
+    return _XREG[key]
 
 
 def xreg_grid(M) -> int:
     return min((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, _sm_count() * XREG_BLOCKS_PER_SM)
 
 
-matvec_q8_q4_k_xreg4 = xreg_kernel(4)
+matvec_q8_q4_k_xreg4 = xreg_kernel(4, False)
+matvec_q8_q4_k_xreg4_db = xreg_kernel(4, True)
 
 _SIG = ("void(UniTuple(uint32[::1], 1), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
@@ -360,6 +411,7 @@ PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                   "matvec_q8_q4_k_xreg4": [
                       "void(uint32[::1], int32, int32, uint32[::1], float32[::1], float32[::1], "
                       "float32[::1], float32[::1], int32, int32)"]}
+PTX_SIGNATURES["matvec_q8_q4_k_xreg4_db"] = PTX_SIGNATURES["matvec_q8_q4_k_xreg4"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_tok"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
