@@ -23,16 +23,14 @@ Variants (`lib` is the library kernel; the others are built here, from its devic
              DRAM keeps streaming across the waves); pf_next2 two waves on; pf_both both
   sums       the activation sums of the min term read from a precomputed int32 array (one
              per 16 values) instead of 8 dp4a a chunk: the same integers, so the same bits
-  xreg       persistent warps (session 19): a grid of SMs x 8 blocks whose warps take rows
-             warp, warp + nwarps, ...; a lane's chunks sit at the same activations in every row
-             (c = lane + 32 j), so its activation words, their sums and scales are loaded once
-             into registers and only the weights (header + quants) are loaded a row: no
-             activation load and half the dp4a in the loop, and no waves of warps that all
-             load, then all compute. The same sums in the same order as `lib` (one warp a
-             row): must match it bit for bit
-  xreg_db    `xreg` with the next row's weight words loaded before this row's arithmetic
-  xreg_b4    `xreg` on SMs x 4 blocks; xreg_b16 on SMs x 16
-  xreg_loads DIAGNOSTIC, wrong values: `xreg`'s loads, values folded with xor (its floor)
+  xreg       matvec_q4k's persistent kernel (session 19, decision 0026: warps looping over
+             rows, a lane's activation words, sums and scales loaded once into registers) on
+             SMs x 8 blocks -- `lib` itself when matvec_q4k.XREG is on; the same sums in the
+             same order as `lib` at one warp a row: must match it bit for bit
+  xreg_db    with the next row's weight words loaded a row ahead (matvec_q4k.XREG_DB)
+  xreg_b4    on SMs x 4 blocks; xreg_db_b4 both
+  (session 19's call 3 ran the probe's own copy of these, the same arithmetic, since folded
+  into matvec_q4k)
 The diagnostic rows answer "is the kernel ALU- or latency-bound?"; only `same`, `w8`, `rows2`,
 `rows2_w8`, `hoist`, `sums`, `bytewise` and the `xreg` kernels are candidate kernels, and they
 must match `lib` bit for bit (checked, printed).
@@ -55,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
-from numba import cuda, float32, uint32  # noqa: E402
+from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
 from bw24nb.kernels import matvec_q4k as q4  # noqa: E402
@@ -268,121 +266,17 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoi
     return launch
 
 
-def make_xreg(blocks_per_sm=8, double_buffer=False, loads=False):
-    """The `xreg` variants (module docstring): persistent warps, a lane's activations in
-    registers. J = K / 1024 chunks a lane (one warp a row) is a compile-time constant: one build
-    per K."""
-    built = {}
-
-    def build(J):
-        XW = 4 * J
-        RWJ = 8 * J
-        @cuda.jit(device=True, inline="always")
-        def raw(w32, rw, c):
-            b = c >> 3
-            p = (c & 7) >> 1
-            h = c & 1
-            blk = rw + b * q4.Q4_K_WORDS
-            hdr, s0, s1, s2 = ld_nc_v4_u32(w32, blk)
-            q0, q1, q2, q3 = ld_nc_v4_u32(w32, blk + 4 + 8 * p + 4 * h)
-            return hdr, s0, s1, s2, q0, q1, q2, q3
-
-        @cuda.jit
-        def kern(w32, M, K, xq, xd, y):
-            lane = cuda.threadIdx.x & 31
-            warp = cuda.blockIdx.x * 4 + (cuda.threadIdx.x >> 5)
-            nwarps = cuda.gridDim.x * 4
-            if warp >= M:
-                return
-            p = np.uint32(lane & 7) >> np.uint32(1)
-            h = np.uint32(lane & 1)
-            xa = cuda.local.array(XW, uint32)
-            xb = cuda.local.array(XW, uint32)
-            sxa = cuda.local.array(J, float32)
-            sxb = cuda.local.array(J, float32)
-            xda = cuda.local.array(J, float32)
-            xdb = cuda.local.array(J, float32)
-            for j in range(J):
-                c = lane + 32 * j
-                b = c >> 3
-                xw = b * 64 + 16 * p + 4 * h
-                a0, a1, a2, a3 = ld_nc_v4_u32(xq, xw)
-                b0, b1, b2, b3 = ld_nc_v4_u32(xq, xw + 8)
-                xa[4 * j] = a0
-                xa[4 * j + 1] = a1
-                xa[4 * j + 2] = a2
-                xa[4 * j + 3] = a3
-                xb[4 * j] = b0
-                xb[4 * j + 1] = b1
-                xb[4 * j + 2] = b2
-                xb[4 * j + 3] = b3
-                sxa[j] = q4._f32(q4._dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3))
-                sxb[j] = q4._f32(q4._dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3))
-                xda[j], xdb[j] = q4.ld_nc_v2_f32(xd, b * 8 + 2 * p)
-            rw_words = np.int64((K >> 8) * q4.Q4_K_WORDS)
-            nxt = cuda.local.array(RWJ, uint32)
-            if double_buffer:
-                for j in range(J):
-                    t = raw(w32, warp * rw_words, lane + 32 * j)
-                    for k in range(8):
-                        nxt[8 * j + k] = t[k]
-            for row in range(warp, M, nwarps):
-                cur = cuda.local.array(RWJ, uint32)
-                for j in range(J):
-                    if double_buffer:
-                        for k in range(8):
-                            cur[8 * j + k] = nxt[8 * j + k]
-                    else:
-                        t = raw(w32, row * rw_words, lane + 32 * j)
-                        for k in range(8):
-                            cur[8 * j + k] = t[k]
-                if double_buffer:
-                    rn = min(row + nwarps, M - 1)
-                    for j in range(J):
-                        t = raw(w32, rn * rw_words, lane + 32 * j)
-                        for k in range(8):
-                            nxt[8 * j + k] = t[k]
-                acc = np.float32(0.0)
-                fold = np.uint32(0)
-                for j in range(J):
-                    hdr = cur[8 * j]
-                    if loads:
-                        for k in range(8):
-                            fold ^= cur[8 * j + k]
-                    else:
-                        d, dmin = q4.f16x2_to_f32x2(hdr)
-                        sc_a, m_a, sc_b, m_b = q4._pair_scales(cur[8 * j + 1], cur[8 * j + 2],
-                                                               cur[8 * j + 3], p)
-                        dsa = d * q4._f32(sc_a)
-                        dma = dmin * q4._f32(m_a)
-                        dsb = (d * q4._SIXTEENTH) * q4._f32(sc_b)
-                        dmb = dmin * q4._f32(m_b)
-                        q0, q1, q2, q3 = cur[8 * j + 4], cur[8 * j + 5], cur[8 * j + 6], cur[8 * j + 7]
-                        sa = q4._dot4(q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW,
-                                      xa[4 * j], xa[4 * j + 1], xa[4 * j + 2], xa[4 * j + 3])
-                        sb16 = q4._dot4_us(q0 & q4._HIGH, q1 & q4._HIGH, q2 & q4._HIGH,
-                                           q3 & q4._HIGH, xb[4 * j], xb[4 * j + 1],
-                                           xb[4 * j + 2], xb[4 * j + 3])
-                        va = xda[j] * (dsa * q4._f32(sa) - dma * sxa[j])
-                        vb = xdb[j] * (dsb * q4._f32(sb16) - dmb * sxb[j])
-                        acc += va + vb
-                if loads:
-                    acc = np.float32(fold & np.uint32(1))
-                t = warp_sum(acc)
-                if lane == 0:
-                    y[row] = t
-        return kern
-
+def make_xreg(blocks_per_sm=8, double_buffer=False):
+    """The `xreg` variants (module docstring): matvec_q4k's persistent kernel on SMs x
+    blocks_per_sm blocks, with or without its double buffer, whatever matvec_q4k.XREG says."""
     def launch(w8, M, K, xq, xd, xs, y, stream):
-        if K % 1024:
-            raise ValueError("xreg: K must be a multiple of 1024 (whole chunks a lane)")
-        J = K // 1024
-        if J not in built:
-            built[J] = build(J)
-        launch.kern = built[J]
-        grid = min((M + 3) // 4, SMS * blocks_per_sm)
-        built[J][grid, 128, stream](w8.view(np.uint32), np.int32(M), np.int32(K),
-                                    xq.view(np.uint32), xd, y)
+        if K % 1024 or K // 1024 > q4.XREG_MAX_J:
+            raise ValueError(f"xreg: K must be 1024 J with J <= {q4.XREG_MAX_J}, not {K}")
+        kern = q4.xreg_kernel(K // 1024, double_buffer)
+        launch.kern = kern
+        kern[min((M + 3) // 4, SMS * blocks_per_sm), 128, stream](
+            w8.view(np.uint32), np.int32(M), np.int32(K), xq.view(np.uint32), xd, y, y, y,
+            np.int32(0), np.int32(0))
     launch.kern = None
     return launch
 
@@ -406,11 +300,10 @@ VARIANTS = {
     "xreg": dict(xreg=dict()),
     "xreg_db": dict(xreg=dict(double_buffer=True)),
     "xreg_b4": dict(xreg=dict(blocks_per_sm=4)),
-    "xreg_b16": dict(xreg=dict(blocks_per_sm=16)),
-    "xreg_loads": dict(xreg=dict(loads=True)),
+    "xreg_db_b4": dict(xreg=dict(double_buffer=True, blocks_per_sm=4)),
 }
 CANDIDATES = {"same", "w8", "rows2", "rows2_w8", "hoist", "sums", "bytewise", "pf_own", "pf_next",
-              "pf_next2", "pf_both", "xreg", "xreg_db", "xreg_b4", "xreg_b16"}
+              "pf_next2", "pf_both", "xreg", "xreg_db", "xreg_b4", "xreg_db_b4"}
 SMS = 132       # set from the device in main()
 
 

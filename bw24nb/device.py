@@ -61,6 +61,22 @@ def features_for(cc: tuple[int, int]) -> ArchFeatures:
                         grid_dependency=cc >= (9, 0), bulk_prefetch=cc >= (9, 0))
 
 
+SM_COUNT_DEFAULT = 132      # the H200's, where the device cannot be asked (the simulator)
+
+
+@lru_cache(maxsize=1)
+def sm_count() -> int:
+    """Multiprocessors of the device in use, for grids sized to the GPU (matmul_q8's tile
+    choice, matvec_q4k's persistent kernel); SM_COUNT_DEFAULT where no GPU can be asked."""
+    if gpu_present():
+        try:
+            from numba import cuda
+            return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+        except Exception:               # noqa: BLE001 -- a broken context: the default
+            pass
+    return SM_COUNT_DEFAULT
+
+
 @lru_cache(maxsize=1)
 def current_features() -> ArchFeatures:
     """Features of the device in use; the simulator poses as sm_90 (our verified target)."""

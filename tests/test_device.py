@@ -1,4 +1,5 @@
 """bw24nb/device.py: what the engine asks about the machine and its arrays."""
+import pytest
 import numpy as np
 from numba import cuda
 
@@ -18,3 +19,12 @@ def test_is_device_array_tells_device_from_host_data():
 def test_arch_features_of_the_targets():
     assert features_for((9, 0)).name == "sm_90" and features_for((9, 0)).int8_mma
     assert not features_for((9, 0)).native_fp4_cvt
+
+
+def test_sm_count_is_the_default_where_no_gpu_can_be_asked():
+    """device.sm_count sizes grids to the GPU (matmul_q8's tile choice, matvec_q4k's
+    persistent kernel); without a GPU (the simulator, CI) it is the H200's 132."""
+    from bw24nb import device
+    if device.gpu_present():
+        pytest.skip("a GPU is present: sm_count asks it")
+    assert device.sm_count() == device.SM_COUNT_DEFAULT == 132

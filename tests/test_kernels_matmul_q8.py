@@ -206,7 +206,7 @@ def test_kernel_for_takes_a_large_tile_only_when_its_grid_fills_the_gpu(monkeypa
     """KERNEL_CHOICE's rule: the first candidate whose grid has >= MIN_GRID_FILL blocks per SM
     (at 132 SMs: >= 119 blocks), else the session-2 kernel."""
     from bw24nb.kernels import matmul_q8 as mq
-    monkeypatch.setattr(mq, "_SM_COUNT", [132])
+    monkeypatch.setattr(mq, "sm_count", lambda: 132)
     T = 512
     assert mq.kernel_for(QType.Q6_K, 12288, T).tile.name == "m128t128s4"   # 96 x 4 blocks
     assert mq.kernel_for(QType.Q6_K, 4096, T).tile.name == "m128t128s4"    # 32 x 4 = 128

@@ -583,7 +583,7 @@ def test_q4k_persistent_kernel_gives_the_row_loops_bits(rng, monkeypatch, K, db)
     bias = cuda.to_device(rng.standard_normal(M).astype(np.float32))
     res = cuda.to_device(rng.standard_normal(M).astype(np.float32))
     monkeypatch.setattr(q4, "XREG_BLOCKS_PER_SM", 1)
-    monkeypatch.setattr(q4, "_SMS", [1])
+    monkeypatch.setattr(q4, "sm_count", lambda: 1)
     monkeypatch.setattr(q4, "XREG", True)
     monkeypatch.setattr(q4, "XREG_DB", db)
     assert q4.xreg_serves(M, K, 1, 1) and q4.xreg_grid(M) == 1

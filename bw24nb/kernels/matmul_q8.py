@@ -49,6 +49,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
+from ..device import sm_count
 from ..jit import kernel
 from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32, mma_s8_m16n8k32
 from ..quant.types import QType, block_size, row_bytes
@@ -555,7 +556,6 @@ KERNEL_CHOICE = {
     QType.Q8_0: ((TILES["m64t128s4"], False),),
 }
 MIN_GRID_FILL = 0.9
-SM_COUNT_DEFAULT = 132            # the H200's, where the device cannot be asked (simulator)
 _CANDIDATES = {qt: [_make_matmul_q8(qt, magic_cvt=magic, tile=tile)
                     for tile, magic in KERNEL_CHOICE.get(qt, ())] for qt in _UNITS}
 
@@ -563,16 +563,6 @@ _CANDIDATES = {qt: [_make_matmul_q8(qt, magic_cvt=magic, tile=tile)
 MATMUL_Q8 = {qt: _make_matmul_q8(qt) for qt in _UNITS}
 for _qt, _k in MATMUL_Q8.items():
     globals()[f"matmul_q8_{_qt.name.lower()}"] = _k
-_SM_COUNT = []
-
-
-def _sm_count() -> int:
-    if not _SM_COUNT:
-        try:
-            _SM_COUNT.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
-        except Exception:                   # noqa: BLE001 -- the simulator has no such attribute
-            _SM_COUNT.append(SM_COUNT_DEFAULT)
-    return _SM_COUNT[0]
 
 
 def grid_of(tile: Tile, M: int, T: int) -> tuple[int, int]:
@@ -581,7 +571,7 @@ def grid_of(tile: Tile, M: int, T: int) -> tuple[int, int]:
 
 def kernel_for(qt, M: int, T: int):
     """The kernel a T x M output of weight type qt runs (KERNEL_CHOICE's rule)."""
-    need = MIN_GRID_FILL * _sm_count()
+    need = MIN_GRID_FILL * sm_count()
     for kern in _CANDIDATES[QType(qt)]:
         gm, gt = grid_of(kern.tile, M, T)
         if gm * gt >= need:

@@ -47,6 +47,7 @@ matvec.py's row loop (`row_kernel`, `rows_kernel_of`); this module gives it the 
 import numpy as np
 from numba import cuda, float32, uint32
 
+from ..device import sm_count
 from ..jit import kernel
 from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32,
                    warp_sum)
@@ -272,17 +273,6 @@ XREG_MAX_J = 4              # K <= 4096: 8 J activation words + 4 J floats stay 
 XREG_BLOCKS_PER_SM = 8
 XREG_DB = False             # True: the next row's weight words loaded a row ahead (the probe's
                             # xreg_db: 10.09 us at 12288 x 4096, not yet run in the engine)
-SM_COUNT_DEFAULT = 132      # the H200's, where the device cannot be asked (the simulator)
-_SMS: list = []
-
-
-def _sm_count() -> int:
-    if not _SMS:
-        try:
-            _SMS.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
-        except Exception:               # noqa: BLE001 -- the simulator has no such attribute
-            _SMS.append(SM_COUNT_DEFAULT)
-    return _SMS[0]
 
 
 def xreg_serves(M, K, parts, rows) -> bool:
@@ -389,7 +379,7 @@ def xreg_kernel(J, db=None):
 
 
 def xreg_grid(M) -> int:
-    return min((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, _sm_count() * XREG_BLOCKS_PER_SM)
+    return min((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, sm_count() * XREG_BLOCKS_PER_SM)
 
 
 matvec_q8_q4_k_xreg4 = xreg_kernel(4, False)
