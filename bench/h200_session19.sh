@@ -44,7 +44,7 @@ PAIR_S=${C05_S:-120} bench_pair c05 /tmp/c05.gguf qwen2.5-coder-0.5b-random
 PAIR_S=${Q9_S:-150} bench_pair q9 /tmp/q9.gguf qwen3.5-9b-random
 on q9x && { run ${Q9X_S:-300} q9x python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9X_LAUNCH:-default,q4k-xreg-db,q4k-xreg-b4} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok_s@|kernel_chain_ms:ffn_gate_up|Error|Traceback" $L/q9x.log | grep -v "^qwen" | cut -c1-170; }
-on probe && { run ${PROBE_S:-100} probe python3 bench/q4k_probe.py --shapes 12288x4096,4096x4096 --variants same,xreg,xreg_db,xreg_b4 --out /tmp/q4k_probe.jsonl
+on probe && { run ${PROBE_S:-100} probe python3 bench/q4k_probe.py --shapes 12288x4096,4096x4096 --variants same,xreg,xreg_db,xreg_b4,xreg_db_b4 --out /tmp/q4k_probe.jsonl
   grep -E " us |Error|Traceback" $L/probe.log | head -12; }
 on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks 1,3,8 --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
   grep -E "verify|decode step|Error|Traceback" $L/q9spec.log | head -12; }

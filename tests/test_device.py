@@ -1,6 +1,6 @@
 """bw24nb/device.py: what the engine asks about the machine and its arrays."""
-import pytest
 import numpy as np
+import pytest
 from numba import cuda
 
 from bw24nb.device import features_for, is_device_array
