@@ -267,7 +267,8 @@ matvec_q8_q4_k_v4_u1_grp_l16 = group_kernels(fit_unroll(PATH, 512, 1), 16)(1)
 # Off by default (decision 0026): alone it beat the row loop (bench/q4k_probe.py, 12288 x 4096:
 # 12.27 against 13.61 us a launch; the probe's double-buffered form 10.09), but in the engine's
 # programmatic graph the 9B decoded at 351.2 / 342.9 tok/s with it against 356.8 / 351.0
-# without (same call, same tokens). run_bench --launch q4k-xreg,q4k-xreg-b4 turns it on.
+# without (same call, same tokens). run_bench --launch q4k-xreg, q4k-xreg-b4, q4k-xreg-db,
+# q4k-xreg-db-b8 turn it on (MODULE_MODES).
 XREG = False                # True: one-row K <= 4096 launches on this kernel (the A/B switch)
 XREG_MAX_J = 4              # K <= 4096: 8 J activation words + 4 J floats stay in registers
 XREG_BLOCKS_PER_SM = 8
@@ -292,11 +293,11 @@ def _make_xreg(J, db):
         if warp >= M:
             return
         p, h = _lane_pos()
-        xa = cuda.local.array(XW, uint32)     # chunk j's activation words (sub-block 2p)
-        xb = cuda.local.array(XW, uint32)     # (sub-block 2p + 1)
-        sxa = cuda.local.array(J, float32)       # their sums, as the min term's float32
+        xa = cuda.local.array(XW, uint32)       # chunk j's activation words (sub-block 2p)
+        xb = cuda.local.array(XW, uint32)       # (sub-block 2p + 1)
+        sxa = cuda.local.array(J, float32)      # their sums, as the min term's float32
         sxb = cuda.local.array(J, float32)
-        xda = cuda.local.array(J, float32)       # their block scales
+        xda = cuda.local.array(J, float32)      # their block scales
         xdb = cuda.local.array(J, float32)
         for j in range(J):
             b = _u32(_u32(lane + 32 * j) >> np.uint32(3))
