@@ -2,7 +2,9 @@
 #   ph          bench/attention_phases.py: decode attention's split pass stamped phase by phase
 #               (clock64 / globaltimer, decode_attention.TRACE_STAMPS) on the 0.5B and 9B heads
 #               at 511 and 6143 (call 1)
-#   lc          launch_chain's attention sequences (split / combine alone), for the same heads
+#   lc          launch_chain's attention sequences (split / combine alone; "/il": the softmax's
+#               rows interleaved, decode_attention.INTERLEAVE_ROWS, built after call 3), for the
+#               same heads
 #   c05, c05old run_bench pair, 0.5B shape: this tree beside $OLD_TREE (call 1: db03c82 beside
 #               43287e2, the q / k / v of mixed Q5_0 / Q8_0 types widened to one Q8_0 stack)
 #   kc          bw24nb kernel-check --size real --only $KC_ONLY (default matvec*): the Q4_K path
@@ -13,6 +15,8 @@
 #   q9spec      bench/spec_bench.py on the 9B shape: the verify's cost at K = 1, 3, 8
 #   gate9       bench/spec_gate.py on the 9B shape, K = 1..8 (Q4_K's new sums: new tokens)
 #   m35, m35old run_bench pair, 35B-A3B shape
+#   c05x        run_bench on the 0.5B shape, --launch default,attn-il in one process: decode
+#               attention's softmax rows interleaved in the engine (the same tokens)
 #   q9x         run_bench on the 9B shape, --launch default,q4k-xreg-db,q4k-xreg-b4 in one process:
 #               the persistent Q4_K kernel's grids and double buffer in the engine (decision
 #               0026; the tokens must equal default's)
@@ -24,7 +28,7 @@
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-ph,lc,c05,c05old}; . bench/device_env.sh
 P9=""; P05=""; P35=""
 { on q9 || on q9old || on q9x || on q9spec || on gate9; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
-{ on c05 || on c05old; } && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
+{ on c05 || on c05old || on c05x; } && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
 { on m35 || on m35old; } && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 on ph && { run ${PH_S:-120} ph python3 bench/attention_phases.py --commit $C --out /tmp/attention_phases.jsonl \
     --note "${PH_NOTE:-session 19: decode attention split pass, phases}"
@@ -42,6 +46,9 @@ on mvold && { run ${MV_S:-120} mvold env PYTHONPATH=/tmp/site:$PWD/${OLD_TREE:-.
 PAIR_S=${C05_S:-120} bench_pair c05 /tmp/c05.gguf qwen2.5-coder-0.5b-random
 [ -n "$P9" ] && wait $P9
 PAIR_S=${Q9_S:-150} bench_pair q9 /tmp/q9.gguf qwen3.5-9b-random
+[ -n "$P05" ] && { on c05x; } && wait $P05
+on c05x && { run ${C05X_S:-200} c05x python3 bench/run_bench.py /tmp/c05.gguf --name qwen2.5-coder-0.5b-random --runs 3 --torch none --act-quant q8 --launch ${C05X_LAUNCH:-default,attn-il} --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|decode_tok_s@|kernel_chain_ms:attention|Error|Traceback" $L/c05x.log | grep -v "^qwen" | cut -c1-170; }
 on q9x && { run ${Q9X_S:-300} q9x python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9X_LAUNCH:-default,q4k-xreg-db,q4k-xreg-b4} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok_s@|kernel_chain_ms:ffn_gate_up|Error|Traceback" $L/q9x.log | grep -v "^qwen" | cut -c1-170; }
 on probe && { run ${PROBE_S:-100} probe python3 bench/q4k_probe.py --shapes 12288x4096,4096x4096 --variants same,xreg,xreg_db,xreg_b4,xreg_db_b4 --out /tmp/q4k_probe.jsonl

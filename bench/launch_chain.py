@@ -24,6 +24,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   attn<S>split+e@<P> the split pass, then the one-thread kernel `empty` runs
   .../mc<V>          the same with the split plan's min_chunk V (--min-chunks)
   .../npf            attention or its split with the split's K / V prefetch off
+  .../il             attention or its split with the softmax's rows interleaved
+                     (decode_attention.INTERLEAVE_ROWS; the same results)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -101,13 +103,14 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     alone ("split"); its combine alone, over the partials the split left ("comb"); the split
     followed by the one-thread kernel, what a kernel boundary after the split costs
     ("split+e"); the whole and the split without the split's K / V prefetch ("/npf",
-    "split/npf"). min_chunk: the split plan's (default the engine's). A kind's "/..." part goes
-    after the sequence name's position (docstring above)."""
+    "split/npf") and with the softmax's rows interleaved ("/il", "split/il"). min_chunk: the
+    split plan's (default the engine's). A kind's "/..." part goes after the sequence name's
+    position (docstring above)."""
     mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
     run = attention_launch(stream, rng, Hq, Hkv, D, ctx, position)
 
-    def attend(only, prefetch=None):
-        return lambda i: run(min_chunk=mc, only=only, prefetch=prefetch)
+    def attend(only, prefetch=None, interleave=None):
+        return lambda i: run(min_chunk=mc, only=only, prefetch=prefetch, interleave=interleave)
 
     split = attend("split")
 
@@ -116,7 +119,8 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
         store_one[1, 32, stream](run.out.reshape(run.out.size))
     return {"": attend(None), "split": split, "comb": attend("combine"),
             "split+e": split_then_empty, "/npf": attend(None, False),
-            "split/npf": attend("split", False)}
+            "split/npf": attend("split", False), "/il": attend(None, None, True),
+            "split/il": attend("split", None, True)}
 
 
 def per_rep_us(stream, n, body) -> float:

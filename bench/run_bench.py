@@ -548,14 +548,18 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 # matvecs on matvec_q4k's persistent kernel (off by default, decision 0026),
                 # on SMs x 8 blocks (its default grid) or SMs x 4; -db: with the next row's
                 # weights loaded a row ahead (SMs x 4, or x 8)
-                "q4k-xreg": {}, "q4k-xreg-b4": {}, "q4k-xreg-db": {}, "q4k-xreg-db-b8": {}}
+                "q4k-xreg": {}, "q4k-xreg-b4": {}, "q4k-xreg-db": {}, "q4k-xreg-db-b8": {},
+                # decode attention's softmax rows interleaved (decode_attention.INTERLEAVE_ROWS,
+                # off by default, the same bits)
+                "attn-il": {}}
 # launch modes that set module attributes while their engine is built and measured
 _Q4 = "bw24nb.kernels.matvec_q4k"
 MODULE_MODES = {"q4k-xreg": [(_Q4, "XREG", True)],
                 "q4k-xreg-b4": [(_Q4, "XREG", True), (_Q4, "XREG_BLOCKS_PER_SM", 4)],
                 "q4k-xreg-db": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
                                 (_Q4, "XREG_BLOCKS_PER_SM", 4)],
-                "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True)]}
+                "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True)],
+                "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)]}
 
 
 @contextlib.contextmanager

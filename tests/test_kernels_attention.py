@@ -433,3 +433,31 @@ def test_traced_split_pass_gives_the_same_bits_and_ordered_stamps(rng):
         launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
                             QType.F16, _poisoned((1, Hq, D)), part_ml, part_acc,
                             trace=cuda.to_device(np.zeros(5, np.uint64)))
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,n_ctx,n_splits", [(4, 2, 32, 40, 4), (14, 2, 64, 300, 2),
+                                                      (8, 1, 128, 90, 3)])
+def test_interleaved_softmax_rows_give_the_same_bits(rng, Hq, Hkv, D, n_ctx, n_splits):
+    """decode_attention's interleaved softmax (interleave=: the rows' warp maxima and sums as
+    interleaved butterflies, branch-free) gives the plain build's partials and output bit for
+    bit -- with warps that have no key (the -inf rows), and with several tiles a warp (the
+    rescale by alpha)."""
+    from bw24nb.kernels import decode_attention as da
+    assert da.INTERLEAVE_ROWS is False
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
+    got = []
+    for il in (False, True):
+        part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
+        out = _poisoned((1, Hq, D))
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, interleave=il)
+        got.append([a.copy_to_host() for a in (out, part_ml, part_acc)])
+    assert np.isfinite(got[0][0]).all()
+    from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
+    used = _split_plan(n_ctx - 1, n_ctx, n_splits, DECODE_MIN_CHUNK, DECODE_CHUNK_ALIGN)[2]
+    for a, b in zip(got[0], got[1]):        # the partials of the splits the plan uses
+        a, b = (a, b) if a.ndim == 3 else (a[:, :, :used], b[:, :, :used])
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

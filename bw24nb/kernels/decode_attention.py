@@ -40,8 +40,8 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..jit import kernel
-from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max, warp_sum,
-                   warp_sync)
+from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max, warp_max_rows,
+                   warp_sum, warp_sum_rows, warp_sync)
 from .attention import _split_plan     # the plan the combine derives again: one definition
 from .prefetch import prefetch_bytes
 
@@ -70,6 +70,14 @@ PREFETCH_KV = True
 # each one sits behind a barrier, a store it must follow, or a branch on the value it waits
 # for (the plan's `used`, row 0's score), so the compiler cannot read the clock earlier.
 TRACE_STAMPS = ("entry", "plan", "q", "scores", "softmax", "tiles", "stored")
+# The softmax's rows (R query heads) as one interleaved step: every row's score, then their
+# warp maxima as one butterfly of R interleaved shuffle chains (ptx.warp_max_rows), every row's
+# exponentials, their sums likewise. The per-row form runs R max / sum chains one after another
+# (each row's `if` a branch between them): 1056 ns of the 0.5B's one-tile split pass for 7 rows,
+# 672 for the 9B's 4 (bench/attention_phases.py, session 19). The same values, bit for bit (a
+# row's operations and their order are unchanged); off until measured in the engine's graph
+# (launch_chain's "/il" kinds; run_bench measures it through this switch).
+INTERLEAVE_ROWS = False
 
 
 def supports(n_rep: int, D: int, k_type, v_type) -> bool:
@@ -78,10 +86,11 @@ def supports(n_rep: int, D: int, k_type, v_type) -> bool:
             and 1 <= n_rep <= ROWS_MAX and D in HEAD_DIMS)
 
 
-def _make(R: int, E: int, prefetch: bool = True, trace: bool = False):
+def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
-    results; the stamps' stores are the only difference)."""
+    results; the stamps' stores are the only difference); interleave: the softmax's rows as
+    one interleaved step (INTERLEAVE_ROWS; the same results)."""
     NS = len(TRACE_STAMPS)
     trace_on = trace
     D = 32 * E
@@ -148,6 +157,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False):
         m = cuda.local.array(R, float32)
         lsum = cuda.local.array(R, float32)
         alpha = cuda.local.array(R, float32)
+        mx = cuda.local.array(R, float32)      # interleave: the rows' maxima
+        pr = cuda.local.array(R, float32)      # interleave: the rows' p, then their sums
         acc = cuda.local.array(RE, float32)
         qv = cuda.local.array(NQ, float32)
         # the tile's V words, a group of VG keys each (separate arrays, so that every index
@@ -236,18 +247,36 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False):
                     s[r] = a
             if trace_on and tid == 0 and t0 == begin and s[0] == s[0]:   # (after row 0's dot)
                 stamp(trace, tb, 3)
-            for r in range(R):
-                sc = s[r] * scale if lane < nk else _NEG_INF
-                m_new = max(m[r], warp_max(sc))
-                p = float32(0.0)
-                al = float32(1.0)
-                if m_new != _NEG_INF:
-                    p = math.exp(sc - m_new)
-                    al = math.exp(m[r] - m_new)
-                lsum[r] = lsum[r] * al + warp_sum(p)
-                m[r] = m_new
-                alpha[r] = al
-                p_sh[(warp * ROWS_MAX + r) * TILE + lane] = p
+            if interleave:
+                for r in range(R):
+                    s[r] = s[r] * scale if lane < nk else _NEG_INF
+                    mx[r] = s[r]
+                warp_max_rows(mx, R)
+                for r in range(R):
+                    m_new = max(m[r], mx[r])
+                    # no key of this row yet (m_new = -inf): p = exp(-inf) = 0 as before, and
+                    # alpha = 0 instead of 1 -- it scales an l and an acc that are still +0.0
+                    mm = m_new if m_new != _NEG_INF else float32(0.0)
+                    pr[r] = math.exp(s[r] - mm)
+                    alpha[r] = math.exp(m[r] - mm)
+                    m[r] = m_new
+                    p_sh[(warp * ROWS_MAX + r) * TILE + lane] = pr[r]
+                warp_sum_rows(pr, R)
+                for r in range(R):
+                    lsum[r] = lsum[r] * alpha[r] + pr[r]
+            else:
+                for r in range(R):
+                    sc = s[r] * scale if lane < nk else _NEG_INF
+                    m_new = max(m[r], warp_max(sc))
+                    p = float32(0.0)
+                    al = float32(1.0)
+                    if m_new != _NEG_INF:
+                        p = math.exp(sc - m_new)
+                        al = math.exp(m[r] - m_new)
+                    lsum[r] = lsum[r] * al + warp_sum(p)
+                    m[r] = m_new
+                    alpha[r] = al
+                    p_sh[(warp * ROWS_MAX + r) * TILE + lane] = p
             warp_sync()                         # p_sh (this warp's rows) written, then read
             if trace_on and tid == 0 and t0 == begin:
                 stamp(trace, tb, 4)
@@ -307,7 +336,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False):
         if trace_on and tid == 0:
             stamp(trace, tb, 6)
 
-    name = f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_trace" if trace else "")
+    name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
+            + ("_trace" if trace else ""))
     split.__name__ = split.__qualname__ = name
     return kernel(split)
 
@@ -315,9 +345,10 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False):
 _KERNELS: dict = {}
 
 
-def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False):
+def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
+                 interleave: bool = False):
     """The (R, E) split kernel, built (not compiled) on first request."""
-    key = (R, E, bool(prefetch), bool(trace))
+    key = (R, E, bool(prefetch), bool(trace), bool(interleave))
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
     return _KERNELS[key]
@@ -330,13 +361,14 @@ def trace_shape(T: int, n_kv_heads: int, n_splits: int) -> tuple:
 
 
 def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
-                 stream=0, prefetch=None, trace=None):
+                 stream=0, prefetch=None, trace=None, interleave=None):
     """The split pass (attention.launch_flash_decode runs the combine after it, with the same
     min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
     attention.alloc_decode_partials makes them; prefetch: the K / V prefetch (default
     PREFETCH_KV; the same results either way); trace: a uint64 device array of
-    `trace_shape` runs the instrumented build, which stamps TRACE_STAMPS into it."""
+    `trace_shape` runs the instrumented build, which stamps TRACE_STAMPS into it; interleave:
+    the softmax's rows interleaved (default INTERLEAVE_ROWS; the same results)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
@@ -349,7 +381,8 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
                          f", not {trace.dtype}{list(trace.shape)}")
     stamps = (kw[:2].view(np.uint64) if trace is None    # a stand-in the kernel never touches
               else trace.reshape(trace.size))
-    split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch), trace is not None)[
+    split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch), trace is not None,
+                 INTERLEAVE_ROWS if interleave is None else bool(interleave))[
         (n_splits, Hkv, T), THREADS, stream](
         q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
         np.int32(chunk_align), part_ml, part_acc, stamps)
@@ -362,8 +395,9 @@ flash_decode_f16_r7_e2 = split_kernel(7, 2)
 _SIG = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
         "int32, float32[:, :, :, ::1], float32[:, :, :, ::1], uint64[::1])")
 flash_decode_f16_r7_e2_trace = split_kernel(7, 2, trace=True)      # bench/attention_phases.py
+flash_decode_f16_r7_e2_il = split_kernel(7, 2, interleave=True)
 PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG],
-                  "flash_decode_f16_r7_e2_trace": [_SIG]}
+                  "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]

@@ -31,6 +31,8 @@
     fp4x2_to_f32x2(byte) -> (float32, float32)   (low nibble's value, high nibble's value)
     fp4_e2m1_to_f32(nibble) -> float32           value of code ``nibble & 0xF``
     warp_max(v) -> float32   the largest float32 over the warp's lanes, to every lane
+    warp_max_rows(v, n), warp_sum_rows(v, n)   warp_max / warp_sum of v[0 .. n - 1] in place,
+        the rows' butterflies interleaved (``warp.py``)
     warp_pair_sum(v) -> float32   v + lane (l ^ 16)'s v (one shfl.sync.bfly; ``warp.py``)
     warp_sum16(v), warp_sum8(v) -> float32   sums over half- / quarter-warps (``warp.py``)
     warp_sum(v) -> float32
@@ -75,6 +77,8 @@ if simulator_enabled():
     )
     from bw24nb.ptx.twins import install_simulator_fixes
     from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
+    from bw24nb.ptx.warp import warp_max_rows_twin as warp_max_rows  # noqa: F401
+    from bw24nb.ptx.warp import warp_sum_rows_twin as warp_sum_rows  # noqa: F401
     from bw24nb.ptx.warp import warp_pair_sum_twin as warp_pair_sum  # noqa: F401
     from bw24nb.ptx.warp import warp_sum_twin as warp_sum  # noqa: F401
     from bw24nb.ptx.warp import warp_sum16_twin as warp_sum16  # noqa: F401
@@ -106,7 +110,8 @@ else:
         mma_s8_m16n8k32_linked,
     )
     from bw24nb.ptx.warp import (  # noqa: F401
-        warp_max, warp_pair_sum, warp_sum, warp_sum8, warp_sum16, warp_sync)
+        warp_max, warp_max_rows, warp_pair_sum, warp_sum, warp_sum8, warp_sum16, warp_sum_rows,
+        warp_sync)
 
     fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32 = (
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
@@ -115,7 +120,7 @@ __all__ = [
     "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum", "warp_max", "f32_from_bits",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
     "warp_sync", "clock64", "global_timer",
-    "warp_sum16", "warp_sum8",
+    "warp_sum16", "warp_sum8", "warp_max_rows", "warp_sum_rows",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
 ]

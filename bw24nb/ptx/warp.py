@@ -112,6 +112,43 @@ def warp_max(v):
     return s
 
 
+@cuda.jit(device=True, inline="always")
+def _max_step(v, n, off):
+    for r in range(n):
+        v[r] = max(v[r], cuda.shfl_xor_sync(FULL_MASK, v[r], off))
+
+
+@cuda.jit(device=True, inline="always")
+def _sum_step(v, n, off):
+    for r in range(n):
+        v[r] = v[r] + cuda.shfl_xor_sync(FULL_MASK, v[r], off)
+
+
+@cuda.jit(device=True, inline="always")
+def warp_max_rows(v, n):
+    """GPU: v[r] = warp_max(v[r]) for r < n (a local array, n a compile-time constant), the
+    rows' butterflies interleaved step by step -- offset 16 for every row, then 8, ... -- so
+    that n independent shuffle chains overlap instead of running one after another (decode
+    attention's softmax over its query rows, decision 0025). Each row's result is warp_max's."""
+    _max_step(v, n, 16)
+    _max_step(v, n, 8)
+    _max_step(v, n, 4)
+    _max_step(v, n, 2)
+    _max_step(v, n, 1)
+
+
+@cuda.jit(device=True, inline="always")
+def warp_sum_rows(v, n):
+    """GPU: v[r] = warp_sum(v[r]) for r < n, interleaved as `warp_max_rows`: each row's steps
+    are warp_sum's (offsets 16, 8, 4, 2, 1, each v + shfl_xor(v, off)), so each row gets
+    warp_sum's bits."""
+    _sum_step(v, n, 16)
+    _sum_step(v, n, 8)
+    _sum_step(v, n, 4)
+    _sum_step(v, n, 2)
+    _sum_step(v, n, 1)
+
+
 def warp_tree_sum_host(values) -> np.float32:
     """The reference order on the host: float32[32] -> the butterfly's (= shfl_down tree's)
     result. Also what the simulator twin computes for each warp."""
@@ -194,6 +231,18 @@ def warp_sync_twin() -> None:
 def warp_max_twin(v) -> np.float32:
     """Simulator twin of `warp_max`."""
     return _meet_warp("max", lambda vals: np.float32(np.max(vals)), v)
+
+
+def warp_max_rows_twin(v, n) -> None:
+    """Simulator twin of `warp_max_rows`: warp_max's twin row by row (the same values)."""
+    for r in range(n):
+        v[r] = warp_max_twin(v[r])
+
+
+def warp_sum_rows_twin(v, n) -> None:
+    """Simulator twin of `warp_sum_rows`: warp_sum's twin row by row (the same bits)."""
+    for r in range(n):
+        v[r] = warp_sum_twin(v[r])
 
 
 def _meet_warp(op: str, reduce, v) -> np.float32:
