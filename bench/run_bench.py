@@ -543,16 +543,12 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "chain": dict(moe_branches=False, proj_branches=False),
                 # decode's q8 norms on one block a row (before session 15's split over a block
                 # per slot: norm.launch_rms_norm_q8, the same bits)
-                "norm-whole": dict(norm_split=False),
-                # module switches, not Engine arguments (MODULE_MODES): the Q4_K one-row
-                # matvecs on matvec_q4k's persistent kernel (off by default, decision 0026),
-                # on SMs x 8 blocks (its default grid) or SMs x 4; -db: with the next row's
-                # weights loaded a row ahead (SMs x 4, or x 8)
-                "q4k-xreg": {}, "q4k-xreg-b4": {}, "q4k-xreg-db": {}, "q4k-xreg-db-b8": {},
-                # decode attention's softmax rows interleaved (decode_attention.INTERLEAVE_ROWS,
-                # off by default, the same bits)
-                "attn-il": {}}
-# launch modes that set module attributes while their engine is built and measured
+                "norm-whole": dict(norm_split=False)}
+# launch modes that set module switches, not Engine arguments, while their engine is built and
+# measured: the Q4_K one-row matvecs on matvec_q4k's persistent kernel (off by default, decision
+# 0026) on SMs x 8 blocks (its default grid) or SMs x 4, -db with the next row's weights loaded
+# a row ahead (SMs x 4, or x 8); decode attention's softmax rows interleaved
+# (decode_attention.INTERLEAVE_ROWS, off by default, the same bits)
 _Q4 = "bw24nb.kernels.matvec_q4k"
 MODULE_MODES = {"q4k-xreg": [(_Q4, "XREG", True)],
                 "q4k-xreg-b4": [(_Q4, "XREG", True), (_Q4, "XREG_BLOCKS_PER_SM", 4)],
@@ -560,6 +556,7 @@ MODULE_MODES = {"q4k-xreg": [(_Q4, "XREG", True)],
                                 (_Q4, "XREG_BLOCKS_PER_SM", 4)],
                 "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True)],
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)]}
+LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 
 
 @contextlib.contextmanager
@@ -623,32 +620,30 @@ def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: l
                         ([kvc] if len(kv_caches) > 1 else []) + ([lm] if len(launches) > 1 else [])
                     label = name if not tags else f"{name} [{' '.join(tags)}]"
                     eng = None
-                    stack = contextlib.ExitStack()
                     try:
-                        stack.enter_context(module_mode(lm))
-                        eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None, act_quant=aq,
-                                     **kv_cache_kwargs(kvc), **LAUNCH_MODES[lm])
-                        bench_engine(rec, label, eng, source, runs=runs, read_gb_s=read_gb_s,
-                                     long_prompt=long_prompt, decode=decode,
-                                     base_config=dict(base, act_quant=aq, launch=lm,
-                                                      kv_cache=f"{eng.kv.k_type.name}/{eng.kv.v_type.name}",
-                                                      programmatic=bool(getattr(eng, "programmatic", False)),
-                                                      fuse_attention_output=eng.fuse_attention_output,
-                                                      attention_plan=eng.attention_plan,
-                                                      prefill_attention=eng.prefill_attention,
-                                                      prefill_splits=int(eng.wsp.part_ml.shape[2]),
-                                                      gdn_rule=getattr(eng, "gdn_rule", None),
-                                                      prefill_path=getattr(eng, "prefill_path", None),
-                                                      moe_prefill=("grouped" if getattr(eng, "moe_grouped", None)
-                                                                   or getattr(eng, "moe_expert_rows", None)
-                                                                   else "tokens") if getattr(eng, "experts", None) else None,
-                                                      load_s=round(getattr(eng, "load_s", 0.0), 2)))
+                        with module_mode(lm):
+                            eng = Engine(source, n_ctx=n_ctx, log=lambda *a: None, act_quant=aq,
+                                         **kv_cache_kwargs(kvc), **LAUNCH_MODES[lm])
+                            bench_engine(rec, label, eng, source, runs=runs, read_gb_s=read_gb_s,
+                                         long_prompt=long_prompt, decode=decode,
+                                         base_config=dict(base, act_quant=aq, launch=lm,
+                                                          kv_cache=f"{eng.kv.k_type.name}/{eng.kv.v_type.name}",
+                                                          programmatic=bool(getattr(eng, "programmatic", False)),
+                                                          fuse_attention_output=eng.fuse_attention_output,
+                                                          attention_plan=eng.attention_plan,
+                                                          prefill_attention=eng.prefill_attention,
+                                                          prefill_splits=int(eng.wsp.part_ml.shape[2]),
+                                                          gdn_rule=getattr(eng, "gdn_rule", None),
+                                                          prefill_path=getattr(eng, "prefill_path", None),
+                                                          moe_prefill=("grouped" if getattr(eng, "moe_grouped", None)
+                                                                       or getattr(eng, "moe_expert_rows", None)
+                                                                       else "tokens") if getattr(eng, "experts", None) else None,
+                                                          load_s=round(getattr(eng, "load_s", 0.0), 2)))
                     except Exception as e:
                         traceback.print_exc(limit=3)
                         msg = f"{type(e).__name__}: {e}"[:500]
                         rec.add(label, "engine_ok", 0, "bool", engine="bw24nb", **base, error=msg)
                     finally:
-                        stack.close()       # module modes back to their defaults
                         del eng             # free the engine's VRAM before torch loads
                         _free_numba_memory()
         hf = hf_dirs[i] if hf_dirs and i < len(hf_dirs) else None
