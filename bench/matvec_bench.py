@@ -1,7 +1,7 @@
 """Decode matvec on a real GPU: how close to the read roofline is each real shape?
 
     python3 bench/matvec_bench.py [--shapes all|small|9b|35b|big] [--launches 50] [--no-old] [--out PATH]
-                                  [--act-rows 4,9] [--fit-ab] [--commit SHA]
+                                  [--act-rows 4,9] [--fit-ab] [--nibble] [--commit SHA]
 
 For each (M x K, weight type) of the default model (Qwen2.5-Coder-0.5B: Q5_0 / Q8_0 / Q6_K) and
 the 9B shape (Q4_K), times `launch_matvec` -- and, side by side, the first kernel of this module
@@ -22,6 +22,9 @@ quantized once beforehand):
     what speculative decoding's verify of K = T - 1 drafts runs, decision 0009): per-launch
     time for all T rows, and `x_r1` = that time over the one-row dp4a time in the same run
     (the verify's cost per matvec; T would be the cost of T separate launches);
+  * --nibble: Q4_K shapes also get `dp4a_nib` (and `dp4a_nib_r<T>`): the same kernels on the
+    activations in nibble order (quantize_act.nibble_order, decision 0027), which must give the
+    natural order's bits (checked: a differing bit is BAD);
   * max_rel_err: max over rows of |y - matvec_reference| / (|W| @ |x|)   (float64 reference;
     the kernels' bound is ~2e-6, see tests/test_kernels_matvec.py; > 1e-5 is flagged BAD;
     dp4a rows against matvec_q8_reference, i.e. x as quantized, flagged above 1e-4).
@@ -59,7 +62,7 @@ from bw24nb.kernels.matvec import (  # noqa: E402
     matvec_q8_reference,
     matvec_reference,
 )
-from bw24nb.kernels.quantize_act import launch_quantize_act  # noqa: E402
+from bw24nb.kernels.quantize_act import launch_quantize_act, nibble_order  # noqa: E402
 from bw24nb.quant import QType, dequantize  # noqa: E402
 from bw24nb.quant.types import row_bytes  # noqa: E402
 
@@ -214,7 +217,8 @@ def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
     return True
 
 
-def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=False):
+def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=False,
+                nibble=False):
     nbytes = M * row_bytes(qt, K)
     n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
     copies = min(n, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes) + 1)
@@ -255,6 +259,13 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             kernels.append(("dp4a_full", lambda w: _switched_off("FIT_UNROLL", lambda:
                 launch_matvec_q8(w, qt, M, K, xq, xd, y_full, stream=stream)), ref_q8,
                 10 * REL_ERR_BAD, y_full, scale))
+        nib = nibble and qt == QType.Q4_K and K % 256 == 0
+        if nib:                               # the same values in nibble order: the same bits
+            xq_n = cuda.to_device(nibble_order(xq.copy_to_host(stream=stream)), stream=stream)
+            y_n = cuda.device_array(M, np.float32, stream=stream)
+            kernels.append(("dp4a_nib", lambda w: launch_matvec_q8(
+                w, qt, M, K, xq_n, xd, y_n, stream=stream, nibble=True), ref_q8,
+                10 * REL_ERR_BAD, y_n, scale))
         rows_x = {}                            # dp4a_r<T> -> its (xq, xd), for the bit check
         for nr in act_rows:                   # verify's rows kernels: T activation rows at once
             x_r = rng.standard_normal((nr, K)).astype(np.float32)
@@ -271,6 +282,13 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             kernels.append((f"dp4a_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_r=y_r:
                             launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r, stream=stream, rows=nr),
                             ref_r, 10 * REL_ERR_BAD, y_r, scale_r))
+            if nib:
+                xq_rn = cuda.to_device(nibble_order(q_h), stream=stream)
+                y_rn = cuda.device_array(nr * M, np.float32, stream=stream)
+                kernels.append((f"dp4a_nib_r{nr}", lambda w, nr=nr, xq_rn=xq_rn, xd_r=xd_r,
+                                y_rn=y_rn: launch_matvec_q8(w, qt, M, K, xq_rn, xd_r, y_rn,
+                                                            stream=stream, rows=nr, nibble=True),
+                                ref_r, 10 * REL_ERR_BAD, y_rn, scale_r))
 
     rows, outs = [], {}
     for name, launch, want, bad_above, y, scale in kernels:
@@ -294,6 +312,12 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
         if name == "dp4a_full" and not np.array_equal(out.view(np.uint32),
                                                       outs["dp4a"].view(np.uint32)):
             rows[-1]["max_rel_err"] = float("inf")      # the fitted unroll changed a bit: BAD
+        if name.startswith("dp4a_nib"):                 # nibble order: the natural order's bits
+            twin = "dp4a" + name[len("dp4a_nib"):]
+            rows[-1]["nibble_bits"] = same = np.array_equal(out.view(np.uint32),
+                                                            outs[twin].view(np.uint32))
+            if not same:
+                rows[-1]["max_rel_err"] = float("inf")
         if name.startswith("dp4a_r"):                   # verify's contract: row t of the rows
             rows[-1]["rows_bits"] = same = _rows_match_one_row(    # kernel is the one-row
                 ws[0], qt, M, K, *rows_x[name], out, stream)
@@ -322,6 +346,9 @@ def main() -> int:
                          "matvec.FIT_UNROLL off), which must give the fitted kernel's bits "
                          "(Q8_0 / Q5_0 / Q4_0 always get `dp4a_group`: the generic group path "
                          "their 16-byte kernel replaced, matvec.QX0_V4 off)")
+    ap.add_argument("--nibble", action="store_true",
+                    help="Q4_K shapes: also the kernels on activations in nibble order "
+                         "(`dp4a_nib`, `dp4a_nib_r<T>`), bit-checked against natural order")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
     args = ap.parse_args()
@@ -358,15 +385,17 @@ def main() -> int:
         for M, K, qt, what in shapes:
             try:
                 rows = bench_shape(M, K, qt, args.launches, not args.no_old, stream, rng,
-                                   act_rows, args.fit_ab)
+                                   act_rows, args.fit_ab, args.nibble)
             except Exception as e:                      # report and go on with the next shape
                 print(f"# {M}x{K} {qt.name}: FAILED {type(e).__name__}: {e}", flush=True)
                 bad = True
                 continue
-            one = {r["kernel"]: r["us"] for r in rows}.get("dp4a")
+            by = {r["kernel"]: r["us"] for r in rows}
             for r in rows:
                 r.update(pct=100 * r["gbs"] / roof)
-                x_r1 = round(r["us"] / one, 3) if one and r["kernel"].startswith("dp4a_r") else None
+                one = by.get("dp4a_nib" if r["kernel"].startswith("dp4a_nib") else "dp4a")
+                x_r1 = round(r["us"] / one, 3) if one and r["kernel"].startswith(
+                    ("dp4a_r", "dp4a_nib_r")) else None
                 ok = r["max_rel_err"] <= r["bad_above"]
                 bad |= not ok
                 rec = dict(date=date, gpu=gpu, commit=commit, shape=f"{M}x{K}", M=M, K=K,
@@ -375,7 +404,9 @@ def main() -> int:
                            roofline_gbs=round(roof, 1), max_rel_err=r["max_rel_err"],
                            ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"],
                            **({} if x_r1 is None else dict(x_r1=x_r1)),
-                           **({} if "rows_bits" not in r else dict(rows_bits=r["rows_bits"])))
+                           **({} if "rows_bits" not in r else dict(rows_bits=r["rows_bits"])),
+                           **({} if "nibble_bits" not in r else
+                              dict(nibble_bits=r["nibble_bits"])))
                 f.write(json.dumps(rec) + "\n")
                 table.append(rec)
                 print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<10} {r['us']:9.2f} us "

@@ -13,7 +13,8 @@ from numba import cuda
 from bw24nb.kernels import launch_matvec, launch_matvec_q8, launch_quantize_act
 from bw24nb.kernels.dequant import LAYOUTS, Q4_K_OFF_QS, Q5_K_OFF_QH, random_weight_bytes
 from bw24nb.kernels.matvec import MATVEC_Q8, matvec_q8_reference, matvec_reference
-from bw24nb.kernels.quantize_act import dequantize_act_q8, quantize_act_q8_reference
+from bw24nb.kernels.quantize_act import (dequantize_act_q8, nibble_order,
+                                         quantize_act_q8_reference)
 from bw24nb.ptx import warp_sum
 from bw24nb.ptx.warp import warp_tree_sum_host
 from bw24nb.quant import QType, dequantize
@@ -541,22 +542,25 @@ def _q4k_row_in_kernel_order(blocks, xq, xd, parts):
     return total
 
 
-@pytest.mark.parametrize("parts", [1, 2])
-def test_q4k_matvec_is_its_documented_order_bit_for_bit(rng, parts):
+@pytest.mark.parametrize("parts,nibble", [(1, False), (2, False), (1, True), (2, True)])
+def test_q4k_matvec_is_its_documented_order_bit_for_bit(rng, parts, nibble):
     """With realistic (not power-of-two) scales the Q4_K kernel's rounding is its summation
     order's: every row must equal a float32 emulation of that order exactly. This pins the
     order itself -- chunk formula, the high nibbles' d sc_b / 16 against 16 sb (decision 0020:
     the same product), lane sums, butterfly, warps -- and the rows kernel must give each row
-    the same bits."""
+    the same bits. nibble: the activations handed over in nibble order (PATH_NIB), which
+    moves only where the kernel reads them: the same bits again."""
     M, K, T = 3, 4096, 2                    # 128 chunks a row: 2-4 a lane, so order shows
     w = random_weight_bytes(rng, QType.Q4_K, M, K)
     x = rng.standard_normal((T, K)).astype(np.float32)
     xq, xd = quantize_act_q8_reference(x)
     blocks = w.reshape(M, K // 256, -1)
+    xq_in = nibble_order(xq) if nibble else xq
     for rows in (1, T):
-        y = cuda.device_array(rows * M, np.float32)
-        launch_matvec_q8(cuda.to_device(w), QType.Q4_K, M, K, cuda.to_device(xq[:rows * K]),
-                         cuda.to_device(xd[:rows * K // 32]), y, parts=parts, rows=rows)
+        y = cuda.to_device(np.full(rows * M, np.nan, np.float32))
+        launch_matvec_q8(cuda.to_device(w), QType.Q4_K, M, K, cuda.to_device(xq_in[:rows * K]),
+                         cuda.to_device(xd[:rows * K // 32]), y, parts=parts, rows=rows,
+                         nibble=nibble)
         out = y.copy_to_host().reshape(rows, M)
         for t in range(rows):
             want = [_q4k_row_in_kernel_order(blocks[r], xq[t * K:(t + 1) * K],

@@ -949,14 +949,15 @@ def _parts(M, K, parts):
 
 
 def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, residual=None,
-                     stream=0, parts=None, rows=1):
+                     stream=0, parts=None, rows=1, nibble=False):
     """y = W @ dequant(xq, xd) (+ bias) (+ residual) with dp4a, for Q8_0, Q4_0, Q5_0, Q4_K,
     Q5_K, Q6_K weights (Q4_K on matvec_q4k.py's kernel; Q8_0 / Q5_0 / Q4_0 on matvec_qx0.py's
     when the buffer allows it, `matvec_qx0.serves`). xq_dev int8[K] and xd_dev float32[K / 32] come from
     `quantize_act.launch_quantize_act`. Reference: `matvec_q8_reference`.
     rows: T = 1 .. MAX_ROWS rows of activations (as `launch_matvec`): xq_dev int8[T * K] and
     xd_dev float32[T * K / 32] (row t's at t * K and t * K / 32: quantize_act's [T, K]
-    output), y_dev and residual float32[T * M], bias float32[M]."""
+    output), y_dev and residual float32[T * M], bias float32[M].
+    nibble: xq is in nibble order (quantize_act.nibble_order; Q4_K only, K % 256 == 0)."""
     rows = check_rows(rows)
     lay = _check_common(w_dev, qtype, M, K, y_dev, bias, residual, rows)
     if lay.qtype not in MATVEC_Q8:
@@ -966,6 +967,9 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
             or xd_dev.size < rows * K // 32:
         raise ValueError(f"matvec_q8: xq must be int8[{rows * K}] and xd float32[{rows * K // 32}]"
                          + ("" if rows == 1 else f" (rows={rows} x K={K})"))
+    if nibble and (lay.qtype != QType.Q4_K or K % 256):
+        raise ValueError(f"matvec_q8: activations in nibble order serve Q4_K rows (K % 256 == 0)"
+                         f", not {lay.qtype.name} with K = {K}")
     w8, w16, wh = weight_views(w_dev)
     parts = _parts(M, K, parts)
     y_dev = _flat(y_dev)
@@ -973,7 +977,7 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
     if lay.qtype == QType.Q4_K:               # 16-byte loads straight from the GGUF blocks
         from . import matvec_q4k
         matvec_q4k.launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts,
-                          _grid(M, parts), THREADS, stream, rows)
+                          _grid(M, parts), THREADS, stream, rows, nibble)
         return
     from . import matvec_qx0
     if matvec_qx0.serves(lay.qtype, w8):

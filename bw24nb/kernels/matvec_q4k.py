@@ -168,18 +168,42 @@ def _chunk_decode(hdr, s0, s1, s2, q0, q1, q2, q3):
 
 @cuda.jit(device=True, inline="always")
 def _chunk_value(xq, xd, ow, os, c, wq):
-    """Value of chunk c against one row of activations (step 1 of the docstring), its
-    decoded weights `wq` from `_chunk_weights`: two 16-byte activation loads, 16 dp4a, the
-    float combination. The row starts at word `ow` of xq and entry `os` of xd (`_x_row`)."""
-    dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = wq
+    """Value of chunk c against one row of activations in natural order (step 1 of the
+    docstring), its decoded weights `wq` from `_chunk_weights`: two 16-byte activation loads,
+    16 dp4a, the float combination. The row starts at word `ow` of xq and entry `os` of xd
+    (`_x_row`)."""
     p, h = _lane_pos()
     # word of the first element of sub-block 2p the chunk holds; sub-block 2p + 1's is 8 words
     # (32 bytes) on, and their scales are entries s and s + 1: constant offsets from one address
     b = _u32(_u32(c) >> np.uint32(3))
     xw = np.int64(_u32(b * np.uint32(64) + _u32(16 * p + 4 * h))) + ow
-    s = np.int64(_u32(b * np.uint32(8) + _u32(2 * p))) + os
-    a0, a1, a2, a3 = ld_nc_v4_u32(xq, xw)
-    b0, b1, b2, b3 = ld_nc_v4_u32(xq, xw + 8)
+    return _chunk_dot(xq, xd, xw, xw + 8, _x_scale(b, p, os), wq)
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_value_nib(xq, xd, ow, os, c, wq):
+    """`_chunk_value` for a row in nibble order (quantize_act.nibble_order): sub-block 2p sits
+    at slot p of its 256 values, 2p + 1 at slot 4 + p, so the block's 8 lanes read words
+    8p + 4h (one 128-byte line) and 32 on (the next). The same operands, the same bits."""
+    p, h = _lane_pos()
+    b = _u32(_u32(c) >> np.uint32(3))
+    xw = np.int64(_u32(b * np.uint32(64) + _u32(8 * p + 4 * h))) + ow
+    return _chunk_dot(xq, xd, xw, xw + 32, _x_scale(b, p, os), wq)
+
+
+@cuda.jit(device=True, inline="always")
+def _x_scale(b, p, os):
+    """Entry of xd holding sub-block 2p's scale of super-block b (2p + 1's is the next)."""
+    return np.int64(_u32(b * np.uint32(8) + _u32(2 * p))) + os
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_dot(xq, xd, xa, xb, s, wq):
+    """The chunk's value from its activation words xq[xa .. xa + 3] (sub-block 2p's 16) and
+    xq[xb .. xb + 3] (2p + 1's), the scales xd[s], xd[s + 1] and its decoded weights."""
+    dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = wq
+    a0, a1, a2, a3 = ld_nc_v4_u32(xq, xa)
+    b0, b1, b2, b3 = ld_nc_v4_u32(xq, xb)
     sa = _dot4(l0, l1, l2, l3, a0, a1, a2, a3)
     # 16 sb: the high nibbles in place are unsigned bytes 16 q (dp4a.u32.s32), and
     # (d sc_b / 16) (16 sb) is the real number (d sc_b) sb, both factors exact: the same
@@ -214,6 +238,11 @@ def _value(w, x, row_word, c, wq):
 
 
 @cuda.jit(device=True, inline="always")
+def _value_nib(w, x, row_word, c, wq):
+    return _chunk_value_nib(x[0], x[1], x[2], x[3], c, wq)
+
+
+@cuda.jit(device=True, inline="always")
 def _x_row(x, t, K):
     """Activation row t of x = (xq words, xd) as the whole arrays and the row's start (word
     t K / 4 of xq, entry t K / 32 of xd). Not slices (matvec.x_row_q8): a slice per row gave
@@ -232,6 +261,9 @@ def _x_one(x, K):
 PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value,
                _x_row, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, _x_one)
 KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
+# the same kernels on activations in nibble order (quantize_act.nibble_order, decision 0027)
+PATH_NIB = PATH._replace(name="matvec_q8_q4_k_v4n", value=_value_nib)
+KERNELS_NIB = path_kernels(PATH_NIB, "matvec_q4k")
 
 
 # module attributes so that tests/test_compile_ptx.py compiles them (PTX_SIGNATURES); the other
@@ -239,6 +271,8 @@ KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 matvec_q8_q4_k_v4 = KERNELS(1, 2)
 matvec_q8_q4_k_v4_p1 = KERNELS(1, 1)
 matvec_q8_q4_k_v4_r4 = KERNELS(4, 2)
+matvec_q8_q4_k_v4n_p1 = KERNELS_NIB(1, 1)
+matvec_q8_q4_k_v4n_p1_r4 = KERNELS_NIB(4, 1)
 # builds with the unroll fitted to short rows (matvec.fit_unroll): K = 2048 one warp a row (2
 # slots a step), K = 512 four rows (1 slot)
 matvec_q8_q4_k_v4_u2_p1 = KERNELS(1, 1, 2048)
@@ -391,6 +425,7 @@ _SIG = ("void(UniTuple(uint32[::1], 1), int32, int32, "
         "int32, int32)")
 PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                   "matvec_q8_q4_k_v4_r4": [_SIG], "matvec_q8_q4_k_v4_u2_p1": [_SIG],
+                  "matvec_q8_q4_k_v4n_p1": [_SIG], "matvec_q8_q4_k_v4n_p1_r4": [_SIG],
                   "matvec_q8_q4_k_v4_u1_r4": [_SIG],
                   "matvec_q8_q4_k_v4_tok": [
                       "void(UniTuple(uint32[::1], 1), int32[:, ::1], int32, int32, "
@@ -410,19 +445,19 @@ EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b3
 
 
 def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads, stream,
-           rows=1):
+           rows=1, nibble=False):
     """Called by matvec.launch_matvec_q8 for Q4_K (its checks already done, y and residual
-    flat)."""
+    flat); nibble: the activations are in nibble order (quantize_act.nibble_order)."""
     w32 = w8.view(np.uint32)
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
-    if xreg_serves(M, K, parts, rows):
+    if not nibble and xreg_serves(M, K, parts, rows):
         xreg_kernel(K // 1024)[xreg_grid(M), threads, stream](
             w32, np.int32(M), np.int32(K), xq, xd, y_dev,
             y_dev if bias is None else bias, y_dev if residual is None else residual,
             np.int32(bias is not None), np.int32(residual is not None))
         return
-    kern = KERNELS(rows, parts, K)
+    kern = (KERNELS_NIB if nibble else KERNELS)(rows, parts, K)
     kern[grid, threads, stream](
         (w32,), np.int32(M), np.int32(K), (xq, xd), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,

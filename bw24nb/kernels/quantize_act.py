@@ -20,6 +20,41 @@ from numba import cuda
 from ..jit import kernel
 
 QBLOCK = 32
+# The "nibble order" of a quantized activation row (decision 0027): within every 256 values the
+# 32-value blocks are stored in the order 0, 2, 4, 6, 1, 3, 5, 7 -- the values a Q4_K chunk's
+# low nibbles meet first, then those its high nibbles meet -- so that the 8 lanes of a Q4_K
+# super-block read one contiguous 128-byte line per activation load instead of two half-used
+# ones (matvec_q4k.PATH_NIB). Only the int8 values move, a whole 32-block at a time; the scales
+# xd stay in natural order, and so does every value's code. Rows of K % 256 == 0 values only.
+NIBBLE_GROUP = 256
+
+
+@cuda.jit(device=True, inline="always")
+def nibble_slot(i):
+    """Where value i of a row (or of rows of K % 256 == 0 values laid end to end) goes in the
+    nibble order: block j = (i >> 5) & 7 of its 256 to slot 4 (j & 1) + (j >> 1)."""
+    j = (i >> 5) & 7
+    return (i & ~255) | ((((j & 1) << 2) | (j >> 1)) << 5) | (i & 31)
+
+
+def nibble_order(xq):
+    """The nibble order of int8 activations in natural order (numpy; size % 256 == 0): the
+    reference for producers that write it, and the bench's way to make it."""
+    a = np.asarray(xq)
+    if a.size % NIBBLE_GROUP:
+        raise ValueError(f"nibble order: {a.size} values is not a whole number of "
+                         f"{NIBBLE_GROUP}-value groups")
+    g = a.reshape(-1, 4, 2, QBLOCK)                # [group, p, s, 32]: block j = 2 p + s
+    return np.ascontiguousarray(g.transpose(0, 2, 1, 3)).reshape(a.shape)
+
+
+def natural_order(xq):
+    """The inverse of `nibble_order`."""
+    a = np.asarray(xq)
+    g = a.reshape(-1, 2, 4, QBLOCK)                # [group, s, p, 32]
+    return np.ascontiguousarray(g.transpose(0, 2, 1, 3)).reshape(a.shape)
+
+
 # 4 activation blocks (one warp each) per 128-thread block.
 BLOCKS_PER_CTA = 4
 THREADS = QBLOCK * BLOCKS_PER_CTA
