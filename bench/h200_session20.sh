@@ -22,6 +22,11 @@
 #               0026; the tokens must equal default's)
 #   mvn         bench/matvec_bench.py --shapes 9b --act-rows 4,9 --nibble: the Q4_K kernels on
 #               activations in nibble order beside natural order (decision 0027), bits checked
+#   mvx         bench/matvec_bench.py --shapes 9b --act-rows 4 --xrows: verify's persistent rows
+#               kernel (matvec_q4k.XREG_ROWS) beside the row loop's, bits checked
+#   q9r         run_bench on the 9B shape, --launch ${Q9R_LAUNCH:-default,q4k-rowloop}: the
+#               session-20 defaults (persistent double-buffered Q4_K one-row kernel) beside the
+#               row loop
 #   probe       bench/q4k_probe.py: the row loop, the library's persistent kernel and the probe's
 #               xreg variants, 9B shapes
 # Call 2 ran kc,mv,mvold,q9,q9old on 9d5fc34 (Q4_K on pairs, rejected); call 3 ran the probe and
@@ -29,7 +34,7 @@
 # Carry .whl and .old (git archive $OLD_COMMIT | tar x -C .old; rm -rf .old/research .old/docs .old/tests).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-ph,lc,c05,c05old}; . bench/device_env.sh
 P9=""; P05=""; P35=""
-{ on q9 || on q9old || on q9x || on q9spec || on gate9; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
+{ on q9 || on q9old || on q9x || on q9r || on q9spec || on gate9; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 { on c05 || on c05old || on c05x; } && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
 { on m35 || on m35old; } && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 on ph && { run ${PH_S:-120} ph python3 bench/attention_phases.py --commit $C --out /tmp/attention_phases.jsonl \
@@ -44,6 +49,8 @@ on mv && { run ${MV_S:-120} mv python3 bench/matvec_bench.py --shapes 9b --no-ol
   grep -E "Q4_K|Error|Traceback" $L/mv.log | head -16; }
 on mvn && { run ${MVN_S:-170} mvn python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --nibble --commit $C --out /tmp/matvec.jsonl
   grep -E "Q4_K|Error|Traceback" $L/mvn.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -40; }
+on mvx && { run ${MVX_S:-150} mvx python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows ${MVX_ROWS:-4} --xrows --commit $C --out /tmp/matvec.jsonl
+  grep -E "dp4a_|Error|Traceback" $L/mvx.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -40; }
 on mvold && { run ${MV_S:-120} mvold env PYTHONPATH=/tmp/site:$PWD/${OLD_TREE:-.old} BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 ${OLD_TREE:-.old}/bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --commit ${OLD_COMMIT:-old} --out /tmp/matvec_old.jsonl
   grep -E "Q4_K|Error|Traceback" $L/mvold.log | head -16; }
 [ -n "$P05" ] && wait $P05
@@ -55,10 +62,12 @@ on c05x && { run ${C05X_S:-200} c05x python3 bench/run_bench.py /tmp/c05.gguf --
   grep -E "gate:|decode_tok_s@|kernel_chain_ms:attention|Error|Traceback" $L/c05x.log | grep -v "^qwen" | cut -c1-170; }
 on q9x && { run ${Q9X_S:-300} q9x python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9X_LAUNCH:-default,q4k-xreg-db,q4k-xreg-b4} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok_s@|kernel_chain_ms:ffn_gate_up|Error|Traceback" $L/q9x.log | grep -v "^qwen" | cut -c1-170; }
+on q9r && { run ${Q9R_S:-300} q9r python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9R_LAUNCH:-default,q4k-rowloop} --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|decode_tok_s@|decode_step_chain|Error|Traceback" $L/q9r.log | grep -v "^  qwen" | cut -c1-170; }
 on probe && { run ${PROBE_S:-100} probe python3 bench/q4k_probe.py --shapes 12288x4096,4096x4096 --variants same,xreg,xreg_db,xreg_b4,xreg_db_b4 --out /tmp/q4k_probe.jsonl
   grep -E " us |Error|Traceback" $L/probe.log | head -12; }
-on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks 1,3,8 --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
-  grep -E "verify|decode step|Error|Traceback" $L/q9spec.log | head -12; }
+on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks 1,3,8 --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
+  grep -E "verify|decode_step|Error|Traceback" $L/q9spec.log | head -24; }
 on gate9 && { run ${G9_S:-300} gate9 python3 bench/spec_gate.py /tmp/q9.gguf --commit $C --jsonl /tmp/spec.jsonl --rollback states ${G9_ARGS:-}
   grep -E "MATCH|MISMATCH|Error|Traceback" $L/gate9.log | head -20; }
 [ -n "$P35" ] && wait $P35

@@ -545,16 +545,23 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 # per slot: norm.launch_rms_norm_q8, the same bits)
                 "norm-whole": dict(norm_split=False)}
 # launch modes that set module switches, not Engine arguments, while their engine is built and
-# measured: the Q4_K one-row matvecs on matvec_q4k's persistent kernel (off by default, decision
-# 0026) on SMs x 8 blocks (its default grid) or SMs x 4, -db with the next row's weights loaded
-# a row ahead (SMs x 4, or x 8); decode attention's softmax rows interleaved
-# (decode_attention.INTERLEAVE_ROWS, off by default, the same bits)
+# measured: the Q4_K one-row matvecs on the row loop (q4k-rowloop), or on matvec_q4k's
+# persistent kernel (decision 0026; the default since session 20 is -db: the next row's weights
+# loaded a row ahead, SMs x 4 blocks) plain on SMs x 8 or x 4 blocks, or -db on SMs x 8;
+# verify's rows on the persistent kernel (q4k-xrows, matvec_q4k.XREG_ROWS, off by default);
+# decode attention's softmax rows interleaved (decode_attention.INTERLEAVE_ROWS, off: no gain
+# measured in session 20). All give the same bits.
 _Q4 = "bw24nb.kernels.matvec_q4k"
-MODULE_MODES = {"q4k-xreg": [(_Q4, "XREG", True)],
-                "q4k-xreg-b4": [(_Q4, "XREG", True), (_Q4, "XREG_BLOCKS_PER_SM", 4)],
+MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
+                "q4k-xreg": [(_Q4, "XREG", True), (_Q4, "XREG_DB", False),
+                             (_Q4, "XREG_BLOCKS_PER_SM", 8)],
+                "q4k-xreg-b4": [(_Q4, "XREG", True), (_Q4, "XREG_DB", False),
+                                (_Q4, "XREG_BLOCKS_PER_SM", 4)],
                 "q4k-xreg-db": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
                                 (_Q4, "XREG_BLOCKS_PER_SM", 4)],
-                "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True)],
+                "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
+                                   (_Q4, "XREG_BLOCKS_PER_SM", 8)],
+                "q4k-xrows": [(_Q4, "XREG_ROWS", True)],
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 

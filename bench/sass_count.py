@@ -104,11 +104,12 @@ def count(sass: str) -> dict:
                 stack_bytes=int(usage.group(2)) if usage else None)
 
 
-def _ptxas_cubin(ptx: str, arch: str) -> tuple[bytes | None, str]:
+def _ptxas_cubin(ptx: str, arch: str, maxrreg: int | None = None) -> tuple[bytes | None, str]:
     """(cubin, how) from the ptxas on PATH -- the assembler closest to the driver's JIT, which
     is what runs on the device (its CUDA 13.0 driver) -- or (None, why not). A PTX newer than
     that ptxas takes (the pip NVVM's) is retried with its .version lowered to 9.0, CUDA
-    13.0's ISA: the kernels use nothing newer, and the record says so."""
+    13.0's ISA: the kernels use nothing newer, and the record says so. maxrreg: the kernel's
+    own register cap (its `max_registers` option, which numba hands the linker, not the PTX)."""
     exe = shutil.which("ptxas")
     if not exe:
         return None, "no ptxas on PATH"
@@ -117,7 +118,8 @@ def _ptxas_cubin(ptx: str, arch: str) -> tuple[bytes | None, str]:
         for text, how in ((ptx, "ptxas"), (re.sub(r"^\.version \d+\.\d+", ".version 9.0", ptx,
                                                   flags=re.M), "ptxas, PTX .version 9.0")):
             src.write_text(text)
-            proc = subprocess.run([exe, f"-arch={arch}", str(src), "-o", str(out)],
+            cap = [] if maxrreg is None else [f"-maxrregcount={maxrreg}"]
+            proc = subprocess.run([exe, f"-arch={arch}", *cap, str(src), "-o", str(out)],
                                   capture_output=True, text=True)
             if proc.returncode == 0:
                 return out.read_bytes(), how
@@ -135,7 +137,8 @@ def kernel_sass(spec: str, cc: tuple[int, int], assembler: str) -> tuple[str, st
     arch = f"sm_{cc[0]}{cc[1]}"
     links = getattr(mod, "LINKS", {}).get(attr, [])
     if assembler == "ptxas" and not links:
-        cubin, how = _ptxas_cubin(ptx, arch)
+        maxrreg = getattr(getattr(mod, attr), "targetoptions", {}).get("max_registers")
+        cubin, how = _ptxas_cubin(ptx, arch, maxrreg)
         if cubin is not None:
             return sass_of(cubin), how
         sys.exit(f"sass_count: ptxas could not assemble {spec}: {how}")

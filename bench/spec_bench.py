@@ -219,13 +219,20 @@ def main(argv=None) -> int:
     ap.add_argument("--confidences", default="",
                     help="confidence-gating thresholds to run the MTP draft under, e.g. 0,0.5 "
                          "(0 never stops a draft: the gating's own cost)")
+    ap.add_argument("--launch", default="default",
+                    help="comma list of run_bench's module launch modes (MODULE_MODES, e.g. "
+                         "default,q4k-xrows), each measured with targets of its own in this "
+                         "process: the verify graphs are captured under its switches")
     ap.add_argument("--name", default=None, help="model label (default: the file name)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL))
     ap.add_argument("--commit", default=None)
     a = ap.parse_args(argv)
+    from bench.run_bench import MODULE_MODES, module_mode
+    launches = [m.strip() for m in a.launch.split(",") if m.strip()]
+    if any(m != "default" and m not in MODULE_MODES for m in launches):
+        ap.error(f"--launch: modes are default and {sorted(MODULE_MODES)}")
 
     from bw24nb.engine import Engine
-    from bw24nb.engine_spec import EngineSpecTarget
     from bw24nb.formats import open_model
     from bw24nb.quant import QType
 
@@ -243,27 +250,35 @@ def main(argv=None) -> int:
     rec = Recorder(gpu_name(), git_commit(a.commit), paths)
     model = a.name or os.path.basename(a.model.rstrip("/"))
     try:
-        for rollback in a.rollback.split(","):
-            target = EngineSpecTarget(engine, rollback=rollback)
-            prompt = prompt_ids(a.prompt_len, target.vocab_size)
-            cfg = dict(engine="bw24nb", file=a.model, n_ctx=ctx, runs=a.runs, warmup=a.warmup,
-                       prompt=a.prompt_len, rollback=rollback, has_mtp=target.has_mtp)
-            print(f"{model}: {engine.name}; K in {ks}; MTP head: {target.has_mtp}; "
-                  f"rollback {rollback}", flush=True)
-            trims = [int(t) for t in a.trims.split(",") if t.strip()]
-            if any(not 0 < t <= target.vocab_size for t in trims):
-                ap.error(f"--trims: sizes must be 1 .. {target.vocab_size}")
-            bench_rounds(rec, model, target, prompt, ks, a.runs, a.warmup, cfg, trims)
-            if a.profile_k:
-                profile_verify(rec, model, target, prompt, a.profile_k, cfg)
-            confs = [float(c) for c in a.confidences.split(",") if c.strip()]
-            bench_end_to_end(rec, model, target, prompt, ks, a.n, a.modes.split(","), a.runs,
-                             a.warmup, cfg, confs)
-            del target
+        for launch in launches:
+            with module_mode(launch):
+                for rollback in a.rollback.split(","):
+                    _bench_target(a, ap, rec, model, engine, ks, ctx, rollback, launch)
     finally:
         rec.write()
     print(rec.table())
     return 0
+
+
+def _bench_target(a, ap, rec, model, engine, ks, ctx, rollback, launch) -> None:
+    """Every measurement of one rollback strategy, on a target (and graphs) of its own."""
+    from bw24nb.engine_spec import EngineSpecTarget
+    target = EngineSpecTarget(engine, rollback=rollback)
+    prompt = prompt_ids(a.prompt_len, target.vocab_size)
+    cfg = dict(engine="bw24nb", file=a.model, n_ctx=ctx, runs=a.runs, warmup=a.warmup,
+               prompt=a.prompt_len, rollback=rollback, has_mtp=target.has_mtp,
+               **({} if launch == "default" else dict(launch=launch)))
+    print(f"{model}: {engine.name}; K in {ks}; MTP head: {target.has_mtp}; "
+          f"rollback {rollback}; launch {launch}", flush=True)
+    trims = [int(t) for t in a.trims.split(",") if t.strip()]
+    if any(not 0 < t <= target.vocab_size for t in trims):
+        ap.error(f"--trims: sizes must be 1 .. {target.vocab_size}")
+    bench_rounds(rec, model, target, prompt, ks, a.runs, a.warmup, cfg, trims)
+    if a.profile_k:
+        profile_verify(rec, model, target, prompt, a.profile_k, cfg)
+    confs = [float(c) for c in a.confidences.split(",") if c.strip()]
+    bench_end_to_end(rec, model, target, prompt, ks, a.n, a.modes.split(","), a.runs,
+                     a.warmup, cfg, confs)
 
 
 if __name__ == "__main__":
