@@ -22,8 +22,8 @@
 #               0026; the tokens must equal default's)
 #   mvn         bench/matvec_bench.py --shapes 9b --act-rows 4,9 --nibble: the Q4_K kernels on
 #               activations in nibble order beside natural order (decision 0027), bits checked
-#   mvx         bench/matvec_bench.py --shapes 9b --act-rows 4 --xrows: verify's persistent rows
-#               kernel (matvec_q4k.XREG_ROWS) beside the row loop's, bits checked
+#   mvx         (call 4, dc31558) matvec_bench --xrows: verify's persistent rows kernel, since
+#               removed (slower: decision 0026's follow-up)
 #   q9r         run_bench on the 9B shape, --launch ${Q9R_LAUNCH:-default,q4k-rowloop}: the
 #               session-20 defaults (persistent double-buffered Q4_K one-row kernel) beside the
 #               row loop
@@ -49,8 +49,6 @@ on mv && { run ${MV_S:-120} mv python3 bench/matvec_bench.py --shapes 9b --no-ol
   grep -E "Q4_K|Error|Traceback" $L/mv.log | head -16; }
 on mvn && { run ${MVN_S:-170} mvn python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --nibble --commit $C --out /tmp/matvec.jsonl
   grep -E "Q4_K|Error|Traceback" $L/mvn.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -40; }
-on mvx && { run ${MVX_S:-150} mvx python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows ${MVX_ROWS:-4} --xrows --commit $C --out /tmp/matvec.jsonl
-  grep -E "dp4a_|Error|Traceback" $L/mvx.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -40; }
 on mvold && { run ${MV_S:-120} mvold env PYTHONPATH=/tmp/site:$PWD/${OLD_TREE:-.old} BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 ${OLD_TREE:-.old}/bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --commit ${OLD_COMMIT:-old} --out /tmp/matvec_old.jsonl
   grep -E "Q4_K|Error|Traceback" $L/mvold.log | head -16; }
 [ -n "$P05" ] && wait $P05

@@ -1,7 +1,7 @@
 """Decode matvec on a real GPU: how close to the read roofline is each real shape?
 
     python3 bench/matvec_bench.py [--shapes all|small|9b|35b|big] [--launches 50] [--no-old] [--out PATH]
-                                  [--act-rows 4,9] [--fit-ab] [--nibble] [--xrows] [--commit SHA]
+                                  [--act-rows 4,9] [--fit-ab] [--nibble] [--commit SHA]
 
 For each (M x K, weight type) of the default model (Qwen2.5-Coder-0.5B: Q5_0 / Q8_0 / Q6_K) and
 the 9B shape (Q4_K), times `launch_matvec` -- and, side by side, the first kernel of this module
@@ -25,9 +25,6 @@ quantized once beforehand):
   * --nibble: Q4_K shapes also get `dp4a_nib` (and `dp4a_nib_r<T>`): the same kernels on the
     activations in nibble order (quantize_act.nibble_order, decision 0027), which must give the
     natural order's bits (checked: a differing bit is BAD);
-  * --xrows: Q4_K shapes also get `dp4a_xr<T>`: the rows kernels with matvec_q4k.XREG_ROWS on
-    (persistent double-buffered warps where it serves: K <= 4096, T <= XROWS_MAX; the row
-    loop elsewhere), bit-checked against `dp4a_r<T>`;
   * max_rel_err: max over rows of |y - matvec_reference| / (|W| @ |x|)   (float64 reference;
     the kernels' bound is ~2e-6, see tests/test_kernels_matvec.py; > 1e-5 is flagged BAD;
     dp4a rows against matvec_q8_reference, i.e. x as quantized, flagged above 1e-4).
@@ -194,18 +191,16 @@ def _commit() -> str:
         return "unknown"
 
 
-def _switched_off(switch, launch, value=False, module="matvec"):
-    """launch() with the module switch <module>.<switch> set to value (off), restored after:
-    FIT_UNROLL (the path's full unroll), QX0_V4 (Q8_0 / Q5_0 / Q4_0 on the generic group path),
-    matvec_q4k's XREG_ROWS (on: verify's persistent rows kernel)."""
-    import importlib
-    mod = importlib.import_module(f"bw24nb.kernels.{module}")
-    was = getattr(mod, switch)
-    setattr(mod, switch, value)
+def _switched_off(switch, launch):
+    """launch() with the module switch matvec.<switch> off, restored after: FIT_UNROLL (the
+    path's full unroll) or QX0_V4 (Q8_0 / Q5_0 / Q4_0 on the generic group path)."""
+    from bw24nb.kernels import matvec
+    was = getattr(matvec, switch)
+    setattr(matvec, switch, False)
     try:
         launch()
     finally:
-        setattr(mod, switch, was)
+        setattr(matvec, switch, was)
 
 
 def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
@@ -223,7 +218,7 @@ def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
 
 
 def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=False,
-                nibble=False, xrows=False):
+                nibble=False):
     nbytes = M * row_bytes(qt, K)
     n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
     copies = min(n, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes) + 1)
@@ -287,13 +282,6 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             kernels.append((f"dp4a_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_r=y_r:
                             launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r, stream=stream, rows=nr),
                             ref_r, 10 * REL_ERR_BAD, y_r, scale_r))
-            if xrows and qt == QType.Q4_K:     # the persistent rows kernel, where it serves
-                y_rx = cuda.device_array(nr * M, np.float32, stream=stream)
-                kernels.append((f"dp4a_xr{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_rx=y_rx:
-                                _switched_off("XREG_ROWS", lambda: launch_matvec_q8(
-                                    w, qt, M, K, xq_r, xd_r, y_rx, stream=stream, rows=nr),
-                                    True, "matvec_q4k"),
-                                ref_r, 10 * REL_ERR_BAD, y_rx, scale_r))
             if nib:
                 xq_rn = cuda.to_device(nibble_order(q_h), stream=stream)
                 y_rn = cuda.device_array(nr * M, np.float32, stream=stream)
@@ -324,12 +312,10 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
         if name == "dp4a_full" and not np.array_equal(out.view(np.uint32),
                                                       outs["dp4a"].view(np.uint32)):
             rows[-1]["max_rel_err"] = float("inf")      # the fitted unroll changed a bit: BAD
-        if name.startswith(("dp4a_nib", "dp4a_xr")):    # the same bits as the row loop's
-            twin = "dp4a" + (name[len("dp4a_nib"):] if name.startswith("dp4a_nib")
-                             else "_r" + name[len("dp4a_xr"):])
-            key = "nibble_bits" if name.startswith("dp4a_nib") else "xrows_bits"
-            rows[-1][key] = same = np.array_equal(out.view(np.uint32),
-                                                  outs[twin].view(np.uint32))
+        if name.startswith("dp4a_nib"):                 # nibble order: the natural order's bits
+            twin = "dp4a" + name[len("dp4a_nib"):]
+            rows[-1]["nibble_bits"] = same = np.array_equal(out.view(np.uint32),
+                                                            outs[twin].view(np.uint32))
             if not same:
                 rows[-1]["max_rel_err"] = float("inf")
         if name.startswith("dp4a_r"):                   # verify's contract: row t of the rows
@@ -363,9 +349,6 @@ def main() -> int:
     ap.add_argument("--nibble", action="store_true",
                     help="Q4_K shapes: also the kernels on activations in nibble order "
                          "(`dp4a_nib`, `dp4a_nib_r<T>`), bit-checked against natural order")
-    ap.add_argument("--xrows", action="store_true",
-                    help="Q4_K shapes: also the rows kernels with matvec_q4k.XREG_ROWS on "
-                         "(`dp4a_xr<T>`, where it serves), bit-checked against `dp4a_r<T>`")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
     args = ap.parse_args()
@@ -402,7 +385,7 @@ def main() -> int:
         for M, K, qt, what in shapes:
             try:
                 rows = bench_shape(M, K, qt, args.launches, not args.no_old, stream, rng,
-                                   act_rows, args.fit_ab, args.nibble, args.xrows)
+                                   act_rows, args.fit_ab, args.nibble)
             except Exception as e:                      # report and go on with the next shape
                 print(f"# {M}x{K} {qt.name}: FAILED {type(e).__name__}: {e}", flush=True)
                 bad = True
@@ -412,7 +395,7 @@ def main() -> int:
                 r.update(pct=100 * r["gbs"] / roof)
                 one = by.get("dp4a_nib" if r["kernel"].startswith("dp4a_nib") else "dp4a")
                 x_r1 = round(r["us"] / one, 3) if one and r["kernel"].startswith(
-                    ("dp4a_r", "dp4a_nib_r", "dp4a_xr")) else None
+                    ("dp4a_r", "dp4a_nib_r")) else None
                 ok = r["max_rel_err"] <= r["bad_above"]
                 bad |= not ok
                 rec = dict(date=date, gpu=gpu, commit=commit, shape=f"{M}x{K}", M=M, K=K,
@@ -422,7 +405,8 @@ def main() -> int:
                            ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"],
                            **({} if x_r1 is None else dict(x_r1=x_r1)),
                            **({} if "rows_bits" not in r else dict(rows_bits=r["rows_bits"])),
-                           **{k: r[k] for k in ("nibble_bits", "xrows_bits") if k in r})
+                           **({} if "nibble_bits" not in r else
+                              dict(nibble_bits=r["nibble_bits"])))
                 f.write(json.dumps(rec) + "\n")
                 table.append(rec)
                 print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<10} {r['us']:9.2f} us "

@@ -548,7 +548,6 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # measured: the Q4_K one-row matvecs on the row loop (q4k-rowloop), or on matvec_q4k's
 # persistent kernel (decision 0026; the default since session 20 is -db: the next row's weights
 # loaded a row ahead, SMs x 4 blocks) plain on SMs x 8 or x 4 blocks, or -db on SMs x 8;
-# verify's rows on the persistent kernel (q4k-xrows, matvec_q4k.XREG_ROWS, off by default);
 # decode attention's softmax rows interleaved (decode_attention.INTERLEAVE_ROWS, off: no gain
 # measured in session 20). All give the same bits.
 _Q4 = "bw24nb.kernels.matvec_q4k"
@@ -561,7 +560,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                 (_Q4, "XREG_BLOCKS_PER_SM", 4)],
                 "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
                                    (_Q4, "XREG_BLOCKS_PER_SM", 8)],
-                "q4k-xrows": [(_Q4, "XREG_ROWS", True)],
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 

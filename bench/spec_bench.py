@@ -221,7 +221,7 @@ def main(argv=None) -> int:
                          "(0 never stops a draft: the gating's own cost)")
     ap.add_argument("--launch", default="default",
                     help="comma list of run_bench's module launch modes (MODULE_MODES, e.g. "
-                         "default,q4k-xrows), each measured with targets of its own in this "
+                         "default,q4k-rowloop), each measured with targets of its own in this "
                          "process: the verify graphs are captured under its switches")
     ap.add_argument("--name", default=None, help="model label (default: the file name)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL))

@@ -279,25 +279,23 @@ def test_module_modes_set_their_switches_for_the_block_only():
     engine is built and measured, and put the defaults back after it, exception or not."""
     from bw24nb.kernels import matvec_q4k as q4
     assert set(run_bench.MODULE_MODES) <= set(run_bench.LAUNCH_MODES)
-    was = (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM, q4.XREG_ROWS)
-    assert was == (True, True, 4, False)          # the defaults (session 20)
+    was = (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM)
+    assert was == (True, True, 4)          # the defaults (session 20)
     with run_bench.module_mode("q4k-xreg"):
         assert q4.XREG is True and not q4.XREG_DB and q4.XREG_BLOCKS_PER_SM == 8
-    assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM, q4.XREG_ROWS) == was
+    assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM) == was
     with run_bench.module_mode("q4k-rowloop"):
         assert q4.XREG is False
-    with run_bench.module_mode("q4k-xrows"):
-        assert q4.XREG_ROWS is True
-    assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM, q4.XREG_ROWS) == was
+    assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM) == was
     try:
         with run_bench.module_mode("q4k-xreg"):
             assert q4.XREG is True
             raise RuntimeError("engine failed")
     except RuntimeError:
         pass
-    assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM, q4.XREG_ROWS) == was
+    assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM) == was
     with run_bench.module_mode("default"):
-        assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM, q4.XREG_ROWS) == was
+        assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM) == was
     from bw24nb.kernels import decode_attention as da
     with run_bench.module_mode("attn-il"):
         assert da.INTERLEAVE_ROWS is True

@@ -604,39 +604,3 @@ def test_q4k_persistent_kernel_gives_the_row_loops_bits(rng, monkeypatch, K, db)
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[2].view(np.uint32))
     np.testing.assert_array_equal(outs[1].view(np.uint32), outs[3].view(np.uint32))
 
-
-@pytest.mark.parametrize("K,T", [(1024, 2), (2048, 3), (4096, 4)])
-def test_q4k_persistent_rows_kernel_gives_the_row_loops_bits(rng, monkeypatch, K, T):
-    """Verify's persistent kernel (matvec_q4k.XREG_ROWS: T rows of activations, the weights
-    double-buffered a row ahead) sums every (token, row) in the row loop's order: with it and
-    without it launch_matvec_q8 must agree bit for bit, bias and residual included, on one
-    block (each warp takes several rows), M not a multiple of the warps; and each token's row
-    must equal the one-row kernel's result for it."""
-    from bw24nb.kernels import matvec_q4k as q4
-    M = 11
-    w = cuda.to_device(random_weight_bytes(rng, QType.Q4_K, M, K))
-    xq_h, xd_h = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
-    xq, xd = cuda.to_device(xq_h), cuda.to_device(xd_h)
-    bias = cuda.to_device(rng.standard_normal(M).astype(np.float32))
-    res = cuda.to_device(rng.standard_normal(T * M).astype(np.float32))
-    monkeypatch.setattr(q4, "XREG_BLOCKS_PER_SM", 1)
-    monkeypatch.setattr(q4, "sm_count", lambda: 1)
-    outs = {}
-    for on in (True, False):
-        monkeypatch.setattr(q4, "XREG_ROWS", on)
-        assert q4.xreg_serves(M, K, 1, T) == on
-        for b, r in ((None, None), (bias, res)):
-            y = cuda.to_device(np.full(T * M, np.nan, np.float32))
-            launch_matvec_q8(w, QType.Q4_K, M, K, xq, xd, y, bias=b, residual=r, parts=1,
-                             rows=T)
-            outs[on, b is None] = y.copy_to_host()
-    for plain in (True, False):
-        assert np.all(np.isfinite(outs[True, plain]))
-        np.testing.assert_array_equal(outs[True, plain].view(np.uint32),
-                                      outs[False, plain].view(np.uint32))
-    y1 = cuda.device_array(M, np.float32)
-    for t in range(T):
-        launch_matvec_q8(w, QType.Q4_K, M, K, cuda.to_device(xq_h[t * K:(t + 1) * K]),
-                         cuda.to_device(xd_h[t * K // 32:(t + 1) * K // 32]), y1, parts=1)
-        np.testing.assert_array_equal(y1.copy_to_host().view(np.uint32),
-                                      outs[True, True][t * M:(t + 1) * M].view(np.uint32))

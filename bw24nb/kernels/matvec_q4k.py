@@ -307,22 +307,13 @@ XREG = True                 # True: one-row K <= 4096 launches on this kernel (t
 XREG_MAX_J = 4              # K <= 4096: 8 J activation words + 4 J floats stay in registers
 XREG_BLOCKS_PER_SM = 4      # one wave: 16 warps an SM at the double buffer's 128 registers
 XREG_DB = True              # the next row's weight words loaded a row ahead
-# Verify's rows (T = 2 .. MAX_ROWS activation rows) on persistent double-buffered warps too
-# (`_make_xrows`): the activations stay loads from L1 (T rows of them do not fit in
-# registers), the weights are the one-row kernel's double buffer. Off until measured in the
-# engine (run_bench / spec_bench --launch q4k-xrows).
-XREG_ROWS = False
-XROWS_MAX_REGISTERS = 168   # 12 warps an SM (ptxas takes ~250 for T = 4 uncapped: every
-                            # row's activation loads hoisted ahead; at 128 it spills 248 B)
-XROWS_BLOCKS_PER_SM = 3     # one wave at that cap
-XROWS_MAX = 4               # T = 9 spills ~1 KB a thread at that cap
 
 
 def xreg_serves(M, K, parts, rows) -> bool:
-    """Whether a launch runs a persistent kernel: one warp a row (its order is the row loop's
-    only then), K a multiple of 1024 up to 4096, one row of activations (XREG) or up to
-    XROWS_MAX (XREG_ROWS)."""
-    return ((XREG and rows == 1) or (XREG_ROWS and 1 < rows <= XROWS_MAX)) and parts == 1 \
+    """Whether a launch runs the persistent kernel: one row of activations, one warp a row
+    (its order is the row loop's only then) and K a multiple of 1024 up to 4096. (Verify's
+    rows on persistent double-buffered warps were slower: decision 0026's follow-up.)"""
+    return XREG and rows == 1 and parts == 1 \
         and K % 1024 == 0 and K // 1024 <= XREG_MAX_J
 
 
@@ -411,75 +402,24 @@ def _put8(a, i, w):
     a[i + 7] = w[7]
 
 
-def _make_xrows(J, T):
-    """The persistent double-buffered kernel for T rows of activations (verify): the weights as
-    `_make_xreg`'s double buffer, each chunk decoded once and met with every row's activations
-    by `_chunk_value` (loads from L1, as the row loop's rows kernels do). Row t's sums are the
-    row loop's at one warp a row -- chunks ascending, the warp tree, + bias, + residual -- so
-    every row has the bits of the one-row kernels."""
-    RW = 8 * J
-
-    def matvec(w32, M, K, xq, xd, y, bias, residual, has_bias, has_residual):
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        nwarps = cuda.gridDim.x * WARPS_PER_BLOCK
-        if warp >= M:
-            return
-        row_words = np.int64((K >> 8) * Q4_K_WORDS)
-        cur = cuda.local.array(RW, uint32)
-        nxt = cuda.local.array(RW, uint32)
-        acc = cuda.local.array(T, float32)
-        for j in range(J):
-            _put8(nxt, 8 * j, _chunk_words(w32, warp * row_words, lane + 32 * j))
-        for row in range(warp, M, nwarps):
-            for i in range(RW):
-                cur[i] = nxt[i]
-            ahead = min(row + nwarps, M - 1) * row_words
-            for j in range(J):
-                _put8(nxt, 8 * j, _chunk_words(w32, ahead, lane + 32 * j))
-            for t in range(T):
-                acc[t] = np.float32(0.0)
-            for j in range(J):
-                wq = _chunk_decode(cur[8 * j], cur[8 * j + 1], cur[8 * j + 2], cur[8 * j + 3],
-                                   cur[8 * j + 4], cur[8 * j + 5], cur[8 * j + 6],
-                                   cur[8 * j + 7])
-                for t in range(T):
-                    acc[t] += _chunk_value(xq, xd, np.uint32(t * (K >> 2)),
-                                           np.uint32(t * (K >> 5)), lane + 32 * j, wq)
-            for t in range(T):
-                total = warp_sum(acc[t])
-                if lane == 0:               # store_row's order, at row t M + row
-                    if has_bias:
-                        total += bias[row]
-                    if has_residual:
-                        total += residual[t * M + row]
-                    y[t * M + row] = total
-
-    matvec.__name__ = matvec.__qualname__ = f"matvec_q8_q4_k_xreg{J}_r{T}"
-    return kernel(matvec, max_registers=XROWS_MAX_REGISTERS)
-
-
 _XREG: dict = {}
 
 
-def xreg_kernel(J, db=None, rows=1):
+def xreg_kernel(J, db=None):
     """The persistent kernel for J = K / 1024 chunks a lane (db: with the next row's words
-    loaded a row ahead; default XREG_DB; rows > 1: `_make_xrows`, always double-buffered),
-    built on first request."""
-    key = (J, XREG_DB if db is None else bool(db), rows)
+    loaded a row ahead; default XREG_DB), built on first request."""
+    key = (J, XREG_DB if db is None else bool(db))
     if key not in _XREG:
-        _XREG[key] = _make_xreg(J, key[1]) if rows == 1 else _make_xrows(J, rows)
+        _XREG[key] = _make_xreg(*key)
     return _XREG[key]
 
 
-def xreg_grid(M, rows=1) -> int:
-    per_sm = XREG_BLOCKS_PER_SM if rows == 1 else XROWS_BLOCKS_PER_SM
-    return min((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, sm_count() * per_sm)
+def xreg_grid(M) -> int:
+    return min((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, sm_count() * XREG_BLOCKS_PER_SM)
 
 
 matvec_q8_q4_k_xreg4 = xreg_kernel(4, False)
 matvec_q8_q4_k_xreg4_db = xreg_kernel(4, True)
-matvec_q8_q4_k_xreg4_r4 = xreg_kernel(4, True, 4)
 
 _SIG = ("void(UniTuple(uint32[::1], 1), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
@@ -499,7 +439,6 @@ PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                       "void(uint32[::1], int32, int32, uint32[::1], float32[::1], float32[::1], "
                       "float32[::1], float32[::1], int32, int32)"]}
 PTX_SIGNATURES["matvec_q8_q4_k_xreg4_db"] = PTX_SIGNATURES["matvec_q8_q4_k_xreg4"]
-PTX_SIGNATURES["matvec_q8_q4_k_xreg4_r4"] = PTX_SIGNATURES["matvec_q8_q4_k_xreg4"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_tok"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
@@ -514,7 +453,7 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
     if not nibble and xreg_serves(M, K, parts, rows):
-        xreg_kernel(K // 1024, rows=rows)[xreg_grid(M, rows), threads, stream](
+        xreg_kernel(K // 1024)[xreg_grid(M), threads, stream](
             w32, np.int32(M), np.int32(K), xq, xd, y_dev,
             y_dev if bias is None else bias, y_dev if residual is None else residual,
             np.int32(bias is not None), np.int32(residual is not None))
