@@ -27,6 +27,8 @@
 #   q9r         run_bench on the 9B shape, --launch ${Q9R_LAUNCH:-default,q4k-rowloop}: the
 #               session-20 defaults (persistent double-buffered Q4_K one-row kernel) beside the
 #               row loop
+#   (next)      q9r with Q9R_LAUNCH=default,q4k-xstream,q4k-xstream-b4: the streaming persistent
+#               kernel for the K = 12288 ffn_down (matvec_q4k.XSTREAM), same tokens expected
 #   probe       bench/q4k_probe.py: the row loop, the library's persistent kernel and the probe's
 #               xreg variants, 9B shapes
 # Call 2 ran kc,mv,mvold,q9,q9old on 9d5fc34 (Q4_K on pairs, rejected); call 3 ran the probe and

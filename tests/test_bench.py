@@ -286,6 +286,9 @@ def test_module_modes_set_their_switches_for_the_block_only():
     assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM) == was
     with run_bench.module_mode("q4k-rowloop"):
         assert q4.XREG is False
+    with run_bench.module_mode("q4k-xstream-b4"):
+        assert q4.XSTREAM is True and q4.XSTREAM_BLOCKS_PER_SM == 4
+    assert not q4.XSTREAM and q4.XSTREAM_BLOCKS_PER_SM == 8
     assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM) == was
     try:
         with run_bench.module_mode("q4k-xreg"):
