@@ -29,6 +29,8 @@
 #               row loop
 #   (next)      q9r with Q9R_LAUNCH=default,q4k-xstream,q4k-xstream-b4: the streaming persistent
 #               kernel for the K = 12288 ffn_down (matvec_q4k.XSTREAM), same tokens expected
+#   (next)      lc with LC_ONLY and the "/1t" kinds, and c05x with C05X_LAUNCH=default,attn-1t:
+#               one-tile splits stored without the merge (decode_attention.ONE_TILE_DIRECT)
 #   probe       bench/q4k_probe.py: the row loop, the library's persistent kernel and the probe's
 #               xreg variants, 9B shapes
 # Call 2 ran kc,mv,mvold,q9,q9old on 9d5fc34 (Q4_K on pairs, rejected); call 3 ran the probe and

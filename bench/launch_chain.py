@@ -26,6 +26,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   .../npf            attention or its split with the split's K / V prefetch off
   .../il             attention or its split with the softmax's rows interleaved
                      (decode_attention.INTERLEAVE_ROWS; the same results)
+  .../1t             attention or its split with one-tile splits stored by warp 0 without
+                     the merge (decode_attention.ONE_TILE_DIRECT; the same results)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -103,14 +105,16 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     alone ("split"); its combine alone, over the partials the split left ("comb"); the split
     followed by the one-thread kernel, what a kernel boundary after the split costs
     ("split+e"); the whole and the split without the split's K / V prefetch ("/npf",
-    "split/npf") and with the softmax's rows interleaved ("/il", "split/il"). min_chunk: the
+    "split/npf"), with the softmax's rows interleaved ("/il", "split/il") and with one-tile
+    splits stored without the merge ("/1t", "split/1t"). min_chunk: the
     split plan's (default the engine's). A kind's "/..." part goes after the sequence name's
     position (docstring above)."""
     mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
     run = attention_launch(stream, rng, Hq, Hkv, D, ctx, position)
 
-    def attend(only, prefetch=None, interleave=None):
-        return lambda i: run(min_chunk=mc, only=only, prefetch=prefetch, interleave=interleave)
+    def attend(only, prefetch=None, interleave=None, direct=None):
+        return lambda i: run(min_chunk=mc, only=only, prefetch=prefetch, interleave=interleave,
+                             direct=direct)
 
     split = attend("split")
 
@@ -120,7 +124,8 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     return {"": attend(None), "split": split, "comb": attend("combine"),
             "split+e": split_then_empty, "/npf": attend(None, False),
             "split/npf": attend("split", False), "/il": attend(None, None, True),
-            "split/il": attend("split", None, True)}
+            "split/il": attend("split", None, True), "/1t": attend(None, direct=True),
+            "split/1t": attend("split", direct=True)}
 
 
 def per_rep_us(stream, n, body) -> float:

@@ -551,7 +551,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # rows longer than 4096 on the streaming persistent kernel (q4k-xstream: SMs x 8 blocks, -b4:
 # x 4; matvec_q4k.XSTREAM, off by default);
 # decode attention's softmax rows interleaved (decode_attention.INTERLEAVE_ROWS, off: no gain
-# measured in session 20). All give the same bits.
+# measured in session 20); its one-tile splits stored without the merge (attn-1t,
+# decode_attention.ONE_TILE_DIRECT, off until measured). All give the same bits.
 _Q4 = "bw24nb.kernels.matvec_q4k"
 MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "q4k-xreg": [(_Q4, "XREG", True), (_Q4, "XREG_DB", False),
@@ -564,7 +565,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                    (_Q4, "XREG_BLOCKS_PER_SM", 8)],
                 "q4k-xstream": [(_Q4, "XSTREAM", True)],
                 "q4k-xstream-b4": [(_Q4, "XSTREAM", True), (_Q4, "XSTREAM_BLOCKS_PER_SM", 4)],
-                "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)]}
+                "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)],
+                "attn-1t": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", True)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 
 

@@ -300,6 +300,9 @@ def test_module_modes_set_their_switches_for_the_block_only():
     with run_bench.module_mode("default"):
         assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM) == was
     from bw24nb.kernels import decode_attention as da
+    with run_bench.module_mode("attn-1t"):
+        assert da.ONE_TILE_DIRECT is True
+    assert da.ONE_TILE_DIRECT is False
     with run_bench.module_mode("attn-il"):
         assert da.INTERLEAVE_ROWS is True
     assert da.INTERLEAVE_ROWS is False

@@ -435,6 +435,39 @@ def test_traced_split_pass_gives_the_same_bits_and_ordered_stamps(rng):
                             trace=cuda.to_device(np.zeros(5, np.uint64)))
 
 
+@pytest.mark.parametrize("Hq,Hkv,D,n_ctx,n_splits", [(4, 2, 32, 40, 4), (14, 2, 64, 60, 4),
+                                                      (14, 2, 64, 128, 4), (14, 2, 64, 100, 3),
+                                                      (8, 1, 128, 90, 8)])
+def test_one_tile_splits_stored_without_the_merge_give_the_same_bits(rng, Hq, Hkv, D, n_ctx,
+                                                                     n_splits):
+    """decode_attention's direct store (direct=: a split of <= TILE keys written by warp 0
+    from its registers, the other warps gone) gives the merge's partials and output bit for
+    bit -- splits of one tile (16-keys, and shorter last ones), and plans whose splits take
+    more than a tile (the merge as before, in the same launch)."""
+    from bw24nb.kernels import decode_attention as da
+    from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
+    assert da.ONE_TILE_DIRECT is False
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
+    _n, chunk, used = _split_plan(n_ctx - 1, n_ctx, n_splits, DECODE_MIN_CHUNK,
+                                  DECODE_CHUNK_ALIGN)
+    got = []
+    for direct in (False, True):
+        part_ml = cuda.to_device(np.full((1, Hq, n_splits, 2), np.nan, np.float32))
+        part_acc = cuda.to_device(np.full((1, Hq, n_splits, D), np.nan, np.float32))
+        out = _poisoned((1, Hq, D))
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, direct=direct)
+        got.append([a.copy_to_host() for a in (out, part_ml, part_acc)])
+    assert np.isfinite(got[1][0]).all()
+    for a, b in zip(got[0], got[1]):        # the partials of the splits the plan uses
+        a, b = (a, b) if a.ndim == 3 else (a[:, :, :used], b[:, :, :used])
+        assert np.isfinite(b).all()
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 @pytest.mark.parametrize("Hq,Hkv,D,n_ctx,n_splits", [(4, 2, 32, 40, 4), (14, 2, 64, 300, 2),
                                                       (8, 1, 128, 90, 3)])
 def test_interleaved_softmax_rows_give_the_same_bits(rng, Hq, Hkv, D, n_ctx, n_splits):

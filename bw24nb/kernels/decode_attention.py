@@ -78,6 +78,15 @@ TRACE_STAMPS = ("entry", "plan", "q", "scores", "softmax", "tiles", "stored")
 # row's operations and their order are unchanged); off until measured in the engine's graph
 # (launch_chain's "/il" kinds; run_bench measures it through this switch).
 INTERLEAVE_ROWS = False
+# A split of at most one tile (TILE keys: the 0.5B heads at ~512 tokens, 16 keys a split) has
+# all its keys on warp 0: the other warps leave once q is in shared memory, and warp 0 stores
+# its (m, l, acc) as the split's partial straight from registers -- the values the four-warp
+# merge computes for it (weight exp(0) = 1 for warp 0, the others skipped; + 0.0 as the merge's
+# sum starts, which only turns a -0.0 into +0.0), without the block barrier and the shared
+# memory round trip of the merge (its "tiles -> stored" phase: 1440 ns on the 0.5B heads,
+# session 19). The same bits (tested); off until measured (launch_chain's "/1t" kinds,
+# run_bench --launch attn-1t).
+ONE_TILE_DIRECT = False
 
 
 def supports(n_rep: int, D: int, k_type, v_type) -> bool:
@@ -86,11 +95,13 @@ def supports(n_rep: int, D: int, k_type, v_type) -> bool:
             and 1 <= n_rep <= ROWS_MAX and D in HEAD_DIMS)
 
 
-def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False):
+def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
+          direct: bool = False):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
-    one interleaved step (INTERLEAVE_ROWS; the same results)."""
+    one interleaved step (INTERLEAVE_ROWS; the same results); direct: a one-tile split stored
+    by warp 0 without the merge (ONE_TILE_DIRECT; the same results)."""
     NS = len(TRACE_STAMPS)
     trace_on = trace
     D = 32 * E
@@ -211,6 +222,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         cuda.syncthreads()
         if trace_on and tid == 0:
             stamp(trace, tb, 2)
+        one_tile = direct and end - begin <= TILE       # the same for the whole block
+        if one_tile and warp > 0:
+            return                  # no key: q was all this warp had to give
         # every warp runs the same number of steps (the barriers below are block-wide); a
         # warp whose tile starts past `end` scores nothing and adds nothing
         for t0 in range(begin, end, WARPS * TILE):
@@ -302,6 +316,19 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             pv(acc, v2, 2 * VG, nk, p_sh, pb, lane)
             pv(acc, v3, 3 * VG, nk, p_sh, pb, lane)
             warp_sync()                         # p_sh read before the next step rewrites it
+        if one_tile:                # warp 0's state is the partial: the merge's values, stored
+            if trace_on and tid == 0:
+                stamp(trace, tb, 5)
+            for r in range(R):
+                h = kvh * R + r
+                for e in range(E):
+                    part_acc[tok, h, split_i, lane * E + e] = float32(0.0) + acc[r * E + e]
+                if lane == 0:
+                    part_ml[tok, h, split_i, 0] = m[r]
+                    part_ml[tok, h, split_i, 1] = float32(0.0) + lsum[r]
+            if trace_on and tid == 0:
+                stamp(trace, tb, 6)
+            return
         cuda.syncthreads()                      # every warp done with q before buf is reused
         if trace_on and tid == 0:
             stamp(trace, tb, 5)
@@ -337,7 +364,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             stamp(trace, tb, 6)
 
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
-            + ("_trace" if trace else ""))
+            + ("_1t" if direct else "") + ("_trace" if trace else ""))
     split.__name__ = split.__qualname__ = name
     return kernel(split)
 
@@ -346,9 +373,9 @@ _KERNELS: dict = {}
 
 
 def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
-                 interleave: bool = False):
+                 interleave: bool = False, direct: bool = False):
     """The (R, E) split kernel, built (not compiled) on first request."""
-    key = (R, E, bool(prefetch), bool(trace), bool(interleave))
+    key = (R, E, bool(prefetch), bool(trace), bool(interleave), bool(direct))
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
     return _KERNELS[key]
@@ -361,14 +388,15 @@ def trace_shape(T: int, n_kv_heads: int, n_splits: int) -> tuple:
 
 
 def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
-                 stream=0, prefetch=None, trace=None, interleave=None):
+                 stream=0, prefetch=None, trace=None, interleave=None, direct=None):
     """The split pass (attention.launch_flash_decode runs the combine after it, with the same
     min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
     attention.alloc_decode_partials makes them; prefetch: the K / V prefetch (default
     PREFETCH_KV; the same results either way); trace: a uint64 device array of
     `trace_shape` runs the instrumented build, which stamps TRACE_STAMPS into it; interleave:
-    the softmax's rows interleaved (default INTERLEAVE_ROWS; the same results)."""
+    the softmax's rows interleaved (default INTERLEAVE_ROWS; the same results); direct: one-tile
+    splits stored without the merge (default ONE_TILE_DIRECT; the same results)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
@@ -382,7 +410,8 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
     stamps = (kw[:2].view(np.uint64) if trace is None    # a stand-in the kernel never touches
               else trace.reshape(trace.size))
     split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch), trace is not None,
-                 INTERLEAVE_ROWS if interleave is None else bool(interleave))[
+                 INTERLEAVE_ROWS if interleave is None else bool(interleave),
+                 ONE_TILE_DIRECT if direct is None else bool(direct))[
         (n_splits, Hkv, T), THREADS, stream](
         q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
         np.int32(chunk_align), part_ml, part_acc, stamps)
@@ -396,8 +425,10 @@ _SIG = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, f
         "int32, float32[:, :, :, ::1], float32[:, :, :, ::1], uint64[::1])")
 flash_decode_f16_r7_e2_trace = split_kernel(7, 2, trace=True)      # bench/attention_phases.py
 flash_decode_f16_r7_e2_il = split_kernel(7, 2, interleave=True)
+flash_decode_f16_r7_e2_1t = split_kernel(7, 2, direct=True)
 PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG],
-                  "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG]}
+                  "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG],
+                  "flash_decode_f16_r7_e2_1t": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]
