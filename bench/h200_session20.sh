@@ -7,7 +7,8 @@
 #               same heads
 #   c05, c05old run_bench pair, 0.5B shape: this tree beside $OLD_TREE (call 1: db03c82 beside
 #               43287e2, the q / k / v of mixed Q5_0 / Q8_0 types widened to one Q8_0 stack)
-#   kc          bw24nb kernel-check --size real --only $KC_ONLY (default matvec*): the Q4_K path
+#   kc          bw24nb kernel-check --size real --only $KC_ONLY (default matvec*) [--types
+#               $KC_TYPES]: the Q4_K path
 #               on pairs (decision 0026) against numpy on the GPU
 #   mv, mvold   bench/matvec_bench.py --shapes 9b with verify rows 4 and 9, this tree then
 #               $OLD_TREE's, same machine (the Q4_K 16-byte chunks against pairs)
@@ -27,10 +28,17 @@
 #   q9r         run_bench on the 9B shape, --launch ${Q9R_LAUNCH:-default,q4k-rowloop}: the
 #               session-20 defaults (persistent double-buffered Q4_K one-row kernel) beside the
 #               row loop
-#   (next)      q9r with Q9R_LAUNCH=default,q4k-xstream,q4k-xstream-b4: the streaming persistent
-#               kernel for the K = 12288 ffn_down (matvec_q4k.XSTREAM), same tokens expected
-#   (next)      lc with LC_ONLY and the "/1t" kinds, and c05x with C05X_LAUNCH=default,attn-1t:
-#               one-tile splits stored without the merge (decode_attention.ONE_TILE_DIRECT)
+#   q9s         run_bench on the 9B shape, --launch default,q4k-xstream,q4k-xstream-b4: the
+#               streaming persistent kernel for the K = 12288 ffn_down (matvec_q4k.XSTREAM,
+#               built after the last call), the same tokens expected
+#   mvs         bench/matvec_bench.py --shapes 9b --xstream: the same kernel alone (dp4a_xs)
+#   c05t        run_bench on the 0.5B shape, --launch default,attn-1t: one-tile splits stored
+#               without the merge (decode_attention.ONE_TILE_DIRECT, built after the last
+#               call); lc measures its "/1t" kinds beside the others
+# Next call, ready: BW24_COMMIT=<head> KC_ONLY=matvec_q8,matvec_rows KC_TYPES=Q4_K \
+#   bash bench/h200_session20.sh mvs,kc,lc,c05t,q9s (~500 s; kc: the persistent one-row Q4_K
+#   kernel, default since this session, against numpy at the real shapes -- --types keeps the
+#   other types' slow references out)
 #   probe       bench/q4k_probe.py: the row loop, the library's persistent kernel and the probe's
 #               xreg variants, 9B shapes
 # Call 2 ran kc,mv,mvold,q9,q9old on 9d5fc34 (Q4_K on pairs, rejected); call 3 ran the probe and
@@ -38,8 +46,8 @@
 # Carry .whl and .old (git archive $OLD_COMMIT | tar x -C .old; rm -rf .old/research .old/docs .old/tests).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-ph,lc,c05,c05old}; . bench/device_env.sh
 P9=""; P05=""; P35=""
-{ on q9 || on q9old || on q9x || on q9r || on q9spec || on gate9; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
-{ on c05 || on c05old || on c05x; } && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
+{ on q9 || on q9old || on q9x || on q9r || on q9s || on q9spec || on gate9; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
+{ on c05 || on c05old || on c05x || on c05t; } && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
 { on m35 || on m35old; } && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 on ph && { run ${PH_S:-120} ph python3 bench/attention_phases.py --commit $C --out /tmp/attention_phases.jsonl \
     --note "${PH_NOTE:-session 19: decode attention split pass, phases}"
@@ -47,21 +55,27 @@ on ph && { run ${PH_S:-120} ph python3 bench/attention_phases.py --commit $C --o
 on lc && { run ${LC_S:-90} lc python3 bench/launch_chain.py --n 32 --commit $C --out /tmp/launch_chain.jsonl \
     --only ${LC_ONLY:-attn05b,attn9b} --note "${LC_NOTE:-session 20: decode attention}"
   grep -E "us a rep|Error|Traceback" $L/lc.log | head -40; }
-on kc && { run ${KC_S:-150} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec*}"
+on kc && { run ${KC_S:-150} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec*}" ${KC_TYPES:+--types $KC_TYPES}
   grep -E "FAIL|BAD|Error|Traceback" $L/kc.log | head -16; tail -2 $L/kc.log; cp $L/kc.log $OUT/kernel_check_real.txt; }
 on mv && { run ${MV_S:-120} mv python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --commit $C --out /tmp/matvec.jsonl
   grep -E "Q4_K|Error|Traceback" $L/mv.log | head -16; }
 on mvn && { run ${MVN_S:-170} mvn python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --nibble --commit $C --out /tmp/matvec.jsonl
   grep -E "Q4_K|Error|Traceback" $L/mvn.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -40; }
+on mvs && { run ${MVS_S:-120} mvs python3 bench/matvec_bench.py --shapes 9b --no-old --xstream --commit $C --out /tmp/matvec.jsonl
+  grep -E "dp4a|Error|Traceback" $L/mvs.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -20; }
 on mvold && { run ${MV_S:-120} mvold env PYTHONPATH=/tmp/site:$PWD/${OLD_TREE:-.old} BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 ${OLD_TREE:-.old}/bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --commit ${OLD_COMMIT:-old} --out /tmp/matvec_old.jsonl
   grep -E "Q4_K|Error|Traceback" $L/mvold.log | head -16; }
 [ -n "$P05" ] && wait $P05
 PAIR_S=${C05_S:-120} bench_pair c05 /tmp/c05.gguf qwen2.5-coder-0.5b-random
 [ -n "$P9" ] && wait $P9
 PAIR_S=${Q9_S:-150} bench_pair q9 /tmp/q9.gguf qwen3.5-9b-random
-[ -n "$P05" ] && { on c05x; } && wait $P05
+[ -n "$P05" ] && { on c05x || on c05t; } && wait $P05
 on c05x && { run ${C05X_S:-200} c05x python3 bench/run_bench.py /tmp/c05.gguf --name qwen2.5-coder-0.5b-random --runs 3 --torch none --act-quant q8 --launch ${C05X_LAUNCH:-default,attn-il} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok_s@|kernel_chain_ms:attention|Error|Traceback" $L/c05x.log | grep -v "^qwen" | cut -c1-170; }
+on c05t && { run ${C05T_S:-200} c05t python3 bench/run_bench.py /tmp/c05.gguf --name qwen2.5-coder-0.5b-random --runs 3 --torch none --act-quant q8 --launch default,attn-1t --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|decode_tok_s@|kernel_chain_ms:attention|Error|Traceback" $L/c05t.log | grep -v "^qwen" | cut -c1-170; }
+on q9s && { run ${Q9S_S:-300} q9s python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch default,q4k-xstream,q4k-xstream-b4 --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|decode_tok_s@|kernel_chain_ms:ffn_down|decode_step_chain|Error|Traceback" $L/q9s.log | grep -v "^  qwen" | cut -c1-170; }
 on q9x && { run ${Q9X_S:-300} q9x python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9X_LAUNCH:-default,q4k-xreg-db,q4k-xreg-b4} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok_s@|kernel_chain_ms:ffn_gate_up|Error|Traceback" $L/q9x.log | grep -v "^qwen" | cut -c1-170; }
 on q9r && { run ${Q9R_S:-300} q9r python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9R_LAUNCH:-default,q4k-rowloop} --commit $C --jsonl /tmp/bench.jsonl

@@ -184,13 +184,16 @@ def serve(model, host, port, api_key, ctx, backend, queue_size, model_name, kv_c
 @click.option("--only", default=None, metavar="PATTERN",
               help="Run only the checks matching these comma-separated globs; '!glob' "
                    "excludes (e.g. 'matvec*,matmul' or '!moe*').")
-def kernel_check(size, seed, only):
+@click.option("--types", default=None, metavar="TYPES",
+              help="Run the per-type checks for these comma-separated weight types only "
+                   "(e.g. 'Q4_K,Q6_K'; default: all).")
+def kernel_check(size, seed, only, types):
     """Check every GPU kernel against its numpy reference; exit 1 on any failure.
 
     Fresh random inputs (the seed is printed), poisoned outputs, one table row per kernel, type
     and shape with its max error and the rounding bound it must stay within."""
     from .kernel_check import main as run
-    sys.exit(run(size=size, seed=seed, only=only))
+    sys.exit(run(size=size, seed=seed, only=only, types=types))
 
 
 @main.command(context_settings=dict(ignore_unknown_options=True, allow_extra_args=True,

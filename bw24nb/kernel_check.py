@@ -229,9 +229,21 @@ def _shape(*dims) -> str:
 # ------------------------------------------------------------------ weights
 
 
+# `--types`: the weight types the per-type checks run (None: all). At real shapes the numpy
+# references of the big matvecs take most of a run (a run of every matvec check took over
+# 150 s on the H200 before reaching Q4_K); a device call checking one kernel family names it.
+TYPES: frozenset | None = None
+
+
+def _typed(types):
+    """The weight types of `types` that --types selects (all without it), in order."""
+    from .quant import QType
+    return [qt for qt in types if TYPES is None or QType(qt).name in TYPES]
+
+
 def _weight_types():
     from .kernels.dequant import LAYOUTS
-    return list(LAYOUTS)
+    return _typed(LAYOUTS)
 
 
 def _fits(qt, K) -> bool:
@@ -348,7 +360,7 @@ def check_matvec_q8(rng, size):
     from .kernels import quantize_act as qa
     from .kernels.dequant import random_weight_bytes
     max_int = _max_int_weight()
-    for qt in mv.MATVEC_Q8:
+    for qt in _typed(mv.MATVEC_Q8):
         # (a) every f16 scale 2^-6, every activation scale 2^-3: each term is an integer times
         # 2^-9 and |sum| < 2^24 units (activations bounded for that), so every float32 step of
         # the kernel is exact and the result must equal the float64 reference bit for bit.
@@ -473,7 +485,7 @@ def check_matvec_rows(rng, size):
         cases = [("float", QType.Q8_0, Q9.hidden, Q9.hidden), ("float", QType.F32, 64, Q9.hidden),
                  ("q8", QType.Q4_K, Q9.hidden, Q9.hidden),
                  ("q8", QType.Q6_K, Q9.ffn, Q9.hidden), ("q6k_r", QType.Q6_K, Q9.ffn, Q9.hidden)]
-    for path, qt, M, K in cases:
+    for path, qt, M, K in [c for c in cases if _typed([c[1]])]:
         w = _random_weight(rng, qt, M, K)
         x = rng.standard_normal((T, K)).astype(np.float32)
         bias = rng.standard_normal(M).astype(np.float32)
@@ -700,7 +712,7 @@ def check_matmul_q8(rng, size):
     from .kernels.dequant import random_weight_bytes
     from .quant import QType
     max_int = _max_int_weight()
-    for qt in mq.MATMUL_Q8:
+    for qt in _typed(mq.MATMUL_Q8):
         kq = qt in (QType.Q4_K, QType.Q5_K, QType.Q6_K)
         # (a) every f16 scale 2^-6, every activation scale 2^-3: each term is an integer times
         # 2^-9 and every partial sum stays below 2^23 units (activations bounded for that), so
@@ -2464,9 +2476,11 @@ def format_row(r: Row) -> str:
 
 
 def main(size: str = "auto", seed: int | None = None, only: str | None = None,
-         out=None, err=None) -> int:
+         out=None, err=None, types: str | None = None) -> int:
     """What `bw24nb kernel-check` runs: the table, then `kernel-check: N passed, M failed`.
-    Returns the exit status (1 on any failure, 2 when nothing matched `only`)."""
+    types: comma list of weight type names the per-type checks run (default all).
+    Returns the exit status (1 on any failure, 2 when nothing matched `only`, or a type name
+    is unknown)."""
     from .device import gpu_present, simulator_enabled
     out = out or sys.stdout
     err = err or sys.stderr
@@ -2479,6 +2493,7 @@ def main(size: str = "auto", seed: int | None = None, only: str | None = None,
             argv = [sys.executable, "-m", "bw24nb.cli", "kernel-check", "--size", size]
             argv += [] if seed is None else ["--seed", str(seed)]
             argv += [] if only is None else ["--only", only]
+            argv += [] if types is None else ["--types", types]
             return subprocess.call(argv, env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"})
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     if size == "auto":
@@ -2491,6 +2506,17 @@ def main(size: str = "auto", seed: int | None = None, only: str | None = None,
     if not checks:
         print(f"error: no kernel check matches {only!r}; checks: {', '.join(REGISTRY)}", file=err)
         return 2
+    global TYPES
+    TYPES = None
+    if types is not None:
+        from .quant import QType
+        names = {t.strip().upper() for t in types.split(",") if t.strip()}
+        unknown = sorted(names - set(QType.__members__))
+        if unknown or not names:
+            print(f"error: --types {types!r}: unknown weight types {unknown}; known: "
+                  f"{', '.join(QType.__members__)}", file=err)
+            return 2
+        TYPES = frozenset(names)
     seed = new_seed() if seed is None else int(seed)
     where = "simulator" if simulator_enabled() else ("GPU" if gpu else "CPU")
     print(f"kernel-check: size {size}, seed {seed} (replay: --seed {seed}), {len(checks)} "

@@ -144,3 +144,18 @@ def test_cli_refuses_real_shapes_without_a_gpu_and_unknown_patterns():
     result, _ = _run_cli("--only", "no_such_kernel*")
     assert result.exit_code == 2 and "no kernel check matches" in result.output
 
+
+
+def test_types_selects_the_per_type_checks_weight_types():
+    """--types runs the per-type checks for the named weight types only (the real-size run of
+    every type is too long for one device call), and an unknown name is an error, not an
+    empty run."""
+    result, lines = _run_cli("--only", "matvec_q8,matvec_rows", "--types", "q4_k", "--seed", "5")
+    assert result.exit_code == 0, result.output
+    types = {line[27:41].strip() for line in lines if line.startswith("matvec_q8")}  # the column
+    assert types == {"Q4_K"}, result.output
+    assert SUMMARY.match(lines[-1]).groups()[1] == "0"
+    assert kc.TYPES == frozenset({"Q4_K"})
+    result, _ = _run_cli("--only", "matvec_q8", "--types", "Q9_Z")
+    assert result.exit_code == 2 and "unknown weight types ['Q9_Z']" in result.output
+    kc.TYPES = None
