@@ -195,27 +195,18 @@ def _commit() -> str:
         return "unknown"
 
 
-def _switched_off(switch, launch):
-    """launch() with the module switch matvec.<switch> off, restored after: FIT_UNROLL (the
-    path's full unroll) or QX0_V4 (Q8_0 / Q5_0 / Q4_0 on the generic group path)."""
-    from bw24nb.kernels import matvec
-    was = getattr(matvec, switch)
-    setattr(matvec, switch, False)
+def _switched(switch, launch, value=False, module="matvec"):
+    """launch() with the switch bw24nb.kernels.<module>.<switch> = value, restored after:
+    matvec's FIT_UNROLL (off: the path's full unroll) and QX0_V4 (off: Q8_0 / Q5_0 / Q4_0 on
+    the generic group path), matvec_q4k's XSTREAM (on: `dp4a_xs`)."""
+    import importlib
+    mod = importlib.import_module(f"bw24nb.kernels.{module}")
+    was = getattr(mod, switch)
+    setattr(mod, switch, value)
     try:
         launch()
     finally:
-        setattr(matvec, switch, was)
-
-
-def _q4k_switched(attr, value, launch):
-    """launch() with matvec_q4k.<attr> = value, restored after (XSTREAM: `dp4a_xs`)."""
-    from bw24nb.kernels import matvec_q4k
-    was = getattr(matvec_q4k, attr)
-    setattr(matvec_q4k, attr, value)
-    try:
-        launch()
-    finally:
-        setattr(matvec_q4k, attr, was)
+        setattr(mod, switch, was)
 
 
 def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
@@ -266,18 +257,18 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
                         ref_q8, 10 * REL_ERR_BAD, y, scale))
         if qt in QX0_TYPES:                   # Q8_0 / Q5_0 / Q4_0: the group path before
             y_grp = cuda.device_array(M, np.float32, stream=stream)
-            kernels.append(("dp4a_group", lambda w: _switched_off("QX0_V4", lambda:
+            kernels.append(("dp4a_group", lambda w: _switched("QX0_V4", lambda:
                 launch_matvec_q8(w, qt, M, K, xq, xd, y_grp, stream=stream)), ref_q8,
                 10 * REL_ERR_BAD, y_grp, scale))
         if fit_ab:                            # the same kernel with the full 4 slots a step
             y_full = cuda.device_array(M, np.float32, stream=stream)
-            kernels.append(("dp4a_full", lambda w: _switched_off("FIT_UNROLL", lambda:
+            kernels.append(("dp4a_full", lambda w: _switched("FIT_UNROLL", lambda:
                 launch_matvec_q8(w, qt, M, K, xq, xd, y_full, stream=stream)), ref_q8,
                 10 * REL_ERR_BAD, y_full, scale))
         if xstream and qt == QType.Q4_K and K > 4096 and K % 1024 == 0:
             y_xs = cuda.device_array(M, np.float32, stream=stream)
-            kernels.append(("dp4a_xs", lambda w: _q4k_switched("XSTREAM", True, lambda:
-                launch_matvec_q8(w, qt, M, K, xq, xd, y_xs, stream=stream)), ref_q8,
+            kernels.append(("dp4a_xs", lambda w: _switched("XSTREAM", lambda: launch_matvec_q8(
+                w, qt, M, K, xq, xd, y_xs, stream=stream), True, "matvec_q4k"), ref_q8,
                 10 * REL_ERR_BAD, y_xs, scale))
         nib = nibble and qt == QType.Q4_K and K % 256 == 0
         if nib:                               # the same values in nibble order: the same bits

@@ -593,16 +593,7 @@ def test_q4k_persistent_kernel_gives_the_row_loops_bits(rng, monkeypatch, K, db)
     assert q4.xreg_serves(M, K, 1, 1) and q4.xreg_grid(M) == 1
     assert not q4.xreg_serves(M, K, 2, 1) and not q4.xreg_serves(M, K, 1, 2)
     assert not q4.xreg_serves(M, 5120, 1, 1) and not q4.xreg_serves(M, 1536, 1, 1)
-    outs = []
-    for on in (True, False):
-        monkeypatch.setattr(q4, "XREG", on)
-        for b, r in ((None, None), (bias, res)):
-            y = cuda.to_device(np.full(M, np.nan, np.float32))
-            launch_matvec_q8(w, QType.Q4_K, M, K, xq, xd, y, bias=b, residual=r, parts=1)
-            outs.append(y.copy_to_host())
-    assert np.all(np.isfinite(outs[0])) and np.all(np.isfinite(outs[1]))
-    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[2].view(np.uint32))
-    np.testing.assert_array_equal(outs[1].view(np.uint32), outs[3].view(np.uint32))
+    _same_bits_on_and_off(monkeypatch, q4, "XREG", w, M, K, xq, xd, bias, res)
 
 
 @pytest.mark.parametrize("K", [5120, 8192, 12288])
@@ -625,9 +616,15 @@ def test_q4k_streaming_kernel_gives_the_row_loops_bits(rng, monkeypatch, K):
     assert q4.xstream_serves(M, K, 1, 1) and q4.xstream_grid(M) == 1
     assert not q4.xstream_serves(M, 4096, 1, 1) and not q4.xstream_serves(M, K, 2, 1)
     assert not q4.xstream_serves(M, K, 1, 2) and not q4.xstream_serves(M, 4864, 1, 1)
+    _same_bits_on_and_off(monkeypatch, q4, "XSTREAM", w, M, K, xq, xd, bias, res)
+
+
+def _same_bits_on_and_off(monkeypatch, q4, switch, w, M, K, xq, xd, bias, res):
+    """One-row Q4_K launches with matvec_q4k.<switch> on and off, without and with bias and
+    residual: the same bits, every output written."""
     outs = []
     for on in (True, False):
-        monkeypatch.setattr(q4, "XSTREAM", on)
+        monkeypatch.setattr(q4, switch, on)
         for b, r in ((None, None), (bias, res)):
             y = cuda.to_device(np.full(M, np.nan, np.float32))
             launch_matvec_q8(w, QType.Q4_K, M, K, xq, xd, y, bias=b, residual=r, parts=1)

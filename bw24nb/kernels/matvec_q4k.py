@@ -338,14 +338,20 @@ def xreg_serves(M, K, parts, rows) -> bool:
         and K % 1024 == 0 and K // 1024 <= XREG_MAX_J
 
 
+@cuda.jit(device=True, inline="always")
+def _persistent_warp():
+    """(lane, warp, nwarps) of a persistent kernel: this thread's lane, its warp's index in
+    the grid (its first row) and the grid's warps (its row stride)."""
+    return (cuda.threadIdx.x & 31, cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5),
+            cuda.gridDim.x * WARPS_PER_BLOCK)
+
+
 def _make_xreg(J, db):
     XW = 4 * J              # (local array sizes must be constants, not expressions)
     RW = 8 * J              # one row's weight words a lane (the double buffer's half)
 
     def matvec(w32, M, K, xq, xd, y, bias, residual, has_bias, has_residual):
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        nwarps = cuda.gridDim.x * WARPS_PER_BLOCK
+        lane, warp, nwarps = _persistent_warp()
         if warp >= M:
             return
         p, h = _lane_pos()
@@ -436,9 +442,7 @@ def _make_xstream():
     each as the row loop's steps of 4 chunk slots (lane l's step s: chunks l + 128 s + 32 i),
     the next (row, step)'s weight words loaded before this one's arithmetic."""
     def matvec(w32, M, K, xq, xd, y, bias, residual, has_bias, has_residual):
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        nwarps = cuda.gridDim.x * WARPS_PER_BLOCK
+        lane, warp, nwarps = _persistent_warp()
         if warp >= M:
             return
         n = _units(K)
