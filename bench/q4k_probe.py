@@ -132,7 +132,7 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoi
         p = (c & 7) >> 1
         d = np.float32(dh)
         dmin = np.float32(dminh)
-        sc_a, m_a, sc_b, m_b = q4._pair_scales(s0, s1, s2, p)
+        sc_a, m_a, sc_b, m_b = q4.pair_scales(s0, s1, s2, p)
         sa = q4._dot4(q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW, a0, a1, a2, a3)
         sb = q4._dot4((q0 >> np.uint32(4)) & _LOW, (q1 >> np.uint32(4)) & _LOW,
                       (q2 >> np.uint32(4)) & _LOW, (q3 >> np.uint32(4)) & _LOW, b0, b1, b2, b3)
@@ -167,7 +167,7 @@ def make(noscale=False, nosums=False, loads=False, rows_per_warp=1, warps=4, hoi
             sc_a, m_a = _scale_min_old(s0, s1, s2, 2 * pc)
             sc_b, m_b = _scale_min_old(s0, s1, s2, 2 * pc + 1)
         else:
-            sc_a, m_a, sc_b, m_b = q4._pair_scales(s0, s1, s2, p)
+            sc_a, m_a, sc_b, m_b = q4.pair_scales(s0, s1, s2, p)
         sa = q4._dot4(q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW, a0, a1, a2, a3)
         sb = q4._dot4((q0 >> np.uint32(4)) & _LOW, (q1 >> np.uint32(4)) & _LOW,
                       (q2 >> np.uint32(4)) & _LOW, (q3 >> np.uint32(4)) & _LOW, b0, b1, b2, b3)

@@ -51,7 +51,7 @@ from numba import cuda
 
 from ..device import sm_count
 from ..jit import kernel
-from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32, mma_s8_m16n8k32
+from ..ptx import dp4a, f16x2_to_f32x2, f32_from_bits, ld_nc_v4_u32, mma_s8_m16n8k32
 from ..quant.types import QType, block_size, row_bytes
 from .dequant import (
     Q4_0_BYTES,
@@ -72,13 +72,13 @@ from .dequant import (
     Q8_0_BYTES,
     Q8_0_OFF_D,
     Q8_0_OFF_QS,
-    _k_sub_scales,
     layout,
     q6_k_scale,
     read_f16,
     read_u32,
     weight_views,
 )
+from .matvec_q4k import pair_scales
 
 SUB = 32                          # values per sub-block: one mma k-step, one activation scale
 
@@ -227,14 +227,19 @@ def _unit_q5_0(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j):
 
 
 @_device
-def _k_scales(w8, wh, blk, p, wsa, wsb, r, j):
-    """(d*sc, dmin*m) of sub-blocks 2p and 2p + 1 into slots j, j + 1."""
-    ds, dm = _k_sub_scales(w8, wh, blk, 2 * p)
-    wsa[r, j] = ds
-    wsb[r, j] = dm
-    ds, dm = _k_sub_scales(w8, wh, blk, 2 * p + 1)
-    wsa[r, j + 1] = ds
-    wsb[r, j + 1] = dm
+def _k_scales(w32, blk, p, wsa, wsb, r, j):
+    """(d*sc, dmin*m) of sub-blocks 2p and 2p + 1 into slots j, j + 1, from the block's
+    16-byte header (d, dmin, the 12 packed scale bytes; Q4_K and Q5_K blocks are 16-byte
+    aligned and share it) in one load, decoded four scales at a time (matvec_q4k.pair_scales).
+    The byte-by-byte decode before (dequant._k_sub_scales: ~10 dependent byte and f16 loads a
+    unit) gave the same exact products: float32(d) * float32(sc) either way."""
+    hdr, s0, s1, s2 = ld_nc_v4_u32(w32, blk >> 2)
+    d, dmin = f16x2_to_f32x2(hdr)
+    sc_a, m_a, sc_b, m_b = pair_scales(s0, s1, s2, p)
+    wsa[r, j] = d * np.float32(np.int32(sc_a))
+    wsb[r, j] = dmin * np.float32(np.int32(m_a))
+    wsa[r, j + 1] = d * np.float32(np.int32(sc_b))
+    wsb[r, j + 1] = dmin * np.float32(np.int32(m_b))
 
 
 @_device
@@ -243,7 +248,7 @@ def _unit_q4_k(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j):
     # 64p + l (low nibble, sub-block 2p) and 64p + 32 + l (high nibble, sub-block 2p + 1)
     blk = row_off + (u >> 2) * Q4_K_BYTES
     p = u & 3
-    _k_scales(w8, wh, blk, p, wsa, wsb, r, j)
+    _k_scales(w32, blk, p, wsa, wsb, r, j)
     q = (blk + Q4_K_OFF_QS + 32 * p) >> 2       # Q4_K blocks are 16-byte aligned (144 B)
     c = 8 * j
     for h in range(2):
@@ -283,7 +288,7 @@ def _unit_q5_k(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j):
     # 16-byte aligned; qh at 16, qs at 48)
     blk = row_off + (u >> 2) * Q5_K_BYTES
     p = u & 3
-    _k_scales(w8, wh, blk, p, wsa, wsb, r, j)
+    _k_scales(w32, blk, p, wsa, wsb, r, j)
     q = (blk + Q5_K_OFF_QS + 32 * p) >> 2
     qh = (blk + Q5_K_OFF_QH) >> 2
     c = 8 * j

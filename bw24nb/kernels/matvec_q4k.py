@@ -67,7 +67,7 @@ _TOP2 = np.uint32(0x30303030)
 
 
 @cuda.jit(device=True, inline="always")
-def _pair_scales(s0, s1, s2, p):
+def pair_scales(s0, s1, s2, p):
     """Sub-blocks 2p and 2p + 1's 6-bit (sc, m) as (sc_a, m_a, sc_b, m_b): ggml's
     get_scale_min_k4 done four bytes at a time. Of the 12 packed bytes (words s0, s1, s2),
     sub-blocks 0..3 are the low 6 bits of s0 (sc) and s1 (m); sub-blocks 4..7 take their low 4
@@ -160,7 +160,7 @@ def _chunk_decode(hdr, s0, s1, s2, q0, q1, q2, q3):
     """`_chunk_weights`'s decode of the words `_chunk_words` loaded."""
     p, _h = _lane_pos()
     d, dmin = f16x2_to_f32x2(hdr)
-    sc_a, m_a, sc_b, m_b = _pair_scales(s0, s1, s2, p)
+    sc_a, m_a, sc_b, m_b = pair_scales(s0, s1, s2, p)
     return (d * _f32(sc_a), dmin * _f32(m_a), (d * _SIXTEENTH) * _f32(sc_b), dmin * _f32(m_b),
             q0 & _LOW, q1 & _LOW, q2 & _LOW, q3 & _LOW,
             q0 & _HIGH, q1 & _HIGH, q2 & _HIGH, q3 & _HIGH)
