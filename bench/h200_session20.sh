@@ -35,10 +35,14 @@
 #   c05t        run_bench on the 0.5B shape, --launch default,attn-1t: one-tile splits stored
 #               without the merge (decode_attention.ONE_TILE_DIRECT, built after the last
 #               call); lc measures its "/1t" kinds beside the others
-# Next call, ready: BW24_COMMIT=<head> KC_ONLY=matvec_q8,matvec_rows KC_TYPES=Q4_K \
-#   bash bench/h200_session20.sh mvs,kc,lc,c05t,q9s (~500 s; kc: the persistent one-row Q4_K
-#   kernel, default since this session, against numpy at the real shapes -- --types keeps the
-#   other types' slow references out)
+# Next calls, ready (each ~500 s):
+#   1. BW24_COMMIT=<head> KC_ONLY=matvec_q8,matvec_rows KC_TYPES=Q4_K \
+#        bash bench/h200_session20.sh mvs,kc,lc,c05t,q9s
+#      kc: the persistent one-row Q4_K kernel (default since this session) against numpy at
+#      the real shapes (--types keeps the other types' slow references out); q9s also gives
+#      pp512 with the prefill GEMM's header scale decode (cc8d5ea)
+#   2. the GEMM change side by side: .old = 725dcce (git archive, as below), then
+#        BW24_COMMIT=<head> OLD_COMMIT=725dcce bash bench/h200_session20.sh q9,q9old
 #   probe       bench/q4k_probe.py: the row loop, the library's persistent kernel and the probe's
 #               xreg variants, 9B shapes
 # Call 2 ran kc,mv,mvold,q9,q9old on 9d5fc34 (Q4_K on pairs, rejected); call 3 ran the probe and
