@@ -42,7 +42,9 @@
 #      the real shapes (--types keeps the other types' slow references out); q9s also gives
 #      pp512 with the prefill GEMM's header scale decode (cc8d5ea)
 #   2. the GEMM change side by side: .old = 725dcce (git archive, as below), then
-#        BW24_COMMIT=<head> OLD_COMMIT=725dcce bash bench/h200_session20.sh q9,q9old
+#        BW24_COMMIT=<head> OLD_COMMIT=725dcce bash bench/h200_session20.sh mm,mmold,q9,q9old
+#   mm, mmold   bench/matmul_q8_bench.py --shapes 9b, this tree then $OLD_TREE's: the prefill
+#               GEMM alone (the Q4_K / Q5_K header scale decode, cc8d5ea, against 725dcce)
 #   probe       bench/q4k_probe.py: the row loop, the library's persistent kernel and the probe's
 #               xreg variants, 9B shapes
 # Call 2 ran kc,mv,mvold,q9,q9old on 9d5fc34 (Q4_K on pairs, rejected); call 3 ran the probe and
@@ -67,6 +69,10 @@ on mvn && { run ${MVN_S:-170} mvn python3 bench/matvec_bench.py --shapes 9b --no
   grep -E "Q4_K|Error|Traceback" $L/mvn.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -40; }
 on mvs && { run ${MVS_S:-120} mvs python3 bench/matvec_bench.py --shapes 9b --no-old --xstream --commit $C --out /tmp/matvec.jsonl
   grep -E "dp4a|Error|Traceback" $L/mvs.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -20; }
+on mm && { run ${MM_S:-150} mm python3 bench/matmul_q8_bench.py --shapes 9b --commit $C --jsonl /tmp/matmul_q8.jsonl
+  grep -E "matmul_q8 |Error|Traceback|BAD" $L/mm.log | head -12; }
+on mmold && { run ${MM_S:-150} mmold env PYTHONPATH=/tmp/site:$PWD/${OLD_TREE:-.old} BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 ${OLD_TREE:-.old}/bench/matmul_q8_bench.py --shapes 9b --commit ${OLD_COMMIT:-old} --jsonl /tmp/matmul_q8_old.jsonl
+  grep -E "matmul_q8 |Error|Traceback|BAD" $L/mmold.log | head -12; }
 on mvold && { run ${MV_S:-120} mvold env PYTHONPATH=/tmp/site:$PWD/${OLD_TREE:-.old} BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 ${OLD_TREE:-.old}/bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --commit ${OLD_COMMIT:-old} --out /tmp/matvec_old.jsonl
   grep -E "Q4_K|Error|Traceback" $L/mvold.log | head -16; }
 [ -n "$P05" ] && wait $P05
