@@ -262,3 +262,23 @@ def test_grouped_gemm_gives_each_expert_slice_the_plain_kernels_bits(rng, qt):
                    cuda.to_device(xd.reshape(R, -1)[a:b].copy()), want, None, None, 0)
         np.testing.assert_array_equal(got[a:b].view(np.uint32),
                                       want.copy_to_host().view(np.uint32), f"expert {e}")
+
+
+@pytest.mark.parametrize("tile", ["m64t64s8", "m128t128s4"])
+def test_q6k_units_on_eight_threads_give_the_one_thread_decodes_bits(rng, tile):
+    """matmul_q8's Q6_K staging with each unit decoded by 8 threads (Q6_K_LANES, the default)
+    writes the same int8 words and scales as one thread a unit: the same bits, with rows past
+    M (zeroed) and several K steps."""
+    from bw24nb.kernels import matmul_q8 as mq
+    qt, T, M, K = QType.Q6_K, 5, 37, 768
+    w = cuda.to_device(random_weight_bytes(rng, qt, M, K))
+    xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
+    xq, xd = cuda.to_device(xq.reshape(T, K)), cuda.to_device(xd.reshape(T, K // 32))
+    outs = []
+    for lanes in (True, False):
+        kern = mq._make_matmul_q8(qt, tile=mq.TILES[tile], lanes=lanes)
+        y = cuda.to_device(np.full((T, M), np.nan, np.float32))
+        mq._launch(kern, w, M, K, T, xq, xd, y, None, None, 0)
+        outs.append(y.copy_to_host())
+    assert np.all(np.isfinite(outs[0]))
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))

@@ -327,6 +327,32 @@ def _unit_q6_k(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j):
         ws[r, c + 24 + i] = _q6_word((lb >> _U4) & _LOW_NIBBLES, h, 6)
 
 
+@_device
+def _unit_q6_k_lane(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j, i):
+    """Part i (0..7) of `_unit_q6_k`: word i of each of the unit's four sub-blocks (step i of
+    its loop) and scale i of its eight (scale 8n + i: sub-block j + i // 2's, wsa for even i,
+    wsb for odd). Eight threads share a unit, so that a warp's loads read a unit's ql / qh
+    bytes as 32 contiguous bytes each instead of one row per thread (every 2-byte load of a
+    warp touched ~16 rows' cache lines). The same values, word for word."""
+    blk = row_off + (u >> 1) * Q6_K_BYTES
+    n = u & 1
+    sc = q6_k_scale(w8, wh, blk, 8 * n + i)
+    if i & 1:
+        wsb[r, j + (i >> 1)] = sc
+    else:
+        wsa[r, j + (i >> 1)] = sc
+    ql = blk + Q6_K_OFF_QL + 64 * n
+    qh = blk + Q6_K_OFF_QH + 32 * n
+    c = 8 * j
+    la = read_u32(w16, ql + 4 * i)
+    lb = read_u32(w16, ql + 32 + 4 * i)
+    h = read_u32(w16, qh + 4 * i)
+    ws[r, c + i] = _q6_word(la & _LOW_NIBBLES, h, 0)
+    ws[r, c + 8 + i] = _q6_word(lb & _LOW_NIBBLES, h, 2)
+    ws[r, c + 16 + i] = _q6_word((la >> _U4) & _LOW_NIBBLES, h, 4)
+    ws[r, c + 24 + i] = _q6_word((lb >> _U4) & _LOW_NIBBLES, h, 6)
+
+
 # weight type -> (unit decoder, sub-blocks per unit, how its sub-blocks are scaled)
 _UNITS = {
     QType.Q8_0: (_unit_q8_0, 1, _SCALE),
@@ -336,6 +362,16 @@ _UNITS = {
     QType.Q5_K: (_unit_q5_k, 2, _SCALE_MIN),
     QType.Q6_K: (_unit_q6_k, 4, _SCALE_16),
 }
+@_device
+def _no_lane_unit(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j, i):
+    """Stands in for `_LANE_UNITS`' decoder in the kernels of types that have none (a branch
+    their build never takes)."""
+
+
+# types whose units are decoded by 8 threads each (`_unit_q6_k_lane`); False: one thread a
+# unit (`_unit_q6_k`), the form before session 20, for side-by-side runs (the same bits)
+Q6_K_LANES = True
+_LANE_UNITS = {QType.Q6_K: _unit_q6_k_lane}
 
 
 # ---------------------------------------------------------------- the kernel
@@ -351,9 +387,15 @@ def _store(y, bias, residual, has_bias, has_residual, T, M, t, m, v):
         y[t, m] = v
 
 
-def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=False):
+def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=False,
+                    lanes=None):
+    """The GEMM kernel for weight type qt on `tile`; lanes: decode each weight unit on 8
+    threads (`_LANE_UNITS`; default Q6_K_LANES for the types that have the form)."""
     lay = layout(qt)
     unit, subs_per_unit, scaling = _UNITS[lay.qtype]
+    has_lanes = lay.qtype in _LANE_UNITS
+    lane_unit = _LANE_UNITS.get(lay.qtype, _no_lane_unit)
+    lanes = (Q6_K_LANES if lanes is None else bool(lanes)) and has_lanes
     if tile.step_subs not in (4, 8) or tile.shared_bytes() > 48 * 1024:
         raise ValueError(f"matmul_q8: tile {tile.name} needs step_subs 4 or 8 and at most "
                          f"48 KB of shared memory ({tile.shared_bytes()} B)")
@@ -443,21 +485,40 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
         for s0 in range(0, nsub, SSUBS):
             nsb = min(SSUBS, nsub - s0)
             cuda.syncthreads()                      # every warp is done with the last step
-            # --- weights: unit by unit, rows past M zero
-            for item in range(tid, TM * units_per_step, NTHREADS):
-                r = item // units_per_step
-                uj = (item - r * units_per_step) * subs_per_unit
-                if uj < nsb:
-                    m = m0 + r
-                    if m < M:
-                        unit(w8, w16, w32, wh, (wrow0 + m) * rb, (s0 + uj) // subs_per_unit,
-                             ws, wsa, wsb, r, uj)
-                    else:
-                        for s in range(subs_per_unit):
-                            wsa[r, uj + s] = np.float32(0.0)
-                            wsb[r, uj + s] = np.float32(0.0)
-                            for i in range(8):
+            # --- weights: unit by unit (or an eighth of a unit an item), rows past M zero
+            if lanes:
+                for item in range(tid, TM * units_per_step * 8, NTHREADS):
+                    ru = item >> 3
+                    i = item & 7
+                    r = ru // units_per_step
+                    uj = (ru - r * units_per_step) * subs_per_unit
+                    if uj < nsb:
+                        m = m0 + r
+                        if m < M:
+                            lane_unit(w8, w16, w32, wh, (wrow0 + m) * rb,
+                                      (s0 + uj) // subs_per_unit, ws, wsa, wsb, r, uj, i)
+                        else:               # this part's words and scale
+                            if i & 1:
+                                wsb[r, uj + (i >> 1)] = np.float32(0.0)
+                            else:
+                                wsa[r, uj + (i >> 1)] = np.float32(0.0)
+                            for s in range(subs_per_unit):
                                 ws[r, 8 * (uj + s) + i] = _ZERO_U
+            else:
+                for item in range(tid, TM * units_per_step, NTHREADS):
+                    r = item // units_per_step
+                    uj = (item - r * units_per_step) * subs_per_unit
+                    if uj < nsb:
+                        m = m0 + r
+                        if m < M:
+                            unit(w8, w16, w32, wh, (wrow0 + m) * rb,
+                                 (s0 + uj) // subs_per_unit, ws, wsa, wsb, r, uj)
+                        else:
+                            for s in range(subs_per_unit):
+                                wsa[r, uj + s] = np.float32(0.0)
+                                wsb[r, uj + s] = np.float32(0.0)
+                                for i in range(8):
+                                    ws[r, 8 * (uj + s) + i] = _ZERO_U
             # --- activations: one sub-block (two 16-byte loads) per item, rows past T zero
             for item in range(tid, TT * SSUBS, NTHREADS):
                 r = item // SSUBS
@@ -536,7 +597,8 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
 
     matmul_q8.__name__ = matmul_q8.__qualname__ = \
         f"matmul_q8_{lay.name}" + ("" if magic_cvt else "_cvt") \
-        + ("" if tile == DEFAULT_TILE else f"_{tile.name}") + ("_grouped" if grouped else "")
+        + ("" if tile == DEFAULT_TILE else f"_{tile.name}") + ("_grouped" if grouped else "") \
+        + ("_units" if has_lanes and not lanes else "")
     k = kernel(matmul_q8)
     k.tile = tile                 # read by _launch for the grid and block
     return k
