@@ -44,7 +44,8 @@
 #   2. the GEMM change side by side: .old = 725dcce (git archive, as below), then
 #        BW24_COMMIT=<head> OLD_COMMIT=725dcce bash bench/h200_session20.sh mm,mmold,q9,q9old
 #   mm, mmold   bench/matmul_q8_bench.py --shapes 9b, this tree then $OLD_TREE's: the prefill
-#               GEMM alone (the Q4_K / Q5_K header scale decode, cc8d5ea, against 725dcce)
+#               GEMM alone (the Q4_K / Q5_K header scale decode, cc8d5ea, and Q6_K units on 8
+#               threads, 4c077dd, against 725dcce)
 #   probe       bench/q4k_probe.py: the row loop, the library's persistent kernel and the probe's
 #               xreg variants, 9B shapes
 # Call 2 ran kc,mv,mvold,q9,q9old on 9d5fc34 (Q4_K on pairs, rejected); call 3 ran the probe and

@@ -369,7 +369,9 @@ def _no_lane_unit(w8, w16, w32, wh, row_off, u, ws, wsa, wsb, r, j, i):
 
 
 # types whose units are decoded by 8 threads each (`_unit_q6_k_lane`); False: one thread a
-# unit (`_unit_q6_k`), the form before session 20, for side-by-side runs (the same bits)
+# unit (`_unit_q6_k`), the form before session 20 (the same bits). Read when a kernel is built
+# (this module builds MATMUL_Q8 on import): `_make_matmul_q8(..., lanes=False)` builds the
+# other form beside it (tests/test_kernels_matmul_q8.py compares the two).
 Q6_K_LANES = True
 _LANE_UNITS = {QType.Q6_K: _unit_q6_k_lane}
 
