@@ -25,40 +25,6 @@
 # Call 2 ran kc,mv,mvold,q9,q9old on 9d5fc34 (Q4_K on pairs, rejected); call 3 ran the probe and
 # the q9 pair inline on b95e37a (the persistent kernel, then on by default).
 # Carry .whl and .old (git archive $OLD_COMMIT | tar x -C .old; rm -rf .old/research .old/docs .old/tests).
-export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-ph,lc,c05,c05old}; . bench/device_env.sh
-P9=""; P05=""; P35=""
-{ on q9 || on q9old || on q9x || on q9spec || on gate9; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
-{ on c05 || on c05old || on c05x; } && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
-{ on m35 || on m35old; } && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
-on ph && { run ${PH_S:-120} ph python3 bench/attention_phases.py --commit $C --out /tmp/attention_phases.jsonl \
-    --note "${PH_NOTE:-session 19: decode attention split pass, phases}"
-  grep -E "attn|Error|Traceback" $L/ph.log | head -48; }
-on lc && { run ${LC_S:-90} lc python3 bench/launch_chain.py --n 32 --commit $C --out /tmp/launch_chain.jsonl \
-    --only ${LC_ONLY:-attn05b,attn9b} --note "session 19: decode attention"
-  grep -E "us a rep|Error|Traceback" $L/lc.log | head -40; }
-on kc && { run ${KC_S:-150} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec*}"
-  grep -E "FAIL|BAD|Error|Traceback" $L/kc.log | head -16; tail -2 $L/kc.log; cp $L/kc.log $OUT/kernel_check_real.txt; }
-on mv && { run ${MV_S:-120} mv python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --commit $C --out /tmp/matvec.jsonl
-  grep -E "Q4_K|Error|Traceback" $L/mv.log | head -16; }
-on mvold && { run ${MV_S:-120} mvold env PYTHONPATH=/tmp/site:$PWD/${OLD_TREE:-.old} BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 ${OLD_TREE:-.old}/bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --commit ${OLD_COMMIT:-old} --out /tmp/matvec_old.jsonl
-  grep -E "Q4_K|Error|Traceback" $L/mvold.log | head -16; }
-[ -n "$P05" ] && wait $P05
-PAIR_S=${C05_S:-120} bench_pair c05 /tmp/c05.gguf qwen2.5-coder-0.5b-random
-[ -n "$P9" ] && wait $P9
-PAIR_S=${Q9_S:-150} bench_pair q9 /tmp/q9.gguf qwen3.5-9b-random
-[ -n "$P05" ] && { on c05x; } && wait $P05
-on c05x && { run ${C05X_S:-200} c05x python3 bench/run_bench.py /tmp/c05.gguf --name qwen2.5-coder-0.5b-random --runs 3 --torch none --act-quant q8 --launch ${C05X_LAUNCH:-default,attn-il} --commit $C --jsonl /tmp/bench.jsonl
-  grep -E "gate:|decode_tok_s@|kernel_chain_ms:attention|Error|Traceback" $L/c05x.log | grep -v "^qwen" | cut -c1-170; }
-on q9x && { run ${Q9X_S:-300} q9x python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9X_LAUNCH:-default,q4k-xreg-db,q4k-xreg-b4} --commit $C --jsonl /tmp/bench.jsonl
-  grep -E "gate:|decode_tok_s@|kernel_chain_ms:ffn_gate_up|Error|Traceback" $L/q9x.log | grep -v "^qwen" | cut -c1-170; }
-on probe && { run ${PROBE_S:-100} probe python3 bench/q4k_probe.py --shapes 12288x4096,4096x4096 --variants same,xreg,xreg_db,xreg_b4,xreg_db_b4 --out /tmp/q4k_probe.jsonl
-  grep -E " us |Error|Traceback" $L/probe.log | head -12; }
-on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks 1,3,8 --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
-  grep -E "verify|decode step|Error|Traceback" $L/q9spec.log | head -12; }
-on gate9 && { run ${G9_S:-300} gate9 python3 bench/spec_gate.py /tmp/q9.gguf --commit $C --jsonl /tmp/spec.jsonl --rollback states ${G9_ARGS:-}
-  grep -E "MATCH|MISMATCH|Error|Traceback" $L/gate9.log | head -20; }
-[ -n "$P35" ] && wait $P35
-PAIR_S=${M35_S:-200} bench_pair m35 /tmp/m35.gguf qwen3.6-35b-a3b-random
-grep -h -E "kernel_chain_ms:ffn|kernel_chain_ms:gdn_qkv|decode_step_chain" $L/q9*.log 2>/dev/null | cut -c1-120 | head -12
-cp /tmp/*.jsonl $OUT/ 2>/dev/null
-tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
+# Every stage above is also a stage of bench/h200_session20.sh (with session 20's), which runs
+# them: one copy of the stage commands.
+exec bash "$(dirname "$0")/h200_session20.sh" "${1:-ph,lc,c05,c05old}"

@@ -196,17 +196,25 @@ def _commit() -> str:
 
 
 def _switched(switch, launch, value=False, module="matvec"):
-    """launch() with the switch bw24nb.kernels.<module>.<switch> = value, restored after:
-    matvec's FIT_UNROLL (off: the path's full unroll) and QX0_V4 (off: Q8_0 / Q5_0 / Q4_0 on
-    the generic group path), matvec_q4k's XSTREAM (on: `dp4a_xs`)."""
-    import importlib
-    mod = importlib.import_module(f"bw24nb.kernels.{module}")
-    was = getattr(mod, switch)
-    setattr(mod, switch, value)
-    try:
+    """launch() with the switch bw24nb.kernels.<module>.<switch> = value, restored after
+    (run_bench.switched): matvec's FIT_UNROLL (off: the path's full unroll) and QX0_V4 (off:
+    Q8_0 / Q5_0 / Q4_0 on the generic group path), matvec_q4k's XSTREAM (on: `dp4a_xs`)."""
+    from run_bench import switched
+    with switched([(f"bw24nb.kernels.{module}", switch, value)]):
         launch()
-    finally:
-        setattr(mod, switch, was)
+
+
+def _bits_twin(name):
+    """(the kernel whose bits kernel `name` must give, the record key of the check or None),
+    or None: the full unroll (`dp4a_full`) and the streaming kernel (`dp4a_xs`) against
+    `dp4a`, nibble order (`dp4a_nib`, `dp4a_nib_r<T>`) against natural order."""
+    if name == "dp4a_full":
+        return "dp4a", None
+    if name == "dp4a_xs":
+        return "dp4a", "xstream_bits"
+    if name.startswith("dp4a_nib"):
+        return "dp4a" + name[len("dp4a_nib"):], "nibble_bits"
+    return None
 
 
 def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
@@ -320,20 +328,14 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
         rows.append(dict(kernel=name, us=us, gbs=nbytes / (us * 1e-6) / 1e9, max_rel_err=err,
                          bad_above=bad_above, launches=n, copies=copies, bytes=nbytes))
         outs[name] = out
-        if name == "dp4a_xs":                           # the row loop's bits, or BAD
-            rows[-1]["xstream_bits"] = same = np.array_equal(out.view(np.uint32),
-                                                             outs["dp4a"].view(np.uint32))
+        twin = _bits_twin(name)
+        if twin is not None:                            # another form of a kernel: its bits
+            other, key = twin
+            same = np.array_equal(out.view(np.uint32), outs[other].view(np.uint32))
+            if key:
+                rows[-1][key] = same
             if not same:
-                rows[-1]["max_rel_err"] = float("inf")
-        if name == "dp4a_full" and not np.array_equal(out.view(np.uint32),
-                                                      outs["dp4a"].view(np.uint32)):
-            rows[-1]["max_rel_err"] = float("inf")      # the fitted unroll changed a bit: BAD
-        if name.startswith("dp4a_nib"):                 # nibble order: the natural order's bits
-            twin = "dp4a" + name[len("dp4a_nib"):]
-            rows[-1]["nibble_bits"] = same = np.array_equal(out.view(np.uint32),
-                                                            outs[twin].view(np.uint32))
-            if not same:
-                rows[-1]["max_rel_err"] = float("inf")
+                rows[-1]["max_rel_err"] = float("inf")  # a changed bit is BAD
         if name.startswith("dp4a_r"):                   # verify's contract: row t of the rows
             rows[-1]["rows_bits"] = same = _rows_match_one_row(    # kernel is the one-row
                 ws[0], qt, M, K, *rows_x[name], out, stream)

@@ -274,7 +274,7 @@ def make_xreg(blocks_per_sm=8, double_buffer=False):
             raise ValueError(f"xreg: K must be 1024 J with J <= {q4.XREG_MAX_J}, not {K}")
         kern = q4.xreg_kernel(K // 1024, double_buffer)
         launch.kern = kern
-        kern[min((M + 3) // 4, SMS * blocks_per_sm), 128, stream](
+        kern[q4.persistent_grid(M, blocks_per_sm), 128, stream](
             w8.view(np.uint32), np.int32(M), np.int32(K), xq.view(np.uint32), xd, y, y, y,
             np.int32(0), np.int32(0))
     launch.kern = None

@@ -571,12 +571,13 @@ LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine argum
 
 
 @contextlib.contextmanager
-def module_mode(name):
-    """MODULE_MODES[name]'s attributes set for the block, restored after it."""
+def switched(settings):
+    """Module attributes set for the block, restored after it (error or not): settings is
+    [(module name, attribute, value)]."""
     import importlib
     saved = []
     try:
-        for mod, attr, value in MODULE_MODES.get(name, ()):
+        for mod, attr, value in settings:
             m = importlib.import_module(mod)
             saved.append((m, attr, getattr(m, attr)))
             setattr(m, attr, value)
@@ -584,6 +585,11 @@ def module_mode(name):
     finally:
         for m, attr, value in reversed(saved):
             setattr(m, attr, value)
+
+
+def module_mode(name):
+    """MODULE_MODES[name]'s attributes set for the block, restored after it."""
+    return switched(MODULE_MODES.get(name, ()))
 
 
 def run_bench(models: list[str], *, runs: int = 3, n_ctx: int = 8192, hf_dirs: list[str] | None = None,

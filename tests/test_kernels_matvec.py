@@ -590,7 +590,7 @@ def test_q4k_persistent_kernel_gives_the_row_loops_bits(rng, monkeypatch, K, db)
     monkeypatch.setattr(q4, "sm_count", lambda: 1)
     monkeypatch.setattr(q4, "XREG", True)
     monkeypatch.setattr(q4, "XREG_DB", db)
-    assert q4.xreg_serves(M, K, 1, 1) and q4.xreg_grid(M) == 1
+    assert q4.xreg_serves(M, K, 1, 1) and q4.persistent_grid(M, q4.XREG_BLOCKS_PER_SM) == 1
     assert not q4.xreg_serves(M, K, 2, 1) and not q4.xreg_serves(M, K, 1, 2)
     assert not q4.xreg_serves(M, 5120, 1, 1) and not q4.xreg_serves(M, 1536, 1, 1)
     _same_bits_on_and_off(monkeypatch, q4, "XREG", w, M, K, xq, xd, bias, res)
@@ -613,7 +613,7 @@ def test_q4k_streaming_kernel_gives_the_row_loops_bits(rng, monkeypatch, K):
     monkeypatch.setattr(q4, "XSTREAM_BLOCKS_PER_SM", 1)
     monkeypatch.setattr(q4, "sm_count", lambda: 1)
     monkeypatch.setattr(q4, "XSTREAM", True)
-    assert q4.xstream_serves(M, K, 1, 1) and q4.xstream_grid(M) == 1
+    assert q4.xstream_serves(M, K, 1, 1) and q4.persistent_grid(M, q4.XSTREAM_BLOCKS_PER_SM) == 1
     assert not q4.xstream_serves(M, 4096, 1, 1) and not q4.xstream_serves(M, K, 2, 1)
     assert not q4.xstream_serves(M, K, 1, 2) and not q4.xstream_serves(M, 4864, 1, 1)
     _same_bits_on_and_off(monkeypatch, q4, "XSTREAM", w, M, K, xq, xd, bias, res)

@@ -398,6 +398,10 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
     has_lanes = lay.qtype in _LANE_UNITS
     lane_unit = _LANE_UNITS.get(lay.qtype, _no_lane_unit)
     lanes = (Q6_K_LANES if lanes is None else bool(lanes)) and has_lanes
+    P_SHIFT = 3 if lanes else 0
+    P = 1 << P_SHIFT            # threads a weight unit is decoded by
+    SCALES_PER_PART = 2 * subs_per_unit // P      # (P divides both: 8 only for Q6_K's units)
+    WORDS_PER_PART = 8 * subs_per_unit // P
     if tile.step_subs not in (4, 8) or tile.shared_bytes() > 48 * 1024:
         raise ValueError(f"matmul_q8: tile {tile.name} needs step_subs 4 or 8 and at most "
                          f"48 KB of shared memory ({tile.shared_bytes()} B)")
@@ -487,40 +491,32 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
         for s0 in range(0, nsub, SSUBS):
             nsb = min(SSUBS, nsub - s0)
             cuda.syncthreads()                      # every warp is done with the last step
-            # --- weights: unit by unit (or an eighth of a unit an item), rows past M zero
-            if lanes:
-                for item in range(tid, TM * units_per_step * 8, NTHREADS):
-                    ru = item >> 3
-                    i = item & 7
-                    r = ru // units_per_step
-                    uj = (ru - r * units_per_step) * subs_per_unit
-                    if uj < nsb:
-                        m = m0 + r
-                        if m < M:
+            # --- weights: a unit an item, or (lanes) part i of a unit an item; rows past M
+            # zero: part i of P clears the unit's words and scale slots k = i, i + P, ...
+            # (scale slot 2s is wsa[s], 2s + 1 wsb[s])
+            for item in range(tid, TM * units_per_step * P, NTHREADS):
+                ru = item >> P_SHIFT
+                i = item & (P - 1)
+                r = ru // units_per_step
+                uj = (ru - r * units_per_step) * subs_per_unit
+                if uj < nsb:
+                    m = m0 + r
+                    if m < M:
+                        if lanes:
                             lane_unit(w8, w16, w32, wh, (wrow0 + m) * rb,
                                       (s0 + uj) // subs_per_unit, ws, wsa, wsb, r, uj, i)
-                        else:               # this part's words and scale
-                            if i & 1:
-                                wsb[r, uj + (i >> 1)] = np.float32(0.0)
-                            else:
-                                wsa[r, uj + (i >> 1)] = np.float32(0.0)
-                            for s in range(subs_per_unit):
-                                ws[r, 8 * (uj + s) + i] = _ZERO_U
-            else:
-                for item in range(tid, TM * units_per_step, NTHREADS):
-                    r = item // units_per_step
-                    uj = (item - r * units_per_step) * subs_per_unit
-                    if uj < nsb:
-                        m = m0 + r
-                        if m < M:
+                        else:
                             unit(w8, w16, w32, wh, (wrow0 + m) * rb,
                                  (s0 + uj) // subs_per_unit, ws, wsa, wsb, r, uj)
-                        else:
-                            for s in range(subs_per_unit):
-                                wsa[r, uj + s] = np.float32(0.0)
-                                wsb[r, uj + s] = np.float32(0.0)
-                                for i in range(8):
-                                    ws[r, 8 * (uj + s) + i] = _ZERO_U
+                    else:
+                        for k in range(SCALES_PER_PART):
+                            sk = i + P * k
+                            if sk & 1:
+                                wsb[r, uj + (sk >> 1)] = np.float32(0.0)
+                            else:
+                                wsa[r, uj + (sk >> 1)] = np.float32(0.0)
+                        for k in range(WORDS_PER_PART):
+                            ws[r, 8 * uj + i + P * k] = _ZERO_U
             # --- activations: one sub-block (two 16-byte loads) per item, rows past T zero
             for item in range(tid, TT * SSUBS, NTHREADS):
                 r = item // SSUBS

@@ -488,10 +488,6 @@ def _make_xstream():
 matvec_q8_q4_k_xstream = _make_xstream()
 
 
-def xstream_grid(M) -> int:
-    return min((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, sm_count() * XSTREAM_BLOCKS_PER_SM)
-
-
 _XREG: dict = {}
 
 
@@ -504,8 +500,10 @@ def xreg_kernel(J, db=None):
     return _XREG[key]
 
 
-def xreg_grid(M) -> int:
-    return min((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, sm_count() * XREG_BLOCKS_PER_SM)
+def persistent_grid(M, per_sm) -> int:
+    """Blocks of a persistent kernel: per_sm an SM (XREG_BLOCKS_PER_SM, XSTREAM_BLOCKS_PER_SM),
+    never more than M rows need."""
+    return min((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, sm_count() * per_sm)
 
 
 matvec_q8_q4_k_xreg4 = xreg_kernel(4, False)
@@ -543,14 +541,13 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
     w32 = w8.view(np.uint32)
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
-    if not nibble and xreg_serves(M, K, parts, rows):
-        xreg_kernel(K // 1024)[xreg_grid(M), threads, stream](
-            w32, np.int32(M), np.int32(K), xq, xd, y_dev,
-            y_dev if bias is None else bias, y_dev if residual is None else residual,
-            np.int32(bias is not None), np.int32(residual is not None))
-        return
-    if not nibble and xstream_serves(M, K, parts, rows):
-        matvec_q8_q4_k_xstream[xstream_grid(M), threads, stream](
+    persistent = None if nibble else (
+        (xreg_kernel(K // 1024), XREG_BLOCKS_PER_SM) if xreg_serves(M, K, parts, rows) else
+        (matvec_q8_q4_k_xstream, XSTREAM_BLOCKS_PER_SM) if xstream_serves(M, K, parts, rows)
+        else None)
+    if persistent is not None:
+        kern, per_sm = persistent
+        kern[persistent_grid(M, per_sm), threads, stream](
             w32, np.int32(M), np.int32(K), xq, xd, y_dev,
             y_dev if bias is None else bias, y_dev if residual is None else residual,
             np.int32(bias is not None), np.int32(residual is not None))

@@ -29,29 +29,15 @@ QBLOCK = 32
 NIBBLE_GROUP = 256
 
 
-@cuda.jit(device=True, inline="always")
-def nibble_slot(i):
-    """Where value i of a row (or of rows of K % 256 == 0 values laid end to end) goes in the
-    nibble order: block j = (i >> 5) & 7 of its 256 to slot 4 (j & 1) + (j >> 1)."""
-    j = (i >> 5) & 7
-    return (i & ~255) | ((((j & 1) << 2) | (j >> 1)) << 5) | (i & 31)
-
-
 def nibble_order(xq):
-    """The nibble order of int8 activations in natural order (numpy; size % 256 == 0): the
-    reference for producers that write it, and the bench's way to make it."""
+    """The nibble order of int8 activations in natural order (numpy; size % 256 == 0): block j
+    of every 256 values moves to slot 4 (j & 1) + (j >> 1). The reference for producers that
+    would write it (none does yet: decision 0027), and the bench's and tests' way to make it."""
     a = np.asarray(xq)
     if a.size % NIBBLE_GROUP:
         raise ValueError(f"nibble order: {a.size} values is not a whole number of "
                          f"{NIBBLE_GROUP}-value groups")
     g = a.reshape(-1, 4, 2, QBLOCK)                # [group, p, s, 32]: block j = 2 p + s
-    return np.ascontiguousarray(g.transpose(0, 2, 1, 3)).reshape(a.shape)
-
-
-def natural_order(xq):
-    """The inverse of `nibble_order`."""
-    a = np.asarray(xq)
-    g = a.reshape(-1, 2, 4, QBLOCK)                # [group, s, p, 32]
     return np.ascontiguousarray(g.transpose(0, 2, 1, 3)).reshape(a.shape)
 
 
