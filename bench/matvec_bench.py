@@ -1,7 +1,7 @@
 """Decode matvec on a real GPU: how close to the read roofline is each real shape?
 
     python3 bench/matvec_bench.py [--shapes all|small|9b|35b|big] [--launches 50] [--no-old] [--out PATH]
-                                  [--act-rows 4,9] [--fit-ab] [--nibble] [--xstream]
+                                  [--act-rows 4,9] [--fit-ab] [--nibble]
                                   [--commit SHA]
 
 For each (M x K, weight type) of the default model (Qwen2.5-Coder-0.5B: Q5_0 / Q8_0 / Q6_K) and
@@ -26,9 +26,6 @@ quantized once beforehand):
   * --nibble: Q4_K shapes also get `dp4a_nib` (and `dp4a_nib_r<T>`): the same kernels on the
     activations in nibble order (quantize_act.nibble_order, decision 0027), which must give the
     natural order's bits (checked: a differing bit is BAD);
-  * --xstream: Q4_K shapes with rows longer than 4096 also get `dp4a_xs`: the one-row kernel
-    with matvec_q4k.XSTREAM on (persistent warps, the weights double-buffered a step ahead),
-    which must give `dp4a`'s bits (checked);
   * max_rel_err: max over rows of |y - matvec_reference| / (|W| @ |x|)   (float64 reference;
     the kernels' bound is ~2e-6, see tests/test_kernels_matvec.py; > 1e-5 is flagged BAD;
     dp4a rows against matvec_q8_reference, i.e. x as quantized, flagged above 1e-4).
@@ -195,23 +192,20 @@ def _commit() -> str:
         return "unknown"
 
 
-def _switched(switch, launch, value=False, module="matvec"):
-    """launch() with the switch bw24nb.kernels.<module>.<switch> = value, restored after
-    (run_bench.switched): matvec's FIT_UNROLL (off: the path's full unroll) and QX0_V4 (off:
-    Q8_0 / Q5_0 / Q4_0 on the generic group path), matvec_q4k's XSTREAM (on: `dp4a_xs`)."""
+def _switched(switch, launch):
+    """launch() with the switch bw24nb.kernels.matvec.<switch> off, restored after
+    (run_bench.switched): FIT_UNROLL (off: the path's full unroll) and QX0_V4 (off: Q8_0 /
+    Q5_0 / Q4_0 on the generic group path)."""
     from run_bench import switched
-    with switched([(f"bw24nb.kernels.{module}", switch, value)]):
+    with switched([("bw24nb.kernels.matvec", switch, False)]):
         launch()
 
 
 def _bits_twin(name):
     """(the kernel whose bits kernel `name` must give, the record key of the check or None),
-    or None: the full unroll (`dp4a_full`) and the streaming kernel (`dp4a_xs`) against
-    `dp4a`, nibble order (`dp4a_nib`, `dp4a_nib_r<T>`) against natural order."""
+    or None: the full unroll (`dp4a_full`) against `dp4a`, nibble order (`dp4a_nib`, `dp4a_nib_r<T>`) against natural order."""
     if name == "dp4a_full":
         return "dp4a", None
-    if name == "dp4a_xs":
-        return "dp4a", "xstream_bits"
     if name.startswith("dp4a_nib"):
         return "dp4a" + name[len("dp4a_nib"):], "nibble_bits"
     return None
@@ -232,7 +226,7 @@ def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
 
 
 def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=False,
-                nibble=False, xstream=False):
+                nibble=False):
     nbytes = M * row_bytes(qt, K)
     n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
     copies = min(n, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes) + 1)
@@ -273,11 +267,6 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             kernels.append(("dp4a_full", lambda w: _switched("FIT_UNROLL", lambda:
                 launch_matvec_q8(w, qt, M, K, xq, xd, y_full, stream=stream)), ref_q8,
                 10 * REL_ERR_BAD, y_full, scale))
-        if xstream and qt == QType.Q4_K and K > 4096 and K % 1024 == 0:
-            y_xs = cuda.device_array(M, np.float32, stream=stream)
-            kernels.append(("dp4a_xs", lambda w: _switched("XSTREAM", lambda: launch_matvec_q8(
-                w, qt, M, K, xq, xd, y_xs, stream=stream), True, "matvec_q4k"), ref_q8,
-                10 * REL_ERR_BAD, y_xs, scale))
         nib = nibble and qt == QType.Q4_K and K % 256 == 0
         if nib:                               # the same values in nibble order: the same bits
             xq_n = cuda.to_device(nibble_order(xq.copy_to_host(stream=stream)), stream=stream)
@@ -367,9 +356,6 @@ def main() -> int:
     ap.add_argument("--nibble", action="store_true",
                     help="Q4_K shapes: also the kernels on activations in nibble order "
                          "(`dp4a_nib`, `dp4a_nib_r<T>`), bit-checked against natural order")
-    ap.add_argument("--xstream", action="store_true",
-                    help="Q4_K rows longer than 4096: also the one-row kernel with "
-                         "matvec_q4k.XSTREAM on (`dp4a_xs`), bit-checked against `dp4a`")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
     args = ap.parse_args()
@@ -399,8 +385,6 @@ def main() -> int:
         [s for s in SHAPES if s[0] * s[1] < 2e7 and s[3].startswith("0.5B")]
     if args.tiny:
         shapes = [(4, 256, qt, "tiny") for qt in (QType.Q5_0, QType.Q8_0, QType.Q6_K, QType.Q4_K)]
-        if args.xstream:                        # a row long enough for the streaming kernel
-            shapes.append((4, 5120, QType.Q4_K, "tiny"))
     date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     commit = args.commit or _commit()
     table, bad = [], False
@@ -408,7 +392,7 @@ def main() -> int:
         for M, K, qt, what in shapes:
             try:
                 rows = bench_shape(M, K, qt, args.launches, not args.no_old, stream, rng,
-                                   act_rows, args.fit_ab, args.nibble, args.xstream)
+                                   act_rows, args.fit_ab, args.nibble)
             except Exception as e:                      # report and go on with the next shape
                 print(f"# {M}x{K} {qt.name}: FAILED {type(e).__name__}: {e}", flush=True)
                 bad = True
@@ -428,7 +412,7 @@ def main() -> int:
                            ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"],
                            **({} if x_r1 is None else dict(x_r1=x_r1)),
                            **({} if "rows_bits" not in r else dict(rows_bits=r["rows_bits"])),
-                           **{k: r[k] for k in ("nibble_bits", "xstream_bits") if k in r})
+                           **({} if "nibble_bits" not in r else dict(nibble_bits=r["nibble_bits"])))
                 f.write(json.dumps(rec) + "\n")
                 table.append(rec)
                 print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<10} {r['us']:9.2f} us "

@@ -548,11 +548,10 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # measured: the Q4_K one-row matvecs on the row loop (q4k-rowloop), or on matvec_q4k's
 # persistent kernel (decision 0026; the default since session 20 is -db: the next row's weights
 # loaded a row ahead, SMs x 4 blocks) plain on SMs x 8 or x 4 blocks, or -db on SMs x 8;
-# rows longer than 4096 on the streaming persistent kernel (q4k-xstream: SMs x 8 blocks, -b4:
-# x 4; matvec_q4k.XSTREAM, off by default);
 # decode attention's softmax rows interleaved (decode_attention.INTERLEAVE_ROWS, off: no gain
-# measured in session 20); its one-tile splits stored without the merge (attn-1t,
-# decode_attention.ONE_TILE_DIRECT, off until measured). All give the same bits.
+# measured in session 20); its one-tile splits through the four-warp merge (attn-merge:
+# decode_attention.ONE_TILE_DIRECT off; stored by warp 0 directly is the default since
+# session 21). All give the same bits.
 _Q4 = "bw24nb.kernels.matvec_q4k"
 MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "q4k-xreg": [(_Q4, "XREG", True), (_Q4, "XREG_DB", False),
@@ -563,10 +562,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                 (_Q4, "XREG_BLOCKS_PER_SM", 4)],
                 "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
                                    (_Q4, "XREG_BLOCKS_PER_SM", 8)],
-                "q4k-xstream": [(_Q4, "XSTREAM", True)],
-                "q4k-xstream-b4": [(_Q4, "XSTREAM", True), (_Q4, "XSTREAM_BLOCKS_PER_SM", 4)],
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)],
-                "attn-1t": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", True)]}
+                "attn-merge": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", False)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 
 

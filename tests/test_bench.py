@@ -286,9 +286,6 @@ def test_module_modes_set_their_switches_for_the_block_only():
     assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM) == was
     with run_bench.module_mode("q4k-rowloop"):
         assert q4.XREG is False
-    with run_bench.module_mode("q4k-xstream-b4"):
-        assert q4.XSTREAM is True and q4.XSTREAM_BLOCKS_PER_SM == 4
-    assert not q4.XSTREAM and q4.XSTREAM_BLOCKS_PER_SM == 8
     assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM) == was
     try:
         with run_bench.module_mode("q4k-xreg"):
@@ -300,9 +297,9 @@ def test_module_modes_set_their_switches_for_the_block_only():
     with run_bench.module_mode("default"):
         assert (q4.XREG, q4.XREG_DB, q4.XREG_BLOCKS_PER_SM) == was
     from bw24nb.kernels import decode_attention as da
-    with run_bench.module_mode("attn-1t"):
-        assert da.ONE_TILE_DIRECT is True
-    assert da.ONE_TILE_DIRECT is False
+    with run_bench.module_mode("attn-merge"):
+        assert da.ONE_TILE_DIRECT is False
+    assert da.ONE_TILE_DIRECT is True
     with run_bench.module_mode("attn-il"):
         assert da.INTERLEAVE_ROWS is True
     assert da.INTERLEAVE_ROWS is False

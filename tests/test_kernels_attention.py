@@ -446,7 +446,7 @@ def test_one_tile_splits_stored_without_the_merge_give_the_same_bits(rng, Hq, Hk
     more than a tile (the merge as before, in the same launch)."""
     from bw24nb.kernels import decode_attention as da
     from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
-    assert da.ONE_TILE_DIRECT is False
+    assert da.ONE_TILE_DIRECT is True           # the default since session 21
     cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
     layer = cache.layer(0)
     q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))

@@ -55,7 +55,9 @@ def _rel(a, b):
 # ------------------------------------------------------------------ (a) conv
 
 
-@pytest.mark.parametrize("T", [1, 7])
+# T = 20, 37: the kernel's 16 runs of tokens hold 2 / 3 tokens each, so a run's window
+# reaches into the run before it (or two back) -- in place, inputs another run overwrites
+@pytest.mark.parametrize("T", [1, 2, 7, 20, 37])
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "inplace"])
 def test_conv1d_silu_matches_reference(rng, T, in_place):
     C = 2 * NK * DK + NV * DV
@@ -75,6 +77,29 @@ def test_conv1d_silu_matches_reference(rng, T, in_place):
     np.testing.assert_array_less(np.abs(y - ref), 16 * U * (mag + np.abs(ref)) + 1e-30)
     # the new window is the last 3 inputs, copied exactly (T = 1 keeps 2 old ones)
     np.testing.assert_array_equal(d_state.copy_to_host(), new_state)
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "inplace"])
+def test_conv1d_runs_give_the_one_token_bits(rng, in_place):
+    """The T-token launch (tokens cut into runs, one warp each) must give, bit for bit, the
+    outputs, saved windows and final window of T one-token launches: every output is the
+    same four products summed in the same order, whichever run computes it."""
+    T, C = 37, 2 * NK * DK + NV * DV + 8            # (C not a multiple of the block's 32)
+    x = _rand(rng, T, C, scale=2.0)
+    w = cuda.to_device(_rand(rng, C, CONV_KERNEL, scale=0.5))
+    state = _rand(rng, CONV_KERNEL - 1, C, scale=2.0)
+    d_x, d_state = cuda.to_device(x), cuda.to_device(state)
+    d_y = d_x if in_place else _poisoned(T, C)
+    steps = cuda.to_device(np.full((T, CONV_KERNEL - 1, C), np.nan, np.float32))
+    launch_conv1d_silu(d_x, w, d_state, d_y, steps=steps)
+    one = cuda.to_device(state)
+    for t in range(T):
+        y1 = _poisoned(1, C)
+        launch_conv1d_silu(cuda.to_device(x[t:t + 1]), w, one, y1)
+        np.testing.assert_array_equal(d_y.copy_to_host()[t].view(np.uint32),
+                                      y1.copy_to_host()[0].view(np.uint32))
+        np.testing.assert_array_equal(steps.copy_to_host()[t], one.copy_to_host())
+    np.testing.assert_array_equal(d_state.copy_to_host(), one.copy_to_host())
 
 
 def test_conv1d_state_carries_across_calls(rng):
@@ -477,6 +502,28 @@ def test_step_states_equal_one_token_launches_and_restore(rng):
     with pytest.raises(ValueError, match="steps"):
         launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head,
                                 rs.ssm[layer], _poisoned(T, NV, DV), steps=ssm_steps[:2])
+
+
+@pytest.mark.parametrize("family", ["qwen35", "qwen3next"])
+def test_delta_rule_staged_gives_the_direct_bits(rng, family):
+    """The lane kernel with its inputs staged in shared memory (prefill) must give the bits of
+    the lane kernel reading them from global memory: outputs, saved steps and final state.
+    T = 37 makes two whole staging chunks and a partial one; d_v = 40 a partial column block."""
+    from bw24nb.kernels.gated_deltanet import RULE_CHUNK
+    T, dv = 2 * RULE_CHUNK + 5, 40
+    key_head = cuda.to_device(value_to_key_head(family, NK, NV).astype(np.int32))
+    q, k, v, g, beta, s0 = _rule_inputs(rng, T, dv)
+    got = {}
+    for staged in (False, True):
+        d_state = cuda.to_device(s0)
+        o = _poisoned(T, NV, dv)
+        steps = cuda.to_device(np.full((T, NV, DK, dv), np.nan, np.float32))
+        launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head,
+                                d_state, o, steps=steps, staged=staged)
+        got[staged] = [a.copy_to_host() for a in (o, steps, d_state)]
+    for direct, staged in zip(got[False], got[True]):
+        assert np.isfinite(staged).all()
+        np.testing.assert_array_equal(staged.view(np.uint32), direct.view(np.uint32))
 
 
 @pytest.mark.parametrize("variant", ["lane", "tile"])

@@ -596,29 +596,6 @@ def test_q4k_persistent_kernel_gives_the_row_loops_bits(rng, monkeypatch, K, db)
     _same_bits_on_and_off(monkeypatch, q4, "XREG", w, M, K, xq, xd, bias, res)
 
 
-@pytest.mark.parametrize("K", [5120, 8192, 12288])
-def test_q4k_streaming_kernel_gives_the_row_loops_bits(rng, monkeypatch, K):
-    """matvec_q4k's persistent kernel for rows longer than 4096 (XSTREAM: the weights
-    double-buffered a 4-chunk step ahead, across rows) runs the row loop's steps and slots in
-    its order: with it and without it launch_matvec_q8 must agree bit for bit, bias and
-    residual included, on one block (each warp several rows, M not a multiple of the warps;
-    K = 5120: a last step with clamped slots)."""
-    from bw24nb.kernels import matvec_q4k as q4
-    M = 11
-    w = cuda.to_device(random_weight_bytes(rng, QType.Q4_K, M, K))
-    xq, xd = quantize_act_q8_reference(rng.standard_normal(K).astype(np.float32))
-    xq, xd = cuda.to_device(xq), cuda.to_device(xd)
-    bias = cuda.to_device(rng.standard_normal(M).astype(np.float32))
-    res = cuda.to_device(rng.standard_normal(M).astype(np.float32))
-    monkeypatch.setattr(q4, "XSTREAM_BLOCKS_PER_SM", 1)
-    monkeypatch.setattr(q4, "sm_count", lambda: 1)
-    monkeypatch.setattr(q4, "XSTREAM", True)
-    assert q4.xstream_serves(M, K, 1, 1) and q4.persistent_grid(M, q4.XSTREAM_BLOCKS_PER_SM) == 1
-    assert not q4.xstream_serves(M, 4096, 1, 1) and not q4.xstream_serves(M, K, 2, 1)
-    assert not q4.xstream_serves(M, K, 1, 2) and not q4.xstream_serves(M, 4864, 1, 1)
-    _same_bits_on_and_off(monkeypatch, q4, "XSTREAM", w, M, K, xq, xd, bias, res)
-
-
 def _same_bits_on_and_off(monkeypatch, q4, switch, w, M, K, xq, xd, bias, res):
     """One-row Q4_K launches with matvec_q4k.<switch> on and off, without and with bias and
     residual: the same bits, every output written."""

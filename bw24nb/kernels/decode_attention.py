@@ -84,9 +84,11 @@ INTERLEAVE_ROWS = False
 # merge computes for it (weight exp(0) = 1 for warp 0, the others skipped; + 0.0 as the merge's
 # sum starts, which only turns a -0.0 into +0.0), without the block barrier and the shared
 # memory round trip of the merge (its "tiles -> stored" phase: 1440 ns on the 0.5B heads,
-# session 19). The same bits (tested); off until measured (launch_chain's "/1t" kinds,
-# run_bench --launch attn-1t).
-ONE_TILE_DIRECT = False
+# session 19). The same bits (tested). On since session 21: the 0.5B's attention took 15.24
+# against 16.35 us a layer in the engine, 867.3 / 809.0 against 863.4 / 799.8 tok/s, the same
+# tokens (run_bench --launch default,attn-1t); launch_chain's "/1t": 14.55 against 15.75 us at
+# 511, 19.76 against 22.66 at 6143. run_bench --launch attn-merge turns it off.
+ONE_TILE_DIRECT = True
 
 
 def supports(n_rep: int, D: int, k_type, v_type) -> bool:

@@ -78,9 +78,12 @@ from .norm import SCRATCH_WARPS, launch_gated_rms_norm, launch_gated_rms_norm_q8
 # Depthwise conv width: Qwen3-Next and Qwen3.5 (linear_conv_kernel_dim) all use 4; the kernel
 # keeps the K-1 = 3 previous inputs in named registers, so another width needs another kernel.
 CONV_KERNEL = 4
-# Threads per conv block: one thread per channel (conv_dim is 2*16*128 + 32*128 = 8192 for the
-# 9B shape -> 64 blocks), memory-bound and tiny either way.
-CONV_THREADS = 128
+# The conv's block: CONV_CH channels (one a lane) x CONV_SPLIT runs of tokens (one a warp):
+# 256 blocks of 512 threads for the 9B's 8192 channels. T = 1..3 leaves most runs empty;
+# decode and verify use gdn_conv_prep instead.
+CONV_CH = 32
+CONV_SPLIT = 16
+CONV_THREADS = CONV_CH * CONV_SPLIT
 
 # One warp per prep block: a key head has d_k = 128 values, 4 per lane, and block_sum's tree
 # over 32 threads is the shortest that covers it.
@@ -125,27 +128,47 @@ def _softplus(x):
 def conv1d_silu(x, w, state, y, steps, save_steps):
     """y[t, c] = silu(sum_j w[c, j] * window_c[t + j]), window_c = (state[:, c], x[:, c]);
     state[:, c] <- the last K-1 inputs. x, y [T, C] (y may be x); w [C, 4]; state [3, C].
-    save_steps: also steps[t, :, c] <- the window after token t (steps [>= T, 3, C])."""
-    c = cuda.grid(1)
-    if c >= x.shape[1]:
-        return
-    w0, w1, w2, w3 = w[c, 0], w[c, 1], w[c, 2], w[c, 3]
-    s0, s1, s2 = state[0, c], state[1, c], state[2, c]      # inputs t-3, t-2, t-1
-    for t in range(x.shape[0]):
-        xt = x[t, c]
+    save_steps: also steps[t, :, c] <- the window after token t (steps [>= T, 3, C]).
+
+    A block owns CONV_CH channels (lane = channel: a warp's loads are one 128-byte line) and
+    cuts the T tokens into CONV_SPLIT runs, warp s walking run s. Every thread first reads the
+    3 inputs before its run (from x, or the state before token 0) and only after the barrier
+    writes y, so in place (y = x) no run overwrites an input another still has to read. Each
+    output is the same four products summed in the same order as one thread walking all T
+    tokens would sum them (the kernel before session 21: one thread a channel, ~0.3 us a
+    token of DRAM latency, 165 us for a 512-token 9B chunk on the H200)."""
+    lane = cuda.threadIdx.x & 31
+    run = cuda.threadIdx.x >> 5
+    c = cuda.blockIdx.x * CONV_CH + lane
+    T = x.shape[0]
+    ok = c < x.shape[1]
+    cc = min(c, x.shape[1] - 1)          # (a channel past C reads the last one, writes nothing)
+    L = (T + CONV_SPLIT - 1) // CONV_SPLIT
+    t0 = min(run * L, T)
+    t1 = min(t0 + L, T)
+    # inputs t0-3, t0-2, t0-1: from x inside the chunk, from the state before token 0
+    s0 = x[t0 - 3, cc] if t0 >= 3 else state[t0, cc]
+    s1 = x[t0 - 2, cc] if t0 >= 2 else state[t0 + 1, cc]
+    s2 = x[t0 - 1, cc] if t0 >= 1 else state[2, cc]
+    w0, w1, w2, w3 = w[cc, 0], w[cc, 1], w[cc, 2], w[cc, 3]
+    cuda.syncthreads()                   # every run's window is read before any y is written
+    for t in range(t0, t1):
+        xt = x[t, cc]
         acc = w0 * s0
         acc += w1 * s1
         acc += w2 * s2
         acc += w3 * xt
-        y[t, c] = _silu(acc)
         s0, s1, s2 = s1, s2, xt
-        if save_steps:
-            steps[t, 0, c] = s0
-            steps[t, 1, c] = s1
-            steps[t, 2, c] = s2
-    state[0, c] = s0
-    state[1, c] = s1
-    state[2, c] = s2
+        if ok:
+            y[t, c] = _silu(acc)
+            if save_steps:
+                steps[t, 0, c] = s0
+                steps[t, 1, c] = s1
+                steps[t, 2, c] = s2
+    if ok and t0 < T and t1 == T:        # the run holding token T - 1 keeps the last inputs
+        state[0, c] = s0
+        state[1, c] = s1
+        state[2, c] = s2
 
 
 # ------------------------------------------------------------------ (b) prep
@@ -390,7 +413,7 @@ def _rule_kernel(DK):
     return kernel(gated_delta_rule)
 
 
-def _lane_rule_kernel(DK):
+def _lane_rule_kernel(DK, STAGED=False):
     """The delta-rule kernel with half a column of S per lane ("lane", the default): lanes l
     and l + 16 of block (h, y) own column j = 16 y + (l & 15) of head h's state, lane l < 16
     rows 0 .. DK/2 - 1 and lane l + 16 the rest, in registers (a local array with constant
@@ -401,105 +424,172 @@ def _lane_rule_kernel(DK):
     interleaved partial sums (row i into partial i mod LANE_ACCS, rows ascending; then
     ((p0 + p1) + (p2 + p3))), then the two halves added (`warp_pair_sum`: one shfl.xor 16;
     a + b = b + a, so both lanes hold the same bits). q and k are read by the 16 lanes of a
-    half at one address (a broadcast load)."""
+    half at one address (a broadcast load).
+
+    STAGED (prefill: T >= RULE_STAGE_MIN_T): the step's inputs come from shared memory,
+    staged RULE_CHUNK tokens at a time by the whole warp in coalesced loads (q and k rows,
+    this block's 16 v columns, exp(g), beta). Read straight from global memory each token
+    waits on its own loads' latency -- the H200 took ~1.2 us a token and 617 us per 512-token
+    layer (session 21) with two warps an SM to hide it. The same values enter the same
+    arithmetic in the same order (exp(g) is the same expf of the same float), so both forms
+    give the same bits (tests/test_kernels_gdn.py)."""
     HALF = DK // 2
+    HP = HALF + 1                               # a half's pitch in the staged q / k
+    CH = RULE_CHUNK if STAGED else 1            # shared shapes (1: unused)
+    QK_WORDS = CH * 2 * HP
+    ROW_PASSES = (DK + 31) // 32                # a token's q / k rows over the warp
+
+    @cuda.jit(device=True, inline="always")
+    def key_or_query(x, xs, t, base, kh, r0, i):
+        """x[t, kh, r0 + i], from the staged copy xs[base + i] when STAGED (base unsigned: no
+        negative-index wrap to test, so each of the unrolled loads is one LDS at an offset)."""
+        if STAGED:
+            return xs[base + np.uint32(i)]
+        return x[t, kh, r0 + i]
 
     def gated_delta_rule_lane(q, k, v, g, beta, key_head, state, o, steps, save_steps):
         """As `gated_delta_rule` (the tile kernel): grid (nv, ceil(dv / 16)), 32 threads."""
         S = cuda.local.array(HALF, float32)
+        # [token][half][row], flat: the halves' rows sit HALF + 1 words apart, so the two
+        # broadcast addresses of a warp's load fall in different banks
+        ks = cuda.shared.array(QK_WORDS, float32)
+        qs = cuda.shared.array(QK_WORDS, float32)
+        vs = cuda.shared.array((CH, LANE_COLS), float32)
+        ds = cuda.shared.array(CH, float32)
+        bs = cuda.shared.array(CH, float32)
         h = cuda.blockIdx.x
         lane = cuda.threadIdx.x
-        r0 = (lane >> 4) * HALF                 # this lane's first row
+        hf = lane >> 4
+        r0 = hf * HALF                          # this lane's first row
         dv = v.shape[2]
-        j = cuda.blockIdx.y * LANE_COLS + (lane & 15)
+        col0 = cuda.blockIdx.y * LANE_COLS
+        j = col0 + (lane & 15)
         col = j < dv
         jc = min(j, dv - 1)          # a column past dv reads column dv - 1 and keeps nothing
         kh = key_head[h]
         for i in range(HALF):
             S[i] = state[h, r0 + i, jc]
-        for t in range(q.shape[0]):
-            decay = math.exp(g[t, h])
-            bt = beta[t, h]
-            vt = v[t, h, jc]
-            # S <- exp(g) S, and (S^T k)[j]
-            p0 = float32(0.0)
-            p1 = float32(0.0)
-            p2 = float32(0.0)
-            p3 = float32(0.0)
-            for i0 in range(0, HALF, LANE_ACCS):
-                s = S[i0] * decay
-                S[i0] = s
-                p0 += k[t, kh, r0 + i0] * s
-                s = S[i0 + 1] * decay
-                S[i0 + 1] = s
-                p1 += k[t, kh, r0 + i0 + 1] * s
-                s = S[i0 + 2] * decay
-                S[i0 + 2] = s
-                p2 += k[t, kh, r0 + i0 + 2] * s
-                s = S[i0 + 3] * decay
-                S[i0 + 3] = s
-                p3 += k[t, kh, r0 + i0 + 3] * s
-            part = (p0 + p1) + (p2 + p3)
-            kv_mem = warp_pair_sum(part)
-            delta = (vt - kv_mem) * bt
-            # S <- S + k delta^T, and (S^T q)[j]
-            p0 = float32(0.0)
-            p1 = float32(0.0)
-            p2 = float32(0.0)
-            p3 = float32(0.0)
-            for i0 in range(0, HALF, LANE_ACCS):
-                s = S[i0] + k[t, kh, r0 + i0] * delta
-                S[i0] = s
-                p0 += q[t, kh, r0 + i0] * s
-                s = S[i0 + 1] + k[t, kh, r0 + i0 + 1] * delta
-                S[i0 + 1] = s
-                p1 += q[t, kh, r0 + i0 + 1] * s
-                s = S[i0 + 2] + k[t, kh, r0 + i0 + 2] * delta
-                S[i0 + 2] = s
-                p2 += q[t, kh, r0 + i0 + 2] * s
-                s = S[i0 + 3] + k[t, kh, r0 + i0 + 3] * delta
-                S[i0 + 3] = s
-                p3 += q[t, kh, r0 + i0 + 3] * s
-            part = (p0 + p1) + (p2 + p3)
-            out = warp_pair_sum(part)
-            if col:
-                if lane < 16:
-                    o[t, h, j] = out
-                if save_steps:
-                    for i in range(HALF):
-                        steps[t, h, r0 + i, j] = S[i]
+        T = q.shape[0]
+        step = RULE_CHUNK if STAGED else T
+        for c0 in range(0, T, step):
+            n = min(step, T - c0)
+            if STAGED:
+                cuda.syncthreads()              # (one warp) the last chunk's reads are done
+                for tt in range(n):             # row r of token tt at 2 tt HP + r (+ 1 if
+                    for u in range(ROW_PASSES):  # r is in the second half)
+                        r = lane + 32 * u
+                        if r < DK:
+                            at = 2 * tt * HP + r + (1 if r >= HALF else 0)
+                            ks[at] = k[c0 + tt, kh, r]
+                            qs[at] = q[c0 + tt, kh, r]
+                for idx in range(lane, n * LANE_COLS, 32):
+                    tt = idx // LANE_COLS
+                    cc = idx - tt * LANE_COLS
+                    vs[tt, cc] = v[c0 + tt, h, min(col0 + cc, dv - 1)]
+                for tt in range(lane, n, 32):
+                    ds[tt] = math.exp(g[c0 + tt, h])
+                    bs[tt] = beta[c0 + tt, h]
+                cuda.syncthreads()
+            for tt in range(n):
+                t = c0 + tt
+                base = np.uint32((2 * tt + hf) * HP)
+                if STAGED:
+                    decay = ds[tt]
+                    bt = bs[tt]
+                    vt = vs[tt, lane & 15]
+                else:
+                    decay = math.exp(g[t, h])
+                    bt = beta[t, h]
+                    vt = v[t, h, jc]
+                # S <- exp(g) S, and (S^T k)[j]
+                p0 = float32(0.0)
+                p1 = float32(0.0)
+                p2 = float32(0.0)
+                p3 = float32(0.0)
+                for i0 in range(0, HALF, LANE_ACCS):
+                    s = S[i0] * decay
+                    S[i0] = s
+                    p0 += key_or_query(k, ks, t, base, kh, r0, i0) * s
+                    s = S[i0 + 1] * decay
+                    S[i0 + 1] = s
+                    p1 += key_or_query(k, ks, t, base, kh, r0, i0 + 1) * s
+                    s = S[i0 + 2] * decay
+                    S[i0 + 2] = s
+                    p2 += key_or_query(k, ks, t, base, kh, r0, i0 + 2) * s
+                    s = S[i0 + 3] * decay
+                    S[i0 + 3] = s
+                    p3 += key_or_query(k, ks, t, base, kh, r0, i0 + 3) * s
+                part = (p0 + p1) + (p2 + p3)
+                kv_mem = warp_pair_sum(part)
+                delta = (vt - kv_mem) * bt
+                # S <- S + k delta^T, and (S^T q)[j]
+                p0 = float32(0.0)
+                p1 = float32(0.0)
+                p2 = float32(0.0)
+                p3 = float32(0.0)
+                for i0 in range(0, HALF, LANE_ACCS):
+                    s = S[i0] + key_or_query(k, ks, t, base, kh, r0, i0) * delta
+                    S[i0] = s
+                    p0 += key_or_query(q, qs, t, base, kh, r0, i0) * s
+                    s = S[i0 + 1] + key_or_query(k, ks, t, base, kh, r0, i0 + 1) * delta
+                    S[i0 + 1] = s
+                    p1 += key_or_query(q, qs, t, base, kh, r0, i0 + 1) * s
+                    s = S[i0 + 2] + key_or_query(k, ks, t, base, kh, r0, i0 + 2) * delta
+                    S[i0 + 2] = s
+                    p2 += key_or_query(q, qs, t, base, kh, r0, i0 + 2) * s
+                    s = S[i0 + 3] + key_or_query(k, ks, t, base, kh, r0, i0 + 3) * delta
+                    S[i0 + 3] = s
+                    p3 += key_or_query(q, qs, t, base, kh, r0, i0 + 3) * s
+                part = (p0 + p1) + (p2 + p3)
+                out = warp_pair_sum(part)
+                if col:
+                    if lane < 16:
+                        o[t, h, j] = out
+                    if save_steps:
+                        for i in range(HALF):
+                            steps[t, h, r0 + i, j] = S[i]
         if col:
             for i in range(HALF):
                 state[h, r0 + i, j] = S[i]
 
     gated_delta_rule_lane.__name__ = gated_delta_rule_lane.__qualname__ = \
-        f"gated_delta_rule_lane_dk{DK}"
+        f"gated_delta_rule_lane_dk{DK}" + ("_staged" if STAGED else "")
     return kernel(gated_delta_rule_lane)
 
 # the lane kernel: 16 columns (one warp, two lanes a column) a block, DK a multiple of
 # 2 LANE_ACCS
 LANE_COLS = 16
 LANE_ACCS = 4
+# the staged lane kernel (prefill): tokens a staging pass brings into shared memory (q and k:
+# 2 x 16 x 130 floats, 16.6 KB), and the token count from which the launcher takes it (decode
+# and verify, T <= 9, read their few tokens straight from global memory: a staging pass
+# would only add two barriers)
+RULE_CHUNK = 16
+RULE_STAGE_MIN_T = 16
 RULE_VARIANTS = ("lane", "tile")
 _RULE_KERNELS: dict = {}
 
 
-def rule_kernel(dk: int, variant: str = "lane"):
+def rule_kernel(dk: int, variant: str = "lane", staged: bool = False):
     """The delta-rule kernel for d_k = dk (built on first use; 128 in every real model):
-    "lane" (a column of S per lane, registers) or "tile" (the shared-memory tile kernel)."""
+    "lane" (a column of S per lane, registers) or "tile" (the shared-memory tile kernel);
+    staged: the lane kernel that stages its inputs in shared memory (the same bits)."""
     if variant not in RULE_VARIANTS:
         raise ValueError(f"gated_delta_rule: variant must be one of {RULE_VARIANTS}, "
                          f"not {variant!r}")
     if variant == "lane" and dk % (2 * LANE_ACCS):
         variant = "tile"             # (no real model: d_k is 128 everywhere)
-    key = (dk, variant)
+    staged = bool(staged) and variant == "lane"
+    key = (dk, variant, staged)
     if key not in _RULE_KERNELS:
-        _RULE_KERNELS[key] = (_lane_rule_kernel if variant == "lane" else _rule_kernel)(dk)
+        _RULE_KERNELS[key] = _lane_rule_kernel(dk, staged) if variant == "lane" \
+            else _rule_kernel(dk)
     return _RULE_KERNELS[key]
 
 
 gated_delta_rule = rule_kernel(GDN_DK_MAX, "tile")    # module attributes: tests/test_compile_ptx.py
 gated_delta_rule_lane = rule_kernel(GDN_DK_MAX, "lane")
+gated_delta_rule_lane_staged = rule_kernel(GDN_DK_MAX, "lane", staged=True)
 
 
 # ------------------------------------------------------------------ launchers
@@ -523,7 +613,7 @@ def launch_conv1d_silu(x, conv_w, conv_state, y, stream=0, steps=None):
                          f"{tuple(steps.shape)}")
     if C == 0:
         return
-    conv1d_silu[(C + CONV_THREADS - 1) // CONV_THREADS, CONV_THREADS, stream](
+    conv1d_silu[(C + CONV_CH - 1) // CONV_CH, CONV_THREADS, stream](
         x, conv_w, conv_state, y, conv_state.reshape(1, *conv_state.shape) if steps is None else steps,
         np.int32(steps is not None))
 
@@ -590,7 +680,7 @@ def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v,
 
 
 def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, steps=None,
-                            variant="lane"):
+                            variant="lane", staged=None):
     """T steps of the gated delta rule (decode: T = 1; prefill: T tokens, one launch).
 
     q, k float32[T, nk, dk] — L2-normalised, q already scaled by 1/sqrt(dk) (launch_gdn_prep);
@@ -600,7 +690,8 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
     be strided) receiving the state after each token. Reference: `gated_delta_rule_recurrent(
     q_rep * sqrt(dk), k_rep, v, g, beta, state)` with `q_rep = q[:, key_head]` (and equal to
     the chunked form). variant: "lane" (default) or "tile", the two kernels (`rule_kernel`):
-    the same recurrence, each with its own fixed summation order."""
+    the same recurrence, each with its own fixed summation order. staged: the lane kernel's
+    inputs staged in shared memory (None: when T >= RULE_STAGE_MIN_T); the same bits."""
     T, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     if dk > GDN_DK_MAX:
@@ -619,7 +710,9 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
         return                  # (the kernel reads token 0's inputs before its loop)
     lane = variant == "lane" and dk % (2 * LANE_ACCS) == 0   # (rule_kernel's fallback)
     cols, threads = (LANE_COLS, 32) if lane else (GDN_COLS, GDN_THREADS)
-    rule_kernel(dk, variant)[(nv, (dv + cols - 1) // cols), threads, stream](
+    if staged is None:
+        staged = T >= RULE_STAGE_MIN_T
+    rule_kernel(dk, variant, staged and lane)[(nv, (dv + cols - 1) // cols), threads, stream](
         q, k, v, g, beta, key_head, state, o,
         state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None))
 
@@ -650,3 +743,4 @@ PTX_SIGNATURES = {
     "gated_delta_rule_lane": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, "
                               f"{_A3}, float32[:, :, :, ::1], int32)"],
 }
+PTX_SIGNATURES["gated_delta_rule_lane_staged"] = PTX_SIGNATURES["gated_delta_rule_lane"]

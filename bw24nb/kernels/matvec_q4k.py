@@ -309,25 +309,11 @@ XREG_BLOCKS_PER_SM = 4      # one wave: 16 warps an SM at the double buffer's 12
 XREG_DB = True              # the next row's weight words loaded a row ahead
 
 
-# Rows longer than 4096 (the 9B's ffn_down, K = 12288; the 27B's 5120 and 17408) on persistent
-# warps too (`_make_xstream`): a lane's activations no longer fit in registers, so they stay
-# loads from L1 as in the row loop, but the weights stream through a double buffer one step (4
-# chunks a lane) ahead -- across the row's steps and into the warp's next row -- which is what
-# made the one-row kernel above win in the engine (its SMs x 4 form without the buffer lost).
-# The row loop's steps, slots, clamps and order: the same bits (tested). Off until measured in
-# the engine (run_bench --launch q4k-xstream, q4k-xstream-b4). sm_90 SASS (session 20): 64
-# registers, and ptxas places the next step's eight loads after most of the step's dp4a, as it
-# does in the one-row kernel's double buffer (where they still overlap the row's tail: it won);
-# side-effecting asm loads and a branch-free scale decode did not move them earlier.
-XSTREAM = False
-XSTREAM_BLOCKS_PER_SM = 8   # 32 warps an SM at 64 registers
-
-
-def xstream_serves(M, K, parts, rows) -> bool:
-    """Whether a launch runs `_make_xstream`'s kernel: one row of activations, one warp a row,
-    K a multiple of 1024 above XREG_MAX_J * 1024 (every lane then walks the same number of
-    4-chunk steps)."""
-    return XSTREAM and rows == 1 and parts == 1 and K % 1024 == 0 and K // 1024 > XREG_MAX_J
+# Rows longer than 4096 (the 9B's ffn_down, K = 12288) stay on the row loop. A streaming
+# persistent kernel for them (the weights double-buffered a 4-chunk step ahead, across rows;
+# session 20, XSTREAM) gave the same bits but lost on the H200 (session 21): 12.80 against
+# 11.01 us alone at 4096 x 12288, and 378.2 / 366.8 against 380.0 / 368.2 tok/s in the 9B
+# engine (ffn_down 11.58 against 11.36 us a layer). It was removed; decision 0026.
 
 
 def xreg_serves(M, K, parts, rows) -> bool:
@@ -429,65 +415,6 @@ def _put8(a, i, w):
     a[i + 7] = w[7]
 
 
-@cuda.jit(device=True, inline="always")
-def _load_step(buf, w32, row_word, u, last):
-    """The weight words of a lane's 4 chunks u, u + 32, u + 64, u + 96 (each clamped to the
-    row's last chunk, as the row loop's slots are) into buf[0 .. 31]."""
-    for i in range(4):
-        _put8(buf, 8 * i, _chunk_words(w32, row_word, min(u + 32 * i, last)))
-
-
-def _make_xstream():
-    """The persistent kernel for long rows (XSTREAM): warp w takes rows w, w + nwarps, ...,
-    each as the row loop's steps of 4 chunk slots (lane l's step s: chunks l + 128 s + 32 i),
-    the next (row, step)'s weight words loaded before this one's arithmetic."""
-    def matvec(w32, M, K, xq, xd, y, bias, residual, has_bias, has_residual):
-        lane, warp, nwarps = _persistent_warp()
-        if warp >= M:
-            return
-        n = _units(K)
-        last = n - 1
-        steps = (n + 127) >> 7                  # the same for every lane: n % 32 == 0
-        items = ((M - 1 - warp) // nwarps + 1) * steps
-        row_words = np.int64((K >> 8) * Q4_K_WORDS)
-        cur = cuda.local.array(32, uint32)
-        nxt = cuda.local.array(32, uint32)
-        _load_step(nxt, w32, warp * row_words, lane, last)
-        row = warp
-        s = 0
-        acc = np.float32(0.0)
-        for _ in range(items):
-            for i in range(32):
-                cur[i] = nxt[i]
-            # the next item's loads first (past the warp's last row: row M - 1 again, unused)
-            s1 = s + 1
-            row1 = row
-            if s1 == steps:
-                s1 = 0
-                row1 = row + nwarps
-            _load_step(nxt, w32, min(row1, M - 1) * row_words, lane + 128 * s1, last)
-            u = lane + 128 * s
-            for i in range(4):
-                wq = _chunk_decode(cur[8 * i], cur[8 * i + 1], cur[8 * i + 2], cur[8 * i + 3],
-                                   cur[8 * i + 4], cur[8 * i + 5], cur[8 * i + 6],
-                                   cur[8 * i + 7])
-                v = _chunk_value(xq, xd, np.uint32(0), np.uint32(0), min(u + 32 * i, last), wq)
-                acc += keep(v, u + 32 * i, n)   # (slot 0 is always in the row: v itself)
-            if s1 == 0:                         # the row's last step: its total
-                total = warp_sum(acc)
-                if lane == 0:
-                    store_row(y, bias, residual, has_bias, has_residual, row, total)
-                acc = np.float32(0.0)
-            s = s1
-            row = row1
-
-    matvec.__name__ = matvec.__qualname__ = "matvec_q8_q4_k_xstream"
-    return kernel(matvec)
-
-
-matvec_q8_q4_k_xstream = _make_xstream()
-
-
 _XREG: dict = {}
 
 
@@ -501,8 +428,8 @@ def xreg_kernel(J, db=None):
 
 
 def persistent_grid(M, per_sm) -> int:
-    """Blocks of a persistent kernel: per_sm an SM (XREG_BLOCKS_PER_SM, XSTREAM_BLOCKS_PER_SM),
-    never more than M rows need."""
+    """Blocks of a persistent kernel: per_sm an SM (XREG_BLOCKS_PER_SM), never more than M
+    rows need."""
     return min((M + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, sm_count() * per_sm)
 
 
@@ -527,7 +454,6 @@ PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                       "void(uint32[::1], int32, int32, uint32[::1], float32[::1], float32[::1], "
                       "float32[::1], float32[::1], int32, int32)"]}
 PTX_SIGNATURES["matvec_q8_q4_k_xreg4_db"] = PTX_SIGNATURES["matvec_q8_q4_k_xreg4"]
-PTX_SIGNATURES["matvec_q8_q4_k_xstream"] = PTX_SIGNATURES["matvec_q8_q4_k_xreg4"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_tok"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
@@ -541,13 +467,8 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
     w32 = w8.view(np.uint32)
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
-    persistent = None if nibble else (
-        (xreg_kernel(K // 1024), XREG_BLOCKS_PER_SM) if xreg_serves(M, K, parts, rows) else
-        (matvec_q8_q4_k_xstream, XSTREAM_BLOCKS_PER_SM) if xstream_serves(M, K, parts, rows)
-        else None)
-    if persistent is not None:
-        kern, per_sm = persistent
-        kern[persistent_grid(M, per_sm), threads, stream](
+    if not nibble and xreg_serves(M, K, parts, rows):
+        xreg_kernel(K // 1024)[persistent_grid(M, XREG_BLOCKS_PER_SM), threads, stream](
             w32, np.int32(M), np.int32(K), xq, xd, y_dev,
             y_dev if bias is None else bias, y_dev if residual is None else residual,
             np.int32(bias is not None), np.int32(residual is not None))
