@@ -35,7 +35,15 @@
 #   c05t        run_bench on the 0.5B shape, --launch default,attn-1t: one-tile splits stored
 #               without the merge (decode_attention.ONE_TILE_DIRECT, built after the last
 #               call); lc measures its "/1t" kinds beside the others
-# Next calls, ready (each ~500 s):
+# Session 21 (this script, with MM_ARGS: extra matmul_q8_bench arguments for mm, e.g. --tiles
+# m64t128s4_cvt_r80 for a register cap): call 1 ran mvs,kc,lc,c05t,q9s on 559a9c5 (XSTREAM lost,
+# ONE_TILE_DIRECT won), call 2 mm,mmold,q9,q9old against 725dcce (the GEMM's header scales and
+# Q6_K lanes won); call 3: the GDN prefill staging, conv runs and the GEMM's unrolled full step
+# against 559a9c5:
+#   BW24_COMMIT=<head> OLD_COMMIT=559a9c5 KC_ONLY='gdn*,gated_delta_rule' \
+#     MM_ARGS=--tiles=m64t128s4_cvt_r80,m64t128s4_cvt_r96,m128t128s4_cvt_r96 \
+#     bash bench/h200_session20.sh mm,mmold,kc,q9,q9old,c05,c05old
+# Session 20's next calls, as written then (each ~500 s):
 #   1. BW24_COMMIT=<head> KC_ONLY=matvec_q8,matvec_rows KC_TYPES=Q4_K \
 #        bash bench/h200_session20.sh mvs,kc,lc,c05t,q9s
 #      kc: the persistent one-row Q4_K kernel (default since this session) against numpy at
@@ -70,8 +78,8 @@ on mvn && { run ${MVN_S:-170} mvn python3 bench/matvec_bench.py --shapes 9b --no
   grep -E "Q4_K|Error|Traceback" $L/mvn.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -40; }
 on mvs && { run ${MVS_S:-120} mvs python3 bench/matvec_bench.py --shapes 9b --no-old --xstream --commit $C --out /tmp/matvec.jsonl
   grep -E "dp4a|Error|Traceback" $L/mvs.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -20; }
-on mm && { run ${MM_S:-150} mm python3 bench/matmul_q8_bench.py --shapes 9b --commit $C --jsonl /tmp/matmul_q8.jsonl
-  grep -E "matmul_q8 |Error|Traceback|BAD" $L/mm.log | head -12; }
+on mm && { run ${MM_S:-150} mm python3 bench/matmul_q8_bench.py --shapes 9b ${MM_ARGS:-} --commit $C --jsonl /tmp/matmul_q8.jsonl
+  grep -E "matmul_q8|Error|Traceback|BAD" $L/mm.log | grep -v quant+ | head -24; }
 on mmold && { run ${MM_S:-150} mmold env PYTHONPATH=/tmp/site:$PWD/${OLD_TREE:-.old} BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 ${OLD_TREE:-.old}/bench/matmul_q8_bench.py --shapes 9b --commit ${OLD_COMMIT:-old} --jsonl /tmp/matmul_q8_old.jsonl
   grep -E "matmul_q8 |Error|Traceback|BAD" $L/mmold.log | head -12; }
 on mvold && { run ${MV_S:-120} mvold env PYTHONPATH=/tmp/site:$PWD/${OLD_TREE:-.old} BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 ${OLD_TREE:-.old}/bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --commit ${OLD_COMMIT:-old} --out /tmp/matvec_old.jsonl

@@ -40,6 +40,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -150,6 +151,15 @@ def time_per_launch_us(launch, stream, smoke) -> tuple[float, int]:
     return ms * 1e3 / n, n
 
 
+def _parse_tile(name):
+    """--tiles NAME[_cvt][_rNN] -> (matmul_q8.TILES[NAME], cvt, register cap NN or None)."""
+    base, regs = name, None
+    m = re.fullmatch(r"(.*)_r(\d+)", name)
+    if m:
+        base, regs = m.group(1), int(m.group(2))
+    return mq.TILES.get(base.removesuffix("_cvt")), base.endswith("_cvt"), regs
+
+
 def bench_shape(T, M, K, qt, stream, rng, smoke):
     """Check, then time, one shape. Returns (checks dict, [(kernel, us, launches)])."""
     w_host = random_weight_bytes(rng, qt, M, K)
@@ -203,8 +213,9 @@ def bench_shape(T, M, K, qt, stream, rng, smoke):
     tiled = []
     for name in TILE_NAMES:
         if (qt, name) not in _TILED:
-            tile, cvt = mq.TILES[name.removesuffix("_cvt")], name.endswith("_cvt")
-            _TILED[qt, name] = mq._make_matmul_q8(qt, magic_cvt=not cvt, tile=tile)
+            tile, cvt, regs = _parse_tile(name)
+            _TILED[qt, name] = mq._make_matmul_q8(qt, magic_cvt=not cvt, tile=tile,
+                                                  max_regs=regs)
         y_t = cuda.device_array((T, M), np.float32, stream=stream)
         y_t.copy_to_device(np.full((T, M), np.nan, np.float32), stream=stream)
         mq._launch(_TILED[qt, name], w, M, K, T, xq, xd, y_t, None, None, stream)
@@ -241,6 +252,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes in numba's CUDA simulator: checks the script, times mean nothing")
     ap.add_argument("--tiles", default="", help="also time these matmul_q8.TILES candidates "
+                    "(NAME_rNN: built with ptxas capped at NN registers) "
                     f"(comma-separated, or 'all'): {', '.join(mq.TILES)}; a name ending in "
                     "_cvt converts with cvt instead of the magic-number add")
     ap.add_argument("--cvt-tiles", action="store_true",
@@ -250,7 +262,7 @@ def main() -> int:
         else [n for n in args.tiles.split(",") if n]
     if args.cvt_tiles:
         names += [n + "_cvt" for n in names if not n.endswith("_cvt")]
-    unknown = [n for n in names if n.removesuffix("_cvt") not in mq.TILES]
+    unknown = [n for n in names if _parse_tile(n)[0] is None]
     if unknown:
         ap.error(f"--tiles: unknown {unknown}; known: {', '.join(mq.TILES)}")
     TILE_NAMES[:] = names

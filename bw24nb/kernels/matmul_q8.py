@@ -390,9 +390,10 @@ def _store(y, bias, residual, has_bias, has_residual, T, M, t, m, v):
 
 
 def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=False,
-                    lanes=None):
+                    lanes=None, max_regs=None):
     """The GEMM kernel for weight type qt on `tile`; lanes: decode each weight unit on 8
-    threads (`_LANE_UNITS`; default Q6_K_LANES for the types that have the form)."""
+    threads (`_LANE_UNITS`; default Q6_K_LANES for the types that have the form); max_regs:
+    ptxas's register cap (None: its own choice), which sets how many blocks share an SM."""
     lay = layout(qt)
     unit, subs_per_unit, scaling = _UNITS[lay.qtype]
     has_lanes = lay.qtype in _LANE_UNITS
@@ -451,6 +452,40 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
         scaled(acc, i + 1, s0a, s0b, xd1, xs1, lo[1], hi[1])
         scaled(acc, i + 2, s1a, s1b, xd0, xs0, lo[2], hi[2])
         scaled(acc, i + 3, s1a, s1b, xd1, xs1, lo[3], hi[3])
+
+    @cuda.jit(device=True, inline="always")
+    def sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, j):
+        """Staged sub-block j into the warp's 2 x 4 mma tiles (this lane's 32 accumulators)."""
+        c = 8 * j + t4
+        # A fragments of the two 16-row tiles: rows rm, rm + 8 and rm + 16, rm + 24
+        a00 = ws[rm, c]
+        a01 = ws[rm + 8, c]
+        a02 = ws[rm, c + 4]
+        a03 = ws[rm + 8, c + 4]
+        a10 = ws[rm + 16, c]
+        a11 = ws[rm + 24, c]
+        a12 = ws[rm + 16, c + 4]
+        a13 = ws[rm + 24, c + 4]
+        s0a = wsa[rm, j]
+        s1a = wsa[rm + 8, j]
+        s2a = wsa[rm + 16, j]
+        s3a = wsa[rm + 24, j]
+        s0b = wsb[rm, j]
+        s1b = wsb[rm + 8, j]
+        s2b = wsb[rm + 16, j]
+        s3b = wsb[rm + 24, j]
+        for ni in range(4):
+            rx = rt + 8 * ni
+            b0 = xs[rx + g, c]
+            b1 = xs[rx + g, c + 4]
+            xd0 = xds[rx + 2 * t4, j]
+            xd1 = xds[rx + 2 * t4 + 1, j]
+            xs0 = xss[rx + 2 * t4, j]
+            xs1 = xss[rx + 2 * t4 + 1, j]
+            tile_terms(acc, 8 * ni, a00, a01, a02, a03, b0, b1,
+                       s0a, s0b, s1a, s1b, xd0, xd1, xs0, xs1)
+            tile_terms(acc, 8 * ni + 4, a10, a11, a12, a13, b0, b1,
+                       s2a, s2b, s3a, s3b, xd0, xd1, xs0, xs1)
 
     def matmul_q8(w8, w16, w32, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual,
                   group_off):
@@ -547,38 +582,23 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
                         xds[r, j] = np.float32(0.0)
                         xss[r, j] = np.float32(0.0)
             cuda.syncthreads()
-            # --- tensor cores, sub-block by sub-block (ascending: the summation order)
-            for j in range(nsb):
-                c = 8 * j + t4
-                # A fragments of the two 16-row tiles: rows rm, rm + 8 and rm + 16, rm + 24
-                a00 = ws[rm, c]
-                a01 = ws[rm + 8, c]
-                a02 = ws[rm, c + 4]
-                a03 = ws[rm + 8, c + 4]
-                a10 = ws[rm + 16, c]
-                a11 = ws[rm + 24, c]
-                a12 = ws[rm + 16, c + 4]
-                a13 = ws[rm + 24, c + 4]
-                s0a = wsa[rm, j]
-                s1a = wsa[rm + 8, j]
-                s2a = wsa[rm + 16, j]
-                s3a = wsa[rm + 24, j]
-                s0b = wsb[rm, j]
-                s1b = wsb[rm + 8, j]
-                s2b = wsb[rm + 16, j]
-                s3b = wsb[rm + 24, j]
-                for ni in range(4):
-                    rx = rt + 8 * ni
-                    b0 = xs[rx + g, c]
-                    b1 = xs[rx + g, c + 4]
-                    xd0 = xds[rx + 2 * t4, j]
-                    xd1 = xds[rx + 2 * t4 + 1, j]
-                    xs0 = xss[rx + 2 * t4, j]
-                    xs1 = xss[rx + 2 * t4 + 1, j]
-                    tile_terms(acc, 8 * ni, a00, a01, a02, a03, b0, b1,
-                               s0a, s0b, s1a, s1b, xd0, xd1, xs0, xs1)
-                    tile_terms(acc, 8 * ni + 4, a10, a11, a12, a13, b0, b1,
-                               s2a, s2b, s3a, s3b, xd0, xd1, xs0, xs1)
+            # --- tensor cores, sub-block by sub-block (ascending: the summation order); a
+            # full step (every real shape's) spelled out with constant j, so every shared
+            # address is this thread's base plus an immediate (session 21: the runtime loop
+            # spent ~100 of its 271 sm_90 instructions a sub-block recomputing addresses)
+            if nsb == SSUBS:
+                sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, 0)
+                sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, 1)
+                sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, 2)
+                sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, 3)
+                if SSUBS == 8:
+                    sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, 4)
+                    sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, 5)
+                    sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, 6)
+                    sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, 7)
+            else:
+                for j in range(nsb):
+                    sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, j)
         # --- epilogue: acc[8 ni + 4 mi + e] is row rm + 16 mi + 8 (e >> 1), column
         # rt + 8 ni + 2 t4 + (e & 1)
         yg = y[g0:]
@@ -596,8 +616,9 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
     matmul_q8.__name__ = matmul_q8.__qualname__ = \
         f"matmul_q8_{lay.name}" + ("" if magic_cvt else "_cvt") \
         + ("" if tile == DEFAULT_TILE else f"_{tile.name}") + ("_grouped" if grouped else "") \
-        + ("_units" if has_lanes and not lanes else "")
-    k = kernel(matmul_q8)
+        + ("_units" if has_lanes and not lanes else "") \
+        + ("" if max_regs is None else f"_r{max_regs}")
+    k = kernel(matmul_q8, **({} if max_regs is None else {"max_registers": int(max_regs)}))
     k.tile = tile                 # read by _launch for the grid and block
     return k
 
