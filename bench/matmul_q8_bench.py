@@ -152,12 +152,15 @@ def time_per_launch_us(launch, stream, smoke) -> tuple[float, int]:
 
 
 def _parse_tile(name):
-    """--tiles NAME[_cvt][_rNN] -> (matmul_q8.TILES[NAME], cvt, register cap NN or None)."""
+    """--tiles NAME[_cvt][_pf][_rNN] -> (matmul_q8.TILES[NAME] or None, cvt, prefetch (Q4_K's
+    register-prefetched steps), register cap NN or None)."""
     base, regs = name, None
     m = re.fullmatch(r"(.*)_r(\d+)", name)
     if m:
         base, regs = m.group(1), int(m.group(2))
-    return mq.TILES.get(base.removesuffix("_cvt")), base.endswith("_cvt"), regs
+    pf = base.endswith("_pf")
+    base = base.removesuffix("_pf")
+    return mq.TILES.get(base.removesuffix("_cvt")), base.endswith("_cvt"), pf, regs
 
 
 def bench_shape(T, M, K, qt, stream, rng, smoke):
@@ -213,9 +216,11 @@ def bench_shape(T, M, K, qt, stream, rng, smoke):
     tiled = []
     for name in TILE_NAMES:
         if (qt, name) not in _TILED:
-            tile, cvt, regs = _parse_tile(name)
+            tile, cvt, pf, regs = _parse_tile(name)
+            if pf and qt != QType.Q4_K:          # (a Q4_K form only)
+                continue
             _TILED[qt, name] = mq._make_matmul_q8(qt, magic_cvt=not cvt, tile=tile,
-                                                  max_regs=regs)
+                                                  max_regs=regs, prefetch=pf)
         y_t = cuda.device_array((T, M), np.float32, stream=stream)
         y_t.copy_to_device(np.full((T, M), np.nan, np.float32), stream=stream)
         mq._launch(_TILED[qt, name], w, M, K, T, xq, xd, y_t, None, None, stream)
@@ -252,7 +257,8 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes in numba's CUDA simulator: checks the script, times mean nothing")
     ap.add_argument("--tiles", default="", help="also time these matmul_q8.TILES candidates "
-                    "(NAME_rNN: built with ptxas capped at NN registers) "
+                    "(NAME[_pf][_rNN]: Q4_K's register-prefetched steps, ptxas capped at NN "
+                    "registers) "
                     f"(comma-separated, or 'all'): {', '.join(mq.TILES)}; a name ending in "
                     "_cvt converts with cvt instead of the magic-number add")
     ap.add_argument("--cvt-tiles", action="store_true",
@@ -307,8 +313,9 @@ def main() -> int:
                 record(shape, qt, "matmul_q8", "rel_diff_vs_float", checks["vs_float"], **extra)
                 record(shape, qt, "matmul_q8_cvt", "same_bits", int(checks["cvt_same_bits"]), **extra)
                 for name in TILE_NAMES:
-                    record(shape, qt, f"matmul_q8_{name}", "same_bits",
-                           int(checks[f"tile_{name}_same_bits"]), **extra)
+                    if f"tile_{name}_same_bits" in checks:     # (_pf: Q4_K only)
+                        record(shape, qt, f"matmul_q8_{name}", "same_bits",
+                               int(checks[f"tile_{name}_same_bits"]), **extra)
                 flops = 2.0 * T * M * K
                 base = {name: us for name, us, _ in times}["matmul"]
                 for name, us, n in times:
