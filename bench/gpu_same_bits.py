@@ -1,13 +1,17 @@
 """Do two forms that the simulator tests hold bit-identical also give the same bits on the GPU?
 
     python3 bench/gpu_same_bits.py [--T 512]
+    python3 bench/gpu_same_bits.py --gemm-hash     (run under two trees' PYTHONPATH)
 
 FMA contraction is the compiler's choice on the GPU (the simulator rounds every operation), so
 a restructured kernel can differ from its twin there by an ulp. Checked at the 9B shape's GDN
 dims: the lane delta rule's staged form (prefill, T >= RULE_STAGE_MIN_T) against its direct
 form, and conv1d_silu's T-token launch against T one-token launches. Prints one line each:
 SAME, or DIFF with the count of differing outputs and the largest relative difference.
+--gemm-hash: only a hash of the prefill GEMM's outputs (Q4_K, Q6_K, Q8_0 at 512 x 4096 x 4096,
+fixed inputs), to compare two trees of the library run one after the other.
 """
+import hashlib
 import argparse
 import sys
 
@@ -30,10 +34,32 @@ def _report(name, a, b):
     return same
 
 
+def gemm_hash() -> int:
+    from bw24nb.kernels.matmul_q8 import launch_matmul_q8
+    from bw24nb.kernels.quantize_act import launch_quantize_act
+    from bw24nb.quant.types import QType
+    from bw24nb.kernels.dequant import random_weight_bytes
+    T, M, K = 512, 4096, 4096
+    for qt in (QType.Q4_K, QType.Q6_K, QType.Q8_0):
+        rng = np.random.default_rng(7)
+        w = cuda.to_device(random_weight_bytes(rng, qt, M, K))
+        x = cuda.to_device(rng.standard_normal((T, K)).astype(np.float32))
+        xq = cuda.device_array((T, K), np.int8)
+        xd = cuda.device_array((T, K // 32), np.float32)
+        y = cuda.device_array((T, M), np.float32)
+        launch_quantize_act(x, xq, xd)
+        launch_matmul_q8(w, qt, M, K, xq, xd, y)
+        print(f"gemm {qt.name} {T}x{M}x{K}: {hashlib.sha256(y.copy_to_host().tobytes()).hexdigest()[:16]}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--T", type=int, default=512)
+    ap.add_argument("--gemm-hash", action="store_true")
     args = ap.parse_args()
+    if args.gemm_hash:
+        return gemm_hash()
     rng = np.random.default_rng(21)
     T, nk, nv, dk, dv = args.T, 16, 32, 128, 128
     qn = rng.standard_normal((T, nk, dk))
