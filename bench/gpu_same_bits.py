@@ -1,25 +1,26 @@
 """Do two forms that the simulator tests hold bit-identical also give the same bits on the GPU?
 
-    python3 bench/gpu_same_bits.py [--T 512]
+    python3 bench/gpu_same_bits.py [--T 64]
     python3 bench/gpu_same_bits.py --gemm-hash     (run under two trees' PYTHONPATH)
 
 FMA contraction is the compiler's choice on the GPU (the simulator rounds every operation), so
-a restructured kernel can differ from its twin there by an ulp. Checked at the 9B shape's GDN
-dims: the lane delta rule's staged form (prefill, T >= RULE_STAGE_MIN_T) against its direct
-form, and conv1d_silu's T-token launch against T one-token launches. Prints one line each:
-SAME, or DIFF with the count of differing outputs and the largest relative difference.
+a restructured kernel can differ from its twin there by an ulp. Checked: conv1d_silu's T-token
+launch against T one-token launches (the 9B's GDN channels), and decode attention's one-tile
+splits stored directly (decode_attention.ONE_TILE_DIRECT) against the four-warp merge, as
+prefill runs them (T = 32 tokens from position 0, 2 splits a token) and as decode does (one
+token at 511), on the 9B's and the 0.5B's heads. Prints one line each: SAME, or DIFF with the
+count of differing outputs and the largest relative difference.
 --gemm-hash: only a hash of the prefill GEMM's outputs (Q4_K, Q6_K, Q8_0 at 512 x 4096 x 4096,
 fixed inputs), to compare two trees of the library run one after the other.
 """
-import hashlib
 import argparse
+import hashlib
 import sys
 
 import numpy as np
 from numba import cuda
 
 from bw24nb.kernels import gated_deltanet as gdn
-from bw24nb.models.qwen35 import value_to_key_head
 
 
 def _report(name, a, b):
@@ -53,36 +54,45 @@ def gemm_hash() -> int:
     return 0
 
 
+def attention_twins(rng) -> bool:
+    from bw24nb.cache.kv import KVCache
+    from bw24nb.kernels.attention import launch_flash_decode
+    from bw24nb.quant import QType
+    ok = True
+    for Hq, Hkv, D, what in ((16, 4, 256, "9B"), (14, 2, 64, "0.5B")):
+        for T, n_ctx, n_splits in ((32, 32, 2), (1, 512, 32)):
+            cache = KVCache(1, Hkv, D, n_ctx, QType.F16, QType.F16)
+            k = (2 * rng.standard_normal((n_ctx, Hkv, D))).astype(np.float32)
+            v = rng.standard_normal((n_ctx, Hkv, D)).astype(np.float32)
+            cache.store(0, cuda.to_device(k), cuda.to_device(v),
+                        cuda.to_device(np.arange(n_ctx, dtype=np.int32)))
+            layer = cache.layer(0)
+            q = cuda.to_device(rng.standard_normal((T, Hq, D)).astype(np.float32))
+            pos = cuda.to_device(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
+            got = []
+            for direct in (False, True):
+                part_ml = cuda.to_device(np.zeros((T, Hq, n_splits, 2), np.float32))
+                part_acc = cuda.to_device(np.zeros((T, Hq, n_splits, D), np.float32))
+                out = cuda.device_array((T, Hq, D), np.float32)
+                launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                                    QType.F16, out, part_ml, part_acc, direct=direct)
+                got.append(out.copy_to_host())
+            ok &= _report(f"attention one-tile direct vs merge, {what} heads, T {T} at "
+                          f"{n_ctx}", got[1], got[0])
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--T", type=int, default=512)
+    ap.add_argument("--T", type=int, default=64)
     ap.add_argument("--gemm-hash", action="store_true")
     args = ap.parse_args()
     if args.gemm_hash:
         return gemm_hash()
     rng = np.random.default_rng(21)
-    T, nk, nv, dk, dv = args.T, 16, 32, 128, 128
-    qn = rng.standard_normal((T, nk, dk))
-    kn = rng.standard_normal((T, nk, dk))
-    q = (qn / np.linalg.norm(qn, axis=-1, keepdims=True) * dk ** -0.5).astype(np.float32)
-    k = (kn / np.linalg.norm(kn, axis=-1, keepdims=True)).astype(np.float32)
-    v = rng.standard_normal((T, nv, dv)).astype(np.float32)
-    g = (-rng.uniform(0.0, 1.5, (T, nv))).astype(np.float32)
-    beta = rng.uniform(0.0, 1.0, (T, nv)).astype(np.float32)
-    s0 = (0.5 * rng.standard_normal((nv, dk, dv))).astype(np.float32)
-    kh = cuda.to_device(value_to_key_head("qwen35", nk, nv).astype(np.int32))
-    outs = {}
-    for staged in (False, True):
-        st = cuda.to_device(s0)
-        o = cuda.device_array((T, nv, dv), np.float32)
-        gdn.launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)), kh, st, o,
-                                    staged=staged)
-        outs[staged] = (o.copy_to_host(), st.copy_to_host())
-    ok = _report("delta rule staged vs direct: o", outs[True][0], outs[False][0])
-    ok &= _report("delta rule staged vs direct: state", outs[True][1], outs[False][1])
-
+    nk, nv, dk, dv = 16, 32, 128, 128
     C = 2 * nk * dk + nv * dv
-    Tc = min(T, 64)
+    Tc = args.T
     x = (2 * rng.standard_normal((Tc, C))).astype(np.float32)
     w = cuda.to_device((0.5 * rng.standard_normal((C, gdn.CONV_KERNEL))).astype(np.float32))
     state = (2 * rng.standard_normal((gdn.CONV_KERNEL - 1, C))).astype(np.float32)
@@ -93,9 +103,10 @@ def main() -> int:
         y1 = cuda.device_array((1, C), np.float32)
         gdn.launch_conv1d_silu(cuda.to_device(x[t:t + 1]), w, one, y1)
         ys.append(y1.copy_to_host())
-    ok &= _report("conv runs vs one-token launches: y", d_x.copy_to_host(), np.concatenate(ys))
+    ok = _report("conv runs vs one-token launches: y", d_x.copy_to_host(), np.concatenate(ys))
     ok &= _report("conv runs vs one-token launches: state", d_state.copy_to_host(),
                   one.copy_to_host())
+    ok &= attention_twins(rng)
     return 0 if ok else 1
 
 

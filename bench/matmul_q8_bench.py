@@ -152,15 +152,13 @@ def time_per_launch_us(launch, stream, smoke) -> tuple[float, int]:
 
 
 def _parse_tile(name):
-    """--tiles NAME[_cvt][_pf][_rNN] -> (matmul_q8.TILES[NAME] or None, cvt, prefetch (Q4_K's
-    register-prefetched steps), register cap NN or None)."""
+    """--tiles NAME[_cvt][_rNN] -> (matmul_q8.TILES[NAME] or None, cvt, register cap NN or
+    None)."""
     base, regs = name, None
     m = re.fullmatch(r"(.*)_r(\d+)", name)
     if m:
         base, regs = m.group(1), int(m.group(2))
-    pf = base.endswith("_pf")
-    base = base.removesuffix("_pf")
-    return mq.TILES.get(base.removesuffix("_cvt")), base.endswith("_cvt"), pf, regs
+    return mq.TILES.get(base.removesuffix("_cvt")), base.endswith("_cvt"), regs
 
 
 def bench_shape(T, M, K, qt, stream, rng, smoke):
@@ -216,11 +214,9 @@ def bench_shape(T, M, K, qt, stream, rng, smoke):
     tiled = []
     for name in TILE_NAMES:
         if (qt, name) not in _TILED:
-            tile, cvt, pf, regs = _parse_tile(name)
-            if pf and qt != QType.Q4_K:          # (a Q4_K form only)
-                continue
+            tile, cvt, regs = _parse_tile(name)
             _TILED[qt, name] = mq._make_matmul_q8(qt, magic_cvt=not cvt, tile=tile,
-                                                  max_regs=regs, prefetch=pf)
+                                                  max_regs=regs)
         y_t = cuda.device_array((T, M), np.float32, stream=stream)
         y_t.copy_to_device(np.full((T, M), np.nan, np.float32), stream=stream)
         mq._launch(_TILED[qt, name], w, M, K, T, xq, xd, y_t, None, None, stream)
@@ -257,8 +253,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes in numba's CUDA simulator: checks the script, times mean nothing")
     ap.add_argument("--tiles", default="", help="also time these matmul_q8.TILES candidates "
-                    "(NAME[_pf][_rNN]: Q4_K's register-prefetched steps, ptxas capped at NN "
-                    "registers) "
+                    "(NAME_rNN: built with ptxas capped at NN registers) "
                     f"(comma-separated, or 'all'): {', '.join(mq.TILES)}; a name ending in "
                     "_cvt converts with cvt instead of the magic-number add")
     ap.add_argument("--cvt-tiles", action="store_true",
@@ -313,9 +308,8 @@ def main() -> int:
                 record(shape, qt, "matmul_q8", "rel_diff_vs_float", checks["vs_float"], **extra)
                 record(shape, qt, "matmul_q8_cvt", "same_bits", int(checks["cvt_same_bits"]), **extra)
                 for name in TILE_NAMES:
-                    if f"tile_{name}_same_bits" in checks:     # (_pf: Q4_K only)
-                        record(shape, qt, f"matmul_q8_{name}", "same_bits",
-                               int(checks[f"tile_{name}_same_bits"]), **extra)
+                    record(shape, qt, f"matmul_q8_{name}", "same_bits",
+                           int(checks[f"tile_{name}_same_bits"]), **extra)
                 flops = 2.0 * T * M * K
                 base = {name: us for name, us, _ in times}["matmul"]
                 for name, us, n in times:

@@ -1764,7 +1764,6 @@ def check_gated_delta_rule(rng, size):
     from .reference.gated_deltanet import gated_delta_rule_recurrent, l2norm
     d = _gdn_dims(size)
     key_head = value_to_key_head("qwen35", d.nk, d.nv)
-    # real: T = 40 takes the lane kernel's staged form (two whole 16-token chunks and a part)
     for T, variant in ((t, var) for t in ((3,) if size == "tiny" else (1, 40))
                        for var in gdn.RULE_VARIANTS):
         qn = l2norm(rng.standard_normal((T, d.nk, d.dk)))

@@ -437,7 +437,7 @@ def test_traced_split_pass_gives_the_same_bits_and_ordered_stamps(rng):
 
 @pytest.mark.parametrize("Hq,Hkv,D,n_ctx,n_splits", [(4, 2, 32, 40, 4), (14, 2, 64, 60, 4),
                                                       (14, 2, 64, 128, 4), (14, 2, 64, 100, 3),
-                                                      (8, 1, 128, 90, 8)])
+                                                      (8, 1, 128, 90, 8), (16, 4, 256, 40, 4)])
 def test_one_tile_splits_stored_without_the_merge_give_the_same_bits(rng, Hq, Hkv, D, n_ctx,
                                                                      n_splits):
     """decode_attention's direct store (direct=: a split of <= TILE keys written by warp 0

@@ -504,28 +504,6 @@ def test_step_states_equal_one_token_launches_and_restore(rng):
                                 rs.ssm[layer], _poisoned(T, NV, DV), steps=ssm_steps[:2])
 
 
-@pytest.mark.parametrize("family", ["qwen35", "qwen3next"])
-def test_delta_rule_staged_gives_the_direct_bits(rng, family):
-    """The lane kernel with its inputs staged in shared memory (prefill) must give the bits of
-    the lane kernel reading them from global memory: outputs, saved steps and final state.
-    T = 37 makes two whole staging chunks and a partial one; d_v = 40 a partial column block."""
-    from bw24nb.kernels.gated_deltanet import RULE_CHUNK
-    T, dv = 2 * RULE_CHUNK + 5, 40
-    key_head = cuda.to_device(value_to_key_head(family, NK, NV).astype(np.int32))
-    q, k, v, g, beta, s0 = _rule_inputs(rng, T, dv)
-    got = {}
-    for staged in (False, True):
-        d_state = cuda.to_device(s0)
-        o = _poisoned(T, NV, dv)
-        steps = cuda.to_device(np.full((T, NV, DK, dv), np.nan, np.float32))
-        launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head,
-                                d_state, o, steps=steps, staged=staged)
-        got[staged] = [a.copy_to_host() for a in (o, steps, d_state)]
-    for direct, staged in zip(got[False], got[True]):
-        assert np.isfinite(staged).all()
-        np.testing.assert_array_equal(staged.view(np.uint32), direct.view(np.uint32))
-
-
 @pytest.mark.parametrize("variant", ["lane", "tile"])
 def test_delta_rule_saved_steps_are_the_one_token_states(rng, variant):
     """steps[t] (a speculative verify's rollback points) must be, bit for bit, the state that

@@ -283,32 +283,3 @@ def test_q6k_units_on_eight_threads_give_the_one_thread_decodes_bits(rng, tile):
     assert np.all(np.isfinite(outs[0]))
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
 
-
-@pytest.mark.parametrize("tile", ["m64t64s8", "m64t128s4"])
-@pytest.mark.parametrize("grouped", [False, True], ids=["plain", "grouped"])
-def test_q4k_prefetched_steps_give_the_staged_bits(rng, tile, grouped):
-    """matmul_q8's prefetch form (Q4_K: the next K step's words held in registers across this
-    step's tensor-core work, then stored) stages the same words, scales and activation sums:
-    the same bits as the kernel that loads and stores in one pass, with rows past M and T
-    (zeroed) and several K steps; also as the grouped (MoE) kernel."""
-    from bw24nb.kernels import matmul_q8 as mq
-    qt, T, M, K = QType.Q4_K, 37, 70, 768
-    E = 2 if grouped else 1
-    w = cuda.to_device(random_weight_bytes(rng, qt, E * M, K))
-    xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
-    xq, xd = cuda.to_device(xq.reshape(T, K)), cuda.to_device(xd.reshape(T, K // 32))
-    groups = (cuda.to_device(np.array([0, 20, T], np.uint32)), T, E) if grouped else None
-    outs = []
-    for prefetch in (False, True):
-        kern = mq._make_matmul_q8(qt, tile=mq.TILES[tile], grouped=grouped, prefetch=prefetch)
-        y = cuda.to_device(np.full((T, M), np.nan, np.float32))
-        mq._launch(kern, w, M, K, T, xq, xd, y, None, None, 0, groups=groups)
-        outs.append(y.copy_to_host())
-    assert np.all(np.isfinite(outs[0]))
-    np.testing.assert_array_equal(outs[1].view(np.uint32), outs[0].view(np.uint32))
-
-
-def test_prefetch_is_refused_for_other_types():
-    from bw24nb.kernels import matmul_q8 as mq
-    with pytest.raises(ValueError, match="Q4_K"):
-        mq._make_matmul_q8(QType.Q6_K, prefetch=True)

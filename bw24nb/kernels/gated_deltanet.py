@@ -135,8 +135,9 @@ def conv1d_silu(x, w, state, y, steps, save_steps):
     3 inputs before its run (from x, or the state before token 0) and only after the barrier
     writes y, so in place (y = x) no run overwrites an input another still has to read. Each
     output is the same four products summed in the same order as one thread walking all T
-    tokens would sum them (the kernel before session 21: one thread a channel, ~0.3 us a
-    token of DRAM latency, 165 us for a 512-token 9B chunk on the H200)."""
+    tokens would sum them (tested, and on the H200: bench/gpu_same_bits.py). The kernel before
+    session 21 gave a thread a channel and walked all T tokens, ~0.3 us a token of memory
+    latency: 3.95 ms of a 512-token 9B prefill (24 launches) against 0.50 ms now."""
     lane = cuda.threadIdx.x & 31
     run = cuda.threadIdx.x >> 5
     c = cuda.blockIdx.x * CONV_CH + lane
@@ -413,7 +414,7 @@ def _rule_kernel(DK):
     return kernel(gated_delta_rule)
 
 
-def _lane_rule_kernel(DK, STAGED=False):
+def _lane_rule_kernel(DK):
     """The delta-rule kernel with half a column of S per lane ("lane", the default): lanes l
     and l + 16 of block (h, y) own column j = 16 y + (l & 15) of head h's state, lane l < 16
     rows 0 .. DK/2 - 1 and lane l + 16 the rest, in registers (a local array with constant
@@ -424,172 +425,105 @@ def _lane_rule_kernel(DK, STAGED=False):
     interleaved partial sums (row i into partial i mod LANE_ACCS, rows ascending; then
     ((p0 + p1) + (p2 + p3))), then the two halves added (`warp_pair_sum`: one shfl.xor 16;
     a + b = b + a, so both lanes hold the same bits). q and k are read by the 16 lanes of a
-    half at one address (a broadcast load).
-
-    STAGED (prefill: T >= RULE_STAGE_MIN_T): the step's inputs come from shared memory,
-    staged RULE_CHUNK tokens at a time by the whole warp in coalesced loads (q and k rows,
-    this block's 16 v columns, exp(g), beta). Read straight from global memory each token
-    waits on its own loads' latency -- the H200 took ~1.2 us a token and 617 us per 512-token
-    layer (session 21) with two warps an SM to hide it. The same values enter the same
-    arithmetic in the same order (exp(g) is the same expf of the same float), so both forms
-    give the same bits (tests/test_kernels_gdn.py)."""
+    half at one address (a broadcast load)."""
     HALF = DK // 2
-    HP = HALF + 1                               # a half's pitch in the staged q / k
-    CH = RULE_CHUNK if STAGED else 1            # shared shapes (1: unused)
-    QK_WORDS = CH * 2 * HP
-    ROW_PASSES = (DK + 31) // 32                # a token's q / k rows over the warp
-
-    @cuda.jit(device=True, inline="always")
-    def key_or_query(x, xs, t, base, kh, r0, i):
-        """x[t, kh, r0 + i], from the staged copy xs[base + i] when STAGED (base unsigned: no
-        negative-index wrap to test, so each of the unrolled loads is one LDS at an offset)."""
-        if STAGED:
-            return xs[base + np.uint32(i)]
-        return x[t, kh, r0 + i]
 
     def gated_delta_rule_lane(q, k, v, g, beta, key_head, state, o, steps, save_steps):
         """As `gated_delta_rule` (the tile kernel): grid (nv, ceil(dv / 16)), 32 threads."""
         S = cuda.local.array(HALF, float32)
-        # [token][half][row], flat: the halves' rows sit HALF + 1 words apart, so the two
-        # broadcast addresses of a warp's load fall in different banks
-        ks = cuda.shared.array(QK_WORDS, float32)
-        qs = cuda.shared.array(QK_WORDS, float32)
-        vs = cuda.shared.array((CH, LANE_COLS), float32)
-        ds = cuda.shared.array(CH, float32)
-        bs = cuda.shared.array(CH, float32)
         h = cuda.blockIdx.x
         lane = cuda.threadIdx.x
-        hf = lane >> 4
-        r0 = hf * HALF                          # this lane's first row
+        r0 = (lane >> 4) * HALF                 # this lane's first row
         dv = v.shape[2]
-        col0 = cuda.blockIdx.y * LANE_COLS
-        j = col0 + (lane & 15)
+        j = cuda.blockIdx.y * LANE_COLS + (lane & 15)
         col = j < dv
         jc = min(j, dv - 1)          # a column past dv reads column dv - 1 and keeps nothing
         kh = key_head[h]
         for i in range(HALF):
             S[i] = state[h, r0 + i, jc]
-        T = q.shape[0]
-        step = RULE_CHUNK if STAGED else T
-        for c0 in range(0, T, step):
-            n = min(step, T - c0)
-            if STAGED:
-                cuda.syncthreads()              # (one warp) the last chunk's reads are done
-                for tt in range(n):             # row r of token tt at 2 tt HP + r (+ 1 if
-                    for u in range(ROW_PASSES):  # r is in the second half)
-                        r = lane + 32 * u
-                        if r < DK:
-                            at = 2 * tt * HP + r + (1 if r >= HALF else 0)
-                            ks[at] = k[c0 + tt, kh, r]
-                            qs[at] = q[c0 + tt, kh, r]
-                for idx in range(lane, n * LANE_COLS, 32):
-                    tt = idx // LANE_COLS
-                    cc = idx - tt * LANE_COLS
-                    vs[tt, cc] = v[c0 + tt, h, min(col0 + cc, dv - 1)]
-                for tt in range(lane, n, 32):
-                    ds[tt] = math.exp(g[c0 + tt, h])
-                    bs[tt] = beta[c0 + tt, h]
-                cuda.syncthreads()
-            for tt in range(n):
-                t = c0 + tt
-                base = np.uint32((2 * tt + hf) * HP)
-                if STAGED:
-                    decay = ds[tt]
-                    bt = bs[tt]
-                    vt = vs[tt, lane & 15]
-                else:
-                    decay = math.exp(g[t, h])
-                    bt = beta[t, h]
-                    vt = v[t, h, jc]
-                # S <- exp(g) S, and (S^T k)[j]
-                p0 = float32(0.0)
-                p1 = float32(0.0)
-                p2 = float32(0.0)
-                p3 = float32(0.0)
-                for i0 in range(0, HALF, LANE_ACCS):
-                    s = S[i0] * decay
-                    S[i0] = s
-                    p0 += key_or_query(k, ks, t, base, kh, r0, i0) * s
-                    s = S[i0 + 1] * decay
-                    S[i0 + 1] = s
-                    p1 += key_or_query(k, ks, t, base, kh, r0, i0 + 1) * s
-                    s = S[i0 + 2] * decay
-                    S[i0 + 2] = s
-                    p2 += key_or_query(k, ks, t, base, kh, r0, i0 + 2) * s
-                    s = S[i0 + 3] * decay
-                    S[i0 + 3] = s
-                    p3 += key_or_query(k, ks, t, base, kh, r0, i0 + 3) * s
-                part = (p0 + p1) + (p2 + p3)
-                kv_mem = warp_pair_sum(part)
-                delta = (vt - kv_mem) * bt
-                # S <- S + k delta^T, and (S^T q)[j]
-                p0 = float32(0.0)
-                p1 = float32(0.0)
-                p2 = float32(0.0)
-                p3 = float32(0.0)
-                for i0 in range(0, HALF, LANE_ACCS):
-                    s = S[i0] + key_or_query(k, ks, t, base, kh, r0, i0) * delta
-                    S[i0] = s
-                    p0 += key_or_query(q, qs, t, base, kh, r0, i0) * s
-                    s = S[i0 + 1] + key_or_query(k, ks, t, base, kh, r0, i0 + 1) * delta
-                    S[i0 + 1] = s
-                    p1 += key_or_query(q, qs, t, base, kh, r0, i0 + 1) * s
-                    s = S[i0 + 2] + key_or_query(k, ks, t, base, kh, r0, i0 + 2) * delta
-                    S[i0 + 2] = s
-                    p2 += key_or_query(q, qs, t, base, kh, r0, i0 + 2) * s
-                    s = S[i0 + 3] + key_or_query(k, ks, t, base, kh, r0, i0 + 3) * delta
-                    S[i0 + 3] = s
-                    p3 += key_or_query(q, qs, t, base, kh, r0, i0 + 3) * s
-                part = (p0 + p1) + (p2 + p3)
-                out = warp_pair_sum(part)
-                if col:
-                    if lane < 16:
-                        o[t, h, j] = out
-                    if save_steps:
-                        for i in range(HALF):
-                            steps[t, h, r0 + i, j] = S[i]
+        for t in range(q.shape[0]):
+            decay = math.exp(g[t, h])
+            bt = beta[t, h]
+            vt = v[t, h, jc]
+            # S <- exp(g) S, and (S^T k)[j]
+            p0 = float32(0.0)
+            p1 = float32(0.0)
+            p2 = float32(0.0)
+            p3 = float32(0.0)
+            for i0 in range(0, HALF, LANE_ACCS):
+                s = S[i0] * decay
+                S[i0] = s
+                p0 += k[t, kh, r0 + i0] * s
+                s = S[i0 + 1] * decay
+                S[i0 + 1] = s
+                p1 += k[t, kh, r0 + i0 + 1] * s
+                s = S[i0 + 2] * decay
+                S[i0 + 2] = s
+                p2 += k[t, kh, r0 + i0 + 2] * s
+                s = S[i0 + 3] * decay
+                S[i0 + 3] = s
+                p3 += k[t, kh, r0 + i0 + 3] * s
+            part = (p0 + p1) + (p2 + p3)
+            kv_mem = warp_pair_sum(part)
+            delta = (vt - kv_mem) * bt
+            # S <- S + k delta^T, and (S^T q)[j]
+            p0 = float32(0.0)
+            p1 = float32(0.0)
+            p2 = float32(0.0)
+            p3 = float32(0.0)
+            for i0 in range(0, HALF, LANE_ACCS):
+                s = S[i0] + k[t, kh, r0 + i0] * delta
+                S[i0] = s
+                p0 += q[t, kh, r0 + i0] * s
+                s = S[i0 + 1] + k[t, kh, r0 + i0 + 1] * delta
+                S[i0 + 1] = s
+                p1 += q[t, kh, r0 + i0 + 1] * s
+                s = S[i0 + 2] + k[t, kh, r0 + i0 + 2] * delta
+                S[i0 + 2] = s
+                p2 += q[t, kh, r0 + i0 + 2] * s
+                s = S[i0 + 3] + k[t, kh, r0 + i0 + 3] * delta
+                S[i0 + 3] = s
+                p3 += q[t, kh, r0 + i0 + 3] * s
+            part = (p0 + p1) + (p2 + p3)
+            out = warp_pair_sum(part)
+            if col:
+                if lane < 16:
+                    o[t, h, j] = out
+                if save_steps:
+                    for i in range(HALF):
+                        steps[t, h, r0 + i, j] = S[i]
         if col:
             for i in range(HALF):
                 state[h, r0 + i, j] = S[i]
 
     gated_delta_rule_lane.__name__ = gated_delta_rule_lane.__qualname__ = \
-        f"gated_delta_rule_lane_dk{DK}" + ("_staged" if STAGED else "")
+        f"gated_delta_rule_lane_dk{DK}"
     return kernel(gated_delta_rule_lane)
 
 # the lane kernel: 16 columns (one warp, two lanes a column) a block, DK a multiple of
 # 2 LANE_ACCS
 LANE_COLS = 16
 LANE_ACCS = 4
-# the staged lane kernel (prefill): tokens a staging pass brings into shared memory (q and k:
-# 2 x 16 x 130 floats, 16.6 KB), and the token count from which the launcher takes it (decode
-# and verify, T <= 9, read their few tokens straight from global memory: a staging pass
-# would only add two barriers)
-RULE_CHUNK = 16
-RULE_STAGE_MIN_T = 16
 RULE_VARIANTS = ("lane", "tile")
 _RULE_KERNELS: dict = {}
 
 
-def rule_kernel(dk: int, variant: str = "lane", staged: bool = False):
+def rule_kernel(dk: int, variant: str = "lane"):
     """The delta-rule kernel for d_k = dk (built on first use; 128 in every real model):
-    "lane" (a column of S per lane, registers) or "tile" (the shared-memory tile kernel);
-    staged: the lane kernel that stages its inputs in shared memory (the same bits)."""
+    "lane" (a column of S per lane, registers) or "tile" (the shared-memory tile kernel)."""
     if variant not in RULE_VARIANTS:
         raise ValueError(f"gated_delta_rule: variant must be one of {RULE_VARIANTS}, "
                          f"not {variant!r}")
     if variant == "lane" and dk % (2 * LANE_ACCS):
         variant = "tile"             # (no real model: d_k is 128 everywhere)
-    staged = bool(staged) and variant == "lane"
-    key = (dk, variant, staged)
+    key = (dk, variant)
     if key not in _RULE_KERNELS:
-        _RULE_KERNELS[key] = _lane_rule_kernel(dk, staged) if variant == "lane" \
-            else _rule_kernel(dk)
+        _RULE_KERNELS[key] = (_lane_rule_kernel if variant == "lane" else _rule_kernel)(dk)
     return _RULE_KERNELS[key]
 
 
 gated_delta_rule = rule_kernel(GDN_DK_MAX, "tile")    # module attributes: tests/test_compile_ptx.py
 gated_delta_rule_lane = rule_kernel(GDN_DK_MAX, "lane")
-gated_delta_rule_lane_staged = rule_kernel(GDN_DK_MAX, "lane", staged=True)
 
 
 # ------------------------------------------------------------------ launchers
@@ -680,7 +614,7 @@ def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v,
 
 
 def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, steps=None,
-                            variant="lane", staged=None):
+                            variant="lane"):
     """T steps of the gated delta rule (decode: T = 1; prefill: T tokens, one launch).
 
     q, k float32[T, nk, dk] — L2-normalised, q already scaled by 1/sqrt(dk) (launch_gdn_prep);
@@ -690,8 +624,7 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
     be strided) receiving the state after each token. Reference: `gated_delta_rule_recurrent(
     q_rep * sqrt(dk), k_rep, v, g, beta, state)` with `q_rep = q[:, key_head]` (and equal to
     the chunked form). variant: "lane" (default) or "tile", the two kernels (`rule_kernel`):
-    the same recurrence, each with its own fixed summation order. staged: the lane kernel's
-    inputs staged in shared memory (None: when T >= RULE_STAGE_MIN_T); the same bits."""
+    the same recurrence, each with its own fixed summation order."""
     T, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     if dk > GDN_DK_MAX:
@@ -710,9 +643,7 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
         return                  # (the kernel reads token 0's inputs before its loop)
     lane = variant == "lane" and dk % (2 * LANE_ACCS) == 0   # (rule_kernel's fallback)
     cols, threads = (LANE_COLS, 32) if lane else (GDN_COLS, GDN_THREADS)
-    if staged is None:
-        staged = T >= RULE_STAGE_MIN_T
-    rule_kernel(dk, variant, staged and lane)[(nv, (dv + cols - 1) // cols), threads, stream](
+    rule_kernel(dk, variant)[(nv, (dv + cols - 1) // cols), threads, stream](
         q, k, v, g, beta, key_head, state, o,
         state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None))
 
@@ -743,4 +674,3 @@ PTX_SIGNATURES = {
     "gated_delta_rule_lane": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, "
                               f"{_A3}, float32[:, :, :, ::1], int32)"],
 }
-PTX_SIGNATURES["gated_delta_rule_lane_staged"] = PTX_SIGNATURES["gated_delta_rule_lane"]
