@@ -36,10 +36,10 @@ def _report(name, a, b):
 
 
 def gemm_hash() -> int:
+    from bw24nb.kernels.dequant import random_weight_bytes
     from bw24nb.kernels.matmul_q8 import launch_matmul_q8
     from bw24nb.kernels.quantize_act import launch_quantize_act
     from bw24nb.quant.types import QType
-    from bw24nb.kernels.dequant import random_weight_bytes
     T, M, K = 512, 4096, 4096
     for qt in (QType.Q4_K, QType.Q6_K, QType.Q8_0):
         rng = np.random.default_rng(7)
@@ -50,7 +50,8 @@ def gemm_hash() -> int:
         y = cuda.device_array((T, M), np.float32)
         launch_quantize_act(x, xq, xd)
         launch_matmul_q8(w, qt, M, K, xq, xd, y)
-        print(f"gemm {qt.name} {T}x{M}x{K}: {hashlib.sha256(y.copy_to_host().tobytes()).hexdigest()[:16]}")
+        digest = hashlib.sha256(y.copy_to_host().tobytes()).hexdigest()[:16]
+        print(f"gemm {qt.name} {T}x{M}x{K}: {digest}")
     return 0
 
 

@@ -28,13 +28,15 @@
 #   q9r         run_bench on the 9B shape, --launch ${Q9R_LAUNCH:-default,q4k-rowloop}: the
 #               session-20 defaults (persistent double-buffered Q4_K one-row kernel) beside the
 #               row loop
-#   q9s         run_bench on the 9B shape, --launch default,q4k-xstream,q4k-xstream-b4: the
-#               streaming persistent kernel for the K = 12288 ffn_down (matvec_q4k.XSTREAM,
-#               built after the last call), the same tokens expected
-#   mvs         bench/matvec_bench.py --shapes 9b --xstream: the same kernel alone (dp4a_xs)
-#   c05t        run_bench on the 0.5B shape, --launch default,attn-1t: one-tile splits stored
-#               without the merge (decode_attention.ONE_TILE_DIRECT, built after the last
-#               call); lc measures its "/1t" kinds beside the others
+#   q9s, mvs    (session 21, call 1) the streaming Q4_K kernel for K > 4096 in the engine and
+#               alone (matvec_q4k.XSTREAM): slower, since removed with its switches
+#   c05t, q9t   run_bench on the 0.5B / 9B shape, --launch default,attn-merge: one-tile splits
+#               stored directly (decode_attention.ONE_TILE_DIRECT, the default since session
+#               21) beside the four-warp merge; lc measures its "/merge" kinds beside the others
+#   sb          bench/gpu_same_bits.py: the conv runs and the one-tile attention store against
+#               their twins, bit for bit, on the GPU
+# Next call (session 22's first): why the 9B's tokens changed between 559a9c5 and dc88338
+# (decision 0028) -- BW24_COMMIT=<head> bash bench/h200_session20.sh sb,q9t
 # Session 21 (this script, with MM_ARGS: extra matmul_q8_bench arguments for mm, e.g. --tiles
 # m64t128s4_cvt_r80 for a register cap): call 1 ran mvs,kc,lc,c05t,q9s on 559a9c5 (XSTREAM lost,
 # ONE_TILE_DIRECT won), call 2 mm,mmold,q9,q9old against 725dcce (the GEMM's header scales and
@@ -61,7 +63,7 @@
 # Carry .whl and .old (git archive $OLD_COMMIT | tar x -C .old; rm -rf .old/research .old/docs .old/tests).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-ph,lc,c05,c05old}; . bench/device_env.sh
 P9=""; P05=""; P35=""
-{ on q9 || on q9old || on q9x || on q9r || on q9s || on q9spec || on gate9; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
+{ on q9 || on q9old || on q9x || on q9r || on q9t || on q9spec || on gate9; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 { on c05 || on c05old || on c05x || on c05t; } && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
 { on m35 || on m35old; } && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 on ph && { run ${PH_S:-120} ph python3 bench/attention_phases.py --commit $C --out /tmp/attention_phases.jsonl \
@@ -76,8 +78,8 @@ on mv && { run ${MV_S:-120} mv python3 bench/matvec_bench.py --shapes 9b --no-ol
   grep -E "Q4_K|Error|Traceback" $L/mv.log | head -16; }
 on mvn && { run ${MVN_S:-170} mvn python3 bench/matvec_bench.py --shapes 9b --no-old --act-rows 4,9 --nibble --commit $C --out /tmp/matvec.jsonl
   grep -E "Q4_K|Error|Traceback" $L/mvn.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -40; }
-on mvs && { run ${MVS_S:-120} mvs python3 bench/matvec_bench.py --shapes 9b --no-old --xstream --commit $C --out /tmp/matvec.jsonl
-  grep -E "dp4a|Error|Traceback" $L/mvs.log | grep -v "^ *[0-9]*x[0-9]* *Q4_K  *9B" | head -20; }
+on sb && { run ${SB_S:-150} sb python3 bench/gpu_same_bits.py
+  grep -E "SAME|DIFF|Error|Traceback" $L/sb.log; }
 on mm && { run ${MM_S:-150} mm python3 bench/matmul_q8_bench.py --shapes 9b ${MM_ARGS:-} --commit $C --jsonl /tmp/matmul_q8.jsonl
   grep -E "matmul_q8|Error|Traceback|BAD" $L/mm.log | grep -v quant+ | head -24; }
 on mmold && { run ${MM_S:-150} mmold env PYTHONPATH=/tmp/site:$PWD/${OLD_TREE:-.old} BW24_KERNEL_CACHE=/tmp/bw24-kernels-old python3 ${OLD_TREE:-.old}/bench/matmul_q8_bench.py --shapes 9b --commit ${OLD_COMMIT:-old} --jsonl /tmp/matmul_q8_old.jsonl
@@ -91,10 +93,10 @@ PAIR_S=${Q9_S:-150} bench_pair q9 /tmp/q9.gguf qwen3.5-9b-random
 [ -n "$P05" ] && { on c05x || on c05t; } && wait $P05
 on c05x && { run ${C05X_S:-200} c05x python3 bench/run_bench.py /tmp/c05.gguf --name qwen2.5-coder-0.5b-random --runs 3 --torch none --act-quant q8 --launch ${C05X_LAUNCH:-default,attn-il} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok_s@|kernel_chain_ms:attention|Error|Traceback" $L/c05x.log | grep -v "^qwen" | cut -c1-170; }
-on c05t && { run ${C05T_S:-200} c05t python3 bench/run_bench.py /tmp/c05.gguf --name qwen2.5-coder-0.5b-random --runs 3 --torch none --act-quant q8 --launch default,attn-1t --commit $C --jsonl /tmp/bench.jsonl
+on c05t && { run ${C05T_S:-200} c05t python3 bench/run_bench.py /tmp/c05.gguf --name qwen2.5-coder-0.5b-random --runs 3 --torch none --act-quant q8 --launch default,attn-merge --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok_s@|kernel_chain_ms:attention|Error|Traceback" $L/c05t.log | grep -v "^qwen" | cut -c1-170; }
-on q9s && { run ${Q9S_S:-300} q9s python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch default,q4k-xstream,q4k-xstream-b4 --commit $C --jsonl /tmp/bench.jsonl
-  grep -E "gate:|decode_tok_s@|kernel_chain_ms:ffn_down|decode_step_chain|Error|Traceback" $L/q9s.log | grep -v "^  qwen" | cut -c1-170; }
+on q9t && { run ${Q9T_S:-300} q9t python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch default,attn-merge --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|decode_tok_s@|prefill_tok_s|kernel_chain_ms:attention|Error|Traceback" $L/q9t.log | grep -v "^  qwen" | cut -c1-170; }
 on q9x && { run ${Q9X_S:-300} q9x python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9X_LAUNCH:-default,q4k-xreg-db,q4k-xreg-b4} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok_s@|kernel_chain_ms:ffn_gate_up|Error|Traceback" $L/q9x.log | grep -v "^qwen" | cut -c1-170; }
 on q9r && { run ${Q9R_S:-300} q9r python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9R_LAUNCH:-default,q4k-rowloop} --commit $C --jsonl /tmp/bench.jsonl

@@ -26,8 +26,9 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   .../npf            attention or its split with the split's K / V prefetch off
   .../il             attention or its split with the softmax's rows interleaved
                      (decode_attention.INTERLEAVE_ROWS; the same results)
-  .../1t             attention or its split with one-tile splits stored by warp 0 without
-                     the merge (decode_attention.ONE_TILE_DIRECT; the same results)
+  .../merge          attention or its split with one-tile splits through the four-warp
+                     merge (decode_attention.ONE_TILE_DIRECT off; the default stores them
+                     from warp 0 directly since session 21: the same results)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -106,7 +107,7 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     followed by the one-thread kernel, what a kernel boundary after the split costs
     ("split+e"); the whole and the split without the split's K / V prefetch ("/npf",
     "split/npf"), with the softmax's rows interleaved ("/il", "split/il") and with one-tile
-    splits stored without the merge ("/1t", "split/1t"). min_chunk: the
+    splits through the merge ("/merge", "split/merge"). min_chunk: the
     split plan's (default the engine's). A kind's "/..." part goes after the sequence name's
     position (docstring above)."""
     mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
@@ -124,8 +125,8 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     return {"": attend(None), "split": split, "comb": attend("combine"),
             "split+e": split_then_empty, "/npf": attend(None, False),
             "split/npf": attend("split", False), "/il": attend(None, None, True),
-            "split/il": attend("split", None, True), "/1t": attend(None, direct=True),
-            "split/1t": attend("split", direct=True)}
+            "split/il": attend("split", None, True), "/merge": attend(None, direct=False),
+            "split/merge": attend("split", direct=False)}
 
 
 def per_rep_us(stream, n, body) -> float:

@@ -282,4 +282,3 @@ def test_q6k_units_on_eight_threads_give_the_one_thread_decodes_bits(rng, tile):
         outs.append(y.copy_to_host())
     assert np.all(np.isfinite(outs[0]))
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
-
