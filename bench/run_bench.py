@@ -54,6 +54,8 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from bw24nb.quant.types import QType  # noqa: E402
+
 DEFAULT_JSONL = ROOT / "research" / "tune-data" / "bench.jsonl"
 PROMPT = 512              # tg128 "at 512": decode after a 512-token prompt
 LONG_PROMPT = 6144        # the long-context decode point
@@ -511,6 +513,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "tile-prefill": dict(prefill_attention="tile"),
                 # the gated delta rule on the shared-memory tile kernel (before session 8)
                 "tile-rule": dict(gdn_rule="tile"),
+                # the lane delta rule (two lanes a column: the default before session 22, whose
+                # bits the "quad" default gives)
+                "lane-rule": dict(gdn_rule="lane"),
                 # prefill fused like decode (swiglu / GDN norm / attention combine write the
                 # int8 GEMM input): the default since session 10; unfused-prefill = before
                 "fused-prefill": dict(fuse_prefill=True),
@@ -551,8 +556,12 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # decode attention's softmax rows interleaved (decode_attention.INTERLEAVE_ROWS, off: no gain
 # measured in session 20); its one-tile splits through the four-warp merge (attn-merge:
 # decode_attention.ONE_TILE_DIRECT off; stored by warp 0 directly is the default since
-# session 21). All give the same bits.
+# session 21); the prefill GEMM's kernel choice before session 22 (gemm-s21: Q4_K on
+# m64t128s4_cvt, not m128t64s4_cvt; matmul_q8.KERNEL_CHOICE). All give the same bits.
 _Q4 = "bw24nb.kernels.matvec_q4k"
+_GEMM_S21 = {QType.Q4_K: (("m64t128s4", False),),
+             QType.Q6_K: (("m128t128s4", False), ("m64t128s4", False)),
+             QType.Q8_0: (("m64t128s4", False),)}
 MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "q4k-xreg": [(_Q4, "XREG", True), (_Q4, "XREG_DB", False),
                              (_Q4, "XREG_BLOCKS_PER_SM", 8)],
@@ -563,7 +572,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
                                    (_Q4, "XREG_BLOCKS_PER_SM", 8)],
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)],
-                "attn-merge": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", False)]}
+                "attn-merge": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", False)],
+                "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 
 

@@ -211,9 +211,13 @@ def test_kernel_for_takes_a_large_tile_only_when_its_grid_fills_the_gpu(monkeypa
     assert mq.kernel_for(QType.Q6_K, 12288, T).tile.name == "m128t128s4"   # 96 x 4 blocks
     assert mq.kernel_for(QType.Q6_K, 4096, T).tile.name == "m128t128s4"    # 32 x 4 = 128
     assert mq.kernel_for(QType.Q6_K, 896, T) is mq.MATMUL_Q8[QType.Q6_K]   # 28, 56 blocks
-    assert mq.kernel_for(QType.Q4_K, 4096, T).tile.name == "m64t128s4"     # 64 x 4
-    assert mq.kernel_for(QType.Q4_K, 4096, 64) is mq.MATMUL_Q8[QType.Q4_K]  # 64 x 1
+    assert mq.kernel_for(QType.Q4_K, 4096, T).tile.name == "m128t64s4"     # 32 x 8
+    assert mq.kernel_for(QType.Q4_K, 4096, 64) is mq.MATMUL_Q8[QType.Q4_K]  # 32 x 1, 64 x 1
     assert mq.kernel_for(QType.Q5_0, 4864, T) is mq.MATMUL_Q8[QType.Q5_0]  # no candidate
+    # read at every launch: a bench mode can swap the choice
+    monkeypatch.setitem(mq.KERNEL_CHOICE, QType.Q4_K, (("m64t128s4", True),))
+    kern = mq.kernel_for(QType.Q4_K, 4096, T)
+    assert kern.tile.name == "m64t128s4" and "_cvt" not in kern.__name__
 
 
 @pytest.mark.parametrize("qt", [QType.Q4_K, QType.Q6_K, QType.Q8_0])
@@ -225,7 +229,7 @@ def test_every_candidate_kernel_gives_the_session2_kernels_bits(rng, qt):
     w = random_weight_bytes(rng, qt, M, K)
     xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
     outs = []
-    for kern in [mq.MATMUL_Q8[qt], *mq._CANDIDATES[qt]]:
+    for kern in [mq.MATMUL_Q8[qt], *mq.candidates(qt)]:
         y = cuda.to_device(np.full((T, M), np.nan, np.float32))
         mq._launch(kern, cuda.to_device(w), M, K, T, cuda.to_device(xq.reshape(T, K)),
                    cuda.to_device(xd), y, None, None, 0)

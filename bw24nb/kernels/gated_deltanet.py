@@ -72,7 +72,7 @@ from numba import cuda, float32
 from ..jit import kernel
 from ..reference.gated_deltanet import L2NORM_EPS
 from . import norm
-from ..ptx import warp_pair_sum, warp_sum
+from ..ptx import warp_pair_sum, warp_sum, warp_sum8
 from .norm import SCRATCH_WARPS, launch_gated_rms_norm, launch_gated_rms_norm_q8
 
 # Depthwise conv width: Qwen3-Next and Qwen3.5 (linear_conv_kernel_dim) all use 4; the kernel
@@ -500,11 +500,75 @@ def _lane_rule_kernel(DK):
         f"gated_delta_rule_lane_dk{DK}"
     return kernel(gated_delta_rule_lane)
 
+
+def _quad_rule_kernel(DK):
+    """The lane kernel's arithmetic on 8 lanes a column ("quad", session 22): each of the lane
+    kernel's LANE_ACCS partial sums of a half column gets its own lane, holding rows r0 + p,
+    r0 + p + 4, ... (DK / 8 of them, in registers). Lane bits: 0 = the half (h), 1 and 2 =
+    the partial (p = 2 bit1 + bit2), 3 and 4 = the column of the warp's 4. `warp_sum8`'s
+    butterfly (lane offsets 4, 2, 1) then adds p0 + p1 and p2 + p3, those two, and the halves:
+    ((p0 + p1) + (p2 + p3)) of each half, then lo + hi -- the lane kernel's order, so the same
+    bits (tested; bench/gpu_same_bits.py on the GPU). What it buys: a token step's serial chain
+    is 16 rows a pass instead of 64, and a launch has 4x the warps (the lane kernel gives a
+    9B layer 256 one-warp blocks: ~2 warps an SM, ~1.2 us a token of latency)."""
+    HALF = DK // 2
+    NR = HALF // LANE_ACCS                  # rows a lane holds
+
+    def gated_delta_rule_quad(q, k, v, g, beta, key_head, state, o, steps, save_steps):
+        """As `gated_delta_rule` (the tile kernel): grid (nv, ceil(dv / 16)), 128 threads."""
+        S = cuda.local.array(NR, float32)
+        h = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        # rows r0, r0 + 4, ...: the half (lane bit 0) and the partial (bits 1, 2)
+        r0 = (lane & 1) * HALF + ((lane >> 2) & 1) + (lane & 2)
+        dv = v.shape[2]
+        j = cuda.blockIdx.y * LANE_COLS + (tid >> 3)
+        col = j < dv
+        jc = min(j, dv - 1)          # a column past dv reads column dv - 1 and keeps nothing
+        kh = key_head[h]
+        for m in range(NR):
+            S[m] = state[h, r0 + LANE_ACCS * m, jc]
+        for t in range(q.shape[0]):
+            decay = math.exp(g[t, h])
+            bt = beta[t, h]
+            vt = v[t, h, jc]
+            # S <- exp(g) S, and (S^T k)[j]
+            acc = float32(0.0)
+            for m in range(NR):
+                s = S[m] * decay
+                S[m] = s
+                acc += k[t, kh, r0 + LANE_ACCS * m] * s
+            kv_mem = warp_sum8(acc)
+            delta = (vt - kv_mem) * bt
+            # S <- S + k delta^T, and (S^T q)[j]
+            acc = float32(0.0)
+            for m in range(NR):
+                s = S[m] + k[t, kh, r0 + LANE_ACCS * m] * delta
+                S[m] = s
+                acc += q[t, kh, r0 + LANE_ACCS * m] * s
+            out = warp_sum8(acc)
+            if col:
+                if (lane & 7) == 0:
+                    o[t, h, j] = out
+                if save_steps:
+                    for m in range(NR):
+                        steps[t, h, r0 + LANE_ACCS * m, j] = S[m]
+        if col:
+            for m in range(NR):
+                state[h, r0 + LANE_ACCS * m, j] = S[m]
+
+    gated_delta_rule_quad.__name__ = gated_delta_rule_quad.__qualname__ = \
+        f"gated_delta_rule_quad_dk{DK}"
+    return kernel(gated_delta_rule_quad)
+
+
 # the lane kernel: 16 columns (one warp, two lanes a column) a block, DK a multiple of
-# 2 LANE_ACCS
+# 2 LANE_ACCS; the quad kernel: the same 16 columns on 4 warps (8 lanes a column)
 LANE_COLS = 16
 LANE_ACCS = 4
-RULE_VARIANTS = ("lane", "tile")
+QUAD_THREADS = 8 * LANE_COLS
+RULE_VARIANTS = ("lane", "quad", "tile")
 _RULE_KERNELS: dict = {}
 
 
@@ -514,16 +578,18 @@ def rule_kernel(dk: int, variant: str = "lane"):
     if variant not in RULE_VARIANTS:
         raise ValueError(f"gated_delta_rule: variant must be one of {RULE_VARIANTS}, "
                          f"not {variant!r}")
-    if variant == "lane" and dk % (2 * LANE_ACCS):
+    if variant != "tile" and dk % (2 * LANE_ACCS):
         variant = "tile"             # (no real model: d_k is 128 everywhere)
     key = (dk, variant)
     if key not in _RULE_KERNELS:
-        _RULE_KERNELS[key] = (_lane_rule_kernel if variant == "lane" else _rule_kernel)(dk)
+        _RULE_KERNELS[key] = {"lane": _lane_rule_kernel, "quad": _quad_rule_kernel,
+                              "tile": _rule_kernel}[variant](dk)
     return _RULE_KERNELS[key]
 
 
 gated_delta_rule = rule_kernel(GDN_DK_MAX, "tile")    # module attributes: tests/test_compile_ptx.py
 gated_delta_rule_lane = rule_kernel(GDN_DK_MAX, "lane")
+gated_delta_rule_quad = rule_kernel(GDN_DK_MAX, "quad")
 
 
 # ------------------------------------------------------------------ launchers
@@ -623,8 +689,8 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
     place; o float32[T, nv, dv]; steps: None or float32[>= T, nv, dk, dv] (the first axis may
     be strided) receiving the state after each token. Reference: `gated_delta_rule_recurrent(
     q_rep * sqrt(dk), k_rep, v, g, beta, state)` with `q_rep = q[:, key_head]` (and equal to
-    the chunked form). variant: "lane" (default) or "tile", the two kernels (`rule_kernel`):
-    the same recurrence, each with its own fixed summation order."""
+    the chunked form). variant: "lane" (default), "quad" (lane's order and bits on 8 lanes a
+    column) or "tile" (`rule_kernel`): the same recurrence, "tile" in its own fixed order."""
     T, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     if dk > GDN_DK_MAX:
@@ -641,8 +707,13 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
                          f"{tuple(steps.shape)}")
     if T == 0:
         return                  # (the kernel reads token 0's inputs before its loop)
-    lane = variant == "lane" and dk % (2 * LANE_ACCS) == 0   # (rule_kernel's fallback)
-    cols, threads = (LANE_COLS, 32) if lane else (GDN_COLS, GDN_THREADS)
+    if variant not in RULE_VARIANTS:
+        raise ValueError(f"gated_delta_rule: variant must be one of {RULE_VARIANTS}, "
+                         f"not {variant!r}")
+    if dk % (2 * LANE_ACCS):
+        variant = "tile"                                    # (rule_kernel's fallback)
+    cols, threads = {"lane": (LANE_COLS, 32), "quad": (LANE_COLS, QUAD_THREADS),
+                     "tile": (GDN_COLS, GDN_THREADS)}[variant]
     rule_kernel(dk, variant)[(nv, (dv + cols - 1) // cols), threads, stream](
         q, k, v, g, beta, key_head, state, o,
         state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None))
@@ -674,3 +745,4 @@ PTX_SIGNATURES = {
     "gated_delta_rule_lane": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, "
                               f"{_A3}, float32[:, :, :, ::1], int32)"],
 }
+PTX_SIGNATURES["gated_delta_rule_quad"] = PTX_SIGNATURES["gated_delta_rule_lane"]

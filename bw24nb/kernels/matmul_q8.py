@@ -626,27 +626,44 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
     return k
 
 
-# The kernels each weight type runs, best first: (tile, magic_cvt). Measured side by side on
-# the H200 (bench/matmul_q8_bench.py --tiles ... --cvt-tiles, session 10, T = 512, us per
-# launch; research/tune-data/matmul_q8.jsonl), at the 9B shapes:
+# The kernels each weight type runs, best first: (tile name, magic_cvt; False = cvt). Measured
+# side by side on the H200 (bench/matmul_q8_bench.py --tiles all --cvt-tiles, T = 512, us per
+# launch; research/tune-data/matmul_q8.jsonl). Session 10, at the 9B shapes:
 #   Q4_K 12288x4096  session-2 kernel 511.1  cvt 499.4  m64t128s4 500.8  m64t128s4_cvt 491.3
 #   Q6_K 12288x4096  session-2 kernel 924.8  cvt 851.1  m128t128s4 848.6  m128t128s4_cvt 827.3
 #   Q8_0 12288x4096  session-2 kernel 570.7  cvt 561.3  m64t128s4 552.8  m64t128s4_cvt 532.7
-# (ffn_down's 4096x12288 ranks them the same way). A large tile only pays while its grid
-# fills the GPU: at the 0.5B's ffn_down (M = 896) m128t128s4 makes 28 blocks for 132 SMs and
-# the prefill's ffn_down took 5.6 ms against 3.2 (session 10). So `kernel_for` takes the first
-# candidate whose grid has at least MIN_GRID_FILL blocks per SM, else the session-2 kernel
-# (64 x 64, magic-number conversion), which is also every other type's. At the 0.5B shapes
-# cvt on the 64 x 64 tile measured slower than the magic add (Q5_0 ffn_down 122.6 vs 93.5 us),
-# so the fallback keeps it. Every candidate gives the same bits.
+# Session 22, after session 21's unrolled K step, at 4096x4096 / 12288x4096 / 4096x12288:
+#   Q4_K  m64t128s4_cvt (the choice before) 125.2 / 376.6 / 367.7
+#         m128t64s4_cvt (the choice now)    120.2 / 355.9 / 349.5    m64t64s8_cvt 120.0 / 359.2 / 359.7
+#   Q6_K  m128t128s4_cvt 174.5 / 554.0 / 541.3, m64t128s4_cvt 187.8 / 562.7 / 559.7: kept
+#   Q8_0  m64t128s4_cvt 146.6 / 448.0 / 434.6, m128t128s4_cvt 143.6 / 447.3 / 438.4: kept
+# A large tile only pays while its grid fills the GPU: at the 0.5B's ffn_down (M = 896)
+# m128t128s4 makes 28 blocks for 132 SMs and the prefill's ffn_down took 5.6 ms against 3.2
+# (session 10). So `kernel_for` takes the first candidate whose grid has at least
+# MIN_GRID_FILL blocks per SM, else the session-2 kernel (64 x 64, magic-number conversion),
+# which is also every other type's. At the 0.5B shapes cvt on the 64 x 64 tile measured slower
+# than the magic add (Q5_0 ffn_down 122.6 vs 93.5 us), so the fallback keeps it. Every
+# candidate gives the same bits. Read at every launch (bench/run_bench.py's gemm-* modes swap
+# it); `candidates` builds each kernel once.
 KERNEL_CHOICE = {
-    QType.Q4_K: ((TILES["m64t128s4"], False),),
-    QType.Q6_K: ((TILES["m128t128s4"], False), (TILES["m64t128s4"], False)),
-    QType.Q8_0: ((TILES["m64t128s4"], False),),
+    QType.Q4_K: (("m128t64s4", False), ("m64t128s4", False)),   # both cvt
+    QType.Q6_K: (("m128t128s4", False), ("m64t128s4", False)),
+    QType.Q8_0: (("m64t128s4", False),),
 }
 MIN_GRID_FILL = 0.9
-_CANDIDATES = {qt: [_make_matmul_q8(qt, magic_cvt=magic, tile=tile)
-                    for tile, magic in KERNEL_CHOICE.get(qt, ())] for qt in _UNITS}
+_BUILT: dict = {}
+
+
+def candidates(qt) -> list:
+    """KERNEL_CHOICE's kernels for weight type qt, best first (each built once)."""
+    out = []
+    for name, magic in KERNEL_CHOICE.get(QType(qt), ()):
+        key = (QType(qt), name, bool(magic))
+        if key not in _BUILT:
+            _BUILT[key] = _make_matmul_q8(QType(qt), magic_cvt=bool(magic), tile=TILES[name])
+        out.append(_BUILT[key])
+    return out
+
 
 # the session-2 kernel of every type (the fallback); also module attributes matmul_q8_<type>
 MATMUL_Q8 = {qt: _make_matmul_q8(qt) for qt in _UNITS}
@@ -661,7 +678,7 @@ def grid_of(tile: Tile, M: int, T: int) -> tuple[int, int]:
 def kernel_for(qt, M: int, T: int):
     """The kernel a T x M output of weight type qt runs (KERNEL_CHOICE's rule)."""
     need = MIN_GRID_FILL * sm_count()
-    for kern in _CANDIDATES[QType(qt)]:
+    for kern in candidates(qt):
         gm, gt = grid_of(kern.tile, M, T)
         if gm * gt >= need:
             return kern
@@ -672,8 +689,8 @@ _SIG = "void(uint8[::1], uint16[::1], uint32[::1], float16[::1], int32, int32, u
        "float32[::1], float32[:, ::1], float32[::1], float32[:, ::1], int32, int32, uint32[::1])"
 PTX_SIGNATURES = {f"matmul_q8_{qt.name.lower()}": [_SIG] for qt in MATMUL_Q8}
 PTX_SIGNATURES["matmul_q8_q4_k_grouped"] = [_SIG]
-for _ks in _CANDIDATES.values():          # KERNEL_CHOICE's kernels (sm_120 is only compiled)
-    for _k in _ks:
+for _qt in _UNITS:                        # KERNEL_CHOICE's kernels (sm_120 is only compiled)
+    for _k in candidates(_qt):
         globals()[_k.__name__] = _k
         PTX_SIGNATURES[_k.__name__] = [_SIG]
 # the tensor-core instruction must be there (tests/test_compile_ptx.py checks the text)
