@@ -8,13 +8,20 @@
 #           process: the quad delta rule (default) beside the lane kernel, and the GEMM's Q4_K
 #           tile choice before this session (gemm-s21); all must give the same tokens
 #   c05m    the same on the 0.5B shape, --launch ${C05M_LAUNCH:-default,gemm-s21}
+#   m35     run_bench on the 35B-A3B shape, --launch ${M35_LAUNCH:-default} (its factory starts
+#           first, in the background)
 # Call 1 (abaced0): session 20's script, sb,q9t (ONE_TILE_DIRECT: same tokens, not the cause of
 # the 9B's token change; pp512 6171). Call 2: mm (--tiles all --cvt-tiles), q9old (559a9c5 still
 # gives 8f7e9e56...: the trees differ). Call 3:
 #   BW24_COMMIT=<head> OLD_COMMIT=559a9c5 bash bench/h200_session22.sh sb,hash,q9m
+# (quad: SAME as lane; prefill gdn_rule 12.71 vs 15.27 ms, decode 4.87 vs 3.50 us a layer; the
+# hashes part at layer 0's gdn_conv: the conv's FMA contraction, decision 0028's follow-up;
+# gemm-s21: pp512 6301 vs 6463). Call 4, the quad rule with next-token loads, "auto" per T:
+#   BW24_COMMIT=<head> Q9M_LAUNCH=default,lane-rule bash bench/h200_session22.sh sb,q9m,m35
 # Carry .whl and .old (git archive $OLD_COMMIT | tar x -C .old; rm -rf .old/research .old/docs .old/tests).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-sb,hash,q9m}; . bench/device_env.sh
-P9=""; P05=""
+P9=""; P05=""; P35=""
+on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 { on hash || on q9m; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on c05m && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
 on sb && { run ${SB_S:-150} sb python3 bench/gpu_same_bits.py
@@ -30,5 +37,8 @@ on q9m && { run ${Q9M_S:-330} q9m python3 bench/run_bench.py /tmp/q9.gguf --name
 [ -n "$P05" ] && wait $P05
 on c05m && { run ${C05M_S:-200} c05m python3 bench/run_bench.py /tmp/c05.gguf --name qwen2.5-coder-0.5b-random --runs 3 --torch none --act-quant q8 --launch ${C05M_LAUNCH:-default,gemm-s21} --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok_s@|prefill_tok_s|Error|Traceback" $L/c05m.log | grep -v "^  qwen" | cut -c1-170; }
+[ -n "$P35" ] && wait $P35
+on m35 && { run ${M35_S:-240} m35 python3 bench/run_bench.py /tmp/m35.gguf --name qwen3.6-35b-a3b-random --runs 3 --torch none --act-quant q8 --launch ${M35_LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|decode_tok_s@|prefill_tok_s|prefill_kernel_ms:(moe|gdn_rule)|Error|Traceback" $L/m35.log | grep -v "^  qwen" | cut -c1-170; }
 cp /tmp/*.jsonl $OUT/ 2>/dev/null
 tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L

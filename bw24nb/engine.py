@@ -272,7 +272,7 @@ class Engine:
                  act_quant: str = "q8", prefill_gemm: str = "int8",
                  programmatic: bool | None = None, fuse_attention_output: bool = True,
                  attention_plan: str = "aligned", prefill_attention: str = "split",
-                 prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "quad",
+                 prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "auto",
                  fuse_prefill: bool = True, moe_q8: bool = True, prefill_path: str = "auto",
                  moe_prefill: str = "grouped", moe_branches: bool = True,
                  proj_branches: bool = True, norm_split: bool = True):
@@ -397,11 +397,12 @@ class Engine:
             raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, "
                              f"not {prefill_attention!r}")
         self.prefill_attention = prefill_attention
-        # the gated delta rule's kernel (gated_deltanet.RULE_VARIANTS): "quad" = an eighth of
-        # a column of the state per lane in registers, "lane" = half a column per lane (the
-        # default before session 22: the same bits), "tile" = the shared-memory tile kernel
-        # before session 8 (its own order; for the side-by-side bench); decode, verify and
-        # prefill all use the one chosen, so speculative decoding stays token-identical
+        # the gated delta rule's kernel (gated_deltanet.RULE_VARIANTS): "auto" = "quad" (an
+        # eighth of a column of the state per lane) for prefill's chunks and "lane" (half a
+        # column per lane, the default before session 22) for decode and verify -- the same
+        # bits; "lane" / "quad" = that kernel everywhere; "tile" = the shared-memory tile
+        # kernel before session 8 (its own order; for the side-by-side bench): decode, verify
+        # and prefill share it, so speculative decoding stays token-identical
         if gdn_rule not in gated_deltanet.RULE_VARIANTS:
             raise ValueError(f"gdn_rule must be one of {gated_deltanet.RULE_VARIANTS}, "
                              f"not {gdn_rule!r}")

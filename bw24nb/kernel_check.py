@@ -1757,15 +1757,15 @@ def check_gdn_prep(rng, size):
 @check("gated_delta_rule", "kernels.gated_deltanet.launch_gated_delta_rule")
 def check_gated_delta_rule(rng, size):
     """T recurrent steps of the gated delta rule from a random state (decode T = 1, prefill
-    T > 1), against the reference's recurrent form; both kernels ("lane", the default, and
-    "tile")."""
+    T > 1), against the reference's recurrent form; every kernel ("lane", "quad" -- "auto"
+    picks between them by T -- and "tile")."""
     from .kernels import gated_deltanet as gdn
     from .models.qwen35 import value_to_key_head
     from .reference.gated_deltanet import gated_delta_rule_recurrent, l2norm
     d = _gdn_dims(size)
     key_head = value_to_key_head("qwen35", d.nk, d.nv)
     for T, variant in ((t, var) for t in ((3,) if size == "tiny" else (1, 40))
-                       for var in gdn.RULE_VARIANTS):
+                       for var in gdn.RULE_KERNELS):
         qn = l2norm(rng.standard_normal((T, d.nk, d.dk)))
         kn = l2norm(rng.standard_normal((T, d.nk, d.dk)))
         q = (qn * d.dk ** -0.5).astype(np.float32)        # as launch_gdn_prep leaves them

@@ -508,45 +508,70 @@ def _quad_rule_kernel(DK):
     the partial (p = 2 bit1 + bit2), 3 and 4 = the column of the warp's 4. `warp_sum8`'s
     butterfly (lane offsets 4, 2, 1) then adds p0 + p1 and p2 + p3, those two, and the halves:
     ((p0 + p1) + (p2 + p3)) of each half, then lo + hi -- the lane kernel's order, so the same
-    bits (tested; bench/gpu_same_bits.py on the GPU). What it buys: a token step's serial chain
-    is 16 rows a pass instead of 64, and a launch has 4x the warps (the lane kernel gives a
-    9B layer 256 one-warp blocks: ~2 warps an SM, ~1.2 us a token of latency)."""
+    bits (tested; bench/gpu_same_bits.py on the H200). Token t + 1's k, q, v, g and beta are
+    loaded into registers while token t computes, so a step waits for no memory.
+    What it buys in prefill: a token step's serial chain is 16 rows a pass instead of 64, a
+    launch has 4x the warps (the lane kernel gives a 9B layer 256 one-warp blocks: ~2 warps an
+    SM), and the next token's loads are in flight. In decode (one token) the lane kernel is
+    faster (session 22: 3.50 against 4.87 us a 9B layer), so "auto" takes this one from
+    QUAD_MIN_T tokens on."""
     HALF = DK // 2
     NR = HALF // LANE_ACCS                  # rows a lane holds
 
     def gated_delta_rule_quad(q, k, v, g, beta, key_head, state, o, steps, save_steps):
         """As `gated_delta_rule` (the tile kernel): grid (nv, ceil(dv / 16)), 128 threads."""
         S = cuda.local.array(NR, float32)
+        kc = cuda.local.array(NR, float32)      # this token's k, q rows
+        qc = cuda.local.array(NR, float32)
+        kn = cuda.local.array(NR, float32)      # the next token's, loading
+        qn = cuda.local.array(NR, float32)
         h = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         lane = tid & 31
         # rows r0, r0 + 4, ...: the half (lane bit 0) and the partial (bits 1, 2)
         r0 = (lane & 1) * HALF + ((lane >> 2) & 1) + (lane & 2)
         dv = v.shape[2]
+        T = q.shape[0]
         j = cuda.blockIdx.y * LANE_COLS + (tid >> 3)
         col = j < dv
         jc = min(j, dv - 1)          # a column past dv reads column dv - 1 and keeps nothing
         kh = key_head[h]
         for m in range(NR):
             S[m] = state[h, r0 + LANE_ACCS * m, jc]
-        for t in range(q.shape[0]):
-            decay = math.exp(g[t, h])
-            bt = beta[t, h]
-            vt = v[t, h, jc]
+            kn[m] = k[0, kh, r0 + LANE_ACCS * m]
+            qn[m] = q[0, kh, r0 + LANE_ACCS * m]
+        gn = g[0, h]
+        bn = beta[0, h]
+        vn = v[0, h, jc]
+        for t in range(T):
+            for m in range(NR):
+                kc[m] = kn[m]
+                qc[m] = qn[m]
+            gt = gn
+            bt = bn
+            vt = vn
+            tn = min(t + 1, T - 1)              # (the last token loads itself again, unused)
+            for m in range(NR):
+                kn[m] = k[tn, kh, r0 + LANE_ACCS * m]
+                qn[m] = q[tn, kh, r0 + LANE_ACCS * m]
+            gn = g[tn, h]
+            bn = beta[tn, h]
+            vn = v[tn, h, jc]
+            decay = math.exp(gt)
             # S <- exp(g) S, and (S^T k)[j]
             acc = float32(0.0)
             for m in range(NR):
                 s = S[m] * decay
                 S[m] = s
-                acc += k[t, kh, r0 + LANE_ACCS * m] * s
+                acc += kc[m] * s
             kv_mem = warp_sum8(acc)
             delta = (vt - kv_mem) * bt
             # S <- S + k delta^T, and (S^T q)[j]
             acc = float32(0.0)
             for m in range(NR):
-                s = S[m] + k[t, kh, r0 + LANE_ACCS * m] * delta
+                s = S[m] + kc[m] * delta
                 S[m] = s
-                acc += q[t, kh, r0 + LANE_ACCS * m] * s
+                acc += qc[m] * s
             out = warp_sum8(acc)
             if col:
                 if (lane & 7) == 0:
@@ -568,15 +593,22 @@ def _quad_rule_kernel(DK):
 LANE_COLS = 16
 LANE_ACCS = 4
 QUAD_THREADS = 8 * LANE_COLS
-RULE_VARIANTS = ("lane", "quad", "tile")
+# The rule's kernels (`rule_kernel`), and what a launch may ask for: "auto" = "quad" for
+# QUAD_MIN_T tokens or more (prefill), else "lane" (decode, verify) -- the same bits either way.
+# Session 22 on the H200, 9B heads: quad 12.71 against lane 15.27 ms a 512-token prefill (24
+# layers, before the next-token loads), lane 3.50 against quad 4.87 us a decode step's layer.
+RULE_KERNELS = ("lane", "quad", "tile")
+RULE_VARIANTS = ("auto",) + RULE_KERNELS
+QUAD_MIN_T = 16
 _RULE_KERNELS: dict = {}
 
 
 def rule_kernel(dk: int, variant: str = "lane"):
     """The delta-rule kernel for d_k = dk (built on first use; 128 in every real model):
-    "lane" (a column of S per lane, registers) or "tile" (the shared-memory tile kernel)."""
-    if variant not in RULE_VARIANTS:
-        raise ValueError(f"gated_delta_rule: variant must be one of {RULE_VARIANTS}, "
+    "lane" (half a column of S per lane, registers), "quad" (an eighth of a column per lane,
+    the lane kernel's bits) or "tile" (the shared-memory tile kernel)."""
+    if variant not in RULE_KERNELS:
+        raise ValueError(f"gated_delta_rule: kernel must be one of {RULE_KERNELS}, "
                          f"not {variant!r}")
     if variant != "tile" and dk % (2 * LANE_ACCS):
         variant = "tile"             # (no real model: d_k is 128 everywhere)
@@ -680,7 +712,7 @@ def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v,
 
 
 def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, steps=None,
-                            variant="lane"):
+                            variant="auto"):
     """T steps of the gated delta rule (decode: T = 1; prefill: T tokens, one launch).
 
     q, k float32[T, nk, dk] — L2-normalised, q already scaled by 1/sqrt(dk) (launch_gdn_prep);
@@ -689,8 +721,9 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
     place; o float32[T, nv, dv]; steps: None or float32[>= T, nv, dk, dv] (the first axis may
     be strided) receiving the state after each token. Reference: `gated_delta_rule_recurrent(
     q_rep * sqrt(dk), k_rep, v, g, beta, state)` with `q_rep = q[:, key_head]` (and equal to
-    the chunked form). variant: "lane" (default), "quad" (lane's order and bits on 8 lanes a
-    column) or "tile" (`rule_kernel`): the same recurrence, "tile" in its own fixed order."""
+    the chunked form). variant: "lane", "quad" (lane's order and bits on 8 lanes a column),
+    "auto" (the default: quad from QUAD_MIN_T tokens on, else lane) or "tile" (`rule_kernel`):
+    the same recurrence, "tile" in its own fixed order."""
     T, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     if dk > GDN_DK_MAX:
@@ -710,6 +743,8 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
     if variant not in RULE_VARIANTS:
         raise ValueError(f"gated_delta_rule: variant must be one of {RULE_VARIANTS}, "
                          f"not {variant!r}")
+    if variant == "auto":
+        variant = "quad" if T >= QUAD_MIN_T else "lane"
     if dk % (2 * LANE_ACCS):
         variant = "tile"                                    # (rule_kernel's fallback)
     cols, threads = {"lane": (LANE_COLS, 32), "quad": (LANE_COLS, QUAD_THREADS),
