@@ -472,3 +472,29 @@ def test_prefetch_l2_bulk_twin_checks_the_range():
     for off, n in ((8, 16), (16, 8), (0, 0), (16, 160), (-16, 32)):
         with pytest.raises(IndexError, match="prefetch_l2_bulk"):
             prefetch_l2_bulk(a, off, n)
+
+
+def test_fma_f32_rounds_once():
+    """fma_f32(a, b, c) rounds a * b + c once: with a = b = 1 + 2^-12 and c = -1 the exact
+    result 2^-11 + 2^-24 is a float32, while rounding the product first loses the 2^-24."""
+    a = np.float32(1.0 + 2.0 ** -12)
+    assert twins.fma_f32(a, a, np.float32(-1.0)) == np.float32(2.0 ** -11 + 2.0 ** -24)
+    assert np.float32(a * a) - np.float32(1.0) == np.float32(2.0 ** -11)
+
+
+def test_fma_f32_in_a_kernel(rng):
+    """The name bw24nb.ptx exports (the twin here, libdevice's fmaf_rn on a GPU) inside a
+    kernel, against the once-rounded float64 value."""
+    from bw24nb.ptx import fma_f32
+
+    @cuda.jit
+    def kern(out, a, b, c):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = fma_f32(a[i], b[i], c[i])
+
+    a, b, c = (rng.standard_normal(64).astype(np.float32) for _ in range(3))
+    out = cuda.to_device(np.full(64, np.nan, np.float32))
+    kern[1, 64](out, cuda.to_device(a), cuda.to_device(b), cuda.to_device(c))
+    want = (a.astype(np.float64) * b + c).astype(np.float32)
+    np.testing.assert_array_equal(out.copy_to_host(), want)

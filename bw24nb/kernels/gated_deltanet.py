@@ -10,11 +10,13 @@ on the device, for `x[T, H]` (the projections are ordinary matvecs / matmuls):
     y = rms_norm(o) * ssm_norm * silu(z) per value head       norm.launch_gated_rms_norm (e)
     out = W_out y                                             kernels/matvec.py
 
-(a) `conv1d_silu` — reference `causal_conv1d` + `silu`. One thread per channel walks the T
-    tokens with the K-1 previous inputs of its channel in registers (K = CONV_KERNEL = 4, the
-    only width Qwen3-Next / Qwen3.5 use), and writes the last K-1 inputs back as the new window.
+(a) `conv1d_silu` — reference `causal_conv1d` + `silu`. A thread walks a run of one channel's
+    tokens (runs of T / CONV_SPLIT: the kernel's docstring) with the K-1 previous inputs in
+    registers (K = CONV_KERNEL = 4, the only width Qwen3-Next / Qwen3.5 use); the run holding
+    the last token writes the last K-1 inputs back as the new window.
     `y[t, c] = silu(w[c,0] x[t-3] + w[c,1] x[t-2] + w[c,2] x[t-1] + w[c,3] x[t])`, the products
-    summed left to right in float32 (the reference's j order, in float64).
+    summed left to right in float32 (the reference's j order, in float64), each after the
+    first fused into the sum (`_conv_sum`: the contraction fixed, not the compiler's).
 
 (b) `gdn_prep` — the reference's `GatedDeltaNet._inputs` after the conv. One block per
     (token, key head) L2-normalises that head's q and k (`x / sqrt(sum x^2 + 1e-6)`, HF's
@@ -72,7 +74,7 @@ from numba import cuda, float32
 from ..jit import kernel
 from ..reference.gated_deltanet import L2NORM_EPS
 from . import norm
-from ..ptx import warp_pair_sum, warp_sum, warp_sum8
+from ..ptx import fma_f32, warp_pair_sum, warp_sum, warp_sum8
 from .norm import SCRATCH_WARPS, launch_gated_rms_norm, launch_gated_rms_norm_q8
 
 # Depthwise conv width: Qwen3-Next and Qwen3.5 (linear_conv_kernel_dim) all use 4; the kernel
@@ -124,6 +126,19 @@ def _softplus(x):
 # ------------------------------------------------------------------ (a) conv
 
 
+@cuda.jit(device=True, inline="always")
+def _conv_sum(w0, w1, w2, w3, s0, s1, s2, xt):
+    """w0 s0 + w1 s1 + w2 s2 + w3 xt, left to right, each later product fused into the sum
+    (fma_f32): fma(w3, xt, fma(w2, s2, fma(w1, s1, w0 * s0))). Spelled out because the
+    compiler's own contraction of the plain expression is its choice per kernel: before
+    session 22 the prefill conv got fma(w0, s0, w1 * s1) ... and decode's gdn_conv_prep the
+    form above, so prefill and decode convs differed by an ulp (decision 0028's follow-up)."""
+    acc = w0 * s0
+    acc = fma_f32(w1, s1, acc)
+    acc = fma_f32(w2, s2, acc)
+    return fma_f32(w3, xt, acc)
+
+
 @kernel
 def conv1d_silu(x, w, state, y, steps, save_steps):
     """y[t, c] = silu(sum_j w[c, j] * window_c[t + j]), window_c = (state[:, c], x[:, c]);
@@ -155,10 +170,7 @@ def conv1d_silu(x, w, state, y, steps, save_steps):
     cuda.syncthreads()                   # every run's window is read before any y is written
     for t in range(t0, t1):
         xt = x[t, cc]
-        acc = w0 * s0
-        acc += w1 * s1
-        acc += w2 * s2
-        acc += w3 * xt
+        acc = _conv_sum(w0, w1, w2, w3, s0, s1, s2, xt)
         s0, s1, s2 = s1, s2, xt
         if ok:
             y[t, c] = _silu(acc)
@@ -262,10 +274,7 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
     for t in range(x.shape[0]):
         if c >= 0:
             xt = x[t, c]
-            acc = w0 * s0
-            acc += w1 * s1
-            acc += w2 * s2
-            acc += w3 * xt
+            acc = _conv_sum(w0, w1, w2, w3, s0, s1, s2, xt)
             y = _silu(acc)
             s0, s1, s2 = s1, s2, xt
             if save_steps:

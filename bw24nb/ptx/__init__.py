@@ -20,6 +20,8 @@
         instruction): e.g. the exact int -> float trick f32_from_bits(0x4B400000 + i) - 1.5 * 2^23
         = i for |i| < 2^22, one add instead of a 16-per-clock cvt (kernels/matmul_q8.py).
     f16x2_to_f32x2(word) -> (float32, float32)   the two halves of a 32-bit word (low, high)
+    fma_f32(a, b, c) -> float32   a * b + c rounded once (``fma.rn.f32``): a contraction that is
+        not the compiler's choice (sums whose order is part of a contract)
     grid_dependency_wait()
         ``griddepcontrol.wait`` (sm_90+; nothing before): every @kernel runs it first
         (bw24nb/jit.py), so graphs may link kernels with programmatic edges (graph.py).
@@ -62,6 +64,7 @@ if simulator_enabled():
         dp4a_us,
         f16x2_to_f32x2,
         f32_from_bits,
+        fma_f32,
         fp4_e2m1_to_f32,
         fp4x2_to_f16x2,
         fp4x2_to_f16x2_bits_linked,
@@ -96,6 +99,7 @@ else:
         dp4a_us,
         f16x2_to_f32x2,
         f32_from_bits,
+        fma_f32,
         global_timer,
         grid_dependency_wait,
         ld_nc_v2_f32,
@@ -117,7 +121,8 @@ else:
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
 
 __all__ = [
-    "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum", "warp_max", "f32_from_bits",
+    "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum",
+    "warp_max", "f32_from_bits", "fma_f32",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
     "warp_sync", "clock64", "global_timer",
     "warp_sum16", "warp_sum8", "warp_max_rows", "warp_sum_rows",

@@ -11,8 +11,9 @@ during the kernel), so the compiler may schedule, hoist or drop it like any arit
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
+from numba import cuda, float32, types
 from numba.cuda import cgutils
+from numba.cuda import libdevice
 from numba.cuda.core.errors import TypingError
 from numba.cuda.extending import intrinsic
 
@@ -163,6 +164,16 @@ def f32_from_bits(typingctx, bits):
         return builder.bitcast(_as_i32(context, builder, args[0], sig.args[0]), ir.FloatType())
 
     return types.float32(bits), codegen
+
+
+@cuda.jit(device=True, inline="always")
+def fma_f32(a, b, c):
+    """a * b + c in float32, rounded once (libdevice's __nv_fmaf_rn: ``fma.rn.f32``). For sums
+    whose order is part of a contract: left to the compiler, ``x * y + z * w`` may become
+    fma(x, y, z * w) or fma(z, w, x * y), and two kernels with the same source line can pick
+    differently (session 22: the prefill conv's pick changed with its restructure, decision
+    0028)."""
+    return libdevice.fmaf_rn(float32(a), float32(b), float32(c))
 
 
 # --- f16x2 -> two f32 -------------------------------------------------------------------------------

@@ -114,6 +114,15 @@ def f32_from_bits(bits) -> np.float32:
     return np.array([_u32(bits)], np.uint32).view(np.float32)[0]
 
 
+def fma_f32(a, b, c) -> np.float32:
+    """a * b + c rounded to float32: the product is exact in float64 (24 + 24 bits), the sum
+    rounds to float64 and then to float32 -- the GPU's single rounding except in rare double
+    rounding ties (the simulator's arithmetic is not bit-exact to the GPU's anyway: FMA
+    contraction elsewhere is the compiler's choice there)."""
+    return np.float32(np.float64(np.float32(a)) * np.float64(np.float32(b))
+                      + np.float64(np.float32(c)))
+
+
 # --- griddepcontrol.wait ---------------------------------------------------------------------
 
 
