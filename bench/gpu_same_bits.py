@@ -9,7 +9,8 @@ launch against T one-token launches (the 9B's GDN channels), and decode attentio
 splits stored directly (decode_attention.ONE_TILE_DIRECT) against the four-warp merge, as
 prefill runs them (T = 32 tokens from position 0, 2 splits a token) and as decode does (one
 token at 511), on the 9B's and the 0.5B's heads; the quad delta rule against the lane kernel
-(session 22), 9B heads, 512 tokens and a 9-token verify with saved steps. Prints one line each: SAME, or DIFF with the
+(session 22), 9B heads, 512 tokens and a 9-token verify with saved steps; decode's fused
+conv + prep against prefill's conv and prep (9B channels, 1 and 9 rows). Prints one line each: SAME, or DIFF with the
 count of differing outputs and the largest relative difference.
 --gemm-hash: only a hash of the prefill GEMM's outputs (Q4_K, Q6_K, Q8_0 at 512 x 4096 x 4096,
 fixed inputs), to compare two trees of the library run one after the other.
@@ -114,6 +115,41 @@ def rule_twins(rng) -> bool:
     return ok
 
 
+def conv_prep_twins(rng, dims=(16, 32, 128, 128)) -> bool:
+    """Decode's fused conv + prep (gdn_conv_prep) against prefill's two launches (conv1d_silu,
+    gdn_prep), 9B channels, 1 and 9 rows: the same q, k, v, g, beta and window. Before
+    session 22 the compiler contracted the two convs' sums differently (decision 0028)."""
+    nk, nv, dk, dv = dims
+    C = 2 * nk * dk + nv * dv
+    ok = True
+    for T in (1, 9):
+        qkv = (1.5 * rng.standard_normal((T, C))).astype(np.float32)
+        w = cuda.to_device((0.5 * rng.standard_normal((C, gdn.CONV_KERNEL))).astype(np.float32))
+        window = rng.standard_normal((gdn.CONV_KERNEL - 1, C)).astype(np.float32)
+        gates = [cuda.to_device(a) for a in (
+            rng.uniform(-30, 30, (T, nv)).astype(np.float32),
+            (3 * rng.standard_normal((T, nv))).astype(np.float32),
+            rng.standard_normal(nv).astype(np.float32),
+            (-np.exp(rng.uniform(-2, 2, nv))).astype(np.float32))]
+
+        def outputs():
+            return [cuda.device_array(shape, np.float32) for shape in
+                    ((T, nk, dk), (T, nk, dk), (T, nv, dv), (T, nv), (T, nv))]
+        x, st = cuda.to_device(qkv), cuda.to_device(window)
+        gdn.launch_conv1d_silu(x, w, st, x)
+        want = outputs()
+        gdn.launch_gdn_prep(x, *gates, *want)
+        st2 = cuda.to_device(window)
+        got = outputs()
+        gdn.launch_gdn_conv_prep(cuda.to_device(qkv), w, st2, *gates, *got)
+        for name, a, b in zip(("q", "k", "v", "g", "beta"), got, want):
+            ok &= _report(f"conv_prep vs conv + prep, 9B channels, T {T}: {name}",
+                          a.copy_to_host(), b.copy_to_host())
+        ok &= _report(f"conv_prep vs conv + prep, 9B channels, T {T}: window",
+                      st2.copy_to_host(), st.copy_to_host())
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--T", type=int, default=64)
@@ -140,6 +176,7 @@ def main() -> int:
                   one.copy_to_host())
     ok &= attention_twins(rng)
     ok &= rule_twins(rng)
+    ok &= conv_prep_twins(rng)
     return 0 if ok else 1
 
 
