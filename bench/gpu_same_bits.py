@@ -8,8 +8,8 @@ a restructured kernel can differ from its twin there by an ulp. Checked: conv1d_
 launch against T one-token launches (the 9B's GDN channels), and decode attention's one-tile
 splits stored directly (decode_attention.ONE_TILE_DIRECT) against the four-warp merge, as
 prefill runs them (T = 32 tokens from position 0, 2 splits a token) and as decode does (one
-token at 511), on the 9B's and the 0.5B's heads; the quad delta rule against the lane kernel
-(session 22), 9B heads, 512 tokens and a 9-token verify with saved steps; decode's fused
+token at 511), on the 9B's and the 0.5B's heads; the quad and pipe delta rules against the
+lane kernel (session 22), 9B heads, 512 tokens and a 9-token verify with saved steps; decode's fused
 conv + prep against prefill's conv and prep (9B channels, 1 and 9 rows). Prints one line each: SAME, or DIFF with the
 count of differing outputs and the largest relative difference.
 --gemm-hash: only a hash of the prefill GEMM's outputs (Q4_K, Q6_K, Q8_0 at 512 x 4096 x 4096,
@@ -86,8 +86,9 @@ def attention_twins(rng) -> bool:
 
 
 def rule_twins(rng) -> bool:
-    """The quad delta rule (8 lanes a column) against the lane kernel (2 lanes a column), 9B
-    heads: a 512-token prefill launch, and 9 tokens saving every step (a verify)."""
+    """The quad delta rule (8 lanes a column) and the pipe kernel (quad's passes of two tokens
+    in one loop) against the lane kernel (2 lanes a column), 9B heads: a 512-token prefill
+    launch, and 9 tokens saving every step (a verify)."""
     from bw24nb.models.qwen35 import value_to_key_head
     nk, nv, dk, dv = 16, 32, 128, 128
     key_head = cuda.to_device(value_to_key_head("qwen35", nk, nv).astype(np.int32))
@@ -102,7 +103,7 @@ def rule_twins(rng) -> bool:
         beta = rng.uniform(0.0, 1.0, (T, nv)).astype(np.float32)
         s0 = (0.5 * rng.standard_normal((nv, dk, dv))).astype(np.float32)
         got = []
-        for variant in ("lane", "quad"):
+        for variant in ("lane", "quad", "pipe"):
             state = cuda.to_device(s0)
             o = cuda.device_array((T, nv, dv), np.float32)
             steps = cuda.device_array((T, nv, dk, dv), np.float32) if save else None
@@ -110,8 +111,9 @@ def rule_twins(rng) -> bool:
                                         key_head, state, o, steps=steps, variant=variant)
             got.append([o.copy_to_host(), state.copy_to_host()]
                        + ([steps.copy_to_host()] if save else []))
-        for what, a, b in zip(("o", "state", "steps"), got[1], got[0]):
-            ok &= _report(f"delta rule quad vs lane, 9B heads, T {T}: {what}", a, b)
+        for name, other in zip(("quad", "pipe"), got[1:]):
+            for what, a, b in zip(("o", "state", "steps"), other, got[0]):
+                ok &= _report(f"delta rule {name} vs lane, 9B heads, T {T}: {what}", a, b)
     return ok
 
 

@@ -18,6 +18,14 @@
 # hashes part at layer 0's gdn_conv: the conv's FMA contraction, decision 0028's follow-up;
 # gemm-s21: pp512 6301 vs 6463). Call 4, the quad rule with next-token loads, "auto" per T:
 #   BW24_COMMIT=<head> Q9M_LAUNCH=default,lane-rule bash bench/h200_session22.sh sb,q9m,m35
+# (call 4: quad with next-token loads 7.48 against lane 15.48 ms a 9B prefill, pp512 6839
+# against 6248; 35B-A3B 326.1 / 307.0 tok/s, pp512 1201.) Call 5: session 20's script, sb,kc
+# (KC_ONLY=gated_delta_rule): conv_prep SAME as conv + prep with the pinned conv sum, 12/12.
+# Next (built after the device time was spent, the same bits in the simulator, not timed):
+#   BW24_COMMIT=<head> Q9M_LAUNCH=default,pipe-rule M35_LAUNCH=default,conv-prep-rows \
+#     bash bench/h200_session22.sh sb,q9m,m35
+# sb: the pipe rule against lane on the GPU; q9m: prefill's rule on the pipe kernel beside quad;
+# m35: the rows prefill's conv + prep as two launches (the default now) beside the fused one.
 # Carry .whl and .old (git archive $OLD_COMMIT | tar x -C .old; rm -rf .old/research .old/docs .old/tests).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-sb,hash,q9m}; . bench/device_env.sh
 P9=""; P05=""; P35=""

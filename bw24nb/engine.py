@@ -48,6 +48,15 @@ VERIFY_ROWS = 9
 # (T x Hq x splits x head_dim floats: 277 MB for the 35B-A3B shape at 132 splits).
 ROWS_PREFILL_CHUNK = 128
 
+# Rows up to which a rowwise workspace runs Gated DeltaNet's conv and prep as one launch
+# (gated_deltanet.gdn_conv_prep: decode, verify). Its block walks the T rows one after another,
+# ~2 us a row: 8.2 ms of a 128-token chunk of the 35B-A3B's rows prefill (30 layers, session
+# 20). Longer chunks take prefill's two launches (conv1d_silu in runs, gdn_prep a block per
+# token and head), which give the same bits: tests/test_kernels_gdn.py and, on the H200,
+# bench/gpu_same_bits.py (session 22). run_bench --launch conv-prep-rows restores the fused
+# launch for every T (the 35B-A3B gain is not measured yet).
+CONV_PREP_MAX_T = VERIFY_ROWS
+
 # 2-D tensors a kernel reads as plain float32 arrays (not through a matvec): the depthwise conv.
 FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
 
@@ -860,7 +869,7 @@ class Engine:
             norm_q = [("gdn_norm", lambda: gated_deltanet.launch_gdn_output_norm(
                 o, z, norm_w, eps, o, s))] + qL
         dt, ssm_a = w.blk(i, "ssm_dt.bias").buf, w.blk(i, "ssm_a").buf
-        if ws.rowwise and gated_deltanet.conv_prep_threads(
+        if ws.rowwise and T <= CONV_PREP_MAX_T and gated_deltanet.conv_prep_threads(
                 c.linear_num_key_heads, nv, c.linear_key_head_dim, dv) is not None:
             # decode / verify: the conv and the per-head prep in one launch
             mix = [("gdn_conv_prep", lambda: gated_deltanet.launch_gdn_conv_prep(

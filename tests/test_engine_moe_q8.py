@@ -65,16 +65,22 @@ def test_moe_q8_prefill_and_decode_agree_and_track_the_reference(engine, quantiz
 
 
 @pytest.mark.parametrize("fixture,moe_prefill", [("moe", "tokens"), ("moe", "grouped"),
-                                                 ("dense", "tokens")])
+                                                 ("dense", "tokens"), ("gdn", "tokens")])
 def test_rows_prefill_gives_decodes_bits(quantized_gguf, fixture, moe_prefill, tmp_path,
                                          monkeypatch):
     """Engine(prefill_path="rows"): prefill runs the decode kernels (the rowwise forward of a
     speculative verify), so its last logits are bit for bit those of decoding the prompt token
     by token -- here over two chunks (12 tokens as 10 + 2: the first one's matvecs in two
-    launches of 9 + 1 rows, its MoE blocks expert-major with moe_prefill="grouped")."""
+    launches of 9 + 1 rows, its MoE blocks expert-major with moe_prefill="grouped"; on the
+    Gated DeltaNet fixture its conv and prep as prefill's two launches, past CONV_PREP_MAX_T,
+    and the delta rule on the quad kernel)."""
     import bw24nb.engine as engine_mod
+    from bw24nb.kernels import gated_deltanet
     monkeypatch.setattr(engine_mod, "ROWS_PREFILL_CHUNK", 10)
-    path = quantized_gguf if fixture == "moe" else _dense_int8(tmp_path)
+    monkeypatch.setattr(gated_deltanet, "QUAD_MIN_T", 10)
+    path = quantized_gguf if fixture == "moe" else \
+        _dense_int8(tmp_path) if fixture == "dense" else \
+        requantized_gguf("tests/fixtures/qwen35/model.gguf", tmp_path / "qwen35-q.gguf", TYPES)
     eng = _engine(path, prefill_path="rows", moe_prefill=moe_prefill)
     assert eng.wsp.rowwise and eng.wsp.T == 10
     assert bool(eng.moe_expert_rows) == (moe_prefill == "grouped")

@@ -215,7 +215,7 @@ def _bound(o_ref, s_ref):
     return RULE_REL * max(np.max(np.abs(o_ref)), np.max(np.abs(s_ref)))
 
 
-@pytest.mark.parametrize("variant", ["lane", "quad", "tile", "auto"])   # the rule kernels
+@pytest.mark.parametrize("variant", ["lane", "quad", "pipe", "tile", "auto"])   # the rule kernels
 @pytest.mark.parametrize("family", ["qwen35", "qwen3next"])      # tiled / grouped head maps
 def test_delta_rule_decode_steps_match_recurrent(rng, family, variant):
     T = 4
@@ -237,7 +237,7 @@ def test_delta_rule_decode_steps_match_recurrent(rng, family, variant):
     assert np.max(np.abs(state - s_ref)) <= tol
 
 
-@pytest.mark.parametrize("variant", ["lane", "quad", "tile", "auto"])   # the rule kernels
+@pytest.mark.parametrize("variant", ["lane", "quad", "pipe", "tile", "auto"])   # the rule kernels
 @pytest.mark.parametrize("T", [1, 7])
 def test_delta_rule_prefill_matches_chunked(rng, T, variant):
     key_head = value_to_key_head("qwen35", NK, NV)
@@ -257,7 +257,7 @@ def test_delta_rule_prefill_matches_chunked(rng, T, variant):
         assert np.max(np.abs(state - s_ref)) <= tol, f"chunk {chunk}"
 
 
-@pytest.mark.parametrize("variant", ["lane", "quad", "tile", "auto"])   # the rule kernels
+@pytest.mark.parametrize("variant", ["lane", "quad", "pipe", "tile", "auto"])   # the rule kernels
 def test_delta_rule_wide_value_heads(rng, variant):
     # d_v = 40: two column blocks per head, the second only partly filled.
     T, dv = 2, 40
@@ -504,7 +504,7 @@ def test_step_states_equal_one_token_launches_and_restore(rng):
                                 rs.ssm[layer], _poisoned(T, NV, DV), steps=ssm_steps[:2])
 
 
-@pytest.mark.parametrize("variant", ["lane", "quad", "tile", "auto"])
+@pytest.mark.parametrize("variant", ["lane", "quad", "pipe", "tile", "auto"])
 def test_delta_rule_saved_steps_are_the_one_token_states(rng, variant):
     """steps[t] (a speculative verify's rollback points) must be, bit for bit, the state that
     t + 1 one-token launches leave -- each kernel runs the same arithmetic per token whatever
@@ -530,22 +530,23 @@ def test_delta_rule_saved_steps_are_the_one_token_states(rng, variant):
                                   one.copy_to_host().view(np.uint32))
 
 
-@pytest.mark.parametrize("dv, T", [(DV, 5), (40, 5), (DV, QUAD_MIN_T + 1)])
+@pytest.mark.parametrize("dv, T", [(DV, 1), (DV, 2), (DV, 5), (40, 5), (DV, QUAD_MIN_T + 1)])
 def test_delta_rule_quad_gives_the_lane_kernels_bits(rng, dv, T):
     """The quad kernel (8 lanes a column, warp_sum8, the next token's inputs loaded a step
     ahead) sums each dot in the lane kernel's order, so outputs, saved steps and the final
     state are the lane kernel's, bit for bit (d_v = 40: a partly filled column block); so are
+    the pipe kernel's (quad's passes of two tokens in one loop; T = 1, 2, odd and even) and
     "auto"'s, which takes quad from QUAD_MIN_T tokens on."""
     key_head = cuda.to_device(value_to_key_head("qwen35", NK, NV).astype(np.int32))
     q, k, v, g, beta, s0 = _rule_inputs(rng, T, dv)
     got = []
-    for variant in ("lane", "quad", "auto"):
+    for variant in ("lane", "quad", "pipe", "auto"):
         d_state = cuda.to_device(s0)
         o = _poisoned(T, NV, dv)
         steps = cuda.to_device(np.full((T, NV, DK, dv), np.nan, np.float32))
         launch_gated_delta_rule(*(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head,
                                 d_state, o, steps=steps, variant=variant)
         got.append([a.copy_to_host().view(np.uint32) for a in (o, steps, d_state)])
-    for lane, quad, auto in zip(*got):
-        np.testing.assert_array_equal(quad, lane)
-        np.testing.assert_array_equal(auto, lane)
+    for lane, *others in zip(*got):
+        for other in others:
+            np.testing.assert_array_equal(other, lane)

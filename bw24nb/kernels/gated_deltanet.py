@@ -597,6 +597,113 @@ def _quad_rule_kernel(DK):
     return kernel(gated_delta_rule_quad)
 
 
+def _pipe_rule_kernel(DK):
+    """The quad kernel's arithmetic with token t's second pass and token t + 1's first pass in
+    one loop over the rows ("pipe", session 22): row m's update with token t, S_m + k_t,m delta_t,
+    is the value token t + 1's first pass decays and dots with k_(t+1),m, so a step's two
+    serial chains (the q-dot of t, the k-dot of t + 1) and their two warp_sum8 run side by side
+    instead of one after the other. Every value and every sum is the quad kernel's, in its
+    order (the same bits: tested). The k, q rows of two tokens live in two register sets used
+    in turn (the loop over tokens written out twice); a set is refilled with token t + 2's rows
+    as the loop over m finishes with token t's."""
+    HALF = DK // 2
+    NR = HALF // LANE_ACCS                  # rows a lane holds
+
+    @cuda.jit(device=True, inline="always")
+    def step(S, U, kc, qc, kn, acc1, vc, bc, gn, t, T, k, q, kh, r0, h, j, col, lane, o,
+             steps, save_steps):
+        """Token t's update and q-dot with (kc, qc), token t + 1's decay and k-dot with kn
+        (after the last token too, unused: the loop over m has no branch); kc, qc refilled
+        with token t + 2's rows; U <- the state after token t (`steps`, and the final state).
+        Returns token t + 1's k-dot partial."""
+        kv_mem = warp_sum8(acc1)
+        delta = (vc - kv_mem) * bc
+        decay = math.exp(gn)
+        t2 = min(t + 2, T - 1)
+        acc2 = float32(0.0)
+        acc1 = float32(0.0)
+        for m in range(NR):
+            s = S[m] + kc[m] * delta
+            U[m] = s
+            acc2 += qc[m] * s
+            kc[m] = k[t2, kh, r0 + LANE_ACCS * m]
+            qc[m] = q[t2, kh, r0 + LANE_ACCS * m]
+            sd = s * decay
+            acc1 += kn[m] * sd
+            S[m] = sd
+        out = warp_sum8(acc2)
+        if col:
+            if (lane & 7) == 0:
+                o[t, h, j] = out
+            if save_steps:
+                for m in range(NR):
+                    steps[t, h, r0 + LANE_ACCS * m, j] = U[m]
+        return acc1
+
+    def gated_delta_rule_pipe(q, k, v, g, beta, key_head, state, o, steps, save_steps):
+        """As `gated_delta_rule` (the tile kernel): grid (nv, ceil(dv / 16)), 128 threads."""
+        S = cuda.local.array(NR, float32)
+        U = cuda.local.array(NR, float32)       # the state after a token, for `steps`
+        ka = cuda.local.array(NR, float32)      # the two tokens' k, q rows, used in turn
+        qa = cuda.local.array(NR, float32)
+        kb = cuda.local.array(NR, float32)
+        qb = cuda.local.array(NR, float32)
+        h = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        r0 = (lane & 1) * HALF + ((lane >> 2) & 1) + (lane & 2)   # as the quad kernel
+        dv = v.shape[2]
+        T = q.shape[0]
+        j = cuda.blockIdx.y * LANE_COLS + (tid >> 3)
+        col = j < dv
+        jc = min(j, dv - 1)
+        kh = key_head[h]
+        t1 = min(1, T - 1)
+        for m in range(NR):
+            S[m] = state[h, r0 + LANE_ACCS * m, jc]
+            ka[m] = k[0, kh, r0 + LANE_ACCS * m]
+            qa[m] = q[0, kh, r0 + LANE_ACCS * m]
+            kb[m] = k[t1, kh, r0 + LANE_ACCS * m]
+            qb[m] = q[t1, kh, r0 + LANE_ACCS * m]
+        # token 0's first pass: S <- exp(g) S, and its k-dot
+        decay = math.exp(g[0, h])
+        acc1 = float32(0.0)
+        for m in range(NR):
+            s = S[m] * decay
+            S[m] = s
+            acc1 += ka[m] * s
+        vt = v[0, h, jc]
+        bt = beta[0, h]
+        gn = g[t1, h]
+        t = 0
+        while t < T:
+            tn = min(t + 1, T - 1)
+            vn = v[tn, h, jc]
+            bn = beta[tn, h]
+            gnn = g[min(t + 2, T - 1), h]
+            acc1 = step(S, U, ka, qa, kb, acc1, vt, bt, gn, t, T, k, q, kh, r0, h, j, col,
+                        lane, o, steps, save_steps)
+            vt, bt, gn = vn, bn, gnn
+            t += 1
+            if t >= T:
+                break
+            tn = min(t + 1, T - 1)
+            vn = v[tn, h, jc]
+            bn = beta[tn, h]
+            gnn = g[min(t + 2, T - 1), h]
+            acc1 = step(S, U, kb, qb, ka, acc1, vt, bt, gn, t, T, k, q, kh, r0, h, j, col,
+                        lane, o, steps, save_steps)
+            vt, bt, gn = vn, bn, gnn
+            t += 1
+        if col:                              # the state after the last token (not decayed)
+            for m in range(NR):
+                state[h, r0 + LANE_ACCS * m, j] = U[m]
+
+    gated_delta_rule_pipe.__name__ = gated_delta_rule_pipe.__qualname__ = \
+        f"gated_delta_rule_pipe_dk{DK}"
+    return kernel(gated_delta_rule_pipe)
+
+
 # the lane kernel: 16 columns (one warp, two lanes a column) a block, DK a multiple of
 # 2 LANE_ACCS; the quad kernel: the same 16 columns on 4 warps (8 lanes a column)
 LANE_COLS = 16
@@ -606,9 +713,13 @@ QUAD_THREADS = 8 * LANE_COLS
 # QUAD_MIN_T tokens or more (prefill), else "lane" (decode, verify) -- the same bits either way.
 # Session 22 on the H200, 9B heads: quad 12.71 against lane 15.27 ms a 512-token prefill (24
 # layers, before the next-token loads), lane 3.50 against quad 4.87 us a decode step's layer.
-RULE_KERNELS = ("lane", "quad", "tile")
+RULE_KERNELS = ("lane", "quad", "pipe", "tile")
 RULE_VARIANTS = ("auto",) + RULE_KERNELS
 QUAD_MIN_T = 16
+# The kernel "auto" takes from QUAD_MIN_T tokens on: "quad", or "pipe" (its two passes of
+# consecutive tokens in one loop: built in session 22 after the device time was spent, the same
+# bits, not timed yet: run_bench --launch pipe-rule).
+PREFILL_RULE = "quad"
 _RULE_KERNELS: dict = {}
 
 
@@ -624,13 +735,14 @@ def rule_kernel(dk: int, variant: str = "lane"):
     key = (dk, variant)
     if key not in _RULE_KERNELS:
         _RULE_KERNELS[key] = {"lane": _lane_rule_kernel, "quad": _quad_rule_kernel,
-                              "tile": _rule_kernel}[variant](dk)
+                              "pipe": _pipe_rule_kernel, "tile": _rule_kernel}[variant](dk)
     return _RULE_KERNELS[key]
 
 
 gated_delta_rule = rule_kernel(GDN_DK_MAX, "tile")    # module attributes: tests/test_compile_ptx.py
 gated_delta_rule_lane = rule_kernel(GDN_DK_MAX, "lane")
 gated_delta_rule_quad = rule_kernel(GDN_DK_MAX, "quad")
+gated_delta_rule_pipe = rule_kernel(GDN_DK_MAX, "pipe")
 
 
 # ------------------------------------------------------------------ launchers
@@ -731,8 +843,9 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
     be strided) receiving the state after each token. Reference: `gated_delta_rule_recurrent(
     q_rep * sqrt(dk), k_rep, v, g, beta, state)` with `q_rep = q[:, key_head]` (and equal to
     the chunked form). variant: "lane", "quad" (lane's order and bits on 8 lanes a column),
-    "auto" (the default: quad from QUAD_MIN_T tokens on, else lane) or "tile" (`rule_kernel`):
-    the same recurrence, "tile" in its own fixed order."""
+    "pipe" (quad's, two tokens' passes in one loop), "auto" (the default: PREFILL_RULE from
+    QUAD_MIN_T tokens on, else lane) or "tile" (`rule_kernel`): the same recurrence, "tile" in
+    its own fixed order."""
     T, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     if dk > GDN_DK_MAX:
@@ -753,11 +866,11 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
         raise ValueError(f"gated_delta_rule: variant must be one of {RULE_VARIANTS}, "
                          f"not {variant!r}")
     if variant == "auto":
-        variant = "quad" if T >= QUAD_MIN_T else "lane"
+        variant = PREFILL_RULE if T >= QUAD_MIN_T else "lane"
     if dk % (2 * LANE_ACCS):
         variant = "tile"                                    # (rule_kernel's fallback)
     cols, threads = {"lane": (LANE_COLS, 32), "quad": (LANE_COLS, QUAD_THREADS),
-                     "tile": (GDN_COLS, GDN_THREADS)}[variant]
+                     "pipe": (LANE_COLS, QUAD_THREADS), "tile": (GDN_COLS, GDN_THREADS)}[variant]
     rule_kernel(dk, variant)[(nv, (dv + cols - 1) // cols), threads, stream](
         q, k, v, g, beta, key_head, state, o,
         state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None))
@@ -790,3 +903,4 @@ PTX_SIGNATURES = {
                               f"{_A3}, float32[:, :, :, ::1], int32)"],
 }
 PTX_SIGNATURES["gated_delta_rule_quad"] = PTX_SIGNATURES["gated_delta_rule_lane"]
+PTX_SIGNATURES["gated_delta_rule_pipe"] = PTX_SIGNATURES["gated_delta_rule_lane"]
