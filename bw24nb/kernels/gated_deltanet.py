@@ -510,6 +510,18 @@ def _lane_rule_kernel(DK):
     return kernel(gated_delta_rule_lane)
 
 
+@cuda.jit(device=True, inline="always")
+def _store_eighth_column(o, steps, save_steps, out, S, t, h, j, r0, col, lane):
+    """Token t's output of column j (the first of its 8 lanes) and, when saving steps, this
+    lane's rows r0, r0 + 4, ... of the state after token t (the quad and pipe kernels)."""
+    if col:
+        if (lane & 7) == 0:
+            o[t, h, j] = out
+        if save_steps:
+            for m in range(S.shape[0]):
+                steps[t, h, r0 + LANE_ACCS * m, j] = S[m]
+
+
 def _quad_rule_kernel(DK):
     """The lane kernel's arithmetic on 8 lanes a column ("quad", session 22): each of the lane
     kernel's LANE_ACCS partial sums of a half column gets its own lane, holding rows r0 + p,
@@ -581,13 +593,8 @@ def _quad_rule_kernel(DK):
                 s = S[m] + kc[m] * delta
                 S[m] = s
                 acc += qc[m] * s
-            out = warp_sum8(acc)
-            if col:
-                if (lane & 7) == 0:
-                    o[t, h, j] = out
-                if save_steps:
-                    for m in range(NR):
-                        steps[t, h, r0 + LANE_ACCS * m, j] = S[m]
+            _store_eighth_column(o, steps, save_steps, warp_sum8(acc), S, t, h, j, r0, col,
+                                 lane)
         if col:
             for m in range(NR):
                 state[h, r0 + LANE_ACCS * m, j] = S[m]
@@ -610,12 +617,16 @@ def _pipe_rule_kernel(DK):
     NR = HALF // LANE_ACCS                  # rows a lane holds
 
     @cuda.jit(device=True, inline="always")
-    def step(S, U, kc, qc, kn, acc1, vc, bc, gn, t, T, k, q, kh, r0, h, j, col, lane, o,
-             steps, save_steps):
+    def step(S, U, kc, qc, kn, acc1, vc, bc, gn, t, T, k, q, v, g, beta, kh, r0, h, j, jc,
+             col, lane, o, steps, save_steps):
         """Token t's update and q-dot with (kc, qc), token t + 1's decay and k-dot with kn
         (after the last token too, unused: the loop over m has no branch); kc, qc refilled
         with token t + 2's rows; U <- the state after token t (`steps`, and the final state).
-        Returns token t + 1's k-dot partial."""
+        Returns token t + 1's k-dot partial, v and beta, and token t + 2's g."""
+        tn = min(t + 1, T - 1)
+        vn = v[tn, h, jc]
+        bn = beta[tn, h]
+        gnn = g[min(t + 2, T - 1), h]
         kv_mem = warp_sum8(acc1)
         delta = (vc - kv_mem) * bc
         decay = math.exp(gn)
@@ -631,14 +642,8 @@ def _pipe_rule_kernel(DK):
             sd = s * decay
             acc1 += kn[m] * sd
             S[m] = sd
-        out = warp_sum8(acc2)
-        if col:
-            if (lane & 7) == 0:
-                o[t, h, j] = out
-            if save_steps:
-                for m in range(NR):
-                    steps[t, h, r0 + LANE_ACCS * m, j] = U[m]
-        return acc1
+        _store_eighth_column(o, steps, save_steps, warp_sum8(acc2), U, t, h, j, r0, col, lane)
+        return acc1, vn, bn, gnn
 
     def gated_delta_rule_pipe(q, k, v, g, beta, key_head, state, o, steps, save_steps):
         """As `gated_delta_rule` (the tile kernel): grid (nv, ceil(dv / 16)), 128 threads."""
@@ -676,24 +681,14 @@ def _pipe_rule_kernel(DK):
         bt = beta[0, h]
         gn = g[t1, h]
         t = 0
-        while t < T:
-            tn = min(t + 1, T - 1)
-            vn = v[tn, h, jc]
-            bn = beta[tn, h]
-            gnn = g[min(t + 2, T - 1), h]
-            acc1 = step(S, U, ka, qa, kb, acc1, vt, bt, gn, t, T, k, q, kh, r0, h, j, col,
-                        lane, o, steps, save_steps)
-            vt, bt, gn = vn, bn, gnn
+        while t < T:                # two tokens a trip: set a current, then set b
+            acc1, vt, bt, gn = step(S, U, ka, qa, kb, acc1, vt, bt, gn, t, T, k, q, v, g, beta,
+                                    kh, r0, h, j, jc, col, lane, o, steps, save_steps)
             t += 1
             if t >= T:
                 break
-            tn = min(t + 1, T - 1)
-            vn = v[tn, h, jc]
-            bn = beta[tn, h]
-            gnn = g[min(t + 2, T - 1), h]
-            acc1 = step(S, U, kb, qb, ka, acc1, vt, bt, gn, t, T, k, q, kh, r0, h, j, col,
-                        lane, o, steps, save_steps)
-            vt, bt, gn = vn, bn, gnn
+            acc1, vt, bt, gn = step(S, U, kb, qb, ka, acc1, vt, bt, gn, t, T, k, q, v, g, beta,
+                                    kh, r0, h, j, jc, col, lane, o, steps, save_steps)
             t += 1
         if col:                              # the state after the last token (not decayed)
             for m in range(NR):
