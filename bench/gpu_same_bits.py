@@ -4,14 +4,17 @@
     python3 bench/gpu_same_bits.py --gemm-hash     (run under two trees' PYTHONPATH)
 
 FMA contraction is the compiler's choice on the GPU (the simulator rounds every operation), so
-a restructured kernel can differ from its twin there by an ulp. Checked: conv1d_silu's T-token
-launch against T one-token launches (the 9B's GDN channels), and decode attention's one-tile
-splits stored directly (decode_attention.ONE_TILE_DIRECT) against the four-warp merge, as
-prefill runs them (T = 32 tokens from position 0, 2 splits a token) and as decode does (one
-token at 511), on the 9B's and the 0.5B's heads; the quad and pipe delta rules against the
-lane kernel (session 22), 9B heads, 512 tokens and a 9-token verify with saved steps; decode's fused
-conv + prep against prefill's conv and prep (9B channels, 1 and 9 rows). Prints one line each: SAME, or DIFF with the
-count of differing outputs and the largest relative difference.
+a restructured kernel can differ from its twin there by an ulp. Checked:
+  * conv1d_silu's T-token launch against T one-token launches (the 9B's GDN channels);
+  * decode attention's one-tile splits stored directly (decode_attention.ONE_TILE_DIRECT)
+    against the four-warp merge, as prefill runs them (T = 32 tokens from position 0, 2 splits
+    a token) and as decode does (one token at 511), on the 9B's and the 0.5B's heads;
+  * the quad and pipe delta rules against the lane kernel (session 22), 9B heads, 512 tokens
+    and a 9-token verify with saved steps;
+  * decode's fused conv + prep against prefill's conv and prep (9B channels, 1 and 9 rows).
+Prints one line each: SAME, or DIFF with the count of differing outputs and the largest
+relative difference. A twin checked here only shows that two kernels of one tree agree; to
+compare two trees, see bench/prefill_hashes.py.
 --gemm-hash: only a hash of the prefill GEMM's outputs (Q4_K, Q6_K, Q8_0 at 512 x 4096 x 4096,
 fixed inputs), to compare two trees of the library run one after the other.
 """

@@ -1757,8 +1757,8 @@ def check_gdn_prep(rng, size):
 @check("gated_delta_rule", "kernels.gated_deltanet.launch_gated_delta_rule")
 def check_gated_delta_rule(rng, size):
     """T recurrent steps of the gated delta rule from a random state (decode T = 1, prefill
-    T > 1), against the reference's recurrent form; every kernel ("lane", "quad" -- "auto"
-    picks between them by T -- and "tile")."""
+    T > 1), against the reference's recurrent form; every kernel ("lane", "quad", "pipe" --
+    "auto" picks between them by T -- and "tile")."""
     from .kernels import gated_deltanet as gdn
     from .models.qwen35 import value_to_key_head
     from .reference.gated_deltanet import gated_delta_rule_recurrent, l2norm
