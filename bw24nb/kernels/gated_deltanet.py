@@ -511,6 +511,19 @@ def _lane_rule_kernel(DK):
 
 
 @cuda.jit(device=True, inline="always")
+def _eighth_column_place(half, dv):
+    """This thread's place in the quad and pipe kernels: (lane, r0, j, col, jc). Rows r0, r0 + 4,
+    ... of column j: lane bit 0 the half, bits 1 and 2 the partial (p = 2 bit1 + bit2), the
+    thread's eighth of the block the column; col = j < dv, jc = j clamped (a column past dv
+    reads column dv - 1 and keeps nothing)."""
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    r0 = (lane & 1) * half + ((lane >> 2) & 1) + (lane & 2)
+    j = cuda.blockIdx.y * LANE_COLS + (tid >> 3)
+    return lane, r0, j, j < dv, min(j, dv - 1)
+
+
+@cuda.jit(device=True, inline="always")
 def _store_eighth_column(o, steps, save_steps, out, S, t, h, j, r0, col, lane):
     """Token t's output of column j (the first of its 8 lanes) and, when saving steps, this
     lane's rows r0, r0 + 4, ... of the state after token t (the quad and pipe kernels)."""
@@ -547,15 +560,8 @@ def _quad_rule_kernel(DK):
         kn = cuda.local.array(NR, float32)      # the next token's, loading
         qn = cuda.local.array(NR, float32)
         h = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        # rows r0, r0 + 4, ...: the half (lane bit 0) and the partial (bits 1, 2)
-        r0 = (lane & 1) * HALF + ((lane >> 2) & 1) + (lane & 2)
-        dv = v.shape[2]
+        lane, r0, j, col, jc = _eighth_column_place(HALF, v.shape[2])
         T = q.shape[0]
-        j = cuda.blockIdx.y * LANE_COLS + (tid >> 3)
-        col = j < dv
-        jc = min(j, dv - 1)          # a column past dv reads column dv - 1 and keeps nothing
         kh = key_head[h]
         for m in range(NR):
             S[m] = state[h, r0 + LANE_ACCS * m, jc]
@@ -624,13 +630,13 @@ def _pipe_rule_kernel(DK):
         with token t + 2's rows; U <- the state after token t (`steps`, and the final state).
         Returns token t + 1's k-dot partial, v and beta, and token t + 2's g."""
         tn = min(t + 1, T - 1)
+        t2 = min(t + 2, T - 1)
         vn = v[tn, h, jc]
         bn = beta[tn, h]
-        gnn = g[min(t + 2, T - 1), h]
+        gnn = g[t2, h]
         kv_mem = warp_sum8(acc1)
         delta = (vc - kv_mem) * bc
         decay = math.exp(gn)
-        t2 = min(t + 2, T - 1)
         acc2 = float32(0.0)
         acc1 = float32(0.0)
         for m in range(NR):
@@ -654,14 +660,8 @@ def _pipe_rule_kernel(DK):
         kb = cuda.local.array(NR, float32)
         qb = cuda.local.array(NR, float32)
         h = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        r0 = (lane & 1) * HALF + ((lane >> 2) & 1) + (lane & 2)   # as the quad kernel
-        dv = v.shape[2]
+        lane, r0, j, col, jc = _eighth_column_place(HALF, v.shape[2])
         T = q.shape[0]
-        j = cuda.blockIdx.y * LANE_COLS + (tid >> 3)
-        col = j < dv
-        jc = min(j, dv - 1)
         kh = key_head[h]
         t1 = min(1, T - 1)
         for m in range(NR):
@@ -700,15 +700,20 @@ def _pipe_rule_kernel(DK):
 
 
 # the lane kernel: 16 columns (one warp, two lanes a column) a block, DK a multiple of
-# 2 LANE_ACCS; the quad kernel: the same 16 columns on 4 warps (8 lanes a column)
+# 2 LANE_ACCS; the quad and pipe kernels: the same 16 columns on 4 warps (8 lanes a column)
 LANE_COLS = 16
 LANE_ACCS = 4
 QUAD_THREADS = 8 * LANE_COLS
-# The rule's kernels (`rule_kernel`), and what a launch may ask for: "auto" = "quad" for
-# QUAD_MIN_T tokens or more (prefill), else "lane" (decode, verify) -- the same bits either way.
-# Session 22 on the H200, 9B heads: quad 12.71 against lane 15.27 ms a 512-token prefill (24
-# layers, before the next-token loads), lane 3.50 against quad 4.87 us a decode step's layer.
-RULE_KERNELS = ("lane", "quad", "pipe", "tile")
+# The rule's kernels: variant -> (builder, columns a block, threads a block). A launch may also
+# ask for "auto" = PREFILL_RULE for QUAD_MIN_T tokens or more (prefill), else "lane" (decode,
+# verify) -- the same bits either way. Session 22 on the H200, 9B heads: quad 12.71 against
+# lane 15.27 ms a 512-token prefill (24 layers, before the next-token loads; 7.48 with them),
+# lane 3.50 against quad 4.87 us a decode step's layer.
+_RULE_FORMS = {"lane": (_lane_rule_kernel, LANE_COLS, 32),
+               "quad": (_quad_rule_kernel, LANE_COLS, QUAD_THREADS),
+               "pipe": (_pipe_rule_kernel, LANE_COLS, QUAD_THREADS),
+               "tile": (_rule_kernel, GDN_COLS, GDN_THREADS)}
+RULE_KERNELS = tuple(_RULE_FORMS)
 RULE_VARIANTS = ("auto",) + RULE_KERNELS
 QUAD_MIN_T = 16
 # The kernel "auto" takes from QUAD_MIN_T tokens on: "quad", or "pipe" (its two passes of
@@ -721,7 +726,8 @@ _RULE_KERNELS: dict = {}
 def rule_kernel(dk: int, variant: str = "lane"):
     """The delta-rule kernel for d_k = dk (built on first use; 128 in every real model):
     "lane" (half a column of S per lane, registers), "quad" (an eighth of a column per lane,
-    the lane kernel's bits) or "tile" (the shared-memory tile kernel)."""
+    the lane kernel's bits), "pipe" (quad's, two tokens' passes in one loop) or "tile" (the
+    shared-memory tile kernel)."""
     if variant not in RULE_KERNELS:
         raise ValueError(f"gated_delta_rule: kernel must be one of {RULE_KERNELS}, "
                          f"not {variant!r}")
@@ -729,8 +735,7 @@ def rule_kernel(dk: int, variant: str = "lane"):
         variant = "tile"             # (no real model: d_k is 128 everywhere)
     key = (dk, variant)
     if key not in _RULE_KERNELS:
-        _RULE_KERNELS[key] = {"lane": _lane_rule_kernel, "quad": _quad_rule_kernel,
-                              "pipe": _pipe_rule_kernel, "tile": _rule_kernel}[variant](dk)
+        _RULE_KERNELS[key] = _RULE_FORMS[variant][0](dk)
     return _RULE_KERNELS[key]
 
 
@@ -864,8 +869,7 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
         variant = PREFILL_RULE if T >= QUAD_MIN_T else "lane"
     if dk % (2 * LANE_ACCS):
         variant = "tile"                                    # (rule_kernel's fallback)
-    cols, threads = {"lane": (LANE_COLS, 32), "quad": (LANE_COLS, QUAD_THREADS),
-                     "pipe": (LANE_COLS, QUAD_THREADS), "tile": (GDN_COLS, GDN_THREADS)}[variant]
+    _, cols, threads = _RULE_FORMS[variant]
     rule_kernel(dk, variant)[(nv, (dv + cols - 1) // cols), threads, stream](
         q, k, v, g, beta, key_head, state, o,
         state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None))
