@@ -1,0 +1,66 @@
+"""Launch one kernel of interest a few times, for Nsight Compute (ncu) to profile on the H200.
+
+ncu is on the device image (Firecracker runtime: it reads the hardware counters; give it
+``--clock-control none``, /work/.library/device/H200.md). This script only sets up random
+inputs of a real shape and launches; ncu picks the launch (``-k regex:NAME --launch-skip 1
+--launch-count 1``: the first launch compiles and warms). Targets:
+
+  gemm-q4k   matmul_q8 at Q4_K 12288 x 4096, T = 512 (the 9B's ffn_gate / ffn_up), KERNEL_CHOICE
+  gemm-q6k   matmul_q8 at Q6_K 4096 x 12288, T = 512 (the 9B's ffn_down)
+  mv-q4k     the decode matvec at Q4_K 12288 x 4096, one row (the default persistent kernel)
+  mv4-q4k    the same with 4 activation rows (verify at K = 3)
+
+Usage: python3 bench/ncu_kernels.py TARGET [--launches N]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from bw24nb.kernels.dequant import random_weight_bytes  # noqa: E402
+from bw24nb.kernels.matmul_q8 import launch_matmul_q8  # noqa: E402
+from bw24nb.kernels.matvec import launch_matvec_q8  # noqa: E402
+from bw24nb.kernels.quantize_act import launch_quantize_act  # noqa: E402
+from bw24nb.quant import QType  # noqa: E402
+
+TARGETS = {
+    "gemm-q4k": ("gemm", QType.Q4_K, 12288, 4096, 512),
+    "gemm-q6k": ("gemm", QType.Q6_K, 4096, 12288, 512),
+    "mv-q4k": ("mv", QType.Q4_K, 12288, 4096, 1),
+    "mv4-q4k": ("mv", QType.Q4_K, 12288, 4096, 4),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("target", choices=sorted(TARGETS))
+    ap.add_argument("--launches", type=int, default=3)
+    a = ap.parse_args()
+    kind, qt, M, K, T = TARGETS[a.target]
+    rng = np.random.default_rng(0)
+    stream = cuda.stream()
+    w = cuda.to_device(random_weight_bytes(rng, qt, M, K), stream=stream)
+    x = cuda.to_device(rng.standard_normal((T, K)).astype(np.float32), stream=stream)
+    xq = cuda.device_array((T, K), np.int8, stream=stream)
+    xd = cuda.device_array((T, K // 32), np.float32, stream=stream)
+    y = cuda.device_array((T, M), np.float32, stream=stream)
+    launch_quantize_act(x, xq, xd, stream=stream)
+    for _ in range(a.launches):
+        if kind == "gemm":
+            launch_matmul_q8(w, qt, M, K, xq, xd, y, stream=stream)
+        else:
+            launch_matvec_q8(w, qt, M, K, xq.reshape(-1), xd.reshape(-1), y.reshape(-1),
+                             stream=stream, rows=T)
+    stream.synchronize()
+    print(f"{a.target}: {a.launches} launches of {qt.name} {M} x {K}, T = {T}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
