@@ -407,11 +407,11 @@ class Engine:
                              f"not {prefill_attention!r}")
         self.prefill_attention = prefill_attention
         # the gated delta rule's kernel (gated_deltanet.RULE_VARIANTS): "auto" =
-        # gated_deltanet.PREFILL_RULE ("quad": an eighth of a column of the state per lane) for
-        # prefill's chunks and "lane" (half a column per lane, the default before session 22)
-        # for decode and verify -- the same bits; "lane" / "quad" / "pipe" = that kernel
-        # everywhere; "tile" = the shared-memory tile kernel before session 8 (its own order;
-        # for the side-by-side bench): decode, verify and prefill share it, so speculative
+        # gated_deltanet.PREFILL_RULE ("pipe": an eighth of a column of the state per lane,
+        # two tokens' passes in one loop) for prefill's chunks and "lane" (half a column per
+        # lane, the default before session 22) for decode and verify -- the same bits;
+        # "lane" / "quad" / "pipe" = that kernel everywhere; "tile" = the shared-memory tile
+        # kernel before session 8 (its own order; for the side-by-side bench): decode, verify and prefill share it, so speculative
         # decoding stays token-identical
         if gdn_rule not in gated_deltanet.RULE_VARIANTS:
             raise ValueError(f"gdn_rule must be one of {gated_deltanet.RULE_VARIANTS}, "

@@ -708,7 +708,8 @@ QUAD_THREADS = 8 * LANE_COLS
 # ask for "auto" = PREFILL_RULE for QUAD_MIN_T tokens or more (prefill), else "lane" (decode,
 # verify) -- the same bits either way. Session 22 on the H200, 9B heads: quad 12.71 against
 # lane 15.27 ms a 512-token prefill (24 layers, before the next-token loads; 7.48 with them),
-# lane 3.50 against quad 4.87 us a decode step's layer.
+# lane 3.50 against quad 4.87 us a decode step's layer; session 23: pipe 6.53 against quad
+# 7.41 ms a 9B prefill (pp512 6992 against 6851 tok/s, one process, the same tokens).
 _RULE_FORMS = {"lane": (_lane_rule_kernel, LANE_COLS, 32),
                "quad": (_quad_rule_kernel, LANE_COLS, QUAD_THREADS),
                "pipe": (_pipe_rule_kernel, LANE_COLS, QUAD_THREADS),
@@ -716,10 +717,10 @@ _RULE_FORMS = {"lane": (_lane_rule_kernel, LANE_COLS, 32),
 RULE_KERNELS = tuple(_RULE_FORMS)
 RULE_VARIANTS = ("auto",) + RULE_KERNELS
 QUAD_MIN_T = 16
-# The kernel "auto" takes from QUAD_MIN_T tokens on: "quad", or "pipe" (its two passes of
-# consecutive tokens in one loop: built in session 22 after the device time was spent, the same
-# bits, not timed yet: run_bench --launch pipe-rule).
-PREFILL_RULE = "quad"
+# The kernel "auto" takes from QUAD_MIN_T tokens on: "pipe" (quad's two passes of consecutive
+# tokens in one loop, built in session 22; the default since session 23's H200 run), or "quad"
+# (run_bench --launch quad-rule).
+PREFILL_RULE = "pipe"
 _RULE_KERNELS: dict = {}
 
 
