@@ -411,8 +411,8 @@ class Engine:
         # two tokens' passes in one loop) for prefill's chunks and "lane" (half a column per
         # lane, the default before session 22) for decode and verify -- the same bits;
         # "lane" / "quad" / "pipe" = that kernel everywhere; "tile" = the shared-memory tile
-        # kernel before session 8 (its own order; for the side-by-side bench): decode, verify and prefill share it, so speculative
-        # decoding stays token-identical
+        # kernel before session 8 (its own order; for the side-by-side bench): decode, verify
+        # and prefill share it, so speculative decoding stays token-identical
         if gdn_rule not in gated_deltanet.RULE_VARIANTS:
             raise ValueError(f"gdn_rule must be one of {gated_deltanet.RULE_VARIANTS}, "
                              f"not {gdn_rule!r}")
