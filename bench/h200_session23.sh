@@ -5,6 +5,10 @@
 #           SASS instruction)
 #   mm      bench/matmul_q8_bench.py --shapes 9b with $MM_ARGS
 #   q9m     run_bench on the 9B shape, --launch ${Q9M_LAUNCH:-default}
+# Call 2: ncu (gemm-q4k: issue slots 61 % busy, stalls not_selected 24 %, long_sb 17 %,
+# selected 17 %, wait 14 %; LDS 15 % of the instructions; 126 registers, 2 blocks an SM).
+# Call 3: MM_ARGS="--tiles m128t64s4p_cvt,m128t64s4p_cvt_r80,m64t128s4p_cvt,m64t64s8p_cvt"
+#   Q9M_LAUNCH=default,gemm-pairs ... mm,q9m (the pairs tiles beside KERNEL_CHOICE).
 # Call 1: session 22's script, sb,q9m,m35 with the pipe rule and the rows prefill's conv + prep
 # (pipe 6.53 against quad 7.41 ms a 9B prefill, pp512 6992 against 6851; 35B-A3B pp512 1278
 # with conv + prep as two launches against 1206 fused).
