@@ -8,7 +8,8 @@
 # Call 2: ncu (gemm-q4k: issue slots 61 % busy, stalls not_selected 24 %, long_sb 17 %,
 # selected 17 %, wait 14 %; LDS 15 % of the instructions; 126 registers, 2 blocks an SM).
 # Call 3: MM_ARGS="--tiles m128t64s4p_cvt,m128t64s4p_cvt_r80,m64t128s4p_cvt,m64t64s8p_cvt"
-#   Q9M_LAUNCH=default,gemm-pairs ... mm,q9m (the pairs tiles beside KERNEL_CHOICE).
+#   Q9M_LAUNCH=default,gemm-pairs ... mm,q9m (the pairs tiles beside KERNEL_CHOICE: Q4_K
+#   12288 x 4096 394.0 against 356.9 us, pp512 6598 against 6992; removed, decision 0030).
 # Call 1: session 22's script, sb,q9m,m35 with the pipe rule and the rows prefill's conv + prep
 # (pipe 6.53 against quad 7.41 ms a 9B prefill, pp512 6992 against 6851; 35B-A3B pp512 1278
 # with conv + prep as two launches against 1206 fused).
@@ -23,6 +24,7 @@ if on ncu; then
     tail -3 $L/ncu_$tgt.log | cut -c1-200
     $NCU -i /tmp/ncu_$tgt.ncu-rep --page details > $OUT/ncu_$tgt.txt 2>&1
     $NCU -i /tmp/ncu_$tgt.ncu-rep --page source --csv --print-source sass > $OUT/ncu_${tgt}_sass.csv 2>&1
+    python3 bench/ncu_stalls.py $OUT/ncu_${tgt}_sass.csv | head -8
     grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput|Memory Throughput" $OUT/ncu_$tgt.txt | head -12
   done
 fi
