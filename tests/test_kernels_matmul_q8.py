@@ -181,18 +181,11 @@ def test_every_tile_gives_the_default_tiles_bits(rng, name):
     whatever the tile, so each must give the chosen kernel's bits -- here on
     shapes with partial tiles in T and M, a partial last K step for both step sizes (K = 352:
     11 sub-blocks) and several steps of the K-quants (K = 512), for scale-only, scale-and-min
-    and split-scale types. A pairs tile reads a lane's words and scales in 8-byte pairs
-    (sub_block_pairs: its own k permutation of the mma, the same exact sums) and serves every
-    type but the split-scale Q6_K, which it refuses."""
+    and split-scale types."""
     from bw24nb.kernels import matmul_q8 as mq
     tile = TILES[name]
     T, M = 37, 70
-    types = ((QType.Q8_0, 352), (QType.Q5_0, 352), (QType.Q4_K, 512), (QType.Q6_K, 512))
-    if tile.pairs:
-        with pytest.raises(ValueError, match="pairs"):
-            mq._make_matmul_q8(QType.Q6_K, tile=tile)
-        types = types[:3] + ((QType.Q5_K, 512),)
-    for qt, K in types:
+    for qt, K in ((QType.Q8_0, 352), (QType.Q5_0, 352), (QType.Q4_K, 512), (QType.Q6_K, 512)):
         w = random_weight_bytes(rng, qt, M, K)
         xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
         want = _run(w, qt, M, K, xq, xd)

@@ -86,13 +86,11 @@ SUB = 32                          # values per sub-block: one mma k-step, one ac
 class Tile(NamedTuple):
     """A block's share of Y and of K: warps_m x warps_t warps of 32 x 32 outputs (weight rows x
     activation rows) each, step_subs sub-blocks of K staged in shared memory a step (4 or 8: a
-    unit of every type fits). pairs: the fragments' two words of a lane (and its scales) read
-    as one 8-byte shared load each (`_make_matmul_q8`). Every output is summed in the same
-    order whatever the tile (module docstring), so every tile gives the same bits."""
+    unit of every type fits). Every output is summed in the same order whatever the tile
+    (module docstring), so every tile gives the same bits."""
     warps_m: int = 2
     warps_t: int = 2
     step_subs: int = 8
-    pairs: bool = False
 
     @property
     def m(self) -> int:
@@ -108,18 +106,9 @@ class Tile(NamedTuple):
 
     @property
     def pitch(self) -> int:
-        """Words per shared int8 row of activations (and, without pairs, of weights): a step's
-        8 step_subs words + 4, so that a fragment load (8 rows x 4 words) hits 32 different
-        banks; with pairs + 8, so that each half warp's 8-byte loads (4 rows x 4 word pairs)
-        do. With pairs the weights are stored word-major: `wpitch` words a word-row."""
-        return 8 * self.step_subs + (8 if self.pairs else 4)
-
-    @property
-    def wpitch(self) -> int:
-        """With pairs, words per shared word-row of the weights (word k of every row of the
-        tile side by side): m + 4, so that a half warp's 8-byte loads (4 word-rows x 4 row
-        pairs) hit 32 different banks."""
-        return self.m + 4
+        """Words per shared int8 row: a step's 8 step_subs words + 4, so that a fragment load
+        (8 rows x 4 words) hits 32 different banks."""
+        return 8 * self.step_subs + 4
 
     @property
     def spitch(self) -> int:
@@ -128,12 +117,9 @@ class Tile(NamedTuple):
 
     @property
     def name(self) -> str:
-        return f"m{self.m}t{self.t}s{self.step_subs}" + ("p" if self.pairs else "")
+        return f"m{self.m}t{self.t}s{self.step_subs}"
 
     def shared_bytes(self) -> int:
-        if self.pairs:
-            return 4 * (8 * self.step_subs * self.wpitch + self.t * self.pitch
-                        + 2 * self.m * self.spitch + 2 * self.t * self.step_subs)
         return 4 * (self.m + self.t) * (self.pitch + 2 * self.spitch)
 
 
@@ -147,8 +133,7 @@ DEFAULT_TILE = Tile()
 # 48 KB: the larger tiles stage 4 sub-blocks a step); KERNEL_CHOICE below takes the measured
 # winners.
 TILES = {t.name: t for t in (DEFAULT_TILE, Tile(2, 2, 4), Tile(4, 2, 4), Tile(2, 4, 4),
-                             Tile(4, 4, 4), Tile(4, 2, 4, True), Tile(2, 4, 4, True),
-                             Tile(2, 2, 8, True), Tile(2, 2, 4, True))}
+                             Tile(4, 4, 4))}
 
 _LOW_NIBBLES = np.uint32(0x0F0F0F0F)
 _BYTE_SIGN = np.uint32(0x80808080)
@@ -157,8 +142,6 @@ _TWO_BITS = np.uint32(0x03030303)
 _ONES = np.int32(0x01010101)      # dp4a(_ONES, x) = sum of x's 4 signed bytes
 _U4 = np.uint32(4)
 _ZERO_U = np.uint32(0)
-_LOW32 = np.uint64(0xFFFFFFFF)
-_HIGH32 = np.uint64(32)
 
 # int32 -> float32 without cvt (16 per clock per SM on sm_80/sm_90, a quarter of the FP32 rate,
 # and 32 of them per lane per sub-block): every mma starts from C = MAGIC_I32, the bits of
@@ -421,9 +404,6 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
     P = 1 << P_SHIFT            # threads a weight unit is decoded by
     SCALES_PER_PART = 2 * subs_per_unit // P      # (P divides both: 8 only for Q6_K's units)
     WORDS_PER_PART = 8 * subs_per_unit // P
-    if tile.pairs and scaling == _SCALE_16:
-        raise ValueError(f"matmul_q8: tile {tile.name} (pairs) does not serve {lay.name}: its "
-                         f"half-width mma need words t4 and t4 + 4 in separate registers")
     if tile.step_subs not in (4, 8) or tile.shared_bytes() > 48 * 1024:
         raise ValueError(f"matmul_q8: tile {tile.name} needs step_subs 4 or 8 and at most "
                          f"48 KB of shared memory ({tile.shared_bytes()} B)")
@@ -433,11 +413,6 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
     qk, ts = lay.block, lay.type_size
     mins = scaling == _SCALE_MIN
     split16 = scaling == _SCALE_16
-    # tile.pairs' token scales: (xd, x_sum) of token r at floats 2r, 2r + 1 of a sub-block's
-    # row (mins), else xd at r
-    XDXS_W = 2 * TT if mins else TT
-    WSAB_W = 2 * SPITCH_W           # (shared array shapes must be closure constants)
-    WORDS_A, WPITCH_W = 8 * SSUBS, tile.wpitch
 
     c_init = MAGIC_I32 if magic_cvt else np.int32(0)
 
@@ -514,69 +489,6 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
                        s2a, s2b, s3a, s3b, xd0, xd1, xs0, xs1)
 
     @cuda.jit(device=True, inline="always")
-    def sub_block_pairs(acc, ws64, xs64, wsab64, xdxs64, rw, rp, rt, g, t4, j):
-        """`sub_block` on tile.pairs' layout, every fragment register pair in one 8-byte
-        shared load, in the order the mma takes its registers (no moves):
-          - the lane's mma rows g and g + 8 of its two 16-row tiles are the weight rows
-            rw + 2 g and rw + 2 g + 1 (rw + 16 + ... for the second tile), side by side in the
-            word-major weights (ws64[k, r / 2]: word k of rows r, r + 1), so one load is a0, a1
-            and the next a2, a3;
-          - registers a0 / a1 / b0 take word 2 t4 of the sub-block and a2 / a3 / b1 word
-            2 t4 + 1, where `sub_block` takes words t4 and t4 + 4: the same permutation of k on
-            both sides, so every mma returns the same exact int32 sums; b0, b1 are one load;
-          - a row's (scale, min) and a token's (xd, x_sum) -- or a token pair's (xd, xd)
-            without mins -- come in one load each.
-        The same float arithmetic on the same values: the same bits."""
-        k = 8 * j + 2 * t4
-        v = ws64[k, rp]
-        a00 = np.uint32(v & _LOW32)
-        a01 = np.uint32(v >> _HIGH32)
-        v = ws64[k + 1, rp]
-        a02 = np.uint32(v & _LOW32)
-        a03 = np.uint32(v >> _HIGH32)
-        v = ws64[k, rp + 8]
-        a10 = np.uint32(v & _LOW32)
-        a11 = np.uint32(v >> _HIGH32)
-        v = ws64[k + 1, rp + 8]
-        a12 = np.uint32(v & _LOW32)
-        a13 = np.uint32(v >> _HIGH32)
-        v = wsab64[rw, j]
-        s0a = f32_from_bits(v & _LOW32)
-        s0b = f32_from_bits(v >> _HIGH32)
-        v = wsab64[rw + 1, j]
-        s1a = f32_from_bits(v & _LOW32)
-        s1b = f32_from_bits(v >> _HIGH32)
-        v = wsab64[rw + 16, j]
-        s2a = f32_from_bits(v & _LOW32)
-        s2b = f32_from_bits(v >> _HIGH32)
-        v = wsab64[rw + 17, j]
-        s3a = f32_from_bits(v & _LOW32)
-        s3b = f32_from_bits(v >> _HIGH32)
-        c = 4 * j + t4
-        for ni in range(4):
-            rx = rt + 8 * ni
-            v = xs64[rx + g, c]
-            b0 = np.uint32(v & _LOW32)
-            b1 = np.uint32(v >> _HIGH32)
-            if mins:
-                v = xdxs64[j, rx + 2 * t4]
-                xd0 = f32_from_bits(v & _LOW32)
-                xs0 = f32_from_bits(v >> _HIGH32)
-                v = xdxs64[j, rx + 2 * t4 + 1]
-                xd1 = f32_from_bits(v & _LOW32)
-                xs1 = f32_from_bits(v >> _HIGH32)
-            else:
-                v = xdxs64[j, (rx >> 1) + t4]
-                xd0 = f32_from_bits(v & _LOW32)
-                xd1 = f32_from_bits(v >> _HIGH32)
-                xs0 = xd0                                   # (unread without mins)
-                xs1 = xd1
-            tile_terms(acc, 8 * ni, a00, a01, a02, a03, b0, b1,
-                       s0a, s0b, s1a, s1b, xd0, xd1, xs0, xs1)
-            tile_terms(acc, 8 * ni + 4, a10, a11, a12, a13, b0, b1,
-                       s2a, s2b, s3a, s3b, xd0, xd1, xs0, xs1)
-
-    @cuda.jit(device=True, inline="always")
     def stage(w8, w16, w32, wh, M, xq32, xd, ws, xs, wsa, wsb, xds, xss, tid, m0, t0, s0, nsb,
               wrow0, g0, T, rb, xrow, nsub):
         """Step s0's weight sub-blocks (decoded) and activation sub-blocks into shared memory."""
@@ -638,10 +550,9 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
                         xss[r, j] = np.float32(0.0)
 
     @cuda.jit(device=True, inline="always")
-    def epilogue(acc, y, bias, residual, has_bias, has_residual, g0, T, M, m0, t0, rm, rt, t4,
-                 mstep):
-        """acc[8 ni + 4 mi + e] is row rm + 16 mi + mstep (e >> 1) (mstep 8; 1 with pairs),
-        column rt + 8 ni + 2 t4 + (e & 1)."""
+    def epilogue(acc, y, bias, residual, has_bias, has_residual, g0, T, M, m0, t0, rm, rt, t4):
+        """acc[8 ni + 4 mi + e] is row rm + 16 mi + 8 (e >> 1), column rt + 8 ni + 2 t4 +
+        (e & 1)."""
         yg = y[g0:]
         rg = residual[g0:]
         for ni in range(4):
@@ -651,8 +562,8 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
                 i = 8 * ni + 4 * mi
                 _store(yg, bias, rg, has_bias, has_residual, T, M, t, m, acc[i])
                 _store(yg, bias, rg, has_bias, has_residual, T, M, t + 1, m, acc[i + 1])
-                _store(yg, bias, rg, has_bias, has_residual, T, M, t, m + mstep, acc[i + 2])
-                _store(yg, bias, rg, has_bias, has_residual, T, M, t + 1, m + mstep, acc[i + 3])
+                _store(yg, bias, rg, has_bias, has_residual, T, M, t, m + 8, acc[i + 2])
+                _store(yg, bias, rg, has_bias, has_residual, T, M, t + 1, m + 8, acc[i + 3])
 
     @cuda.jit(device=True, inline="always")
     def place(M, y, group_off):
@@ -718,72 +629,8 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
             else:
                 for j in range(nsb):
                     sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, j)
-        epilogue(acc, y, bias, residual, has_bias, has_residual, g0, T, M, m0, t0, rm, rt, t4, 8)
+        epilogue(acc, y, bias, residual, has_bias, has_residual, g0, T, M, m0, t0, rm, rt, t4)
 
-    def matmul_q8_pairs(w8, w16, w32, wh, M, K, xq32, xd, y, bias, residual, has_bias,
-                        has_residual, group_off):
-        """`matmul_q8` on tile.pairs' layout (`sub_block_pairs`): the weights word-major, staged
-        through a transposed view; a row's scale and min side by side; a step's token scales by
-        sub-block, each token's sum beside its scale. Lane (g, t4) of a warp owns weight rows
-        rw + 2 g, rw + 2 g + 1, rw + 16 + 2 g, rw + 17 + 2 g."""
-        wk = cuda.shared.array((WORDS_A, WPITCH_W), np.uint32)  # [word k][row]
-        xs = cuda.shared.array((TT, PITCH_W), np.uint32)
-        wsab = cuda.shared.array((TM, WSAB_W), np.float32)        # (scale, min) pairs
-        xdxs = cuda.shared.array((SSUBS, XDXS_W), np.float32)     # [j]: (xd, x_sum) / xd
-        ws = wk.T                                   # [row][word k]: what `stage` writes
-        wsa = wsab[:, 0::2]
-        wsb = wsab[:, 1::2]
-        if mins:
-            xds = xdxs[:, 0::2].T
-            xss = xdxs[:, 1::2].T
-        else:
-            xds = xdxs.T
-            xss = xdxs.T                            # (never written without mins)
-        ws64 = wk.view(np.uint64)
-        xs64 = xs.view(np.uint64)
-        wsab64 = wsab.view(np.uint64)
-        xdxs64 = xdxs.view(np.uint64)
-        acc = cuda.local.array(32, np.float32)
-        for i in range(32):
-            acc[i] = np.float32(0.0)
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        g = lane >> 2
-        t4 = lane & 3
-        m0 = cuda.blockIdx.x * TM
-        g0, T, wrow0, t0, busy = place(M, y, group_off)
-        if not busy:
-            return
-        nsub = K // SUB
-        rb = np.int64(K // qk) * ts
-        xrow = np.int64(K // 4)
-        rw = 32 * (warp % WARPS_M) + 2 * g          # this lane's first weight row in the tile
-        rp = rw >> 1                                # its row pair in ws64
-        rt = 32 * (warp // WARPS_M)
-        for s0 in range(0, nsub, SSUBS):
-            nsb = min(SSUBS, nsub - s0)
-            cuda.syncthreads()
-            stage(w8, w16, w32, wh, M, xq32, xd, ws, xs, wsa, wsb, xds, xss, tid, m0, t0, s0,
-                  nsb, wrow0, g0, T, rb, xrow, nsub)
-            cuda.syncthreads()
-            if nsb == SSUBS:
-                sub_block_pairs(acc, ws64, xs64, wsab64, xdxs64, rw, rp, rt, g, t4, 0)
-                sub_block_pairs(acc, ws64, xs64, wsab64, xdxs64, rw, rp, rt, g, t4, 1)
-                sub_block_pairs(acc, ws64, xs64, wsab64, xdxs64, rw, rp, rt, g, t4, 2)
-                sub_block_pairs(acc, ws64, xs64, wsab64, xdxs64, rw, rp, rt, g, t4, 3)
-                if SSUBS == 8:
-                    sub_block_pairs(acc, ws64, xs64, wsab64, xdxs64, rw, rp, rt, g, t4, 4)
-                    sub_block_pairs(acc, ws64, xs64, wsab64, xdxs64, rw, rp, rt, g, t4, 5)
-                    sub_block_pairs(acc, ws64, xs64, wsab64, xdxs64, rw, rp, rt, g, t4, 6)
-                    sub_block_pairs(acc, ws64, xs64, wsab64, xdxs64, rw, rp, rt, g, t4, 7)
-            else:
-                for j in range(nsb):
-                    sub_block_pairs(acc, ws64, xs64, wsab64, xdxs64, rw, rp, rt, g, t4, j)
-        epilogue(acc, y, bias, residual, has_bias, has_residual, g0, T, M, m0, t0, rw, rt, t4, 1)
-
-    if tile.pairs:
-        matmul_q8 = matmul_q8_pairs
     matmul_q8.__name__ = matmul_q8.__qualname__ = \
         f"matmul_q8_{lay.name}" + ("" if magic_cvt else "_cvt") \
         + ("" if tile == DEFAULT_TILE else f"_{tile.name}") + ("_grouped" if grouped else "") \
