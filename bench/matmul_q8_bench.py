@@ -215,8 +215,13 @@ def bench_shape(T, M, K, qt, stream, rng, smoke):
     for name in TILE_NAMES:
         if (qt, name) not in _TILED:
             tile, cvt, regs = _parse_tile(name)
-            _TILED[qt, name] = mq._make_matmul_q8(qt, magic_cvt=not cvt, tile=tile,
-                                                  max_regs=regs)
+            try:
+                _TILED[qt, name] = mq._make_matmul_q8(qt, magic_cvt=not cvt, tile=tile,
+                                                      max_regs=regs)
+            except ValueError:          # a tile that does not serve this type (copy_ahead)
+                _TILED[qt, name] = None
+        if _TILED[qt, name] is None:
+            continue
         y_t = cuda.device_array((T, M), np.float32, stream=stream)
         y_t.copy_to_device(np.full((T, M), np.nan, np.float32), stream=stream)
         mq._launch(_TILED[qt, name], w, M, K, T, xq, xd, y_t, None, None, stream)
@@ -256,6 +261,8 @@ def main() -> int:
                     "(NAME_rNN: built with ptxas capped at NN registers) "
                     f"(comma-separated, or 'all'): {', '.join(mq.TILES)}; a name ending in "
                     "_cvt converts with cvt instead of the magic-number add")
+    ap.add_argument("--types", default="", help="only these weight types (comma-separated, "
+                    "e.g. Q4_K)")
     ap.add_argument("--cvt-tiles", action="store_true",
                     help="with --tiles: also time each named tile with cvt (NAME_cvt)")
     args = ap.parse_args()
@@ -290,8 +297,11 @@ def main() -> int:
             f.write(json.dumps(dict(date=date, gpu=gpu, commit=commit, shape=shape, type=qt.name,
                                     kernel=kernel, metric=metric, value=value, **extra)) + "\n")
 
+        only = {t.strip().upper() for t in args.types.split(",") if t.strip()}
         for model, M, K, what, types in shapes:
             for qt in types:
+                if only and qt.name not in only:
+                    continue
                 shape = f"{T}x{M}x{K}"
                 extra = dict(T=T, M=M, K=K, what=f"{model} {what}")
                 try:
@@ -308,8 +318,9 @@ def main() -> int:
                 record(shape, qt, "matmul_q8", "rel_diff_vs_float", checks["vs_float"], **extra)
                 record(shape, qt, "matmul_q8_cvt", "same_bits", int(checks["cvt_same_bits"]), **extra)
                 for name in TILE_NAMES:
-                    record(shape, qt, f"matmul_q8_{name}", "same_bits",
-                           int(checks[f"tile_{name}_same_bits"]), **extra)
+                    if f"tile_{name}_same_bits" in checks:      # (not a refused tile)
+                        record(shape, qt, f"matmul_q8_{name}", "same_bits",
+                               int(checks[f"tile_{name}_same_bits"]), **extra)
                 flops = 2.0 * T * M * K
                 base = {name: us for name, us, _ in times}["matmul"]
                 for name, us, n in times:

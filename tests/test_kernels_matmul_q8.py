@@ -181,11 +181,18 @@ def test_every_tile_gives_the_default_tiles_bits(rng, name):
     whatever the tile, so each must give the chosen kernel's bits -- here on
     shapes with partial tiles in T and M, a partial last K step for both step sizes (K = 352:
     11 sub-blocks) and several steps of the K-quants (K = 512), for scale-only, scale-and-min
-    and split-scale types."""
+    and split-scale types. A copy_ahead tile (cp.async into two buffers) serves Q4_K only,
+    here with 2 and 3 super-blocks (an even and an odd number of 4-sub-block steps), and
+    refuses the others."""
     from bw24nb.kernels import matmul_q8 as mq
     tile = TILES[name]
     T, M = 37, 70
-    for qt, K in ((QType.Q8_0, 352), (QType.Q5_0, 352), (QType.Q4_K, 512), (QType.Q6_K, 512)):
+    types = ((QType.Q8_0, 352), (QType.Q5_0, 352), (QType.Q4_K, 512), (QType.Q6_K, 512))
+    if tile.copy_ahead:
+        with pytest.raises(ValueError, match="copy_ahead"):
+            mq._make_matmul_q8(QType.Q8_0, tile=tile)
+        types = ((QType.Q4_K, 512), (QType.Q4_K, 768))
+    for qt, K in types:
         w = random_weight_bytes(rng, qt, M, K)
         xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
         want = _run(w, qt, M, K, xq, xd)

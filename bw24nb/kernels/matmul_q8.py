@@ -51,7 +51,16 @@ from numba import cuda
 
 from ..device import sm_count
 from ..jit import kernel
-from ..ptx import dp4a, f16x2_to_f32x2, f32_from_bits, ld_nc_v4_u32, mma_s8_m16n8k32
+from ..ptx import (
+    cp_async_16,
+    cp_async_commit,
+    cp_async_wait_1,
+    dp4a,
+    f16x2_to_f32x2,
+    f32_from_bits,
+    ld_nc_v4_u32,
+    mma_s8_m16n8k32,
+)
 from ..quant.types import QType, block_size, row_bytes
 from .dequant import (
     Q4_0_BYTES,
@@ -81,16 +90,23 @@ from .dequant import (
 from .matvec_q4k import pair_scales
 
 SUB = 32                          # values per sub-block: one mma k-step, one activation scale
+# copy_ahead tiles: a weight row's raw bytes of one 4-sub-block step in shared memory: the Q4_K
+# block's 16-byte header (d, dmin, the packed scales) and its two 32-byte quant runs, 20 words
+# (20 g + t4 mod 32 are 32 different banks for a fragment load's 8 rows x 4 words)
+RAW_ROW_WORDS = 20
 
 
 class Tile(NamedTuple):
     """A block's share of Y and of K: warps_m x warps_t warps of 32 x 32 outputs (weight rows x
     activation rows) each, step_subs sub-blocks of K staged in shared memory a step (4 or 8: a
-    unit of every type fits). Every output is summed in the same order whatever the tile
-    (module docstring), so every tile gives the same bits."""
+    unit of every type fits). copy_ahead: the next step's raw bytes copied into a second
+    buffer with cp.async while this step's mma run (`_make_matmul_q8`; Q4_K, 4 sub-blocks a
+    step). Every output is summed in the same order whatever the tile (module docstring), so
+    every tile gives the same bits."""
     warps_m: int = 2
     warps_t: int = 2
     step_subs: int = 8
+    copy_ahead: bool = False
 
     @property
     def m(self) -> int:
@@ -117,9 +133,13 @@ class Tile(NamedTuple):
 
     @property
     def name(self) -> str:
-        return f"m{self.m}t{self.t}s{self.step_subs}"
+        return f"m{self.m}t{self.t}s{self.step_subs}" + ("a" if self.copy_ahead else "")
 
     def shared_bytes(self) -> int:
+        if self.copy_ahead:     # two raw buffers (weights, activations, their scales), then
+            # the decoded (scale, min) of the weights and the activation sums
+            return 4 * (2 * self.m * RAW_ROW_WORDS + 2 * self.t * self.pitch + 2 * self.t * 4
+                        + 2 * self.m * self.spitch + self.t * self.spitch)
         return 4 * (self.m + self.t) * (self.pitch + 2 * self.spitch)
 
 
@@ -133,7 +153,7 @@ DEFAULT_TILE = Tile()
 # 48 KB: the larger tiles stage 4 sub-blocks a step); KERNEL_CHOICE below takes the measured
 # winners.
 TILES = {t.name: t for t in (DEFAULT_TILE, Tile(2, 2, 4), Tile(4, 2, 4), Tile(2, 4, 4),
-                             Tile(4, 4, 4))}
+                             Tile(4, 4, 4), Tile(4, 2, 4, True), Tile(2, 2, 4, True))}
 
 _LOW_NIBBLES = np.uint32(0x0F0F0F0F)
 _BYTE_SIGN = np.uint32(0x80808080)
@@ -404,6 +424,9 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
     P = 1 << P_SHIFT            # threads a weight unit is decoded by
     SCALES_PER_PART = 2 * subs_per_unit // P      # (P divides both: 8 only for Q6_K's units)
     WORDS_PER_PART = 8 * subs_per_unit // P
+    if tile.copy_ahead and (lay.qtype != QType.Q4_K or tile.step_subs != 4):
+        raise ValueError(f"matmul_q8: tile {tile.name} (copy_ahead) serves Q4_K with 4 "
+                         f"sub-blocks a step only, not {lay.name}")
     if tile.step_subs not in (4, 8) or tile.shared_bytes() > 48 * 1024:
         raise ValueError(f"matmul_q8: tile {tile.name} needs step_subs 4 or 8 and at most "
                          f"48 KB of shared memory ({tile.shared_bytes()} B)")
@@ -630,6 +653,215 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
                 for j in range(nsb):
                     sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, j)
         epilogue(acc, y, bias, residual, has_bias, has_residual, g0, T, M, m0, t0, rm, rt, t4)
+
+    # copy_ahead (Q4_K, 4 sub-blocks = 2 quant runs a step): flat shared sizes
+    RAW_W, RAW_X, RAW_XD = TM * RAW_ROW_WORDS, TT * PITCH_W, TT * 4
+    RAW_W2, RAW_X2, RAW_XD2 = 2 * RAW_W, 2 * RAW_X, 2 * RAW_XD
+    # work items a thread takes per step (the copy_ahead tiles divide them evenly)
+    COPIES_W, COPIES_X = TM * 4 // NTHREADS, TT * 8 // NTHREADS
+    DECODES_W, DECODES_X = TM * 2 // NTHREADS, TT * 4 // NTHREADS
+
+    @cuda.jit(device=True, inline="always")
+    def copy_step(rawW, rawX, rawXd, w32, xq32, xd, tid, m0, t0, s, b, wrow0, g0, T, M, rb,
+                  xrow, nsub):
+        """Start the copies of step s's raw bytes into buffer b (a constant): each weight row's
+        two quant runs (4 x 16 bytes, two a thread) and block header (16, threads 0..TM - 1),
+        each token's 4 sub-blocks of int8 (8 x 16, two a thread at the 64-token tile) and
+        their 4 scales (16). Rows past M and tokens past T are not copied (zeros since the
+        start). Shared indices are unsigned: numba then emits no negative-index wraparound."""
+        s0 = 4 * s
+        blk = (s0 >> 3) * Q4_K_BYTES + Q4_K_OFF_QS + 64 * b    # the step's runs, bytes
+        for k in range(COPIES_W):                  # (constant trip counts: unrolled, no remainder)
+            item = tid + k * NTHREADS
+            r = item >> 2
+            c = item & 3
+            if m0 + r < M:
+                cp_async_16(rawW, np.uint32(b * RAW_W + 4 + r * RAW_ROW_WORDS + 4 * c), w32,
+                            ((wrow0 + m0 + r) * rb + blk + 16 * c) >> 2)
+        if tid < TM:
+            if m0 + tid < M:
+                cp_async_16(rawW, np.uint32(b * RAW_W + tid * RAW_ROW_WORDS), w32,
+                            ((wrow0 + m0 + tid) * rb + (s0 >> 3) * Q4_K_BYTES) >> 2)
+        for k in range(COPIES_X):
+            item = tid + k * NTHREADS
+            r = item >> 3
+            c = item & 7
+            if t0 + r < T:
+                cp_async_16(rawX, np.uint32(b * RAW_X + r * PITCH_W + 4 * c), xq32,
+                            (g0 + t0 + r) * xrow + 8 * s0 + 4 * c)
+        r = tid - (NTHREADS - TT)                  # the last TT threads: the token scales
+        if r >= 0 and t0 + r < T:
+            cp_async_16(rawXd, np.uint32(b * RAW_XD + 4 * r), xd, (g0 + t0 + r) * nsub + s0)
+
+    @cuda.jit(device=True, inline="always")
+    def decode_step(rawW, rawX, wsa, wsb, xss, tid, s, b):
+        """Step s's (d*sc, dmin*m) pairs from the landed headers (`_k_scales`' products) and its
+        activation sums (`stage`'s dp4a chain)."""
+        for k in range(DECODES_W):
+            item = tid + k * NTHREADS
+            r = item >> 1
+            pl = item & 1
+            base = np.uint32(b * RAW_W + r * RAW_ROW_WORDS)
+            d, dmin = f16x2_to_f32x2(rawW[base])
+            sc_a, m_a, sc_b, m_b = pair_scales(rawW[base + np.uint32(1)],
+                                               rawW[base + np.uint32(2)],
+                                               rawW[base + np.uint32(3)], 2 * b + pl)
+            wsa[r, 2 * pl] = d * np.float32(np.int32(sc_a))
+            wsb[r, 2 * pl] = dmin * np.float32(np.int32(m_a))
+            wsa[r, 2 * pl + 1] = d * np.float32(np.int32(sc_b))
+            wsb[r, 2 * pl + 1] = dmin * np.float32(np.int32(m_b))
+        for k in range(DECODES_X):
+            item = tid + k * NTHREADS
+            r = item >> 2
+            j = item & 3
+            base = np.uint32(b * RAW_X + r * PITCH_W + 8 * j)
+            v0 = rawX[base]
+            v1 = rawX[base + np.uint32(1)]
+            v2 = rawX[base + np.uint32(2)]
+            v3 = rawX[base + np.uint32(3)]
+            v4 = rawX[base + np.uint32(4)]
+            v5 = rawX[base + np.uint32(5)]
+            v6 = rawX[base + np.uint32(6)]
+            v7 = rawX[base + np.uint32(7)]
+            sx = dp4a(_ONES, v0, dp4a(_ONES, v1, dp4a(_ONES, v2, dp4a(_ONES, v3, 0))))
+            sx = dp4a(_ONES, v4, dp4a(_ONES, v5, dp4a(_ONES, v6, dp4a(_ONES, v7, sx))))
+            xss[r, j] = np.float32(sx)
+
+    @cuda.jit(device=True, inline="always")
+    def half_pair(acc, rawX, rawXd, wsa, wsb, xss, ax, ad, rm, rt, t4, b, pl, h,
+                  r00, r01, r02, r03, r10, r11, r12, r13):
+        """Sub-block 2 pl + h (h a constant: 0 the raw words' low nibbles, 1 the high)."""
+        j = 2 * pl + h
+        sh = np.uint32(4 * h)
+        a00 = (r00 >> sh) & _LOW_NIBBLES
+        a01 = (r01 >> sh) & _LOW_NIBBLES
+        a02 = (r02 >> sh) & _LOW_NIBBLES
+        a03 = (r03 >> sh) & _LOW_NIBBLES
+        a10 = (r10 >> sh) & _LOW_NIBBLES
+        a11 = (r11 >> sh) & _LOW_NIBBLES
+        a12 = (r12 >> sh) & _LOW_NIBBLES
+        a13 = (r13 >> sh) & _LOW_NIBBLES
+        s0a = wsa[rm, j]
+        s1a = wsa[rm + 8, j]
+        s2a = wsa[rm + 16, j]
+        s3a = wsa[rm + 24, j]
+        s0b = wsb[rm, j]
+        s1b = wsb[rm + 8, j]
+        s2b = wsb[rm + 16, j]
+        s3b = wsb[rm + 24, j]
+        for ni in range(4):
+            xb = ax + np.uint32(b * RAW_X + 8 * j + 8 * ni * PITCH_W)
+            b0 = rawX[xb]
+            b1 = rawX[xb + np.uint32(4)]
+            db = ad + np.uint32(b * RAW_XD + 32 * ni + j)
+            xd0 = rawXd[db]
+            xd1 = rawXd[db + np.uint32(4)]
+            rx = rt + 8 * ni + 2 * t4
+            xs0 = xss[rx, j]
+            xs1 = xss[rx + 1, j]
+            tile_terms(acc, 8 * ni, a00, a01, a02, a03, b0, b1,
+                       s0a, s0b, s1a, s1b, xd0, xd1, xs0, xs1)
+            tile_terms(acc, 8 * ni + 4, a10, a11, a12, a13, b0, b1,
+                       s2a, s2b, s3a, s3b, xd0, xd1, xs0, xs1)
+
+    @cuda.jit(device=True, inline="always")
+    def run_pair(acc, rawW, rawX, rawXd, wsa, wsb, xss, aw, ax, ad, rm, rt, t4, b, pl):
+        """Sub-blocks 2 pl (low nibbles) and 2 pl + 1 (high) of buffer b into the warp's tiles:
+        the A words straight from the raw quant run (one load for both sub-blocks), otherwise
+        `sub_block`'s loads and arithmetic. aw, ax, ad: this lane's unsigned base indices into
+        rawW (row rm, word t4 of the runs), rawX (token rt + g, word t4) and rawXd (token
+        rt + 2 t4); every other index is one of them plus a constant."""
+        wb = aw + np.uint32(b * RAW_W + 8 * pl)
+        r00 = rawW[wb]
+        r01 = rawW[wb + np.uint32(8 * RAW_ROW_WORDS)]
+        r02 = rawW[wb + np.uint32(4)]
+        r03 = rawW[wb + np.uint32(8 * RAW_ROW_WORDS + 4)]
+        r10 = rawW[wb + np.uint32(16 * RAW_ROW_WORDS)]
+        r11 = rawW[wb + np.uint32(24 * RAW_ROW_WORDS)]
+        r12 = rawW[wb + np.uint32(16 * RAW_ROW_WORDS + 4)]
+        r13 = rawW[wb + np.uint32(24 * RAW_ROW_WORDS + 4)]
+        half_pair(acc, rawX, rawXd, wsa, wsb, xss, ax, ad, rm, rt, t4, b, pl, 0,
+                  r00, r01, r02, r03, r10, r11, r12, r13)
+        half_pair(acc, rawX, rawXd, wsa, wsb, xss, ax, ad, rm, rt, t4, b, pl, 1,
+                  r00, r01, r02, r03, r10, r11, r12, r13)
+
+    @cuda.jit(device=True, inline="always")
+    def step_ahead(acc, rawW, rawX, rawXd, wsa, wsb, xss, w32, xq32, xd, tid, m0, t0, s, b,
+                   nsteps, wrow0, g0, T, M, rb, xrow, nsub, rm, rt, aw, ax, ad, t4):
+        """Step s, whose bytes are (being) copied into buffer b."""
+        cuda.syncthreads()                      # every warp is done with step s - 1
+        if s + 1 < nsteps:
+            copy_step(rawW, rawX, rawXd, w32, xq32, xd, tid, m0, t0, s + 1, 1 - b, wrow0, g0,
+                      T, M, rb, xrow, nsub)
+        cp_async_commit()                       # (an empty group at the last step)
+        cp_async_wait_1()                       # this thread's copies of step s landed
+        cuda.syncthreads()                      # and every thread's
+        decode_step(rawW, rawX, wsa, wsb, xss, tid, s, b)
+        cuda.syncthreads()
+        run_pair(acc, rawW, rawX, rawXd, wsa, wsb, xss, aw, ax, ad, rm, rt, t4, b, 0)
+        run_pair(acc, rawW, rawX, rawXd, wsa, wsb, xss, aw, ax, ad, rm, rt, t4, b, 1)
+
+    def matmul_q8_ahead(w8, w16, w32, wh, M, K, xq32, xd, y, bias, residual, has_bias,
+                        has_residual, group_off):
+        """`matmul_q8` with step s + 1's raw bytes copied (cp.async) into the other buffer while
+        step s runs: per step a barrier (every warp done with step s - 1), the next copies, a
+        wait for this step's and a barrier, the scale / sum decode, a barrier, the mma. The
+        same values in the same order as `matmul_q8`: the same bits."""
+        rawW = cuda.shared.array(RAW_W2, np.uint32)      # [buffer][row][header, 2 runs]
+        rawX = cuda.shared.array(RAW_X2, np.uint32)      # [buffer][token][4 sub-blocks]
+        rawXd = cuda.shared.array(RAW_XD2, np.float32)   # [buffer][token][4 scales]
+        wsa = cuda.shared.array((TM, SPITCH_W), np.float32)
+        wsb = cuda.shared.array((TM, SPITCH_W), np.float32)
+        xss = cuda.shared.array((TT, SPITCH_W), np.float32)
+        acc = cuda.local.array(32, np.float32)
+        for i in range(32):
+            acc[i] = np.float32(0.0)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t4 = lane & 3
+        m0 = cuda.blockIdx.x * TM
+        g0, T, wrow0, t0, busy = place(M, y, group_off)
+        if not busy:
+            return
+        nsub = K // SUB
+        nsteps = nsub // 4
+        rb = np.int64(K // qk) * ts
+        xrow = np.int64(K // 4)
+        rm = 32 * (warp % WARPS_M) + g
+        rt = 32 * (warp // WARPS_M)
+        # rows past M and tokens past T: zeros in both buffers, never copied over
+        for item in range(tid, 2 * TM, NTHREADS):
+            r = item % TM
+            if m0 + r >= M:
+                for k in range(RAW_ROW_WORDS):
+                    rawW[(item // TM) * RAW_W + r * RAW_ROW_WORDS + k] = _ZERO_U
+        for item in range(tid, 2 * TT, NTHREADS):
+            r = item % TT
+            if t0 + r >= T:
+                for k in range(32):
+                    rawX[(item // TT) * RAW_X + r * PITCH_W + k] = _ZERO_U
+                for k in range(4):
+                    rawXd[(item // TT) * RAW_XD + 4 * r + k] = np.float32(0.0)
+        copy_step(rawW, rawX, rawXd, w32, xq32, xd, tid, m0, t0, 0, 0, wrow0, g0, T, M, rb,
+                  xrow, nsub)
+        cp_async_commit()
+        # two steps an iteration, so that the buffer of each is a constant (every shared
+        # address a base plus an immediate); Q4_K rows hold a whole number of super-blocks,
+        # so nsteps is even
+        aw = np.uint32(rm * RAW_ROW_WORDS + 4 + t4)
+        ax = np.uint32((rt + g) * PITCH_W + t4)
+        ad = np.uint32(4 * (rt + 2 * t4))
+        for s in range(0, nsteps, 2):
+            step_ahead(acc, rawW, rawX, rawXd, wsa, wsb, xss, w32, xq32, xd, tid, m0, t0, s, 0,
+                       nsteps, wrow0, g0, T, M, rb, xrow, nsub, rm, rt, aw, ax, ad, t4)
+            step_ahead(acc, rawW, rawX, rawXd, wsa, wsb, xss, w32, xq32, xd, tid, m0, t0, s + 1,
+                       1, nsteps, wrow0, g0, T, M, rb, xrow, nsub, rm, rt, aw, ax, ad, t4)
+        epilogue(acc, y, bias, residual, has_bias, has_residual, g0, T, M, m0, t0, rm, rt, t4)
+
+    if tile.copy_ahead:
+        matmul_q8 = matmul_q8_ahead
 
     matmul_q8.__name__ = matmul_q8.__qualname__ = \
         f"matmul_q8_{lay.name}" + ("" if magic_cvt else "_cvt") \

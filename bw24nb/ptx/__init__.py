@@ -25,6 +25,11 @@
     grid_dependency_wait()
         ``griddepcontrol.wait`` (sm_90+; nothing before): every @kernel runs it first
         (bw24nb/jit.py), so graphs may link kernels with programmatic edges (graph.py).
+    cp_async_16(dst_shared, i, src, j)   start the 16-byte copy src[j:j+4] -> dst[i:i+4]
+        (``cp.async.cg.shared.global``; 4-byte dtypes, indices multiples of 4); then
+    cp_async_commit()   close this thread's group of copies, and
+    cp_async_wait_1() / cp_async_wait_0()   wait until at most 1 / 0 of its groups are in
+        flight (then a barrier for the block to see them)
     prefetch_l2(array, index)   ``prefetch.global.L2`` of the line of ``array[index]`` (a hint)
     prefetch_l2_bulk(array, byte_offset, nbytes)
         ``cp.async.bulk.prefetch.L2.global`` of nbytes bytes of the array's data (sm_90+; a
@@ -59,6 +64,10 @@ if simulator_enabled():
     from bw24nb.ptx.twins import (  # noqa: F401
         byte_perm,
         clock64,
+        cp_async_16,
+        cp_async_commit,
+        cp_async_wait_0,
+        cp_async_wait_1,
         dp4a,
         dp4a_linked,
         dp4a_us,
@@ -95,6 +104,10 @@ else:
         FP4_CVT,
         byte_perm,
         clock64,
+        cp_async_16,
+        cp_async_commit,
+        cp_async_wait_0,
+        cp_async_wait_1,
         dp4a,
         dp4a_us,
         f16x2_to_f32x2,
@@ -125,6 +138,7 @@ __all__ = [
     "warp_max", "f32_from_bits", "fma_f32",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
     "warp_sync", "clock64", "global_timer",
+    "cp_async_16", "cp_async_commit", "cp_async_wait_1", "cp_async_wait_0",
     "warp_sum16", "warp_sum8", "warp_max_rows", "warp_sum_rows",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",

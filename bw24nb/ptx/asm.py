@@ -294,6 +294,69 @@ ld_nc_v2_f32 = _vector_load_intrinsic(
     an 8-byte aligned base. No bounds check, no negative-index wraparound.""")
 
 
+# --- cp.async: global -> shared without registers ---------------------------------------------
+
+_CP_ASYNC_16 = snippet("cp_async_16")
+
+
+@intrinsic
+def cp_async_16(typingctx, dst, dst_index, src, src_index):
+    """Start copying ``src[src_index .. src_index + 3]`` to ``dst[dst_index .. dst_index + 3]``
+    (16 bytes, ``cp.async.cg.shared.global``; cp_async.ptx says why): dst a 1-D C-contiguous
+    shared array, src a 1-D C-contiguous device array the kernel does not write, both of one
+    4-byte dtype, both indices multiples of 4 from 16-byte aligned bases. The bytes are there
+    after `cp_async_wait_*` (for this thread) and a barrier (for the block). Emitted as a
+    volatile asm with a memory clobber, so no load or store of the kernel crosses it."""
+    for name, ary in (("dst", dst), ("src", src)):
+        if not (isinstance(ary, types.Array) and ary.ndim == 1 and ary.layout == "C"
+                and ary.dtype in (types.uint32, types.int32, types.float32)):
+            raise TypingError(f"cp_async_16: {name} must be a 1-D C-contiguous array of a "
+                              f"4-byte type, got {ary}")
+    if dst.dtype != src.dtype:
+        raise TypingError(f"cp_async_16: dst ({dst.dtype}) and src ({src.dtype}) differ")
+    _require_integers("cp_async_16", dst_index, src_index)
+
+    def codegen(context, builder, sig, args):
+        dty, diy, sty, siy = sig.args
+        d = _element_address(context, builder, types.none(dty, diy), [args[0], args[1]])
+        s = _element_address(context, builder, types.none(sty, siy), [args[2], args[3]])
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(64)])
+        builder.call(ir.InlineAsm(fnty, _CP_ASYNC_16.asm_template,
+                                  _CP_ASYNC_16.constraints + ",~{memory}", side_effect=True),
+                     [d, s])
+        return context.get_dummy_value()
+
+    return types.none(dst, dst_index, src, src_index), codegen
+
+
+def _barrier_asm_intrinsic(name: str, doc: str):
+    """An @intrinsic f() emitting snippet `name` (no operands) as a volatile asm with a memory
+    clobber."""
+    snip = snippet(name)
+
+    def typer(typingctx):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.VoidType(), [])
+            builder.call(ir.InlineAsm(fnty, snip.asm_template, "~{memory}", side_effect=True),
+                         [])
+            return context.get_dummy_value()
+
+        return types.none(), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+cp_async_commit = _barrier_asm_intrinsic(
+    "cp_async_commit", "``cp.async.commit_group``: this thread's copies since the last commit "
+    "form one group.")
+cp_async_wait_1 = _barrier_asm_intrinsic(
+    "cp_async_wait_1", "``cp.async.wait_group 1``: all but this thread's newest group landed.")
+cp_async_wait_0 = _barrier_asm_intrinsic(
+    "cp_async_wait_0", "``cp.async.wait_group 0``: all of this thread's groups landed.")
+
+
 # --- L2 prefetch ------------------------------------------------------------------------------
 
 _PREFETCH_L2 = snippet("prefetch_l2")

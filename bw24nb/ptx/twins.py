@@ -160,6 +160,31 @@ def prefetch_l2(array, index) -> None:
         raise IndexError(f"prefetch_l2: index {i} out of bounds for length {len(array)}")
 
 
+# --- cp.async ----------------------------------------------------------------------------------
+
+
+def cp_async_16(dst, dst_index, src, src_index) -> None:
+    """The copy done at once (the simulator's threads see it after their barrier anyway);
+    faults like the GPU on a misaligned index or a copy past either array."""
+    d = _vector_index("cp_async_16", dst, dst_index, 4)
+    s = _vector_index("cp_async_16", src, src_index, 4)
+    if dst.dtype.itemsize != 4 or src.dtype.itemsize != 4:
+        raise TypeError("cp_async_16: dst and src must hold 4-byte elements")
+    dst[d:d + 4] = np.asarray(src[s:s + 4]).view(dst.dtype)
+
+
+def cp_async_commit() -> None:
+    """Copies are done at once in the simulator: nothing to group."""
+
+
+def cp_async_wait_1() -> None:
+    """Nothing is in flight in the simulator."""
+
+
+def cp_async_wait_0() -> None:
+    """Nothing is in flight in the simulator."""
+
+
 # --- ld.global.nc.v4.u32 -------------------------------------------------------------------------
 
 
