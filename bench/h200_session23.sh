@@ -10,8 +10,11 @@
 # Call 3: MM_ARGS="--tiles m128t64s4p_cvt,m128t64s4p_cvt_r80,m64t128s4p_cvt,m64t64s8p_cvt"
 #   Q9M_LAUNCH=default,gemm-pairs ... mm,q9m (the pairs tiles beside KERNEL_CHOICE: Q4_K
 #   12288 x 4096 394.0 against 356.9 us, pp512 6598 against 6992; removed, decision 0030).
-# Call 4: MM_ARGS="--types Q4_K --tiles m128t64s4a_cvt,m128t64s4a_cvt_r128,m64t64s4a_cvt" mm
-#   (copy_ahead tiles: cp.async double buffers beside KERNEL_CHOICE).
+# Next (refused: the budget was spent; built and the same bits in the simulator, not timed):
+#   BW24_COMMIT=<head> MM_ARGS="--types Q4_K --tiles m128t64s4a_cvt,m64t64s4a_cvt,m128t64s4a_cvt_r128" \
+#     bash bench/h200_session23.sh mm
+#   (the copy_ahead tiles, cp.async double buffers, beside KERNEL_CHOICE; then
+#   Q9M_LAUNCH=default,gemm-ahead ... q9m)
 # Call 1: session 22's script, sb,q9m,m35 with the pipe rule and the rows prefill's conv + prep
 # (pipe 6.53 against quad 7.41 ms a 9B prefill, pp512 6992 against 6851; 35B-A3B pp512 1278
 # with conv + prep as two launches against 1206 fused).

@@ -559,11 +559,16 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # measured in session 20); its one-tile splits through the four-warp merge (attn-merge:
 # decode_attention.ONE_TILE_DIRECT off; stored by warp 0 directly is the default since
 # session 21); the prefill GEMM's kernel choice before session 22 (gemm-s21: Q4_K on
-# m64t128s4_cvt, not m128t64s4_cvt; matmul_q8.KERNEL_CHOICE); the rows prefill's GDN conv and
+# m64t128s4_cvt, not m128t64s4_cvt; matmul_q8.KERNEL_CHOICE) or its Q4_K on the copy_ahead tile
+# (gemm-ahead: cp.async double buffers, session 23, not timed yet); the rows prefill's GDN conv and
 # prep as the one fused launch (conv-prep-rows: engine.CONV_PREP_MAX_T, before session 22);
 # prefill's delta rule on the pipe kernel (pipe-rule: gated_deltanet.PREFILL_RULE; the default
 # since session 23) or the quad kernel (quad-rule, session 22's default). All give the same bits.
 _Q4 = "bw24nb.kernels.matvec_q4k"
+# the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23, not timed yet)
+_GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
+               QType.Q6_K: (("m128t128s4", False), ("m64t128s4", False)),
+               QType.Q8_0: (("m64t128s4", False),)}
 _GEMM_S21 = {QType.Q4_K: (("m64t128s4", False),),
              QType.Q6_K: (("m128t128s4", False), ("m64t128s4", False)),
              QType.Q8_0: (("m64t128s4", False),)}
@@ -579,6 +584,7 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)],
                 "attn-merge": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", False)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],
+                "gemm-ahead": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_AHEAD)],
                 "conv-prep-rows": [("bw24nb.engine", "CONV_PREP_MAX_T", 1 << 30)],
                 "pipe-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "pipe")],
                 "quad-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "quad")]}

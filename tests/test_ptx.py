@@ -257,6 +257,24 @@ def test_ld_nc_v4_twin_faults_on_misalignment():
         twins.ld_nc_v4_u32(arr, 16)
 
 
+def test_cp_async_copies_through_shared_memory(rng):
+    src = rng.integers(0, 2**32, 256 * 3, dtype=np.uint64).astype(np.uint32)
+    np.testing.assert_array_equal(probes.run_cp_async(src), src)
+
+
+def test_cp_async_twin_faults_on_misalignment_and_bounds():
+    dst, src = np.zeros(8, np.uint32), np.arange(16, dtype=np.uint32)
+    twins.cp_async_16(dst, 4, src, 12)
+    assert list(dst) == [0, 0, 0, 0, 12, 13, 14, 15]
+    with pytest.raises(ValueError, match="multiple of 4"):
+        twins.cp_async_16(dst, 2, src, 0)
+    with pytest.raises(IndexError):
+        twins.cp_async_16(dst, 8, src, 0)
+    f = np.zeros(4, np.float32)
+    twins.cp_async_16(f, 0, np.arange(4, dtype=np.float32), 0)
+    assert list(f) == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_ld_nc_v2_copies(rng):
     src = rng.standard_normal(2 * 77).astype(np.float32)
     np.testing.assert_array_equal(probes.run_ld_nc_v2(src).view(np.uint32), src.view(np.uint32))
@@ -290,6 +308,9 @@ def test_snippets_hold_the_expected_instructions():
     assert snippet("grid_dependency_wait").opcodes == ("griddepcontrol.wait",)
     assert snippet("grid_dependency_wait").operands == ()
     assert snippet("grid_dependency_wait").asm_template == "griddepcontrol.wait;"
+    assert snippet("cp_async_16").opcodes[-1] == "cp.async.cg.shared.global"
+    assert snippet("cp_async_16").constraints == "l,l"
+    assert snippet("cp_async_wait_1").asm_template == "cp.async.wait_group 1;"
 
 
 def test_every_ptx_file_defines_funcs_around_its_blocks():

@@ -941,8 +941,14 @@ for _qt in _UNITS:                        # KERNEL_CHOICE's kernels (sm_120 is o
     for _k in candidates(_qt):
         globals()[_k.__name__] = _k
         PTX_SIGNATURES[_k.__name__] = [_SIG]
+# the copy_ahead kernel (session 23: built, same bits in the simulator, not timed yet), so that
+# the compile check assembles it for sm_90 and sm_120
+matmul_q8_q4_k_cvt_m128t64s4a = _make_matmul_q8(QType.Q4_K, magic_cvt=False,
+                                                tile=TILES["m128t64s4a"])
+PTX_SIGNATURES["matmul_q8_q4_k_cvt_m128t64s4a"] = [_SIG]
 # the tensor-core instruction must be there (tests/test_compile_ptx.py checks the text)
 EXPECTED_PTX = {name: ["mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"] for name in PTX_SIGNATURES}
+EXPECTED_PTX["matmul_q8_q4_k_cvt_m128t64s4a"].append("cp.async.cg.shared.global")
 
 
 # ---------------------------------------------------------------- launcher

@@ -13,6 +13,10 @@ from numba import cuda
 
 from bw24nb.ptx import (
     byte_perm,
+    cp_async_16,
+    cp_async_commit,
+    cp_async_wait_0,
+    cp_async_wait_1,
     dp4a,
     dp4a_linked,
     dp4a_us,
@@ -130,6 +134,27 @@ def ld_nc_v4_kernel(out, src):
 
 
 @cuda.jit
+def cp_async_kernel(out, src):
+    """out[256 b + i] = src[256 b + i] through shared memory: each of a block's 32 threads
+    starts two 16-byte copies (two groups), waits for the first group, then for all, and after
+    a barrier writes what another thread copied (thread l stores thread 31 - l's words)."""
+    sh = cuda.shared.array(256, np.uint32)
+    tid = cuda.threadIdx.x
+    base = cuda.blockIdx.x * 256
+    cp_async_16(sh, 4 * tid, src, base + 4 * tid)
+    cp_async_commit()
+    cp_async_16(sh, 128 + 4 * tid, src, base + 128 + 4 * tid)
+    cp_async_commit()
+    cp_async_wait_1()
+    cp_async_wait_0()
+    cuda.syncthreads()
+    other = 31 - tid
+    for k in range(4):
+        out[base + 4 * other + k] = sh[4 * other + k]
+        out[base + 128 + 4 * other + k] = sh[128 + 4 * other + k]
+
+
+@cuda.jit
 def ld_nc_v2_kernel(out, src):
     """out[2j:2j+2] = src[2j:2j+2] through one 8-byte load per thread."""
     j = cuda.grid(1)
@@ -152,6 +177,7 @@ PTX_SIGNATURES = {
     "fp4_linked_kernel": ["void(uint32[::1], uint8[::1])"],
     "ld_nc_v4_kernel": ["void(uint32[::1], uint32[::1])"],
     "ld_nc_v2_kernel": ["void(float32[::1], float32[::1])"],
+    "cp_async_kernel": ["void(uint32[::1], uint32[::1])"],
 }
 EXPECTED_PTX = {
     "dp4a_kernel": ["dp4a.s32.s32"],
@@ -164,6 +190,8 @@ EXPECTED_PTX = {
     "fp4_linked_kernel": ["bw24nb_fp4x2_to_f16x2_bits"],
     "ld_nc_v4_kernel": ["ld.global.nc.v4.u32"],
     "ld_nc_v2_kernel": ["ld.global.nc.v2.f32"],
+    "cp_async_kernel": ["cp.async.cg.shared.global", "cp.async.commit_group",
+                        "cp.async.wait_group 1", "cp.async.wait_group 0"],
 }
 # .ptx files a kernel's PTX must be linked with (for assembling it without a GPU).
 LINKS = {
@@ -234,6 +262,13 @@ def run_fp4_linked(codes) -> np.ndarray:
 def run_ld_nc_v2(src) -> np.ndarray:
     out = cuda.to_device(np.full(src.size, np.nan, np.float32))
     ld_nc_v2_kernel[_blocks(src.size // 2), 128](out, cuda.to_device(src))
+    return out.copy_to_host()
+
+
+def run_cp_async(src) -> np.ndarray:
+    """src (uint32, a multiple of 256 long) copied by `cp_async_kernel`."""
+    out = cuda.to_device(np.full(src.size, 0x7F7F7F7F, np.uint32))
+    cp_async_kernel[src.size // 256, 32](out, cuda.to_device(src))
     return out.copy_to_host()
 
 
