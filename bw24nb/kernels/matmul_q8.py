@@ -478,6 +478,13 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
         scaled(acc, i + 3, s1a, s1b, xd1, xs1, lo[3], hi[3])
 
     @cuda.jit(device=True, inline="always")
+    def row_scales(wsa, wsb, rm, j):
+        """Sub-block j's scales (wsa) and mins / high-half scales (wsb) of the lane's weight
+        rows rm, rm + 8, rm + 16, rm + 24."""
+        return (wsa[rm, j], wsa[rm + 8, j], wsa[rm + 16, j], wsa[rm + 24, j],
+                wsb[rm, j], wsb[rm + 8, j], wsb[rm + 16, j], wsb[rm + 24, j])
+
+    @cuda.jit(device=True, inline="always")
     def sub_block(acc, ws, xs, wsa, wsb, xds, xss, rm, rt, g, t4, j):
         """Staged sub-block j into the warp's 2 x 4 mma tiles (this lane's 32 accumulators)."""
         c = 8 * j + t4
@@ -490,14 +497,7 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
         a11 = ws[rm + 24, c]
         a12 = ws[rm + 16, c + 4]
         a13 = ws[rm + 24, c + 4]
-        s0a = wsa[rm, j]
-        s1a = wsa[rm + 8, j]
-        s2a = wsa[rm + 16, j]
-        s3a = wsa[rm + 24, j]
-        s0b = wsb[rm, j]
-        s1b = wsb[rm + 8, j]
-        s2b = wsb[rm + 16, j]
-        s3b = wsb[rm + 24, j]
+        s0a, s1a, s2a, s3a, s0b, s1b, s2b, s3b = row_scales(wsa, wsb, rm, j)
         for ni in range(4):
             rx = rt + 8 * ni
             b0 = xs[rx + g, c]
@@ -590,8 +590,18 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
 
     @cuda.jit(device=True, inline="always")
     def place(M, y, group_off):
-        """(g0, T, wrow0, t0; the block has work): the block's first activation row, its rows,
-        its first weight row, its first output row."""
+        """Where this thread works: (tid, g, t4, rm, rt, m0, g0, T, wrow0, t0, busy): its
+        thread, mma group and lane in it, its first weight row in the tile, its warp's first
+        activation row; the block's first weight row, first activation row, rows, first
+        weight row of the matrix, first output row; whether the block has work."""
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t4 = lane & 3
+        rm = 32 * (warp % WARPS_M) + g              # this lane's first weight row in the tile
+        rt = 32 * (warp // WARPS_M)                 # the warp's first activation row
+        m0 = cuda.blockIdx.x * TM
         t0 = cuda.blockIdx.y * TT
         if grouped:
             # expert e = blockIdx.z owns rows group_off[e] .. group_off[e + 1] of X and Y and
@@ -599,8 +609,8 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
             e = cuda.blockIdx.z
             g0 = np.int64(group_off[e])
             T = np.int64(group_off[e + 1]) - g0
-            return g0, T, np.int64(e) * M, t0, t0 < T
-        return np.int64(0), np.int64(y.shape[0]), np.int64(0), t0, True
+            return tid, g, t4, rm, rt, m0, g0, T, np.int64(e) * M, t0, t0 < T
+        return tid, g, t4, rm, rt, m0, np.int64(0), np.int64(y.shape[0]), np.int64(0), t0, True
 
     def matmul_q8(w8, w16, w32, wh, M, K, xq32, xd, y, bias, residual, has_bias, has_residual,
                   group_off):
@@ -613,20 +623,12 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
         acc = cuda.local.array(32, np.float32)                 # [ni][mi][c0..c3], registers
         for i in range(32):
             acc[i] = np.float32(0.0)
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        g = lane >> 2
-        t4 = lane & 3
-        m0 = cuda.blockIdx.x * TM
-        g0, T, wrow0, t0, busy = place(M, y, group_off)
+        tid, g, t4, rm, rt, m0, g0, T, wrow0, t0, busy = place(M, y, group_off)
         if not busy:
             return
         nsub = K // SUB
         rb = np.int64(K // qk) * ts                 # bytes per weight row
         xrow = np.int64(K // 4)                     # words per activation row
-        rm = 32 * (warp % WARPS_M) + g              # this lane's first weight row in the tile
-        rt = 32 * (warp // WARPS_M)                 # the warp's first activation row
         for s0 in range(0, nsub, SSUBS):
             nsb = min(SSUBS, nsub - s0)
             cuda.syncthreads()                      # every warp is done with the last step
@@ -741,14 +743,7 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
         a11 = (r11 >> sh) & _LOW_NIBBLES
         a12 = (r12 >> sh) & _LOW_NIBBLES
         a13 = (r13 >> sh) & _LOW_NIBBLES
-        s0a = wsa[rm, j]
-        s1a = wsa[rm + 8, j]
-        s2a = wsa[rm + 16, j]
-        s3a = wsa[rm + 24, j]
-        s0b = wsb[rm, j]
-        s1b = wsb[rm + 8, j]
-        s2b = wsb[rm + 16, j]
-        s3b = wsb[rm + 24, j]
+        s0a, s1a, s2a, s3a, s0b, s1b, s2b, s3b = row_scales(wsa, wsb, rm, j)
         for ni in range(4):
             xb = ax + np.uint32(b * RAW_X + 8 * j + 8 * ni * PITCH_W)
             b0 = rawX[xb]
@@ -816,21 +811,13 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
         acc = cuda.local.array(32, np.float32)
         for i in range(32):
             acc[i] = np.float32(0.0)
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        g = lane >> 2
-        t4 = lane & 3
-        m0 = cuda.blockIdx.x * TM
-        g0, T, wrow0, t0, busy = place(M, y, group_off)
+        tid, g, t4, rm, rt, m0, g0, T, wrow0, t0, busy = place(M, y, group_off)
         if not busy:
             return
         nsub = K // SUB
         nsteps = nsub // 4
         rb = np.int64(K // qk) * ts
         xrow = np.int64(K // 4)
-        rm = 32 * (warp % WARPS_M) + g
-        rt = 32 * (warp // WARPS_M)
         # rows past M and tokens past T: zeros in both buffers, never copied over
         for item in range(tid, 2 * TM, NTHREADS):
             r = item % TM
