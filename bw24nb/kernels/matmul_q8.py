@@ -666,7 +666,8 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
     @cuda.jit(device=True, inline="always")
     def copy_step(rawW, rawX, rawXd, w32, xq32, xd, tid, m0, t0, s, b, wrow0, g0, T, M, rb,
                   xrow, nsub):
-        """Start the copies of step s's raw bytes into buffer b (a constant): each weight row's
+        """Start the copies of step s's raw bytes into buffer b (a constant; also s & 1, the
+        half of its super-block the step is: its runs are 2 b and 2 b + 1): each weight row's
         two quant runs (4 x 16 bytes, two a thread) and block header (16, threads 0..TM - 1),
         each token's 4 sub-blocks of int8 (8 x 16, two a thread at the 64-token tile) and
         their 4 scales (16). Rows past M and tokens past T are not copied (zeros since the
