@@ -513,9 +513,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "tile-prefill": dict(prefill_attention="tile"),
                 # the gated delta rule on the shared-memory tile kernel (before session 8)
                 "tile-rule": dict(gdn_rule="tile"),
-                # the delta rule on one kernel for every T (the default "auto" takes quad for
-                # prefill, lane for decode / verify; the same bits): lane = the default before
-                # session 22
+                # the delta rule on one kernel for every T (the default "auto" takes
+                # gated_deltanet.PREFILL_RULE for prefill, lane for decode / verify; the same
+                # bits): lane = the default before session 22
                 "lane-rule": dict(gdn_rule="lane"),
                 "quad-rule": dict(gdn_rule="quad"),
                 # prefill fused like decode (swiglu / GDN norm / attention combine write the

@@ -73,7 +73,7 @@ def test_rows_prefill_gives_decodes_bits(quantized_gguf, fixture, moe_prefill, t
     by token -- here over two chunks (12 tokens as 10 + 2: the first one's matvecs in two
     launches of 9 + 1 rows, its MoE blocks expert-major with moe_prefill="grouped"; on the
     Gated DeltaNet fixture its conv and prep as prefill's two launches, past CONV_PREP_MAX_T,
-    and the delta rule on the quad kernel)."""
+    and the delta rule on gated_deltanet.PREFILL_RULE's kernel)."""
     import bw24nb.engine as engine_mod
     from bw24nb.kernels import gated_deltanet
     monkeypatch.setattr(engine_mod, "ROWS_PREFILL_CHUNK", 10)

@@ -536,7 +536,7 @@ def test_delta_rule_quad_gives_the_lane_kernels_bits(rng, dv, T):
     ahead) sums each dot in the lane kernel's order, so outputs, saved steps and the final
     state are the lane kernel's, bit for bit (d_v = 40: a partly filled column block); so are
     the pipe kernel's (quad's passes of two tokens in one loop; T = 1, 2, odd and even) and
-    "auto"'s, which takes quad from QUAD_MIN_T tokens on."""
+    "auto"'s, which takes PREFILL_RULE's kernel from QUAD_MIN_T tokens on."""
     key_head = cuda.to_device(value_to_key_head("qwen35", NK, NV).astype(np.int32))
     q, k, v, g, beta, s0 = _rule_inputs(rng, T, dv)
     got = []

@@ -547,8 +547,8 @@ def _quad_rule_kernel(DK):
     What it buys in prefill: a token step's serial chain is 16 rows a pass instead of 64, a
     launch has 4x the warps (the lane kernel gives a 9B layer 256 one-warp blocks: ~2 warps an
     SM), and the next token's loads are in flight. In decode (one token) the lane kernel is
-    faster (session 22: 3.50 against 4.87 us a 9B layer), so "auto" takes this one from
-    QUAD_MIN_T tokens on."""
+    faster (session 22: 3.50 against 4.87 us a 9B layer), so "auto" takes PREFILL_RULE (this
+    kernel or the pipe kernel built on it) from QUAD_MIN_T tokens on."""
     HALF = DK // 2
     NR = HALF // LANE_ACCS                  # rows a lane holds
 

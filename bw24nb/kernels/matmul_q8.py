@@ -254,12 +254,28 @@ def _k_scales(w32, blk, p, wsa, wsb, r, j):
     The byte-by-byte decode before (dequant._k_sub_scales: ~10 dependent byte and f16 loads a
     unit) gave the same exact products: float32(d) * float32(sc) either way."""
     hdr, s0, s1, s2 = ld_nc_v4_u32(w32, blk >> 2)
+    _k_scale_products(hdr, s0, s1, s2, p, wsa, wsb, r, j)
+
+
+@_device
+def _k_scale_products(hdr, s0, s1, s2, p, wsa, wsb, r, j):
+    """`_k_scales` from the header's four words (however they were read: the copy_ahead
+    kernels read them from shared memory), so every kernel makes the same products."""
     d, dmin = f16x2_to_f32x2(hdr)
     sc_a, m_a, sc_b, m_b = pair_scales(s0, s1, s2, p)
     wsa[r, j] = d * np.float32(np.int32(sc_a))
     wsb[r, j] = dmin * np.float32(np.int32(m_a))
     wsa[r, j + 1] = d * np.float32(np.int32(sc_b))
     wsb[r, j + 1] = dmin * np.float32(np.int32(m_b))
+
+
+@_device
+def _act_sum(v0, v1, v2, v3, v4, v5, v6, v7):
+    """The sum of a sub-block's 32 int8 activations (8 words) as float32, by dp4a in this
+    order (the x_sum of Q4_K / Q5_K terms: module docstring)."""
+    sx = dp4a(_ONES, v0, dp4a(_ONES, v1, dp4a(_ONES, v2, dp4a(_ONES, v3, 0))))
+    sx = dp4a(_ONES, v4, dp4a(_ONES, v5, dp4a(_ONES, v6, dp4a(_ONES, v7, sx))))
+    return np.float32(sx)
 
 
 @_device
@@ -562,9 +578,7 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
                     xs[r, c + 7] = v7
                     xds[r, j] = xd[(g0 + t) * nsub + s0 + j]
                     if mins:
-                        sx = dp4a(_ONES, v0, dp4a(_ONES, v1, dp4a(_ONES, v2, dp4a(_ONES, v3, 0))))
-                        sx = dp4a(_ONES, v4, dp4a(_ONES, v5, dp4a(_ONES, v6, dp4a(_ONES, v7, sx))))
-                        xss[r, j] = np.float32(sx)
+                        xss[r, j] = _act_sum(v0, v1, v2, v3, v4, v5, v6, v7)
                 else:
                     for i in range(8):
                         xs[r, c + i] = _ZERO_U
@@ -698,37 +712,24 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
 
     @cuda.jit(device=True, inline="always")
     def decode_step(rawW, rawX, wsa, wsb, xss, tid, s, b):
-        """Step s's (d*sc, dmin*m) pairs from the landed headers (`_k_scales`' products) and its
-        activation sums (`stage`'s dp4a chain)."""
+        """Step s's (d*sc, dmin*m) pairs from the landed headers and its activation sums, with
+        `stage`'s own helpers (`_k_scale_products`, `_act_sum`)."""
         for k in range(DECODES_W):
             item = tid + k * NTHREADS
             r = item >> 1
             pl = item & 1
             base = np.uint32(b * RAW_W + r * RAW_ROW_WORDS)
-            d, dmin = f16x2_to_f32x2(rawW[base])
-            sc_a, m_a, sc_b, m_b = pair_scales(rawW[base + np.uint32(1)],
-                                               rawW[base + np.uint32(2)],
-                                               rawW[base + np.uint32(3)], 2 * b + pl)
-            wsa[r, 2 * pl] = d * np.float32(np.int32(sc_a))
-            wsb[r, 2 * pl] = dmin * np.float32(np.int32(m_a))
-            wsa[r, 2 * pl + 1] = d * np.float32(np.int32(sc_b))
-            wsb[r, 2 * pl + 1] = dmin * np.float32(np.int32(m_b))
+            _k_scale_products(rawW[base], rawW[base + np.uint32(1)], rawW[base + np.uint32(2)],
+                              rawW[base + np.uint32(3)], 2 * b + pl, wsa, wsb, r, 2 * pl)
         for k in range(DECODES_X):
             item = tid + k * NTHREADS
             r = item >> 2
             j = item & 3
             base = np.uint32(b * RAW_X + r * PITCH_W + 8 * j)
-            v0 = rawX[base]
-            v1 = rawX[base + np.uint32(1)]
-            v2 = rawX[base + np.uint32(2)]
-            v3 = rawX[base + np.uint32(3)]
-            v4 = rawX[base + np.uint32(4)]
-            v5 = rawX[base + np.uint32(5)]
-            v6 = rawX[base + np.uint32(6)]
-            v7 = rawX[base + np.uint32(7)]
-            sx = dp4a(_ONES, v0, dp4a(_ONES, v1, dp4a(_ONES, v2, dp4a(_ONES, v3, 0))))
-            sx = dp4a(_ONES, v4, dp4a(_ONES, v5, dp4a(_ONES, v6, dp4a(_ONES, v7, sx))))
-            xss[r, j] = np.float32(sx)
+            xss[r, j] = _act_sum(rawX[base], rawX[base + np.uint32(1)],
+                                 rawX[base + np.uint32(2)], rawX[base + np.uint32(3)],
+                                 rawX[base + np.uint32(4)], rawX[base + np.uint32(5)],
+                                 rawX[base + np.uint32(6)], rawX[base + np.uint32(7)])
 
     @cuda.jit(device=True, inline="always")
     def half_pair(acc, rawX, rawXd, wsa, wsb, xss, ax, ad, rm, rt, t4, b, pl, h,
@@ -890,15 +891,18 @@ MIN_GRID_FILL = 0.9
 _BUILT: dict = {}
 
 
+def built(qt, name: str, magic: bool):
+    """The kernel of weight type qt on tile TILES[name] (magic: the magic-number conversion,
+    else cvt), built once per process."""
+    key = (QType(qt), name, bool(magic))
+    if key not in _BUILT:
+        _BUILT[key] = _make_matmul_q8(QType(qt), magic_cvt=bool(magic), tile=TILES[name])
+    return _BUILT[key]
+
+
 def candidates(qt) -> list:
     """KERNEL_CHOICE's kernels for weight type qt, best first (each built once)."""
-    out = []
-    for name, magic in KERNEL_CHOICE.get(QType(qt), ()):
-        key = (QType(qt), name, bool(magic))
-        if key not in _BUILT:
-            _BUILT[key] = _make_matmul_q8(QType(qt), magic_cvt=bool(magic), tile=TILES[name])
-        out.append(_BUILT[key])
-    return out
+    return [built(qt, name, magic) for name, magic in KERNEL_CHOICE.get(QType(qt), ())]
 
 
 # the session-2 kernel of every type (the fallback); also module attributes matmul_q8_<type>
@@ -931,8 +935,7 @@ for _qt in _UNITS:                        # KERNEL_CHOICE's kernels (sm_120 is o
         PTX_SIGNATURES[_k.__name__] = [_SIG]
 # the copy_ahead kernel (session 23: built, same bits in the simulator, not timed yet), so that
 # the compile check assembles it for sm_90 and sm_120
-matmul_q8_q4_k_cvt_m128t64s4a = _make_matmul_q8(QType.Q4_K, magic_cvt=False,
-                                                tile=TILES["m128t64s4a"])
+matmul_q8_q4_k_cvt_m128t64s4a = built(QType.Q4_K, "m128t64s4a", False)
 PTX_SIGNATURES["matmul_q8_q4_k_cvt_m128t64s4a"] = [_SIG]
 # the tensor-core instruction must be there (tests/test_compile_ptx.py checks the text)
 EXPECTED_PTX = {name: ["mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"] for name in PTX_SIGNATURES}
