@@ -130,6 +130,26 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
                    ("group_down", R * H, lambda: moe.launch_group_matvec(
                        q.down, se.group_off, None, q.down.x_args(se.act_q, se.act_d), se.yd, E,
                        R, stream))]
+        # the rest of the expert_rows block, stage by stage (on its own buffers, in its order:
+        # the block's time minus the three projections is these)
+        F_, Fs = w.ffn, w.shared_ffn
+        y_c = cuda.device_array((T, H), np.float32)
+
+        def shared():
+            def on(tm, xa, o, st):
+                moe.launch_group_matvec(tm, se.all_rows, None, xa, o, 1, T, st)
+            moe._shared_expert(q, se, xi, T, se.branches, stream, on)
+            se.branches.join(stream, 0)
+        stages += [("route_sort", None, lambda: moe._route_sort(w, q, se, xi, T, stream)),
+                   ("group_up", R * F_, lambda: moe.launch_group_matvec(
+                       q.up, se.group_off, se.src, xi, se.up.reshape(R, F_), E, R, stream)),
+                   ("swiglu", None, lambda: moe.launch_swiglu_q8(
+                       se.gate.reshape(R, F_), se.up.reshape(R, F_), se.act.reshape(R, F_),
+                       se.act_q, se.act_d, stream)),
+                   ("shared_expert", T * (2 * Fs + H), shared),
+                   ("combine", None, lambda: moe.launch_moe_combine(
+                       se.yd, se.weights, y_c, se.sh_y,
+                       None, None, stream, pos=se.pos))]
     for name, dots, launch in stages:
         us, n = time_per_launch_us(launch, stream, smoke)
         rows.append((name, us, n, dots))

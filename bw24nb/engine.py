@@ -57,6 +57,14 @@ ROWS_PREFILL_CHUNK = 128
 # launch for every T (session 23: 35B-A3B pp512 1278 with the two launches against 1206).
 CONV_PREP_MAX_T = VERIFY_ROWS
 
+# Side streams the rows prefill spreads a chunk's MAX_ROWS-row slices of one matvec over
+# (`Engine._mv`; 0: one chain, as before session 24). The slices read disjoint rows of the
+# input and write disjoint rows of the output, so they may run side by side: parallel graph
+# branches, the same kernels on the same inputs, the same bits. A slice of a 2048-row matvec
+# (the 35B-A3B's gdn_out, attn_output) is 1-3 waves of the 9-row kernel, whose registers
+# leave ~12 warps an SM: a chain pays every slice's tail and drain. Read at every launch.
+ROWS_SLICE_SIDES = 3
+
 # 2-D tensors a kernel reads as plain float32 arrays (not through a matvec): the depthwise conv.
 FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
 
@@ -366,6 +374,9 @@ class Engine:
         # (`_side_by_side`; three side streams: GDN's qkv, z, beta, alpha is the most); False:
         # one chain (same kernels, same bits: --launch proj-chain)
         self._proj_branches = Branches(3) if proj_branches else None
+        # the rows prefill's slices of one matvec side by side (ROWS_SLICE_SIDES); their own
+        # side streams, apart from the projections' (a slice loop may run on one of those)
+        self._slice_branches = Branches(ROWS_SLICE_SIDES) if prefill_path == "rows" else None
         # decode / verify's q8 norms over a block per slot (norm.launch_rms_norm_q8's split:
         # the same bits; False = one block a row, the form before session 15: --launch
         # norm-whole)
@@ -659,13 +670,22 @@ class Engine:
             # a "rows" prefill chunk: the rows kernels MAX_ROWS rows at a time (each row's
             # bits do not depend on which launch carries it)
             K = w.cols
-            for t0 in range(0, T, matvec.MAX_ROWS):
+            br = self._slice_branches
+            n_slices = -(-T // matvec.MAX_ROWS)
+            sides = 0 if br is None else min(ROWS_SLICE_SIDES, len(br.sides), n_slices - 1)
+            # every side forked before the first slice lands on s (a later fork would order
+            # it after that slice); slice j on s when j % (sides + 1) == 0, else on side
+            # j % (sides + 1) - 1
+            on = [s] + [br.fork(s, i) for i in range(sides)]
+            for j, t0 in enumerate(range(0, T, matvec.MAX_ROWS)):
                 t1 = min(T, t0 + matvec.MAX_ROWS)
                 qs = None if qx is None else QuantizedInput(
                     xq=qx.xq[t0 * K:t1 * K], xd=qx.xd[t0 * K // 32:t1 * K // 32])
                 self._mv(w, x[t0:t1], y[t0:t1], t1 - t0, bias=bias,
                          residual=None if residual is None else residual[t0:t1], qx=qs,
-                         rowwise=True, stream=s)
+                         rowwise=True, stream=on[j % (sides + 1)])
+            for i in range(sides):
+                br.join(s, i)
             return
         b = None if bias is None else bias.buf
         r = None if residual is None else residual.reshape(residual.size)

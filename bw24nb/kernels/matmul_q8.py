@@ -891,18 +891,20 @@ MIN_GRID_FILL = 0.9
 _BUILT: dict = {}
 
 
-def built(qt, name: str, magic: bool):
+def built(qt, name: str, magic: bool, max_regs=None):
     """The kernel of weight type qt on tile TILES[name] (magic: the magic-number conversion,
-    else cvt), built once per process."""
-    key = (QType(qt), name, bool(magic))
+    else cvt; max_regs: ptxas's register cap, None its own choice), built once per process."""
+    key = (QType(qt), name, bool(magic), max_regs)
     if key not in _BUILT:
-        _BUILT[key] = _make_matmul_q8(QType(qt), magic_cvt=bool(magic), tile=TILES[name])
+        _BUILT[key] = _make_matmul_q8(QType(qt), magic_cvt=bool(magic), tile=TILES[name],
+                                      max_regs=max_regs)
     return _BUILT[key]
 
 
 def candidates(qt) -> list:
-    """KERNEL_CHOICE's kernels for weight type qt, best first (each built once)."""
-    return [built(qt, name, magic) for name, magic in KERNEL_CHOICE.get(QType(qt), ())]
+    """KERNEL_CHOICE's kernels for weight type qt, best first (each built once); an entry is
+    (tile name, magic) or (tile name, magic, register cap)."""
+    return [built(qt, *entry) for entry in KERNEL_CHOICE.get(QType(qt), ())]
 
 
 # the session-2 kernel of every type (the fallback); also module attributes matmul_q8_<type>

@@ -1,0 +1,25 @@
+# Session 24's device calls. Stages ($1, comma list):
+#   mm      bench/matmul_q8_bench.py --shapes 9b with $MM_ARGS
+#   q9m     run_bench on the 9B shape, --launch ${Q9M_LAUNCH:-default}
+#   moe     bench/moe_bench.py --tokens ${MOE_T:-128} (the expert_rows block stage by stage)
+#   m35     run_bench on the 35B-A3B shape, --launch ${M35_LAUNCH:-default} (its factory starts
+#           in the background at the beginning)
+# Call 1 (session 23's script, 70b6f28): mm with the copy_ahead tiles (Q4_K 12288 x 4096:
+# m128t64s4a 363.5, capped at 128 registers 339.5, KERNEL_CHOICE 358.7 us), q9m
+# default,gemm-ahead (7004 against 6947 tok/s).
+export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-q9m}; . bench/device_env.sh
+on q9m && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
+on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
+on mm && { run ${MM_S:-300} mm python3 bench/matmul_q8_bench.py --shapes 9b --T 512 ${MM_ARGS:-} --commit $C --jsonl /tmp/matmul_q8.jsonl
+  grep -E "Q4_K|Q6_K|Q8_0|BAD|Error|Traceback" $L/mm.log | cut -c1-200 | head -60; }
+on moe && { run ${MOE_S:-200} moe python3 bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-} --commit $C --jsonl /tmp/moe_bench.jsonl
+  grep -vE "^\s*$" $L/moe.log | cut -c1-160 | tail -30; }
+[ -n "${P9:-}" ] && wait $P9
+on q9m && { run ${Q9M_S:-330} q9m python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9M_LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|decode_tok_s@|prefill_tok_s|Error|Traceback" $L/q9m.log | grep -v "^  qwen" | cut -c1-170
+  grep -E "prefill_kernel_ms:(ffn_|gdn_qkv)" $L/q9m.log | grep -v "^  qwen" | cut -c1-120; }
+[ -n "${P35:-}" ] && wait $P35
+on m35 && { run ${M35_S:-240} m35 python3 bench/run_bench.py /tmp/m35.gguf --name qwen3.6-35b-a3b-random --runs 3 --torch none --act-quant q8 --launch ${M35_LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|decode_tok_s@|prefill_tok_s|prefill_kernel_ms:(moe|gdn_)|Error|Traceback" $L/m35.log | grep -v "^  qwen" | cut -c1-170; }
+cp /tmp/*.jsonl $OUT/ 2>/dev/null
+tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
