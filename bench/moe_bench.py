@@ -14,9 +14,12 @@ gate / up, --down-type for the down projections; random weights and inputs), for
     on the decode kernels, the rows prefill's default) and `gemm` (launch_moe_block_q8_grouped:
     expert-major on the int8 GEMM) for T > 1;
   * the gate and down projections alone, as the token kernel and as the group kernel run them
-    (`token_gate`, `group_gate`, `token_down`, `group_down`), with the row dots a second they
+    (`token_gate`, `group_gate`, `token_down`, `group_down`; `group_gate_b1` with each row
+    alone, matvec.GROUP_BATCH = 1), with the row dots a second they
     reach (T k F gate rows, T k H down rows): the decode row loop gives each row dot a warp,
-    and the down projections' K = 512 leaves half of its lanes without a unit.
+    and the down projections' K = 512 leaves half of its lanes without a unit;
+  * the expert_rows block's other stages, each alone: `route_sort`, `group_up`, `swiglu`,
+    `shared_expert` (its three matvecs and swiglu), `combine`.
 
 Each is captured N times into one CUDA graph (bench/matmul_q8_bench.py's `time_per_launch_us`)
 and timed by CUDA events: median us per launch. Checks in the same run, flagged BAD: the
@@ -134,13 +137,22 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
         # the block's time minus the three projections is these)
         F_, Fs = w.ffn, w.shared_ffn
         y_c = cuda.device_array((T, H), np.float32)
+        xk = dict(xq=xq, xd=xd, x=x)          # (the block's own activation keywords)
 
         def shared():
             def on(tm, xa, o, st):
                 moe.launch_group_matvec(tm, se.all_rows, None, xa, o, 1, T, st)
-            moe._shared_expert(q, se, xi, T, se.branches, stream, on)
+            moe._shared_expert(q, se, xk, T, se.branches, stream, on)
             se.branches.join(stream, 0)
-        stages += [("route_sort", None, lambda: moe._route_sort(w, q, se, xi, T, stream)),
+        def gate_walk():                # matvec.GROUP_BATCH = 1: each row alone (before
+            from bw24nb.kernels import matvec   # session 24), on the same buffers
+            saved, matvec.GROUP_BATCH = matvec.GROUP_BATCH, 1
+            try:
+                moe.launch_group_matvec(q.gate, se.group_off, se.src, xi, se.gate, E, R, stream)
+            finally:
+                matvec.GROUP_BATCH = saved
+        stages += [("group_gate_b1", R * F, gate_walk),
+                   ("route_sort", None, lambda: moe._route_sort(w, q, se, xk, T, stream)),
                    ("group_up", R * F_, lambda: moe.launch_group_matvec(
                        q.up, se.group_off, se.src, xi, se.up.reshape(R, F_), E, R, stream)),
                    ("swiglu", None, lambda: moe.launch_swiglu_q8(

@@ -218,7 +218,7 @@ def test_kernel_for_takes_a_large_tile_only_when_its_grid_fills_the_gpu(monkeypa
     assert mq.kernel_for(QType.Q6_K, 12288, T).tile.name == "m128t128s4"   # 96 x 4 blocks
     assert mq.kernel_for(QType.Q6_K, 4096, T).tile.name == "m128t128s4"    # 32 x 4 = 128
     assert mq.kernel_for(QType.Q6_K, 896, T) is mq.MATMUL_Q8[QType.Q6_K]   # 28, 56 blocks
-    assert mq.kernel_for(QType.Q4_K, 4096, T).tile.name == "m128t64s4"     # 32 x 8
+    assert mq.kernel_for(QType.Q4_K, 4096, T).tile.name == "m128t64s4a"    # 32 x 8
     assert mq.kernel_for(QType.Q4_K, 4096, 64) is mq.MATMUL_Q8[QType.Q4_K]  # 32 x 1, 64 x 1
     assert mq.kernel_for(QType.Q5_0, 4864, T) is mq.MATMUL_Q8[QType.Q5_0]  # no candidate
     # read at every launch: a bench mode can swap the choice

@@ -626,10 +626,17 @@ def group_kernel(p, fixed_parts=0, lanes=32):
     `token_kernel` and `row_kernel` sum it (steps 1-4 of the module docstring), and written
     once: y[i M + m]. A warp walks its rows one after another, so a matrix row comes from DRAM
     once per (block, z) and from the cache for the group's other rows. Rows on `parts` warps or
-    `lanes` lanes as for `token_kernel`."""
+    `lanes` lanes as for `token_kernel`. On whole-warp rows of one warp a warp takes its rows
+    GROUP_BATCH at a time (`_group_batch`): the same sums, each chunk's weights decoded once
+    for the batch."""
     row_total, place = _lanes_row_total(p, lanes), _row_place(lanes)
     units, row_base, x_row = p.units, p.base, p.x_row
     FP = fixed_parts if lanes == 32 else 1
+    # batches (GROUP_BATCH) on whole-warp rows of one warp: the rows kernels' step has no
+    # split-row combine and no sub-warp tree
+    NB = GROUP_BATCH if lanes == 32 and FP == 1 else 1
+    batch_n = _group_batch(p, NB) if NB > 1 else None
+    batch_2 = _group_batch(p, 2) if NB > 2 else None
 
     def matvec_groups(w, group_off, src, use_src, M, K, x, y, parts):
         P = FP if FP else parts
@@ -643,8 +650,14 @@ def group_kernel(p, fixed_parts=0, lanes=32):
         if m >= M:                    # a row past the end: stays for the block barriers or
             n = 0                     # the warp's shuffles, loads nothing
         base = row_base(np.int64(g) * M + min(m, M - 1), K)
-        for i in range(np.int64(group_off[g]) + cuda.blockIdx.z, np.int64(group_off[g + 1]),
-                       cuda.gridDim.z):
+        i0 = np.int64(group_off[g]) + cuda.blockIdx.z
+        i1 = np.int64(group_off[g + 1])
+        Z = np.int64(cuda.gridDim.z)
+        if NB > 1:                    # (P = 1 and m < M here: the warp left otherwise)
+            i0 = batch_n(w, x, y, src, use_src, M, m, base, n, last, K, lane, i0, i1, Z)
+        if NB > 2:
+            i0 = batch_2(w, x, y, src, use_src, M, m, base, n, last, K, lane, i0, i1, Z)
+        for i in range(i0, i1, Z):
             xt = x_row(x, src[i] if use_src else i, K)
             total = row_total(w, xt, base, n, last, P, part, lane, part_sh)
             if lane == 0 and part == 0 and m < M:
@@ -652,7 +665,67 @@ def group_kernel(p, fixed_parts=0, lanes=32):
             if P > 1:                 # part_sh is written again for the next row
                 cuda.syncthreads()
 
-    return _named_lanes(matvec_groups, p, fixed_parts, "_grp", lanes)
+    return _named_lanes(matvec_groups, p, fixed_parts, "_grp" + (f"_b{NB}" if NB > 1 else ""),
+                        lanes)
+
+
+# Rows of one group a warp sums together in group_kernel (32 lanes, one warp a row): batches of
+# GROUP_BATCH rows, then (GROUP_BATCH > 2) one batch of 2, then single rows. A batch loads and
+# decodes each chunk's weights once for its rows (`_rows_step`, the rows kernels' step: every
+# row the one-row kernel's bits) and gives the warp independent rows' loads and dp4a to
+# overlap. 1: every row alone (the walk before session 24). Read when a kernel is built.
+GROUP_BATCH = 4
+
+
+def _mapped_x_row(x_row):
+    """x_row(xm, t, K) for xm = (x, rows): activation row rows[t] of x -- a batch's rows are
+    not consecutive (row i of a group reads row src[i] of x)."""
+    @cuda.jit(device=True, inline="always")
+    def mapped(xm, t, K):
+        x, rows = xm
+        return x_row(x, rows[t], K)
+    return mapped
+
+
+def _group_batch(p, nr):
+    """batch(w, x, y, src, use_src, M, m, base, n, last, K, lane, i, i1, Z) -> i: the group's
+    rows i, i + Z, ... taken nr at a time while nr remain before i1 (acc[t]: row i + t Z's lane
+    sum, in `_row_total`'s order; then its warp tree and the store), returning the first row
+    left."""
+    step = _rows_step(p._replace(x_row=_mapped_x_row(p.x_row)), nr)
+    zero = unrolled(nr, _zero)
+
+    @nvvm_inlined
+    def pick(t, acc, args):
+        rows, outs, src, use_src, i, Z = args
+        outs[t] = i + t * Z
+        rows[t] = src[i + t * Z] if use_src else i + t * Z
+
+    @nvvm_inlined
+    def store(t, acc, args):
+        y, outs, M, m, lane = args
+        s = warp_sum(acc[t])
+        if lane == 0:
+            y[outs[t] * M + m] = s
+
+    picks, stores = unrolled(nr, pick), unrolled(nr, store)
+    U = p.unroll
+
+    @cuda.jit(device=True, inline="always")
+    def batch(w, x, y, src, use_src, M, m, base, n, last, K, lane, i, i1, Z):
+        acc = cuda.local.array(nr, np.float32)
+        rows = cuda.local.array(nr, np.int64)
+        outs = cuda.local.array(nr, np.int64)
+        while i + (nr - 1) * Z < i1:
+            picks(acc, (rows, outs, src, use_src, i, Z))
+            zero(acc, ())
+            for u in range(lane, n, 32 * U):
+                step(acc, w, (x, rows), base, u, 32, last, n, K)
+            stores(acc, (y, outs, M, m, lane))
+            i += nr * Z
+        return i
+
+    return batch
 
 
 _TOKEN_KERNELS: dict = {}
@@ -663,8 +736,9 @@ def _kernel_set(cache, make, p, lanes):
     """kernels(parts) of path p's rows on `lanes` lanes, one set a (path, lanes) shared by
     every caller: make(p, 1, lanes), the build with the split folded in, for parts = 1, and
     make(p, 0, lanes), the run-time-parts build, for 2 and 4 (as `path_kernels`), each built
-    on first request. Rows on 16 / 8 lanes take one warp's part, so parts must be 1."""
-    key = (p.name, lanes)
+    on first request. Rows on 16 / 8 lanes take one warp's part, so parts must be 1. (A
+    group kernel's set is also GROUP_BATCH's.)"""
+    key = (p.name, lanes, GROUP_BATCH if make is group_kernel else 0)
     if key not in cache:
         built = {}
 
