@@ -142,7 +142,8 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
         def shared():
             def on(tm, xa, o, st):
                 moe.launch_group_matvec(tm, se.all_rows, None, xa, o, 1, T, st)
-            moe._shared_expert(q, se, xk, T, se.branches, stream, on)
+            side = se.branches.fork(stream, 0)      # as the block forks and joins it
+            moe._shared_expert(q, se, xk, T, se.branches, side, on)
             se.branches.join(stream, 0)
         def gate_walk():                # matvec.GROUP_BATCH = 1: each row alone (before
             from bw24nb.kernels import matvec   # session 24), on the same buffers
@@ -163,7 +164,11 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
                        se.yd, se.weights, y_c, se.sh_y,
                        None, None, stream, pos=se.pos))]
     for name, dots, launch in stages:
-        us, n = time_per_launch_us(launch, stream, smoke)
+        try:
+            us, n = time_per_launch_us(launch, stream, smoke)
+        except Exception as e:          # (one stage's failure must not lose the others' rows)
+            problems.append(f"stage {name}: {type(e).__name__}: {str(e)[:200]}")
+            continue
         rows.append((name, us, n, dots))
     return rows, problems, out
 
