@@ -334,8 +334,13 @@ def test_moe_combine_rank_order_and_shared_gate(rng):
 # ------------------------------------------------------------------ expert-major prefill
 
 
-def test_moe_sort_lists_each_experts_pairs_in_order(rng):
+@pytest.mark.parametrize("tile", [None, 8])
+def test_moe_sort_lists_each_experts_pairs_in_order(rng, monkeypatch, tile):
+    # tile 8: the 21 pairs staged in shared memory in three tiles (8 + 8 + 5)
+    from bw24nb.kernels import moe
     from bw24nb.kernels.moe import moe_sort
+    if tile is not None:
+        monkeypatch.setattr(moe, "_SORT_TILE", tile)
     T, k, Ex = 7, 3, 5
     ids = np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32)
     off = cuda.to_device(np.full(Ex + 1, 99, np.uint32))

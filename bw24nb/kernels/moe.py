@@ -750,21 +750,44 @@ def _shared_expert(q, s: MoEScratchQ8, xi, T, br, side, matvec_on):
 
 
 _SORT_SLOTS = ROUTER_E_MAX + 1      # a compile-time constant for the shared array
+# Pairs `moe_sort` stages in shared memory at a time (16 KB): a 512-token chunk at k = 8 is one
+# tile. Its first form read ids[p // k, p % k] from global memory for every pair in every
+# thread: two 64-bit divisions a pair, ~2 x 1024 of them a thread at T = 128, k = 8 -- the
+# H200 took 457 us a layer for the router and the sort together (session 24, moe_bench).
+_SORT_TILE = 4096
+
+
+@cuda.jit(device=True, inline="always")
+def _stage_ids(ids, tile, base, m, k, e, E):
+    """tile[j] = the expert of pair base + j (j < m), loaded by the block's E threads."""
+    cuda.syncthreads()                 # every thread is done with the last tile
+    for j in range(e, m, E):
+        p = np.uint32(base + j)          # (32-bit unsigned: one short division, not int64's)
+        t = p // k
+        tile[j] = ids[t, p - t * k]
+    cuda.syncthreads()
 
 
 @kernel
 def moe_sort(ids, group_off, pos, src):
     """ids int32[T, k] -> group_off uint32[E + 1] (E = blockDim.x, one thread per expert),
     pos int32[T k] (pair t k + r -> its sorted row), src int32[T k] (sorted row -> token).
-    Expert e's rows are its pairs in ascending pair order."""
+    Expert e's rows are its pairs in ascending pair order. The pairs are staged in shared
+    memory _SORT_TILE at a time; every thread scans each tile for its expert (the same entry
+    in every thread at once: a broadcast), once to count and once to place."""
     e = cuda.threadIdx.x
     E = cuda.blockDim.x
-    T, k = ids.shape
+    k = np.uint32(ids.shape[1])
+    n_pairs = np.int32(ids.shape[0] * ids.shape[1])
     cnt = cuda.shared.array(_SORT_SLOTS, int32)
+    tile = cuda.shared.array(_SORT_TILE, int32)
     n = 0
-    for p in range(T * k):
-        if ids[p // k, p % k] == e:
-            n += 1
+    for base in range(np.int32(0), n_pairs, np.int32(_SORT_TILE)):
+        m = min(np.int32(_SORT_TILE), n_pairs - base)
+        _stage_ids(ids, tile, base, m, k, e, E)
+        for j in range(m):
+            if tile[j] == e:
+                n += 1
     cnt[e] = n
     cuda.syncthreads()
     if e == 0:                        # exclusive scan, serial: E <= ROUTER_E_MAX values
@@ -777,11 +800,15 @@ def moe_sort(ids, group_off, pos, src):
         group_off[E] = acc
     cuda.syncthreads()
     row = cnt[e]
-    for p in range(T * k):
-        if ids[p // k, p % k] == e:
-            pos[p] = row
-            src[row] = p // k
-            row += 1
+    for base in range(np.int32(0), n_pairs, np.int32(_SORT_TILE)):
+        m = min(np.int32(_SORT_TILE), n_pairs - base)
+        _stage_ids(ids, tile, base, m, k, e, E)
+        for j in range(m):
+            if tile[j] == e:
+                p = np.uint32(base + j)
+                pos[p] = row
+                src[row] = p // k
+                row += 1
 
 
 @kernel
