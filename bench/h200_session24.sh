@@ -7,6 +7,13 @@
 # Call 1 (session 23's script, 70b6f28): mm with the copy_ahead tiles (Q4_K 12288 x 4096:
 # m128t64s4a 363.5, capped at 128 registers 339.5, KERNEL_CHOICE 358.7 us), q9m
 # default,gemm-ahead (7004 against 6947 tok/s).
+# Call 2 (ef168dc): Q9M_LAUNCH=default,gemm-ahead-r128 M35_LAUNCH=default,slice-chain q9m,m35
+#   (9B pp512 7031 against 7117 with the capped tile, now the default; 35B-A3B 1335 with the
+#   slices side by side against 1291 in a chain).
+# Call 3 (e796366): M35_LAUNCH=default,group-walk moe,m35 (1378 against 1337; moe_bench failed
+#   at its shared-expert stage, fixed). Call 4: moe (route_sort 457 of a 1288-us block).
+# Call 5 (2d0e333): moe,m35 with moe_sort on shared-memory tiles (route_sort 172, the block
+#   1005 us; 35B-A3B pp512 1567).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-q9m}; . bench/device_env.sh
 on q9m && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }

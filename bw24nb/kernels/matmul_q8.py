@@ -870,7 +870,7 @@ def _make_matmul_q8(qt, magic_cvt=MAGIC_CVT, tile: Tile = DEFAULT_TILE, grouped=
 #   Q8_0 12288x4096  session-2 kernel 570.7  cvt 561.3  m64t128s4 552.8  m64t128s4_cvt 532.7
 # Session 22, after session 21's unrolled K step, at 4096x4096 / 12288x4096 / 4096x12288:
 #   Q4_K  m64t128s4_cvt (the choice before) 125.2 / 376.6 / 367.7
-#         m128t64s4_cvt (the choice now)    120.2 / 355.9 / 349.5
+#         m128t64s4_cvt (the choice then)   120.2 / 355.9 / 349.5
 #         m64t64s8_cvt                      120.0 / 359.2 / 359.7
 #   Q6_K  m128t128s4_cvt 174.5 / 554.0 / 541.3, m64t128s4_cvt 187.8 / 562.7 / 559.7: kept
 #   Q8_0  m64t128s4_cvt 146.6 / 448.0 / 434.6, m128t128s4_cvt 143.6 / 447.3 / 438.4: kept
