@@ -19,7 +19,9 @@ gate / up, --down-type for the down projections; random weights and inputs), for
     reach (T k F gate rows, T k H down rows): the decode row loop gives each row dot a warp,
     and the down projections' K = 512 leaves half of its lanes without a unit;
   * the expert_rows block's other stages, each alone: `route_sort`, `group_up`, `swiglu`,
-    `shared_expert` (its three matvecs and swiglu), `combine`.
+    `shared_expert` (its three matvecs and swiglu), `combine`; and the forms before session 24
+    beside them: `route_sort_tok` (the router a token matvec a token), `shared_expert_b1` and
+    `block_expert_rows_walk` (matvec.GROUP_BATCH = 1, the router on the token kernel).
 
 Each is captured N times into one CUDA graph (bench/matmul_q8_bench.py's `time_per_launch_us`)
 and timed by CUDA events: median us per launch. Checks in the same run, flagged BAD: the
@@ -139,21 +141,31 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
         y_c = cuda.device_array((T, H), np.float32)
         xk = dict(xq=xq, xd=xd, x=x)          # (the block's own activation keywords)
 
+        def on(tm, xa, o, st):          # the block's one group of all T rows
+            moe.launch_group_matvec(tm, se.all_rows, None, xa, o, 1, T, st)
+
         def shared():
-            def on(tm, xa, o, st):
-                moe.launch_group_matvec(tm, se.all_rows, None, xa, o, 1, T, st)
             side = se.branches.fork(stream, 0)      # as the block forks and joins it
             moe._shared_expert(q, se, xk, T, se.branches, side, on)
             se.branches.join(stream, 0)
-        def gate_walk():                # matvec.GROUP_BATCH = 1: each row alone (before
-            from bw24nb.kernels import matvec   # session 24), on the same buffers
-            saved, matvec.GROUP_BATCH = matvec.GROUP_BATCH, 1
+
+        def walked(fn):                 # fn with matvec.GROUP_BATCH = 1 and the router on the
+            from bw24nb.kernels import matvec   # token kernel: the forms before session 24
+            saved = matvec.GROUP_BATCH, moe.ROUTER_ON_GROUP
+            matvec.GROUP_BATCH, moe.ROUTER_ON_GROUP = 1, False
             try:
-                moe.launch_group_matvec(q.gate, se.group_off, se.src, xi, se.gate, E, R, stream)
+                fn()
             finally:
-                matvec.GROUP_BATCH = saved
-        stages += [("group_gate_b1", R * F, gate_walk),
-                   ("route_sort", None, lambda: moe._route_sort(w, q, se, xk, T, stream)),
+                matvec.GROUP_BATCH, moe.ROUTER_ON_GROUP = saved
+        stages += [("group_gate_b1", R * F, lambda: walked(lambda: moe.launch_group_matvec(
+                       q.gate, se.group_off, se.src, xi, se.gate, E, R, stream))),
+                   ("route_sort", None, lambda: moe._route_sort(
+                       w, q, se, xk, T, stream, on if moe.ROUTER_ON_GROUP else None)),
+                   ("route_sort_tok", None, lambda: moe._route_sort(w, q, se, xk, T, stream)),
+                   ("shared_expert_b1", T * (2 * Fs + H), lambda: walked(shared)),
+                   ("block_expert_rows_walk", None, lambda: walked(
+                       lambda: moe.launch_moe_block_q8_expert_rows(x, xq, xd, w, q, se, y_c,
+                                                                   stream=stream))),
                    ("group_up", R * F_, lambda: moe.launch_group_matvec(
                        q.up, se.group_off, se.src, xi, se.up.reshape(R, F_), E, R, stream)),
                    ("swiglu", None, lambda: moe.launch_swiglu_q8(

@@ -366,13 +366,22 @@ def test_moe_block_grouped_matches_the_token_block(rng):
     assert _rel(grp - r0, tok - r0) <= 1e-5
 
 
+def _sorted(ids_d, Ex, T, k):
+    """moe_sort's (group_off, pos, src) of the device ids int32[T, k] over Ex experts."""
+    from bw24nb.kernels.moe import moe_sort
+    off, pos, src = (cuda.device_array(Ex + 1, np.uint32), cuda.device_array(T * k, np.int32),
+                     cuda.device_array(T * k, np.int32))
+    moe_sort[1, Ex](ids_d, off, pos, src)
+    return off, pos, src
+
+
 @pytest.mark.parametrize("qt,per_expert,K", [(QType.Q4_K, False, 256), (QType.Q8_0, True, 256),
                                              (QType.Q4_K, False, 1024)])
 def test_group_matvec_gives_the_token_kernels_bits(rng, qt, per_expert, K):
     # every (token, rank) pair's row of the expert-major group kernel, at its sorted row, is
     # the token kernel's row bit for bit; K = 1024 splits each row over 4 warps (the block
     # barrier between a warp's rows)
-    from bw24nb.kernels.moe import launch_group_matvec, launch_token_matvec, moe_sort, token_matrix
+    from bw24nb.kernels.moe import launch_group_matvec, launch_token_matvec, token_matrix
     T, k, Ex, M = 5, 2, 3, 5
     raw = quantize(_rand(rng, Ex, M, K, scale=K ** -0.5), qt)
     ids = np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32)
@@ -383,9 +392,7 @@ def test_group_matvec_gives_the_token_kernels_bits(rng, qt, per_expert, K):
     y = _poisoned((T, k, M))
     ids_d = cuda.to_device(ids)
     launch_token_matvec(tm, ids_d, True, k, tm.x_args(xq, xd), per_expert, y, T)
-    off, pos, src = (cuda.device_array(Ex + 1, np.uint32), cuda.device_array(T * k, np.int32),
-                     cuda.device_array(T * k, np.int32))
-    moe_sort[1, Ex](ids_d, off, pos, src)
+    off, pos, src = _sorted(ids_d, Ex, T, k)
     pos_h = pos.copy_to_host()
     if per_expert:              # the down projections' input: already in sorted row order
         xs = np.empty_like(x)
@@ -414,7 +421,7 @@ def test_short_rows_on_part_of_a_warp_keep_the_whole_warps_bits(rng, monkeypatch
     # kernels then give, bit for bit, what they give with a whole warp a row (SUB_WARP_ROWS
     # off); M = 5 leaves part of the last warp without a row
     from bw24nb.kernels import matvec
-    from bw24nb.kernels.moe import launch_group_matvec, launch_token_matvec, moe_sort, token_matrix
+    from bw24nb.kernels.moe import launch_group_matvec, launch_token_matvec, token_matrix
     T, k, Ex, M = 3, 2, 3, 5
     raw = quantize(_rand(rng, Ex, M, K, scale=K ** -0.5), qt)
     ids = cuda.to_device(np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32))
@@ -422,9 +429,7 @@ def test_short_rows_on_part_of_a_warp_keep_the_whole_warps_bits(rng, monkeypatch
     # one warp a row, as at the real shape's 8 x 2048 rows (this few rows would be split)
     tm = dataclasses.replace(token_matrix(cuda.to_device(raw), qt, M, K, k=k), parts=1)
     assert matvec.lanes_per_row(tm.path, K, 1) == lanes
-    off, pos, src = (cuda.device_array(Ex + 1, np.uint32), cuda.device_array(T * k, np.int32),
-                     cuda.device_array(T * k, np.int32))
-    moe_sort[1, Ex](ids, off, pos, src)
+    off, pos, src = _sorted(ids, Ex, T, k)
     outs = {}
     for sub in (True, False):
         monkeypatch.setattr(matvec, "SUB_WARP_ROWS", sub)
@@ -465,28 +470,32 @@ def test_moe_blocks_on_branches_give_the_chains_bits(rng, monkeypatch):
         np.testing.assert_array_equal(out[True].view(np.uint32), out[False].view(np.uint32))
 
 
-@pytest.mark.parametrize("batch,rows_per_slice", [(4, 64), (4, 2), (2, 64)])
+@pytest.mark.parametrize("batch,rows_per_slice,parts", [(4, 64, 1), (4, 2, 1), (2, 64, 1),
+                                                         (4, 64, 4)])
 def test_group_matvec_batches_give_the_token_kernels_bits(rng, monkeypatch, batch,
-                                                          rows_per_slice):
+                                                          rows_per_slice, parts):
     # matvec.GROUP_BATCH: a warp sums its group's rows `batch` at a time (then 2, then one),
     # each chunk's weights decoded once for the batch -- every row still the token kernel's,
     # bit for bit. 9 rows an expert: at one grid slice 4 + 4 + 1 (or 2 + 2 + 2 + 2 + 1); at
-    # GROUP_ROWS_PER_SLICE = 2 five slices of one or two rows (a batch of 2, or one row).
+    # GROUP_ROWS_PER_SLICE = 2 five slices of one or two rows (a batch of 2, or one row);
+    # parts = 4: each row split over four warps (the parts added in warp order, as the token
+    # kernel adds them).
     from bw24nb.kernels import matvec, moe
-    from bw24nb.kernels.moe import launch_group_matvec, launch_token_matvec, moe_sort, token_matrix
+    from bw24nb.kernels.moe import launch_group_matvec, launch_token_matvec, token_matrix
     monkeypatch.setattr(matvec, "GROUP_BATCH", batch)
     monkeypatch.setattr(moe, "GROUP_ROWS_PER_SLICE", rows_per_slice)
-    T, k, Ex, M, K = 9, 2, 2, 3, 2048      # (the 35B-A3B's gate / up: 64 chunks, 2 a lane)
+    # K = 2048: the 35B-A3B's gate / up (64 chunks, 2 a lane); split rows at K = 4096 (128
+    # chunks: each of the four warps has one a lane)
+    T, k, Ex, M, K = 9, 2, 2, 3, (2048 if parts == 1 else 4096)
     raw = quantize(_rand(rng, Ex, M, K, scale=K ** -0.5), QType.Q4_K)
     ids = np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32)
     xq, xd = _int8(_rand(rng, T, K))
-    tm = dataclasses.replace(token_matrix(cuda.to_device(raw), QType.Q4_K, M, K, k=k), parts=1)
+    tm = dataclasses.replace(token_matrix(cuda.to_device(raw), QType.Q4_K, M, K, k=k),
+                             parts=parts)
     y = _poisoned((T, k, M))
     ids_d = cuda.to_device(ids)
     launch_token_matvec(tm, ids_d, True, k, tm.x_args(xq, xd), False, y, T)
-    off, pos, src = (cuda.device_array(Ex + 1, np.uint32), cuda.device_array(T * k, np.int32),
-                     cuda.device_array(T * k, np.int32))
-    moe_sort[1, Ex](ids_d, off, pos, src)
+    off, pos, src = _sorted(ids_d, Ex, T, k)
     assert list(off.copy_to_host()) == [0, T, 2 * T]
     yg = _poisoned((T * k, M))
     launch_group_matvec(tm, off, src, tm.x_args(xq, xd), yg, Ex, T * k)
