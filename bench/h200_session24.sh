@@ -14,6 +14,8 @@
 #   at its shared-expert stage, fixed). Call 4: moe (route_sort 457 of a 1288-us block).
 # Call 5 (2d0e333): moe,m35 with moe_sort on shared-memory tiles (route_sort 172, the block
 #   1005 us; 35B-A3B pp512 1567).
+# Call 6 (70c3643): moe with group batches on split rows and the router on the group kernel
+#   (shared_expert 375.2 against 309.7 us, route_sort 177.7 against 173.5: both reverted).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-q9m}; . bench/device_env.sh
 on q9m && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }

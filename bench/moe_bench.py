@@ -19,9 +19,8 @@ gate / up, --down-type for the down projections; random weights and inputs), for
     reach (T k F gate rows, T k H down rows): the decode row loop gives each row dot a warp,
     and the down projections' K = 512 leaves half of its lanes without a unit;
   * the expert_rows block's other stages, each alone: `route_sort`, `group_up`, `swiglu`,
-    `shared_expert` (its three matvecs and swiglu), `combine`; and the forms before session 24
-    beside them: `route_sort_tok` (the router a token matvec a token), `shared_expert_b1` and
-    `block_expert_rows_walk` (matvec.GROUP_BATCH = 1, the router on the token kernel).
+    `shared_expert` (its three matvecs and swiglu), `combine`; and the block with the group
+    kernels' rows one at a time beside it (`block_expert_rows_walk`, matvec.GROUP_BATCH = 1).
 
 Each is captured N times into one CUDA graph (bench/matmul_q8_bench.py's `time_per_launch_us`)
 and timed by CUDA events: median us per launch. Checks in the same run, flagged BAD: the
@@ -149,20 +148,16 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
             moe._shared_expert(q, se, xk, T, se.branches, side, on)
             se.branches.join(stream, 0)
 
-        def walked(fn):                 # fn with matvec.GROUP_BATCH = 1 and the router on the
-            from bw24nb.kernels import matvec   # token kernel: the forms before session 24
-            saved = matvec.GROUP_BATCH, moe.ROUTER_ON_GROUP
-            matvec.GROUP_BATCH, moe.ROUTER_ON_GROUP = 1, False
+        def walked(fn):                 # fn with matvec.GROUP_BATCH = 1: each row alone,
+            from bw24nb.kernels import matvec   # the group kernels before session 24
+            saved, matvec.GROUP_BATCH = matvec.GROUP_BATCH, 1
             try:
                 fn()
             finally:
-                matvec.GROUP_BATCH, moe.ROUTER_ON_GROUP = saved
+                matvec.GROUP_BATCH = saved
         stages += [("group_gate_b1", R * F, lambda: walked(lambda: moe.launch_group_matvec(
                        q.gate, se.group_off, se.src, xi, se.gate, E, R, stream))),
-                   ("route_sort", None, lambda: moe._route_sort(
-                       w, q, se, xk, T, stream, on if moe.ROUTER_ON_GROUP else None)),
-                   ("route_sort_tok", None, lambda: moe._route_sort(w, q, se, xk, T, stream)),
-                   ("shared_expert_b1", T * (2 * Fs + H), lambda: walked(shared)),
+                   ("route_sort", None, lambda: moe._route_sort(w, q, se, xk, T, stream)),
                    ("block_expert_rows_walk", None, lambda: walked(
                        lambda: moe.launch_moe_block_q8_expert_rows(x, xq, xd, w, q, se, y_c,
                                                                    stream=stream))),

@@ -626,21 +626,21 @@ def group_kernel(p, fixed_parts=0, lanes=32):
     `token_kernel` and `row_kernel` sum it (steps 1-4 of the module docstring), and written
     once: y[i M + m]. A warp walks its rows one after another, so a matrix row comes from DRAM
     once per (block, z) and from the cache for the group's other rows. Rows on `parts` warps or
-    `lanes` lanes as for `token_kernel`. On whole-warp rows (one warp or split over `parts`)
-    a warp takes its rows GROUP_BATCH at a time (`_group_batch`): the same sums, each chunk's
-    weights decoded once for the batch."""
+    `lanes` lanes as for `token_kernel`. On whole-warp rows of one warp a warp takes its rows
+    GROUP_BATCH at a time (`_group_batch`): the same sums, each chunk's weights decoded once
+    for the batch."""
     row_total, place = _lanes_row_total(p, lanes), _row_place(lanes)
     units, row_base, x_row = p.units, p.base, p.x_row
     FP = fixed_parts if lanes == 32 else 1
-    # batches (GROUP_BATCH) on whole-warp rows (one warp or split): rows on 16 / 8 lanes keep
-    # the walk (their sub-warp tree is not the rows kernels')
-    NB = GROUP_BATCH if lanes == 32 else 1
+    # batches (GROUP_BATCH) on whole-warp rows of one warp: the rows kernels' step has no
+    # split-row combine and no sub-warp tree
+    NB = GROUP_BATCH if lanes == 32 and FP == 1 else 1
     batch_n = _group_batch(p, NB) if NB > 1 else None
     batch_2 = _group_batch(p, 2) if NB > 2 else None
 
     def matvec_groups(w, group_off, src, use_src, M, K, x, y, parts):
         P = FP if FP else parts
-        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)   # (batches: nr rows' totals)
+        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
         lane, m, part, first = place(P)
         if P == 1 and first >= M:     # the whole warp leaves: the lane sums stay full-warp
             return
@@ -653,12 +653,10 @@ def group_kernel(p, fixed_parts=0, lanes=32):
         i0 = np.int64(group_off[g]) + cuda.blockIdx.z
         i1 = np.int64(group_off[g + 1])
         Z = np.int64(cuda.gridDim.z)
-        if NB > 1:
-            i0 = batch_n(w, x, y, src, use_src, M, m, base, n, last, K, lane, part, P, part_sh,
-                         i0, i1, Z)
+        if NB > 1:                    # (P = 1 and m < M here: the warp left otherwise)
+            i0 = batch_n(w, x, y, src, use_src, M, m, base, n, last, K, lane, i0, i1, Z)
         if NB > 2:
-            i0 = batch_2(w, x, y, src, use_src, M, m, base, n, last, K, lane, part, P, part_sh,
-                         i0, i1, Z)
+            i0 = batch_2(w, x, y, src, use_src, M, m, base, n, last, K, lane, i0, i1, Z)
         for i in range(i0, i1, Z):
             xt = x_row(x, src[i] if use_src else i, K)
             total = row_total(w, xt, base, n, last, P, part, lane, part_sh)
@@ -671,8 +669,8 @@ def group_kernel(p, fixed_parts=0, lanes=32):
                         lanes)
 
 
-# Rows of one group a warp sums together in group_kernel (whole-warp rows, one warp or split):
-# batches of GROUP_BATCH rows, then (GROUP_BATCH > 2) one batch of 2, then single rows. A batch loads and
+# Rows of one group a warp sums together in group_kernel (32 lanes, one warp a row): batches of
+# GROUP_BATCH rows, then (GROUP_BATCH > 2) one batch of 2, then single rows. A batch loads and
 # decodes each chunk's weights once for its rows (`_rows_step`, the rows kernels' step: every
 # row the one-row kernel's bits) and gives the warp independent rows' loads and dp4a to
 # overlap. 1: every row alone (the walk before session 24). Read when a kernel is built.
@@ -690,14 +688,10 @@ def _mapped_x_row(x_row):
 
 
 def _group_batch(p, nr):
-    """batch(w, x, y, src, use_src, M, m, base, n, last, K, lane, part, P, part_sh, i, i1, Z)
-    -> i: the group's rows i, i + Z, ... taken nr at a time while nr remain before i1, returning
-    the first row left. acc[t] is row i + t Z's lane sum over this warp's units (32 part +
-    lane, + 32 P, ...: `_row_total`'s order), then the warp tree, and for a row split over P
-    warps the parts added in warp order by lane 0 of part 0 (`combine_parts`' order; part_sh
-    holds nr rows' warp totals, two block barriers a batch); then the store. Every warp of a
-    block takes the same batches (they share the group and the grid slice), so the barriers
-    match; a warp past the matrix's rows (n = 0) loads nothing and stores nothing."""
+    """batch(w, x, y, src, use_src, M, m, base, n, last, K, lane, i, i1, Z) -> i: the group's
+    rows i, i + Z, ... taken nr at a time while nr remain before i1 (acc[t]: row i + t Z's lane
+    sum, in `_row_total`'s order; then its warp tree and the store), returning the first row
+    left."""
     step = _rows_step(p._replace(x_row=_mapped_x_row(p.x_row)), nr)
     zero = unrolled(nr, _zero)
 
@@ -708,43 +702,26 @@ def _group_batch(p, nr):
         rows[t] = src[i + t * Z] if use_src else i + t * Z
 
     @nvvm_inlined
-    def total(t, acc, args):
-        part_sh, lane, P = args
-        s = warp_sum(acc[t])
-        acc[t] = s
-        if P > 1 and lane == 0:
-            part_sh[t * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)] = s
-
-    @nvvm_inlined
     def store(t, acc, args):
-        y, outs, M, m, part_sh, P = args
-        v = acc[t]
-        w0 = t * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
-        for k in range(1, P):
-            v += part_sh[w0 + k]
-        y[outs[t] * M + m] = v
+        y, outs, M, m, lane = args
+        s = warp_sum(acc[t])
+        if lane == 0:
+            y[outs[t] * M + m] = s
 
-    picks, totals, stores = unrolled(nr, pick), unrolled(nr, total), unrolled(nr, store)
+    picks, stores = unrolled(nr, pick), unrolled(nr, store)
     U = p.unroll
 
     @cuda.jit(device=True, inline="always")
-    def batch(w, x, y, src, use_src, M, m, base, n, last, K, lane, part, P, part_sh, i, i1, Z):
+    def batch(w, x, y, src, use_src, M, m, base, n, last, K, lane, i, i1, Z):
         acc = cuda.local.array(nr, np.float32)
         rows = cuda.local.array(nr, np.int64)
         outs = cuda.local.array(nr, np.int64)
-        stride = 32 * P
         while i + (nr - 1) * Z < i1:
             picks(acc, (rows, outs, src, use_src, i, Z))
             zero(acc, ())
-            for u in range(32 * part + lane, n, stride * U):
-                step(acc, w, (x, rows), base, u, stride, last, n, K)
-            totals(acc, (part_sh, lane, P))
-            if P > 1:
-                cuda.syncthreads()
-            if lane == 0 and part == 0 and m < M:
-                stores(acc, (y, outs, M, m, part_sh, P))
-            if P > 1:                 # part_sh is written again by the next batch
-                cuda.syncthreads()
+            for u in range(lane, n, 32 * U):
+                step(acc, w, (x, rows), base, u, 32, last, n, K)
+            stores(acc, (y, outs, M, m, lane))
             i += nr * Z
         return i
 

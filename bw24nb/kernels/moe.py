@@ -667,16 +667,10 @@ def launch_moe_combine(yd, weights, y, shared_y=None, shared_gate=None, residual
         moe_combine_sorted[grid, THREADS, stream](yd.reshape(T * k, H), pos, *rest)
 
 
-def _route_tokens(w, q, s, xi, T, stream, matvec_on=None):
-    """Router logits (float or int8 input by the router's type: xi = dict(xq, xd, x)), then
-    the top-k ids and weights into s.ids / s.weights. The logits come from one token matvec a
-    token, or from matvec_on(tm, x_args, out, stream) when given (the expert-major block's
-    group kernel over all T rows: the same bits, ROUTER_ON_GROUP)."""
-    if matvec_on is not None:
-        matvec_on(q.router, q.router.x_args(**xi), s.logits, stream)
-    else:
-        launch_token_matvec(q.router, s.ids, False, 1, q.router.x_args(**xi), False, s.logits,
-                            T, stream)
+def _route_tokens(w, q, s, xi, T, stream):
+    """Router logits (one token matvec a token, float or int8 input by the router's type:
+    xi = dict(xq, xd, x)), then the top-k ids and weights into s.ids / s.weights."""
+    launch_token_matvec(q.router, s.ids, False, 1, q.router.x_args(**xi), False, s.logits, T, stream)
     launch_moe_route(s.logits, w.norm_topk_prob, s.ids, s.weights, stream)
 
 
@@ -884,9 +878,9 @@ def _check_sorted(who, x, xq, xd, w, s: MoEScratchSorted):
     return dict(xq=xq, xd=xd, x=x), T
 
 
-def _route_sort(w, q, s: MoEScratchSorted, xi, T, stream, matvec_on=None):
+def _route_sort(w, q, s: MoEScratchSorted, xi, T, stream):
     """Route the T tokens and sort their (token, rank) pairs by expert (`moe_sort`)."""
-    _route_tokens(w, q, s, xi, T, stream, matvec_on)
+    _route_tokens(w, q, s, xi, T, stream)
     moe_sort[1, w.n_experts, stream](s.ids, s.group_off, s.pos, s.src)
 
 
@@ -946,12 +940,6 @@ def launch_moe_block_q8_grouped(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8
 # Rows a (block, z slice) of group_kernel walks, on average: fewer slices leave long serial
 # chains of row dots in a block, more re-read the matrix from L2 for fewer rows each.
 GROUP_ROWS_PER_SLICE = 4
-# The expert-major block's router logits on the group kernel (one group of all T rows: the
-# router read once a block and slice for its rows, matvec.GROUP_BATCH at a time) instead of a
-# token matvec a token, which re-reads the F32 router (2 MB at the 35B-A3B shape) for every
-# token. The same sums, so the same routing. Read at every launch (session 24: built after
-# the device time was spent, not timed; False is the form measured in session 24).
-ROUTER_ON_GROUP = True
 
 
 def launch_group_matvec(tm: TokenMatrix, group_off, src, x_args, y, groups: int, rows: int,
@@ -988,12 +976,12 @@ def launch_moe_block_q8_expert_rows(x, xq, xd, w: ExpertWeights, q: ExpertMatric
     xi, T = _check_sorted("moe_block_expert_rows", x, xq, xd, w, s)
     br = s.branches
     shared_y = shared_gate = None
-
-    def all_rows(tm, xa, out, on):      # one matrix over the T tokens: one group of T rows
-        launch_group_matvec(tm, s.all_rows, None, xa, out, 1, T, on)
     if q.sh_down is not None:
-        shared_y, shared_gate = _shared_expert(q, s, xi, T, br, br.fork(stream, 0), all_rows)
-    _route_sort(w, q, s, xi, T, stream, all_rows if ROUTER_ON_GROUP else None)
+
+        def sh_matvec(tm, xa, out, on):
+            launch_group_matvec(tm, s.all_rows, None, xa, out, 1, T, on)
+        shared_y, shared_gate = _shared_expert(q, s, xi, T, br, br.fork(stream, 0), sh_matvec)
+    _route_sort(w, q, s, xi, T, stream)
     E, F = w.n_experts, w.ffn
     R = T * w.top_k
     gate, up = s.gate.reshape(R, F), s.up.reshape(R, F)
