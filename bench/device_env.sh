@@ -2,6 +2,10 @@
 # on the path, $OUT/logs, the kernel cache, and two helpers --
 #   on STAGE            true when STAGE is in the comma list $stages
 #   run SECONDS NAME CMD...   CMD under a time limit, output to $L/NAME.log, one "== NAME rc=.. Ns" line
+#   rb_stage NAME FILE MODEL LAUNCH SECONDS PATTERN
+#                             run_bench on FILE (--name MODEL, --launch LAUNCH) as stage NAME,
+#                             then its gate / decode / prefill lines and the prefill kernels
+#                             whose names match PATTERN (session 24 on)
 #   bench_pair TAG FILE NAME  run_bench on FILE for stage TAG (this tree) and stage TAGold (the
 #                             tree in $OLD_TREE, default .old, commit $OLD_COMMIT), then their
 #                             gate / decode / prefill lines; $RB_EXTRA / $RB_OLD_EXTRA: more
@@ -16,6 +20,10 @@ C=${BW24_COMMIT:-unknown}
 on() { case ,$stages, in *,$1,*) return 0;; esac; return 1; }
 run() { local t=$1 name=$2; shift 2; local s=$(date +%s); timeout $t "$@" > "$L/$name.log" 2>&1; local rc=$?
         echo "== $name rc=$rc $(( $(date +%s) - s ))s"; }
+rb_stage() { local name=$1 file=$2 model=$3 launch=$4 secs=$5 pat=$6
+  run $secs $name python3 bench/run_bench.py $file --name $model --runs 3 --torch none --act-quant q8 --launch $launch --commit $C --jsonl /tmp/bench.jsonl
+  grep -E "gate:|decode_tok_s@|prefill_tok_s|Error|Traceback" $L/$name.log | grep -v "^  qwen" | cut -c1-170
+  grep -E "prefill_kernel_ms:($pat)" $L/$name.log | grep -v "^  qwen" | cut -c1-120; }
 bench_pair() { local tag=$1 file=$2 name=$3 old=${OLD_TREE:-.old}
   local args="--name $name --runs 3 --torch none --act-quant q8"
   on $tag && run ${PAIR_S:-250} ${tag}new python3 bench/run_bench.py $file $args ${RB_EXTRA:-} --commit $C --jsonl /tmp/bench.jsonl

@@ -24,11 +24,8 @@ on mm && { run ${MM_S:-300} mm python3 bench/matmul_q8_bench.py --shapes 9b --T 
 on moe && { run ${MOE_S:-200} moe python3 bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-} --commit $C --jsonl /tmp/moe_bench.jsonl
   grep -vE "^\s*$" $L/moe.log | cut -c1-160 | tail -30; }
 [ -n "${P9:-}" ] && wait $P9
-on q9m && { run ${Q9M_S:-330} q9m python3 bench/run_bench.py /tmp/q9.gguf --name qwen3.5-9b-random --runs 3 --torch none --act-quant q8 --launch ${Q9M_LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
-  grep -E "gate:|decode_tok_s@|prefill_tok_s|Error|Traceback" $L/q9m.log | grep -v "^  qwen" | cut -c1-170
-  grep -E "prefill_kernel_ms:(ffn_|gdn_qkv)" $L/q9m.log | grep -v "^  qwen" | cut -c1-120; }
+on q9m && rb_stage q9m /tmp/q9.gguf qwen3.5-9b-random ${Q9M_LAUNCH:-default} ${Q9M_S:-330} "ffn_|gdn_qkv"
 [ -n "${P35:-}" ] && wait $P35
-on m35 && { run ${M35_S:-240} m35 python3 bench/run_bench.py /tmp/m35.gguf --name qwen3.6-35b-a3b-random --runs 3 --torch none --act-quant q8 --launch ${M35_LAUNCH:-default} --commit $C --jsonl /tmp/bench.jsonl
-  grep -E "gate:|decode_tok_s@|prefill_tok_s|prefill_kernel_ms:(moe|gdn_)|Error|Traceback" $L/m35.log | grep -v "^  qwen" | cut -c1-170; }
+on m35 && rb_stage m35 /tmp/m35.gguf qwen3.6-35b-a3b-random ${M35_LAUNCH:-default} ${M35_S:-240} "moe|gdn_"
 cp /tmp/*.jsonl $OUT/ 2>/dev/null
 tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
