@@ -674,6 +674,9 @@ def group_kernel(p, fixed_parts=0, lanes=32):
 # decodes each chunk's weights once for its rows (`_rows_step`, the rows kernels' step: every
 # row the one-row kernel's bits) and gives the warp independent rows' loads and dp4a to
 # overlap. 1: every row alone (the walk before session 24). Read when a kernel is built.
+# H200, T = 128 at the 35B-A3B shape (decision 0031): the expert gate 160.3 against 198.7 us,
+# pp512 1378 against 1337 tok/s (run_bench --launch group-walk). Batches of split rows lost
+# (the shared expert 375.2 against 309.7 us) and were removed.
 GROUP_BATCH = 4
 
 

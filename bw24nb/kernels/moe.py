@@ -753,7 +753,8 @@ _SORT_SLOTS = ROUTER_E_MAX + 1      # a compile-time constant for the shared arr
 # Pairs `moe_sort` stages in shared memory at a time (16 KB): a 512-token chunk at k = 8 is one
 # tile. Its first form read ids[p // k, p % k] from global memory for every pair in every
 # thread: two 64-bit divisions a pair, ~2 x 1024 of them a thread at T = 128, k = 8 -- the
-# H200 took 457 us a layer for the router and the sort together (session 24, moe_bench).
+# H200 took 457 us a layer for the router and the sort together, 172 us on tiles (session 24,
+# moe_bench; decision 0031).
 _SORT_TILE = 4096
 
 
