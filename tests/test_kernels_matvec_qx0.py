@@ -157,12 +157,17 @@ def test_qx0_last_block_ends_the_buffer(rng, qt):
 
 
 def _assert_close_to_reference(rng, w, qt, M, K):
-    """One launch on fresh activations, within the float path's rounding of the reference."""
+    """One launch on fresh activations, within the float path's rounding of the reference:
+    1e-5 of the sum of the magnitudes each row is made of (a bound relative to the result
+    itself fails by chance when the row's terms cancel: BW24_TEST_SEED=3634888822 gave one
+    Q5_0 row of 0.0060 from terms ~50x larger)."""
     x = rng.standard_normal(K).astype(np.float32)
     xq, xd = quantize_act_q8_reference(x)
     out = _run(w, qt, M, K, xq, xd)[0]
     ref = matvec_q8_reference(w, qt, M, K, xq, xd)
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    scale = np.abs(dequantize(w, qt, (M, K)).astype(np.float64)) @ np.abs(
+        dequantize_act_q8(xq, xd))
+    np.testing.assert_array_less(np.abs(out - ref), 1e-5 * scale)
 
 
 def test_qx0_unusable_buffers_take_the_generic_path(rng, monkeypatch):
