@@ -8,6 +8,7 @@
 # m128t64s4a 363.5, capped at 128 registers 339.5, KERNEL_CHOICE 358.7 us), q9m
 # default,gemm-ahead (7004 against 6947 tok/s).
 # Call 2 (ef168dc): Q9M_LAUNCH=default,gemm-ahead-r128 M35_LAUNCH=default,slice-chain q9m,m35
+#   (gemm-ahead-r128 is the default since; --launch gemm-s23 now runs the old choice)
 #   (9B pp512 7031 against 7117 with the capped tile, now the default; 35B-A3B 1335 with the
 #   slices side by side against 1291 in a chain).
 # Call 3 (e796366): M35_LAUNCH=default,group-walk moe,m35 (1378 against 1337; moe_bench failed

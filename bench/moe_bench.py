@@ -80,7 +80,7 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
     """[(name, us, launches, row_dots or None)], the problems found and the blocks' outputs,
     for T tokens (the inputs drawn from `seed` and T, the same for every call)."""
     from numba import cuda
-    from bw24nb.kernels import moe
+    from bw24nb.kernels import matvec, moe
     from bw24nb.kernels.quantize_act import launch_quantize_act
     from matmul_q8_bench import time_per_launch_us
     E, k, H, F = w.n_experts, w.top_k, w.hidden, w.ffn
@@ -136,7 +136,7 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
                        R, stream))]
         # the rest of the expert_rows block, stage by stage (on its own buffers, in its order:
         # the block's time minus the three projections is these)
-        F_, Fs = w.ffn, w.shared_ffn
+        Fs = w.shared_ffn
         y_c = cuda.device_array((T, H), np.float32)
         xk = dict(xq=xq, xd=xd, x=x)          # (the block's own activation keywords)
 
@@ -148,8 +148,7 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
             moe._shared_expert(q, se, xk, T, se.branches, side, on)
             se.branches.join(stream, 0)
 
-        def walked(fn):                 # fn with matvec.GROUP_BATCH = 1: each row alone,
-            from bw24nb.kernels import matvec   # the group kernels before session 24
+        def walked(fn):                 # fn with matvec.GROUP_BATCH = 1: each row alone
             saved, matvec.GROUP_BATCH = matvec.GROUP_BATCH, 1
             try:
                 fn()
@@ -161,10 +160,10 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
                    ("block_expert_rows_walk", None, lambda: walked(
                        lambda: moe.launch_moe_block_q8_expert_rows(x, xq, xd, w, q, se, y_c,
                                                                    stream=stream))),
-                   ("group_up", R * F_, lambda: moe.launch_group_matvec(
-                       q.up, se.group_off, se.src, xi, se.up.reshape(R, F_), E, R, stream)),
+                   ("group_up", R * F, lambda: moe.launch_group_matvec(
+                       q.up, se.group_off, se.src, xi, se.up.reshape(R, F), E, R, stream)),
                    ("swiglu", None, lambda: moe.launch_swiglu_q8(
-                       se.gate.reshape(R, F_), se.up.reshape(R, F_), se.act.reshape(R, F_),
+                       se.gate.reshape(R, F), se.up.reshape(R, F), se.act.reshape(R, F),
                        se.act_q, se.act_d, stream)),
                    ("shared_expert", T * (2 * Fs + H), shared),
                    ("combine", None, lambda: moe.launch_moe_combine(

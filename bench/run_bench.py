@@ -560,8 +560,10 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # decode_attention.ONE_TILE_DIRECT off; stored by warp 0 directly is the default since
 # session 21); the prefill GEMM's kernel choice before session 22 (gemm-s21: Q4_K on
 # m64t128s4_cvt, not m128t64s4_cvt; matmul_q8.KERNEL_CHOICE) or its Q4_K on the copy_ahead tile
-# (gemm-ahead: cp.async double buffers; session 24: 6947 against 7004 tok/s at 9B pp512),
-# capped at 128 registers (gemm-ahead-r128); the rows prefill's GDN conv and
+# (gemm-ahead: cp.async double buffers, uncapped; session 24: 6947 against 7004 tok/s at 9B
+# pp512), or session 23's (gemm-s23: m128t64s4_cvt; the copy_ahead tile capped at 128 registers
+# is the default since session 24, run then as gemm-ahead-r128: 7117 against 7031); the rows
+# prefill's GDN conv and
 # prep as the one fused launch (conv-prep-rows: engine.CONV_PREP_MAX_T, before session 22);
 # prefill's delta rule on the pipe kernel (pipe-rule: gated_deltanet.PREFILL_RULE; the default
 # since session 23) or the quad kernel (quad-rule, session 22's default); the rows prefill's
@@ -573,9 +575,9 @@ _Q4 = "bw24nb.kernels.matvec_q4k"
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
                QType.Q6_K: (("m128t128s4", False), ("m64t128s4", False)),
                QType.Q8_0: (("m64t128s4", False),)}
-# the same with ptxas capped at 128 registers (2 blocks an SM; it spills 184 bytes): session 24,
-# matmul_q8_bench Q4_K 12288 x 4096 339.5 against KERNEL_CHOICE's 358.7 us, uncapped 363.5
-_GEMM_AHEAD_R128 = {**_GEMM_AHEAD, QType.Q4_K: (("m128t64s4a", False, 128), ("m64t128s4", False))}
+# session 23's choice (KERNEL_CHOICE since session 24 caps the copy_ahead tile at 128
+# registers: 339.5 against this choice's 358.7 us at Q4_K 12288 x 4096)
+_GEMM_S23 = {**_GEMM_AHEAD, QType.Q4_K: (("m128t64s4", False), ("m64t128s4", False))}
 _GEMM_S21 = {QType.Q4_K: (("m64t128s4", False),),
              QType.Q6_K: (("m128t128s4", False), ("m64t128s4", False)),
              QType.Q8_0: (("m64t128s4", False),)}
@@ -592,8 +594,7 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "attn-merge": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", False)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],
                 "gemm-ahead": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_AHEAD)],
-                "gemm-ahead-r128": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE",
-                                     _GEMM_AHEAD_R128)],
+                "gemm-s23": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S23)],
                 "conv-prep-rows": [("bw24nb.engine", "CONV_PREP_MAX_T", 1 << 30)],
                 "pipe-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "pipe")],
                 "quad-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "quad")],

@@ -136,8 +136,8 @@ def test_qx0_rows_equal_one_row_launches_with_bias_and_residual(rng, qt):
                                   xd[t * K // 32:(t + 1) * K // 32], bias, res[t * M:(t + 1) * M])
         # the float path's bound (tests/test_kernels_matvec.py: FLOAT_PATH_REL) on the sum of
         # the magnitudes the result is made of
-        xa = np.abs(dequantize_act_q8(xq[t * K:(t + 1) * K], xd[t * K // 32:(t + 1) * K // 32]))
-        scale = np.abs(dequantize(w, qt, (M, K)).astype(np.float64)) @ xa + np.abs(bias) \
+        scale = _magnitudes(w, qt, M, K, xq[t * K:(t + 1) * K],
+                            xd[t * K // 32:(t + 1) * K // 32]) + np.abs(bias) \
             + np.abs(res[t * M:(t + 1) * M])
         np.testing.assert_array_less(np.abs(out[t] - ref), 1e-5 * scale)
 
@@ -165,9 +165,14 @@ def _assert_close_to_reference(rng, w, qt, M, K):
     xq, xd = quantize_act_q8_reference(x)
     out = _run(w, qt, M, K, xq, xd)[0]
     ref = matvec_q8_reference(w, qt, M, K, xq, xd)
-    scale = np.abs(dequantize(w, qt, (M, K)).astype(np.float64)) @ np.abs(
+    np.testing.assert_array_less(np.abs(out - ref), 1e-5 * _magnitudes(w, qt, M, K, xq, xd))
+
+
+def _magnitudes(w, qt, M, K, xq, xd):
+    """|W| @ |x| per row (float64): the sum of the magnitudes a row is made of, the scale of
+    the float path's rounding."""
+    return np.abs(dequantize(w, qt, (M, K)).astype(np.float64)) @ np.abs(
         dequantize_act_q8(xq, xd))
-    np.testing.assert_array_less(np.abs(out - ref), 1e-5 * scale)
 
 
 def test_qx0_unusable_buffers_take_the_generic_path(rng, monkeypatch):
