@@ -17,6 +17,7 @@
 #   1005 us; 35B-A3B pp512 1567).
 # Call 6 (70c3643): moe with group batches on split rows and the router on the group kernel
 #   (shared_expert 375.2 against 309.7 us, route_sort 177.7 against 173.5: both reverted).
+# Session 25 runs this script too (its calls are listed in docs/benchmarks.md "Session 25").
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-q9m}; . bench/device_env.sh
 on q9m && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }

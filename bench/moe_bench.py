@@ -157,6 +157,15 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
         stages += [("group_gate_b1", R * F, lambda: walked(lambda: moe.launch_group_matvec(
                        q.gate, se.group_off, se.src, xi, se.gate, E, R, stream))),
                    ("route_sort", None, lambda: moe._route_sort(w, q, se, xk, T, stream)),
+                   # route_sort's three launches alone: the router's float matvec a token,
+                   # softmax + top-k (a block a token) and the sort (one block)
+                   ("router", T * E, lambda: moe.launch_token_matvec(
+                       q.router, se.ids, False, 1, q.router.x_args(**xk), False, se.logits, T,
+                       stream)),
+                   ("route", None, lambda: moe.launch_moe_route(
+                       se.logits, w.norm_topk_prob, se.ids, se.weights, stream)),
+                   ("sort", None, lambda: moe.moe_sort[1, E, stream](
+                       se.ids, se.group_off, se.pos, se.src)),
                    ("block_expert_rows_walk", None, lambda: walked(
                        lambda: moe.launch_moe_block_q8_expert_rows(x, xq, xd, w, q, se, y_c,
                                                                    stream=stream))),
@@ -193,6 +202,10 @@ def main(argv=None) -> int:
                          "short row's units, short rows on 16 / 8 lanes), whole (fitted, a warp "
                          "a row) and full (4 slots, a warp a row); the token block must give "
                          "the same bits in each")
+    ap.add_argument("--min-units", default=None,
+                    help="a list of moe.TOKEN_MIN_UNITS values (the fewest units a lane keeps "
+                         "of a split token-matrix row), each run in turn with its own "
+                         "matrices; the default: the module's")
     ap.add_argument("--branches", default="on",
                     help="a list of on (the default: independent launches on side streams) and "
                          "off (one chain); the blocks must give the same bits in each")
@@ -209,10 +222,29 @@ def main(argv=None) -> int:
     stream = cuda.stream()
     w, q = _block(rng, E, k, H, F, QType[a.down_type])
     shape = f"E{E} k{k} H{H} F{F} down {a.down_type}"
-    bad = 0
     print(f"moe bench, {gpu_name()}, {shape}")
-    print(f"{'T':>5} {'launch':<24} {'us':>10} {'n':>5} {'row dots/s':>12}")
+    from bw24nb.kernels import moe
+    if a.min_units is None:
+        return _bench(a, ap, rec, w, q, stream, shape, smoke)
+    bad, default = 0, moe.TOKEN_MIN_UNITS
+    for mu in (int(v) for v in a.min_units.split(",") if v):
+        moe.TOKEN_MIN_UNITS = mu           # (the matrices' parts are fixed when they are built)
+        print(f"moe.TOKEN_MIN_UNITS = {mu}")
+        try:
+            bad += _bench(a, ap, rec, w, moe.expert_matrices_q8(w), stream, shape, smoke,
+                          tag=f"/mu{mu}", min_units=mu)
+        finally:
+            moe.TOKEN_MIN_UNITS = default
+    rec.write()
+    return 1 if bad else 0
+
+
+def _bench(a, ap, rec, w, q, stream, shape, smoke, tag="", min_units=None):
+    """Every T of --tokens under every --unroll x --branches combination; the BAD count."""
     from bw24nb.kernels import matvec, moe
+    bad = 0
+    print(f"{'T':>5} {'launch':<24} {'us':>10} {'n':>5} {'row dots/s':>12}")
+    rng = np.random.default_rng(a.seed)
     modes = [m for m in a.unroll.split(",") if m]
     if not modes or any(m not in ("fit", "whole", "full") for m in modes):
         ap.error("--unroll: a list of fit, whole and full")
@@ -229,17 +261,18 @@ def main(argv=None) -> int:
             matvec.FIT_UNROLL = mode != "full"
             matvec.SUB_WARP_ROWS = mode == "fit"
             moe.BRANCHES = br == "on"
-            tag = (("" if modes == ["fit"] else f"/{mode}")
-                   + ("" if branches == ["on"] else f"/br-{br}"))
+            tag_ = (tag + ("" if modes == ["fit"] else f"/{mode}")
+                    + ("" if branches == ["on"] else f"/br-{br}"))
             rows, problems, outs = bench_tokens(T, w, q, rng, stream, smoke, a.seed)
             block_outs[mode, br] = outs
             for name, us, n, dots in rows:
                 rate = dots / (us * 1e-6) if dots else None
-                print(f"{T:>5} {name + tag:<24} {us:>10.2f} {n:>5} "
+                print(f"{T:>5} {name + tag_:<24} {us:>10.2f} {n:>5} "
                       + (f"{rate:>12.3e}" if rate else f"{'':>12}"))
                 rec.add("moe-35b-a3b-shape", f"moe_us:{name}@T{T}", us, "us", engine="bw24nb",
                         shape=shape, launches_per_graph=n, row_dots=dots, row_dots_per_s=rate,
-                        unroll=mode, branches=br)
+                        unroll=mode, branches=br,
+                        min_units=moe.TOKEN_MIN_UNITS if min_units is None else min_units)
             for p in problems:
                 print(f"  BAD T={T} {mode} branches {br}: {p}")
             bad += len(problems)
@@ -251,8 +284,10 @@ def main(argv=None) -> int:
                     print(f"  BAD T={T}: the {name} block's bits differ between {first} and {key}")
                     bad += 1
         matvec.FIT_UNROLL, matvec.SUB_WARP_ROWS, moe.BRANCHES = True, True, True
-    rec.write()
-    return 1 if bad else 0
+    if min_units is None:
+        rec.write()
+        return 1 if bad else 0
+    return bad
 
 
 if __name__ == "__main__":

@@ -380,7 +380,7 @@ def _sorted(ids_d, Ex, T, k):
 def test_group_matvec_gives_the_token_kernels_bits(rng, qt, per_expert, K):
     # every (token, rank) pair's row of the expert-major group kernel, at its sorted row, is
     # the token kernel's row bit for bit; K = 1024 splits each row over 4 warps (the block
-    # barrier between a warp's rows)
+    # barrier between a warp's rows; set here: moe.token_parts gives a 32-unit row one warp)
     from bw24nb.kernels.moe import launch_group_matvec, launch_token_matvec, token_matrix
     T, k, Ex, M = 5, 2, 3, 5
     raw = quantize(_rand(rng, Ex, M, K, scale=K ** -0.5), qt)
@@ -388,7 +388,9 @@ def test_group_matvec_gives_the_token_kernels_bits(rng, qt, per_expert, K):
     x = _rand(rng, T * (k if per_expert else 1), K)
     xq, xd = _int8(x)
     tm = token_matrix(cuda.to_device(raw), qt, M, K, k=k)
-    assert tm.parts == (4 if K == 1024 else 1)
+    assert tm.parts == 1
+    if K == 1024:
+        tm = dataclasses.replace(tm, parts=4)
     y = _poisoned((T, k, M))
     ids_d = cuda.to_device(ids)
     launch_token_matvec(tm, ids_d, True, k, tm.x_args(xq, xd), per_expert, y, T)
@@ -495,3 +497,45 @@ def test_group_matvec_batches_give_the_token_kernels_bits(rng, monkeypatch, batc
     launch_group_matvec(tm, off, src, tm.x_args(xq, xd), yg, Ex, T * k)
     pos_h = pos.copy_to_host()
     np.testing.assert_array_equal(yg.copy_to_host()[pos_h].reshape(T, k, M), y.copy_to_host())
+
+
+def test_token_parts_keep_units_on_every_lane(monkeypatch):
+    # moe.token_parts: a split token-matrix row keeps TOKEN_MIN_UNITS units a lane. The
+    # 35B-A3B's shared expert (512 x 2048 Q4_K: 64 units) went to 4 warps a row, two of them
+    # empty; its down (2048 x 512: 16 units) to 2, one empty. The router (256 x 2048 F32: 512
+    # units) keeps its 4.
+    from bw24nb.kernels import matvec, matvec_q4k, moe
+    assert matvec.warps_per_row(512, 2048) == 4 and matvec.warps_per_row(2048, 512) == 2
+    monkeypatch.setattr(moe, "TOKEN_MIN_UNITS", 2)
+    assert moe.token_parts(matvec_q4k.PATH, 512, 2048) == 1
+    assert moe.token_parts(matvec_q4k.PATH, 2048, 512) == 1
+    assert moe.token_parts(matvec.F32_V4, 256, 2048) == 4
+    assert moe.token_parts(matvec_q4k.PATH, 32, 16384) == 4      # 512 units: 4 a lane at 4
+    monkeypatch.setattr(moe, "TOKEN_MIN_UNITS", 1)
+    assert moe.token_parts(matvec_q4k.PATH, 512, 2048) == 2
+    assert moe.token_parts(matvec_q4k.PATH, 2048, 512) == 1
+
+
+@pytest.mark.parametrize("M,K", [(5, 2048), (6, 512)])
+def test_token_parts_at_one_unit_a_lane_keep_the_bits(rng, monkeypatch, M, K):
+    # TOKEN_MIN_UNITS = 1 only drops warps that held no unit: the token kernel gives, bit for
+    # bit, what it gives on matvec.warps_per_row's split (the form before session 25).
+    # (5, 2048): 4 warps -> 2; (6, 512): 2 warps -> 1 on 16 lanes.
+    from bw24nb.kernels import matvec, moe
+    from bw24nb.kernels.moe import launch_token_matvec, token_matrix
+    monkeypatch.setattr(moe, "TOKEN_MIN_UNITS", 1)
+    T = 2
+    raw = quantize(_rand(rng, M, K, scale=K ** -0.5), QType.Q4_K)
+    xq, xd = _int8(_rand(rng, T, K))
+    tm = token_matrix(cuda.to_device(raw), QType.Q4_K, M, K)
+    old = matvec.warps_per_row(M, K)
+    assert tm.parts < old
+    ids = cuda.to_device(np.zeros((T, 1), np.int32))
+    out = []
+    for parts in (tm.parts, old):
+        y = _poisoned((T, M))
+        launch_token_matvec(dataclasses.replace(tm, parts=parts), ids, False, 1,
+                            tm.x_args(xq, xd), False, y, T)
+        out.append(y.copy_to_host())
+    assert np.isfinite(out[0]).all()
+    np.testing.assert_array_equal(out[0].view(np.uint32), out[1].view(np.uint32))

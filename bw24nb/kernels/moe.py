@@ -535,26 +535,46 @@ def token_matrix(buf, qtype, rows: int, cols: int, q6k_r=None, k: int = 1) -> To
     token's launch computes: fixed here, so that a token's sums never depend on T."""
     from . import matvec_q4k, matvec_q6k, matvec_qx0
     lay = layout(qtype)
-    qt, parts = lay.qtype, matvec.warps_per_row(k * rows, cols)
+    qt = lay.qtype
     if q6k_r is not None:
         body, d = q6k_r
-        return TokenMatrix(matvec_q6k.PATH,
-                           (_flat1(body).view(np.uint32), _flat1(d)), "q8uu", rows, cols, parts)
-    w8, w16, wh = weight_views(buf)
-    if qt == QType.Q4_K:
-        return TokenMatrix(matvec_q4k.PATH,
-                           (w8.view(np.uint32),), "q8u", rows, cols, parts)
-    if cols % 32 == 0 and matvec_qx0.serves(qt, w8):
-        return TokenMatrix(matvec_qx0.PATHS[qt], matvec_qx0.weight_args(w8, w16, wh), "q8u",
-                           rows, cols, parts)
-    if qt in matvec.PATHS_Q8 and cols % 32 == 0:
-        return TokenMatrix(matvec.PATHS_Q8[qt], (w8, w16, wh), "q8",
-                           rows, cols, parts)
-    if qt == QType.F32 and cols % 4 == 0:
-        return TokenMatrix(matvec.F32_V4, (w8.view(np.uint32),), "f32v4",
-                           rows, cols, parts)
-    return TokenMatrix(matvec.PATHS[qt], (w8, w16, wh), "f", rows, cols,
-                       parts)
+        path, w, kind = matvec_q6k.PATH, (_flat1(body).view(np.uint32), _flat1(d)), "q8uu"
+    else:
+        w8, w16, wh = weight_views(buf)
+        if qt == QType.Q4_K:
+            path, w, kind = matvec_q4k.PATH, (w8.view(np.uint32),), "q8u"
+        elif cols % 32 == 0 and matvec_qx0.serves(qt, w8):
+            path, w, kind = matvec_qx0.PATHS[qt], matvec_qx0.weight_args(w8, w16, wh), "q8u"
+        elif qt in matvec.PATHS_Q8 and cols % 32 == 0:
+            path, w, kind = matvec.PATHS_Q8[qt], (w8, w16, wh), "q8"
+        elif qt == QType.F32 and cols % 4 == 0:
+            path, w, kind = matvec.F32_V4, (w8.view(np.uint32),), "f32v4"
+        else:
+            path, w, kind = matvec.PATHS[qt], (w8, w16, wh), "f"
+    return TokenMatrix(path, w, kind, rows, cols, token_parts(path, k * rows, cols))
+
+
+# A token matrix's row is split over more warps (matvec.warps_per_row) only while each lane of
+# each warp keeps at least TOKEN_MIN_UNITS units of it. warps_per_row counts 4-value groups; a
+# Q4_K unit is 32 values, so the 35B-A3B's shared expert (512 x 2048 Q4_K: 64 units) took 4
+# warps a row of which two held no unit, and the prefill's group kernel walked its 128 tokens
+# a row at a time on them (its batches need one warp a row). Read when a matrix is built.
+# 1 keeps every token matrix's bits (a split past the last unit only adds warps of +0.0);
+# 2 puts the shared expert's gate and up on one warp a row, a new summation order for them
+# (decode, verify and prefill all read it from here, so they still agree).
+TOKEN_MIN_UNITS = 2
+
+
+def token_parts(path, M: int, K: int) -> int:
+    """Warps a row of a token matrix with M rows of K values takes under `path`:
+    matvec.warps_per_row(M, K), halved while a lane would keep fewer than TOKEN_MIN_UNITS of
+    the row's units."""
+    parts = matvec.warps_per_row(M, K)
+    if path.units_host is not None:
+        n = path.units_host(K)
+        while parts > 1 and n < 32 * parts * TOKEN_MIN_UNITS:
+            parts //= 2
+    return parts
 
 
 def launch_token_matvec(tm: TokenMatrix, ids, use_ids: bool, k: int, x_args, x_per_expert: bool,
