@@ -119,8 +119,18 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
         # H200 measured 1.6e-3 at T = 128 (session 12); this only catches a broken block
         if not err <= 1e-2:
             problems.append(f"gemm block differs from the token block by {err:.2e} of max |y|")
-    # the gate and down projections alone, on the buffers the blocks left
+    # the router's token tiles (a prefill chunk's) against the token kernel (decode's): bits
     st = scratch["token"]
+    if moe.ROUTER_TILES and T >= moe.ROUTER_TILE_MIN_T:
+        xr = q.router.x_args(xq=xq, xd=xd, x=x)
+        lt, lk = (cuda.device_array((T, E), np.float32) for _ in range(2))
+        moe.launch_token_tiles(q.router, xr, lt, T, stream)
+        moe.launch_token_matvec(q.router, st.ids, False, 1, xr, False, lk, T, stream)
+        stream.synchronize()
+        if not np.array_equal(lt.copy_to_host().view(np.uint32),
+                              lk.copy_to_host().view(np.uint32)):
+            problems.append("router: token tiles != token kernel (bits)")
+    # the gate and down projections alone, on the buffers the blocks left
     xi = q.gate.x_args(xq=xq, xd=xd, x=x)
     stages = [("token_gate", T * k * F, lambda: moe.launch_token_matvec(
                   q.gate, st.ids, True, k, xi, False, st.gate, T, stream)),
@@ -157,15 +167,20 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
         stages += [("group_gate_b1", R * F, lambda: walked(lambda: moe.launch_group_matvec(
                        q.gate, se.group_off, se.src, xi, se.gate, E, R, stream))),
                    ("route_sort", None, lambda: moe._route_sort(w, q, se, xk, T, stream)),
-                   # route_sort's three launches alone: the router's float matvec a token,
+                   # route_sort's three launches alone: the router's float matvec (on token
+                   # tiles from moe.ROUTER_TILE_MIN_T tokens; router_tok: the token kernel),
                    # softmax + top-k (a block a token) and the sort (one block)
-                   ("router", T * E, lambda: moe.launch_token_matvec(
+                   ("router", T * E, lambda: moe.launch_router(q, se, xk, T, stream)),
+                   *[(f"router_t{nr}r{rb}", T * E, lambda nr=nr, rb=rb: moe.launch_token_tiles(
+                       q.router, q.router.x_args(**xk), se.logits, T, stream, nr=nr, rows=rb))
+                     for nr, rb in ((8, 4), (8, 16), (4, 8), (9, 32))],
+                   ("router_tok", T * E, lambda: moe.launch_token_matvec(
                        q.router, se.ids, False, 1, q.router.x_args(**xk), False, se.logits, T,
                        stream)),
                    ("route", None, lambda: moe.launch_moe_route(
                        se.logits, w.norm_topk_prob, se.ids, se.weights, stream)),
-                   ("sort", None, lambda: moe.moe_sort[1, E, stream](
-                       se.ids, se.group_off, se.pos, se.src)),
+                   ("sort", None, lambda: moe.launch_moe_sort(
+                       se.ids, E, se.group_off, se.pos, se.src, stream)),
                    ("block_expert_rows_walk", None, lambda: walked(
                        lambda: moe.launch_moe_block_q8_expert_rows(x, xq, xd, w, q, se, y_c,
                                                                    stream=stream))),

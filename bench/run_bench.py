@@ -571,7 +571,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # 24); the MoE group kernels' rows one at a time (group-walk: matvec.GROUP_BATCH = 1, before
 # session 24). All give the same bits but token-units1: the MoE token matrices' rows split
 # while a lane keeps one unit (moe.TOKEN_MIN_UNITS = 1, the bits before session 25; the
-# default keeps two, which puts the shared expert's gate and up on one warp a row).
+# default keeps two, which puts the shared expert's gate and up on one warp a row); the rows
+# prefill's int8 matvecs in MAX_ROWS-row slices (rows-slices: engine.ROWS_TILES off, before
+# session 25) and the prefill router on the token kernel (router-tok: moe.ROUTER_TILES off).
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
@@ -602,7 +604,9 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "quad-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "quad")],
                 "slice-chain": [("bw24nb.engine", "ROWS_SLICE_SIDES", 0)],
                 "group-walk": [("bw24nb.kernels.matvec", "GROUP_BATCH", 1)],
-                "token-units1": [("bw24nb.kernels.moe", "TOKEN_MIN_UNITS", 1)]}
+                "token-units1": [("bw24nb.kernels.moe", "TOKEN_MIN_UNITS", 1)],
+                "rows-slices": [("bw24nb.engine", "ROWS_TILES", False)],
+                "router-tok": [("bw24nb.kernels.moe", "ROUTER_TILES", False)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 
 

@@ -65,6 +65,15 @@ CONV_PREP_MAX_T = VERIFY_ROWS
 # leave ~12 warps an SM: a chain pays every slice's tail and drain. Read at every launch.
 ROWS_SLICE_SIDES = 3
 
+# The rows prefill's int8 matvecs as one launch over the chunk (`matvec.tile_kernel`:
+# ROWS_TILE_TOKENS tokens x ROWS_TILE_ROWS matrix rows a block, the rows kernels' bits) instead
+# of MAX_ROWS-row slices (False: the slices, as before session 25). A slice's kernel reads its
+# 9 tokens' activations again for every 4 rows (a block); a tile reads them once for
+# ROWS_TILE_ROWS rows, and one grid covers every token. Read at every launch.
+ROWS_TILES = True
+ROWS_TILE_TOKENS = 8
+ROWS_TILE_ROWS = 16
+
 # 2-D tensors a kernel reads as plain float32 arrays (not through a matvec): the depthwise conv.
 FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
 
@@ -377,6 +386,7 @@ class Engine:
         # the rows prefill's slices of one matvec side by side (ROWS_SLICE_SIDES); their own
         # side streams, apart from the projections' (a slice loop may run on one of those)
         self._slice_branches = Branches(ROWS_SLICE_SIDES) if prefill_path == "rows" else None
+        self._tile_matrices: dict = {}     # id(DeviceWeight) -> (it, its TokenMatrix)
         # decode / verify's q8 norms over a block per slot (norm.launch_rms_norm_q8's split:
         # the same bits; False = one block a row, the form before session 15: --launch
         # norm-whole)
@@ -666,6 +676,14 @@ class Engine:
         input instead. On `stream` (default: the engine's)."""
         s = self.stream if stream is None else stream
         rowwise = T == 1 if rowwise is None else rowwise
+        if rowwise and T > matvec.MAX_ROWS and ROWS_TILES and qx is not None \
+                and qx.xq is not None and self._dp4a(w):
+            # a "rows" prefill chunk of an int8 matvec: token tiles over the whole chunk
+            tm = self._tile_matrix(w)
+            moe.launch_token_tiles(tm, tm.x_args(qx.xq, qx.xd), y, T, stream=s,
+                                   nr=ROWS_TILE_TOKENS, rows=ROWS_TILE_ROWS,
+                                   bias=None if bias is None else bias.buf, residual=residual)
+            return
         if rowwise and T > matvec.MAX_ROWS:
             # a "rows" prefill chunk: the rows kernels MAX_ROWS rows at a time (each row's
             # bits do not depend on which launch carries it)
@@ -711,6 +729,19 @@ class Engine:
             x = qx.xf
         matmul.launch_matmul(w.buf, w.qtype, w.rows, w.cols, x, y, bias=b, residual=residual,
                              stream=s)
+
+    def _tile_matrix(self, w: DeviceWeight):
+        """`w` as moe.TokenMatrix for `matvec.tile_kernel` (cached): the path, layout and
+        warps a row the engine's decode matvec gives it (`_mv`'s launches), so the tiles sum
+        each row as decode does."""
+        key = id(w)
+        if key not in self._tile_matrices:
+            import dataclasses
+            tm = moe.token_matrix(w.buf, w.qtype, w.rows, w.cols, q6k_r=w.q6k_r)
+            parts = (matvec.warps_per_row(w.rows, w.cols) if w.q6k_r is not None
+                     else self._split_of(w))
+            self._tile_matrices[key] = (w, dataclasses.replace(tm, parts=parts))
+        return self._tile_matrices[key][1]
 
     def _side_by_side(self, ws: Workspace, projections: list) -> list:
         """[(name, launch_on(stream))] of projections that read one input and write apart, as

@@ -73,10 +73,13 @@ def test_rows_prefill_gives_decodes_bits(quantized_gguf, fixture, moe_prefill, t
     by token -- here over two chunks (12 tokens as 10 + 2: the first one's matvecs in two
     launches of 9 + 1 rows, its MoE blocks expert-major with moe_prefill="grouped"; on the
     Gated DeltaNet fixture its conv and prep as prefill's two launches, past CONV_PREP_MAX_T,
-    and the delta rule on gated_deltanet.PREFILL_RULE's kernel)."""
+    and the delta rule on gated_deltanet.PREFILL_RULE's kernel). The first chunk's int8
+    matvecs run as token tiles (engine.ROWS_TILES: 8 + 2 tokens), and so does its router
+    (moe.ROUTER_TILE_MIN_T lowered to 2)."""
     import bw24nb.engine as engine_mod
-    from bw24nb.kernels import gated_deltanet
+    from bw24nb.kernels import gated_deltanet, moe
     monkeypatch.setattr(engine_mod, "ROWS_PREFILL_CHUNK", 10)
+    monkeypatch.setattr(moe, "ROUTER_TILE_MIN_T", 2)
     monkeypatch.setattr(gated_deltanet, "QUAD_MIN_T", 10)
     path = quantized_gguf if fixture == "moe" else \
         _dense_int8(tmp_path) if fixture == "dense" else \

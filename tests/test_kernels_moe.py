@@ -334,18 +334,17 @@ def test_moe_combine_rank_order_and_shared_gate(rng):
 # ------------------------------------------------------------------ expert-major prefill
 
 
-@pytest.mark.parametrize("tile", [None, 8])
-def test_moe_sort_lists_each_experts_pairs_in_order(rng, monkeypatch, tile):
-    # tile 8: the 21 pairs staged in shared memory in three tiles (8 + 8 + 5)
-    from bw24nb.kernels import moe
-    from bw24nb.kernels.moe import moe_sort
-    if tile is not None:
-        monkeypatch.setattr(moe, "_SORT_TILE", tile)
-    T, k, Ex = 7, 3, 5
+@pytest.mark.parametrize("T,k,Ex,threads", [(7, 3, 5, None), (7, 3, 5, 32), (30, 3, 40, None),
+                                             (25, 4, 40, 64)])
+def test_moe_sort_lists_each_experts_pairs_in_order(rng, T, k, Ex, threads):
+    # (7, 3, 5, 32): 21 pairs in one round of one warp; (30, 3, 40): 90 pairs on 128 threads,
+    # 40 experts in two scan segments; (25, 4, 40, 64): 100 pairs in two rounds of two warps
+    from bw24nb.kernels.moe import launch_moe_sort
     ids = np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32)
+    ids[T // 2] = ids[0]                 # (at least one expert with pairs in several warps)
     off = cuda.to_device(np.full(Ex + 1, 99, np.uint32))
     pos, src = _poisoned(T * k, np.int32), _poisoned(T * k, np.int32)
-    moe_sort[1, Ex](cuda.to_device(ids), off, pos, src)
+    launch_moe_sort(cuda.to_device(ids), Ex, off, pos, src, threads=threads)
     pairs = [p for e in range(Ex) for p in range(T * k) if ids[p // k, p % k] == e]
     want_off = np.concatenate([[0], np.cumsum(np.bincount(ids.reshape(-1), minlength=Ex))])
     np.testing.assert_array_equal(off.copy_to_host(), want_off)
@@ -368,10 +367,10 @@ def test_moe_block_grouped_matches_the_token_block(rng):
 
 def _sorted(ids_d, Ex, T, k):
     """moe_sort's (group_off, pos, src) of the device ids int32[T, k] over Ex experts."""
-    from bw24nb.kernels.moe import moe_sort
+    from bw24nb.kernels.moe import launch_moe_sort
     off, pos, src = (cuda.device_array(Ex + 1, np.uint32), cuda.device_array(T * k, np.int32),
                      cuda.device_array(T * k, np.int32))
-    moe_sort[1, Ex](ids_d, off, pos, src)
+    launch_moe_sort(ids_d, Ex, off, pos, src)
     return off, pos, src
 
 
@@ -539,3 +538,29 @@ def test_token_parts_at_one_unit_a_lane_keep_the_bits(rng, monkeypatch, M, K):
         out.append(y.copy_to_host())
     assert np.isfinite(out[0]).all()
     np.testing.assert_array_equal(out[0].view(np.uint32), out[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("qt,M,K,parts,nr,rows", [(QType.F32, 7, 256, 4, 3, 4),
+                                                  (QType.Q4_K, 5, 512, 2, 4, 3),
+                                                  (QType.Q8_0, 6, 256, 1, 2, 5)])
+def test_token_tiles_give_the_token_kernels_bits(rng, qt, M, K, parts, nr, rows):
+    # matvec.tile_kernel (the router of a prefill chunk, moe.launch_token_tiles): nr tokens x
+    # `rows` rows a block, T = 7 leaving a part tile and M a part row block -- every (token,
+    # row) the token kernel's value, bit for bit, on 4, 2 and 1 warps a row
+    from bw24nb.kernels.moe import launch_token_matvec, launch_token_tiles, token_matrix
+    T = 7
+    raw = quantize(_rand(rng, M, K, scale=K ** -0.5), qt)
+    x = _rand(rng, T, K)
+    tm = dataclasses.replace(token_matrix(cuda.to_device(raw), qt, M, K), parts=parts)
+    if qt == QType.F32:
+        xa = tm.x_args(x=cuda.to_device(x))
+    else:
+        xq, xd = _int8(x)
+        xa = tm.x_args(xq, xd)
+    ids = cuda.to_device(np.zeros((T, 1), np.int32))
+    y, yt = _poisoned((T, M)), _poisoned((T, M))
+    launch_token_matvec(tm, ids, False, 1, xa, False, y, T)
+    launch_token_tiles(tm, xa, yt, T, nr=nr, rows=rows)
+    want = y.copy_to_host()
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(yt.copy_to_host().view(np.uint32), want.view(np.uint32))

@@ -669,6 +669,81 @@ def group_kernel(p, fixed_parts=0, lanes=32):
                         lanes)
 
 
+def tile_kernel(p, nr, fixed_parts=0):
+    """`token_kernel` for one ordinary matrix (no experts: k = 1, every token its own x row)
+    over tiles of nr tokens: kern[(ceil(M / RB), ceil(T / nr)), THREADS](w, M, K, x, y, bias,
+    residual, has_bias, has_residual, T, parts, RB), y[t M + m] = (W x_t)[m] (+ bias[m])
+    (+ residual[t M + m]) as `store_row` adds them -- the rows prefill's dense matvecs (the
+    engine's ROWS_TILES), and the MoE router of a prefill chunk (no bias, no residual).
+    Block (b, j) takes rows b RB .. b RB + RB - 1 for tokens j nr .. j nr + nr - 1
+    (a tile past T repeats token T - 1 and stores nothing for it), the block's warps a row
+    (`parts` of them) or WARPS_PER_BLOCK / parts rows at a time. Each row is summed for the nr
+    tokens at once (`_rows_step`: the weights loaded once, every token's lane sum in the
+    one-row order), then the warp tree and the parts in warp order, as `token_kernel` sums it:
+    y[t M + m], the token kernel's bits. The tile's activations come from DRAM once and then
+    from the cache for the block's other rows -- the token kernel reads a token's whole x for
+    every row it computes (the 35B-A3B router at T = 128: 256 rows x 128 tokens x 8 KB)."""
+    step = _rows_step(p._replace(x_row=_mapped_x_row(p.x_row)), nr)
+    units, row_base, U = p.units, p.base, p.unroll
+    zero, totals = unrolled(nr, _zero), unrolled(nr, _warp_total)
+    FP = fixed_parts
+
+    @nvvm_inlined
+    def pick(t, acc, args):
+        rows, T0, T = args
+        rows[t] = min(T0 + t, T - 1)
+
+    @nvvm_inlined
+    def store(t, acc, args):
+        y, bias, residual, has_bias, has_residual, part_sh, P, m, M, T0, T = args
+        if T0 + t < T:
+            total = acc[t]
+            w0 = t * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+            for k in range(1, P):
+                total += part_sh[w0 + k]
+            if has_bias:                  # `store_row`'s sum, without its slices' registers
+                total += bias[m]
+            o = (T0 + t) * M + m
+            if has_residual:
+                total += residual[o]
+            y[o] = total
+
+    picks, stores = unrolled(nr, pick), unrolled(nr, store)
+
+    def matvec_tiles(w, M, K, x, y, bias, residual, has_bias, has_residual, T, parts, RB):
+        P = FP if FP else parts
+        part_sh = cuda.shared.array(PART_SH_ROWS, np.float32)
+        acc = cuda.local.array(nr, np.float32)
+        rows = cuda.local.array(nr, np.int64)
+        lane = cuda.threadIdx.x & 31
+        wi = cuda.threadIdx.x >> 5
+        part = wi % P
+        RS = WARPS_PER_BLOCK // P             # rows the block sums at a time
+        T0 = np.int64(cuda.blockIdx.y) * nr
+        picks(acc, (rows, T0, np.int64(T)))
+        units_k = units(K)
+        last = units_k - 1
+        stride = 32 * P
+        m0 = np.int64(cuda.blockIdx.x) * RB
+        for mb in range(m0, min(m0 + RB, M), RS):      # (the same trips in every warp)
+            m = mb + wi // P
+            n = units_k if m < M else 0                 # a row past the end loads nothing
+            base = row_base(min(m, M - 1), K)
+            zero(acc, ())
+            for u in range(32 * part + lane, n, stride * U):
+                step(acc, w, (x, rows), base, u, stride, last, n, K)
+            totals(acc, (part_sh, lane, P))
+            if P > 1:
+                cuda.syncthreads()
+            if lane == 0 and part == 0 and m < M:
+                stores(acc, (y, bias, residual, has_bias, has_residual, part_sh, P, m, M, T0,
+                             T))
+            if P > 1:                                   # part_sh is written again next row
+                cuda.syncthreads()
+
+    return _named(matvec_tiles, p, FP, kind=f"_tile{nr}")
+
+
 # Rows of one group a warp sums together in group_kernel (32 lanes, one warp a row): batches of
 # GROUP_BATCH rows, then (GROUP_BATCH > 2) one batch of 2, then single rows. A batch loads and
 # decodes each chunk's weights once for its rows (`_rows_step`, the rows kernels' step: every
@@ -733,6 +808,25 @@ def _group_batch(p, nr):
 
 _TOKEN_KERNELS: dict = {}
 _GROUP_KERNELS: dict = {}
+_TILE_KERNELS: dict = {}
+
+
+def tile_kernels(p, nr):
+    """kernels(parts): path p's `tile_kernel` for tiles of nr tokens (<= MAX_ROWS), one build
+    for parts = 1 (the split folded in) and one for 2 and 4, each built on first request."""
+    if not 1 <= nr <= MAX_ROWS:
+        raise ValueError(f"{p.name}: a tile holds 1 .. {MAX_ROWS} tokens, not {nr}")
+    key = (p.name, p.unroll, nr)
+    if key not in _TILE_KERNELS:
+        built = {}
+
+        def kernels(parts):
+            fp = 1 if parts == 1 else 0
+            if fp not in built:
+                built[fp] = tile_kernel(p, nr, fp)
+            return built[fp]
+        _TILE_KERNELS[key] = kernels
+    return _TILE_KERNELS[key]
 
 
 def _kernel_set(cache, make, p, lanes):

@@ -48,7 +48,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint8
 
 from ..graph import Branches, Chain
 from ..jit import kernel
@@ -509,6 +509,11 @@ class TokenMatrix:
         p, lanes = self._fitted(parts)
         return matvec.group_kernels(p, lanes)(parts)
 
+    def tile_kernels(self, parts, nr):
+        """`matvec.tile_kernel` of the path for tiles of nr tokens (whole-warp rows: a short
+        row's sub-warp tree gives the same bits, `matvec.lanes_per_row`)."""
+        return matvec.tile_kernels(self._fitted(parts)[0], nr)(parts)
+
     def blocks(self, nrows):
         """Grid x of a token / group kernel over nrows matrix rows."""
         return matvec.blocks_for(nrows, self._fitted(self.parts)[1], self.parts)
@@ -687,10 +692,53 @@ def launch_moe_combine(yd, weights, y, shared_y=None, shared_gate=None, residual
         moe_combine_sorted[grid, THREADS, stream](yd.reshape(T * k, H), pos, *rest)
 
 
+# The router's logits for T >= ROUTER_TILE_MIN_T tokens (a prefill chunk) on
+# `launch_token_tiles`: tiles of ROUTER_TILE_TOKENS tokens x ROUTER_TILE_ROWS experts a block,
+# the token kernel's bits. Fewer tokens (decode, verify) keep the token kernel, whose many
+# small blocks suit them. On the token kernel the 35B-A3B's router took 68.2 us of a T = 128
+# chunk (session 25, call 1): every (expert, token) block read the token's 8 KB of x again.
+ROUTER_TILES = True
+ROUTER_TILE_MIN_T = 16
+ROUTER_TILE_TOKENS = 8
+ROUTER_TILE_ROWS = 8
+
+
+def launch_token_tiles(tm: TokenMatrix, x_args, y, T: int, stream=0, nr=None, rows=None,
+                       bias=None, residual=None):
+    """y[t, :] = W @ x_t (+ bias) (+ residual[t, :]) for T tokens of one ordinary matrix
+    (`launch_token_matvec` with use_ids off and k = 1, bit for bit; with bias / residual the
+    decode matvec's `store_row`) on `matvec.tile_kernel`: nr tokens (default
+    ROUTER_TILE_TOKENS) x `rows` matrix rows (ROUTER_TILE_ROWS) a block."""
+    nr = nr or ROUTER_TILE_TOKENS
+    rows = rows or ROUTER_TILE_ROWS
+    y = _flat1(y)
+    for name, a, n in (("y", y, T * tm.rows), ("bias", bias, tm.rows),
+                       ("residual", residual, T * tm.rows)):
+        if a is not None and a.size < n:
+            raise ValueError(f"token_tiles: {name} holds {a.size} values, not {n} "
+                             f"(T = {T}, M = {tm.rows})")
+    grid = ((tm.rows + rows - 1) // rows, (T + nr - 1) // nr)
+    tm.tile_kernels(tm.parts, nr)[grid, THREADS, stream](
+        tm.w, np.int32(tm.rows), np.int32(tm.cols), x_args, y,
+        y if bias is None else bias, y if residual is None else _flat1(residual),
+        np.int32(bias is not None), np.int32(residual is not None), np.int32(T),
+        np.int32(tm.parts), np.int32(rows))
+
+
+def launch_router(q, s, xi, T, stream):
+    """The router's logits of T tokens into s.logits (float or int8 input by the router's
+    type: xi = dict(xq, xd, x)): the token kernel, or its tiles from ROUTER_TILE_MIN_T tokens."""
+    xa = q.router.x_args(**xi)
+    if ROUTER_TILES and T >= ROUTER_TILE_MIN_T:
+        launch_token_tiles(q.router, xa, s.logits, T, stream)
+    else:
+        launch_token_matvec(q.router, s.ids, False, 1, xa, False, s.logits, T, stream)
+
+
 def _route_tokens(w, q, s, xi, T, stream):
-    """Router logits (one token matvec a token, float or int8 input by the router's type:
-    xi = dict(xq, xd, x)), then the top-k ids and weights into s.ids / s.weights."""
-    launch_token_matvec(q.router, s.ids, False, 1, q.router.x_args(**xi), False, s.logits, T, stream)
+    """Router logits (`launch_router`), then the top-k ids and weights into s.ids /
+    s.weights."""
+    launch_router(q, s, xi, T, stream)
     launch_moe_route(s.logits, w.norm_topk_prob, s.ids, s.weights, stream)
 
 
@@ -755,7 +803,7 @@ def _shared_expert(q, s: MoEScratchQ8, xi, T, br, side, matvec_on):
 # `launch_moe_block_q8` reads each token's k experts for that token: a 512-token chunk of the
 # 35B-A3B shape reads ~4 GB of expert weights a layer (617 ms for the 40 layers, session 10).
 # `launch_moe_block_q8_grouped` is the expert-major alternative (the seed's CSR batching):
-#   1. `moe_sort` (one block, a thread per expert) lists the (token, rank) pairs of each expert
+#   1. `moe_sort` (one block) lists the (token, rank) pairs of each expert
 #      in ascending pair order -- group_off[e] .. group_off[e + 1] of the sorted rows -- and
 #      writes each pair's sorted row (`pos`) and each sorted row's token (`src`);
 #   2. `moe_gather` copies the tokens' int8 activations into that order;
@@ -769,67 +817,110 @@ def _shared_expert(q, s: MoEScratchQ8, xi, T, br, side, matvec_on):
 # rounding, not bit for bit (decision 0016); prefill_path="rows" keeps the token kernels.
 
 
-_SORT_SLOTS = ROUTER_E_MAX + 1      # a compile-time constant for the shared array
-# Pairs `moe_sort` stages in shared memory at a time (16 KB): a 512-token chunk at k = 8 is one
-# tile. Its first form read ids[p // k, p % k] from global memory for every pair in every
-# thread: two 64-bit divisions a pair, ~2 x 1024 of them a thread at T = 128, k = 8 -- the
-# H200 took 457 us a layer for the router and the sort together, 172 us on tiles (session 24,
-# moe_bench; decision 0031).
-_SORT_TILE = 4096
+_SORT_SLOTS = ROUTER_E_MAX + 1      # compile-time sizes of the shared arrays
+# moe_sort's block: up to SORT_THREADS_MAX threads, a pair each in a round. Its form before
+# session 25 gave each expert a thread that scanned every pair twice (once to count, once to
+# place): 88.7 us of a T = 128 chunk's 172-us route + sort on the H200 (session 25, call 1).
+SORT_THREADS_MAX = 1024
+_SORT_WARPS = SORT_THREADS_MAX // 32
+_SORT_HIST = _SORT_WARPS * ROUTER_E_MAX      # a round's pairs of each (warp, expert)
 
 
-@cuda.jit(device=True, inline="always")
-def _stage_ids(ids, tile, base, m, k, e, E):
-    """tile[j] = the expert of pair base + j (j < m), loaded by the block's E threads."""
-    cuda.syncthreads()                 # every thread is done with the last tile
-    for j in range(e, m, E):
-        p = np.uint32(base + j)          # (32-bit unsigned: one short division, not int64's)
-        t = p // k
-        tile[j] = ids[t, p - t * k]
+@kernel(max_registers=64)          # (1024 threads a block: 64 registers a thread at most)
+def moe_sort(ids, top_k, n_experts, group_off, pos, src):
+    """ids int32[T k] (pair p = t k + r: token t's rank-r expert) -> group_off uint32[E + 1]
+    (E = n_experts), pos int32[T k] (pair p -> its sorted row), src int32[T k] (sorted row ->
+    token). Expert e's rows are its pairs in ascending pair order, so the result is a function
+    of ids alone. One block of NT >= E threads (a power of two, `launch_moe_sort`):
+      1. count each expert's pairs (shared atomics: a count has no order);
+      2. exclusive scan of the counts: group_off, and each expert's next free row;
+      3. the pairs in rounds of NT, a thread each: a pair's row is its expert's next free row,
+         plus the pairs of that expert in the round's earlier warps (a count per warp and
+         expert), plus those in its own warp's earlier lanes (its warp's ids, staged in shared
+         memory); then each expert's next free row moves past the round's pairs."""
+    tid = cuda.threadIdx.x
+    NT = cuda.blockDim.x
+    lane = tid & 31
+    wp = tid >> 5
+    W = NT >> 5
+    E = n_experts
+    n_pairs = ids.shape[0]
+    nxt = cuda.shared.array(_SORT_SLOTS, int32)
+    seg = cuda.shared.array(32, int32)
+    tile = cuda.shared.array(SORT_THREADS_MAX, int32)
+    hist = cuda.shared.array(_SORT_HIST, uint8)
+    for e in range(tid, E, NT):
+        nxt[e] = 0
     cuda.syncthreads()
-
-
-@kernel
-def moe_sort(ids, group_off, pos, src):
-    """ids int32[T, k] -> group_off uint32[E + 1] (E = blockDim.x, one thread per expert),
-    pos int32[T k] (pair t k + r -> its sorted row), src int32[T k] (sorted row -> token).
-    Expert e's rows are its pairs in ascending pair order. The pairs are staged in shared
-    memory _SORT_TILE at a time; every thread scans each tile for its expert (the same entry
-    in every thread at once: a broadcast), once to count and once to place."""
-    e = cuda.threadIdx.x
-    E = cuda.blockDim.x
-    k = np.uint32(ids.shape[1])
-    n_pairs = np.int32(ids.shape[0] * ids.shape[1])
-    cnt = cuda.shared.array(_SORT_SLOTS, int32)
-    tile = cuda.shared.array(_SORT_TILE, int32)
-    n = 0
-    for base in range(np.int32(0), n_pairs, np.int32(_SORT_TILE)):
-        m = min(np.int32(_SORT_TILE), n_pairs - base)
-        _stage_ids(ids, tile, base, m, k, e, E)
-        for j in range(m):
-            if tile[j] == e:
-                n += 1
-    cnt[e] = n
+    for p in range(tid, n_pairs, NT):
+        cuda.atomic.add(nxt, ids[p], 1)
     cuda.syncthreads()
-    if e == 0:                        # exclusive scan, serial: E <= ROUTER_E_MAX values
+    # exclusive scan over E <= 1024 counts: 32-expert segments in serial, then the segments
+    if tid * 32 < E:
         acc = 0
-        for j in range(E):
-            c = cnt[j]
-            cnt[j] = acc
-            group_off[j] = acc
+        for e in range(tid * 32, min(tid * 32 + 32, E)):
+            c = nxt[e]
+            nxt[e] = acc
             acc += c
-        group_off[E] = acc
+        seg[tid] = acc
     cuda.syncthreads()
-    row = cnt[e]
-    for base in range(np.int32(0), n_pairs, np.int32(_SORT_TILE)):
-        m = min(np.int32(_SORT_TILE), n_pairs - base)
-        _stage_ids(ids, tile, base, m, k, e, E)
-        for j in range(m):
-            if tile[j] == e:
-                p = np.uint32(base + j)
-                pos[p] = row
-                src[row] = p // k
-                row += 1
+    if tid == 0:
+        acc = 0
+        for j in range((E + 31) // 32):
+            c = seg[j]
+            seg[j] = acc
+            acc += c
+        group_off[E] = n_pairs
+    cuda.syncthreads()
+    for e in range(tid, E, NT):
+        nxt[e] += seg[e >> 5]
+        group_off[e] = nxt[e]
+    cuda.syncthreads()
+    for base in range(0, n_pairs, NT):
+        p = base + tid
+        e = ids[p] if p < n_pairs else E          # E: no expert's (a thread past the pairs)
+        tile[tid] = e
+        for j in range(tid, W * E, NT):
+            hist[j] = 0
+        cuda.syncthreads()
+        r = 0                                     # this expert's pairs in earlier lanes
+        c = 0                                     # ... in the whole warp
+        for j in range(32):
+            if tile[wp * 32 + j] == e:
+                c += 1
+                if j < lane:
+                    r += 1
+        if p < n_pairs and r == 0:                # the warp's first lane of expert e
+            hist[wp * E + e] = c
+        cuda.syncthreads()
+        if p < n_pairs:
+            for v in range(wp):
+                r += int32(hist[v * E + e])
+            row = nxt[e] + r
+            pos[p] = row
+            src[row] = p // top_k
+        cuda.syncthreads()
+        for e2 in range(tid, E, NT):
+            c = 0
+            for v in range(W):
+                c += int32(hist[v * E + e2])
+            nxt[e2] += c
+        cuda.syncthreads()
+
+
+def launch_moe_sort(ids, n_experts: int, group_off, pos, src, stream=0, threads=None):
+    """`moe_sort` of ids int32[T, k] over n_experts (<= ROUTER_E_MAX) experts: one block of
+    the fewest power-of-two threads (>= 32) that hold every expert and, up to
+    SORT_THREADS_MAX, every pair (`threads` overrides it, e.g. for tests of several rounds)."""
+    T, k = ids.shape
+    n = T * k
+    if n_experts > ROUTER_E_MAX:
+        raise ValueError(f"moe_sort: {n_experts} experts exceed its {ROUTER_E_MAX}")
+    nt = threads or norm.pow2_block(max(n_experts, min(n, SORT_THREADS_MAX)), SORT_THREADS_MAX)
+    if nt < n_experts or nt % 32:
+        raise ValueError(f"moe_sort: {nt} threads for {n_experts} experts")
+    moe_sort[1, nt, stream](ids.reshape(n), np.int32(k), np.int32(n_experts), group_off, pos,
+                            src)
 
 
 @kernel
@@ -859,7 +950,8 @@ def moe_combine_sorted(yd, pos, wts, shared_y, shared_gate, shared_mode, residua
     _finish_row(out, t, m, shared_y, shared_gate, shared_mode, residual, has_residual, y)
 
 
-PTX_SIGNATURES["moe_sort"] = [f"void({_I2}, uint32[::1], int32[::1], int32[::1])"]
+PTX_SIGNATURES["moe_sort"] = ["void(int32[::1], int32, int32, uint32[::1], int32[::1], "
+                               "int32[::1])"]
 PTX_SIGNATURES["moe_gather"] = ["void(uint32[::1], float32[::1], int32[::1], int32, int32, "
                                 "uint32[::1], float32[::1])"]
 PTX_SIGNATURES["moe_combine_sorted"] = [f"void({_A2}, int32[::1], {_A2}, {_A2}, float32[::1], "
@@ -902,7 +994,7 @@ def _check_sorted(who, x, xq, xd, w, s: MoEScratchSorted):
 def _route_sort(w, q, s: MoEScratchSorted, xi, T, stream):
     """Route the T tokens and sort their (token, rank) pairs by expert (`moe_sort`)."""
     _route_tokens(w, q, s, xi, T, stream)
-    moe_sort[1, w.n_experts, stream](s.ids, s.group_off, s.pos, s.src)
+    launch_moe_sort(s.ids, w.n_experts, s.group_off, s.pos, s.src, stream)
 
 
 class MoEScratchGrouped(MoEScratchSorted):
