@@ -173,7 +173,7 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
                    ("router", T * E, lambda: moe.launch_router(q, se, xk, T, stream)),
                    *[(f"router_t{nr}r{rb}", T * E, lambda nr=nr, rb=rb: moe.launch_token_tiles(
                        q.router, q.router.x_args(**xk), se.logits, T, stream, nr=nr, rows=rb))
-                     for nr, rb in ((8, 4), (8, 16), (4, 8), (9, 32))],
+                     for nr, rb in ((8, 8), (4, 4), (2, 8), (4, 2), (2, 4), (4, 16))],
                    ("router_tok", T * E, lambda: moe.launch_token_matvec(
                        q.router, se.ids, False, 1, q.router.x_args(**xk), False, se.logits, T,
                        stream)),

@@ -573,7 +573,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # while a lane keeps one unit (moe.TOKEN_MIN_UNITS = 1, the bits before session 25; the
 # default keeps two, which puts the shared expert's gate and up on one warp a row); the rows
 # prefill's int8 matvecs in MAX_ROWS-row slices (rows-slices: engine.ROWS_TILES off, before
-# session 25) and the prefill router on the token kernel (router-tok: moe.ROUTER_TILES off).
+# session 25) and the prefill router on the token kernel (router-tok: moe.ROUTER_TILES off);
+# the rows prefill's token tiles at other sizes (rows-t<tokens>r<rows>).
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
@@ -606,7 +607,13 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "group-walk": [("bw24nb.kernels.matvec", "GROUP_BATCH", 1)],
                 "token-units1": [("bw24nb.kernels.moe", "TOKEN_MIN_UNITS", 1)],
                 "rows-slices": [("bw24nb.engine", "ROWS_TILES", False)],
-                "router-tok": [("bw24nb.kernels.moe", "ROUTER_TILES", False)]}
+                "router-tok": [("bw24nb.kernels.moe", "ROUTER_TILES", False)],
+                "rows-t8r8": [("bw24nb.engine", "ROWS_TILE_TOKENS", 8),
+                              ("bw24nb.engine", "ROWS_TILE_ROWS", 8)],
+                "rows-t4r16": [("bw24nb.engine", "ROWS_TILE_TOKENS", 4),
+                               ("bw24nb.engine", "ROWS_TILE_ROWS", 16)],
+                "rows-t8r16": [("bw24nb.engine", "ROWS_TILE_TOKENS", 8),
+                               ("bw24nb.engine", "ROWS_TILE_ROWS", 16)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 
 
