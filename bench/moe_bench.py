@@ -166,9 +166,6 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
                 matvec.GROUP_BATCH = saved
         stages += [("group_gate_b1", R * F, lambda: walked(lambda: moe.launch_group_matvec(
                        q.gate, se.group_off, se.src, xi, se.gate, E, R, stream))),
-                   ("group_down_b1", R * H, lambda: walked(lambda: moe.launch_group_matvec(
-                       q.down, se.group_off, None, q.down.x_args(se.act_q, se.act_d), se.yd, E,
-                       R, stream))),
                    ("route_sort", None, lambda: moe._route_sort(w, q, se, xk, T, stream)),
                    # route_sort's three launches alone: the router's float matvec (on token
                    # tiles from moe.ROUTER_TILE_MIN_T tokens; router_tok: the token kernel),

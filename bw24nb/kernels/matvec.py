@@ -632,11 +632,11 @@ def group_kernel(p, fixed_parts=0, lanes=32):
     row_total, place = _lanes_row_total(p, lanes), _row_place(lanes)
     units, row_base, x_row = p.units, p.base, p.x_row
     FP = fixed_parts if lanes == 32 else 1
-    # batches (GROUP_BATCH) on rows of one warp or of part of one (`_group_batch`); split
-    # rows walk (their batches lost, decision 0031)
-    NB = GROUP_BATCH if FP == 1 else 1
-    batch_n = _group_batch(p, NB, lanes) if NB > 1 else None
-    batch_2 = _group_batch(p, 2, lanes) if NB > 2 else None
+    # batches (GROUP_BATCH) on whole-warp rows of one warp: the rows kernels' step has no
+    # split-row combine and no sub-warp tree
+    NB = GROUP_BATCH if lanes == 32 and FP == 1 else 1
+    batch_n = _group_batch(p, NB) if NB > 1 else None
+    batch_2 = _group_batch(p, 2) if NB > 2 else None
 
     def matvec_groups(w, group_off, src, use_src, M, K, x, y, parts):
         P = FP if FP else parts
@@ -653,7 +653,7 @@ def group_kernel(p, fixed_parts=0, lanes=32):
         i0 = np.int64(group_off[g]) + cuda.blockIdx.z
         i1 = np.int64(group_off[g + 1])
         Z = np.int64(cuda.gridDim.z)
-        if NB > 1:                    # (P = 1 here; m >= M only on part of a warp)
+        if NB > 1:                    # (P = 1 and m < M here: the warp left otherwise)
             i0 = batch_n(w, x, y, src, use_src, M, m, base, n, last, K, lane, i0, i1, Z)
         if NB > 2:
             i0 = batch_2(w, x, y, src, use_src, M, m, base, n, last, K, lane, i0, i1, Z)
@@ -744,8 +744,7 @@ def tile_kernel(p, nr, fixed_parts=0):
     return _named(matvec_tiles, p, FP, kind=f"_tile{nr}")
 
 
-# Rows of one group a warp sums together in group_kernel (one warp a row, or 16 / 8 lanes a row
-# since session 25: the expert down projections' K = 512): batches of
+# Rows of one group a warp sums together in group_kernel (32 lanes, one warp a row): batches of
 # GROUP_BATCH rows, then (GROUP_BATCH > 2) one batch of 2, then single rows. A batch loads and
 # decodes each chunk's weights once for its rows (`_rows_step`, the rows kernels' step: every
 # row the one-row kernel's bits) and gives the warp independent rows' loads and dp4a to
@@ -766,16 +765,13 @@ def _mapped_x_row(x_row):
     return mapped
 
 
-def _group_batch(p, nr, lanes=32):
+def _group_batch(p, nr):
     """batch(w, x, y, src, use_src, M, m, base, n, last, K, lane, i, i1, Z) -> i: the group's
     rows i, i + Z, ... taken nr at a time while nr remain before i1 (acc[t]: row i + t Z's lane
     sum, in `_row_total`'s order; then its warp tree and the store), returning the first row
-    left. On 16 / 8 lanes a row (`lanes_per_row`: at most one unit a lane) acc[t] is +0.0 plus
-    the lane's unit and the tree is the row's lanes', as `_lanes_row_total` sums it; a row
-    past M (part of the last warp) loads and stores nothing."""
+    left."""
     step = _rows_step(p._replace(x_row=_mapped_x_row(p.x_row)), nr)
     zero = unrolled(nr, _zero)
-    lane_sum = warp_sum if lanes == 32 else warp_sum16 if lanes == 16 else warp_sum8
 
     @nvvm_inlined
     def pick(t, acc, args):
@@ -786,8 +782,8 @@ def _group_batch(p, nr, lanes=32):
     @nvvm_inlined
     def store(t, acc, args):
         y, outs, M, m, lane = args
-        s = lane_sum(acc[t])
-        if lane == 0 and m < M:
+        s = warp_sum(acc[t])
+        if lane == 0:
             y[outs[t] * M + m] = s
 
     picks, stores = unrolled(nr, pick), unrolled(nr, store)
