@@ -751,7 +751,8 @@ def tile_kernel(p, nr, fixed_parts=0):
 # overlap. 1: every row alone (the walk before session 24). Read when a kernel is built.
 # H200, T = 128 at the 35B-A3B shape (decision 0031): the expert gate 160.3 against 198.7 us,
 # pp512 1378 against 1337 tok/s (run_bench --launch group-walk). Batches of split rows lost
-# (the shared expert 375.2 against 309.7 us) and were removed.
+# (the shared expert 375.2 against 309.7 us) and were removed, and so were batches on rows of
+# 16 lanes (session 25: the expert down 228.0 against 194.4 us walking).
 GROUP_BATCH = 4
 
 
