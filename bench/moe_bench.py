@@ -18,8 +18,6 @@ gate / up, --down-type for the down projections; random weights and inputs), for
     alone, matvec.GROUP_BATCH = 1), with the row dots a second they
     reach (T k F gate rows, T k H down rows): the decode row loop gives each row dot a warp,
     and the down projections' K = 512 leaves half of its lanes without a unit;
-  * the group gate and the expert_rows block with matvec.GROUP_ROWS_PER_WARP = 2, 4
-    (`group_gate_w2`, `block_expert_rows_w4`, ...);
   * the expert_rows block's other stages, each alone: `route_sort`, `group_up`, `swiglu`,
     `shared_expert` (its three matvecs and swiglu), `combine`; and the block with the group
     kernels' rows one at a time beside it (`block_expert_rows_walk`, matvec.GROUP_BATCH = 1).
@@ -160,25 +158,14 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
             moe._shared_expert(q, se, xk, T, se.branches, side, on)
             se.branches.join(stream, 0)
 
-        def walked(fn, attr="GROUP_BATCH", value=1):
-            # fn with matvec.GROUP_BATCH = 1 (each row alone), or another matvec setting
-            saved = getattr(matvec, attr)
-            setattr(matvec, attr, value)
+        def walked(fn):                 # fn with matvec.GROUP_BATCH = 1: each row alone
+            saved, matvec.GROUP_BATCH = matvec.GROUP_BATCH, 1
             try:
                 fn()
             finally:
-                setattr(matvec, attr, saved)
-
-        def gate_on(fn, rpw):           # fn with matvec.GROUP_ROWS_PER_WARP = rpw
-            return lambda: walked(fn, "GROUP_ROWS_PER_WARP", rpw)
-        group_gate = (lambda: moe.launch_group_matvec(
-            q.gate, se.group_off, se.src, xi, se.gate, E, R, stream))
-        block_rows = (lambda: moe.launch_moe_block_q8_expert_rows(x, xq, xd, w, q, se, y_c,
-                                                                   stream=stream))
+                matvec.GROUP_BATCH = saved
         stages += [("group_gate_b1", R * F, lambda: walked(lambda: moe.launch_group_matvec(
                        q.gate, se.group_off, se.src, xi, se.gate, E, R, stream))),
-                   *[(f"group_gate_w{r}", R * F, gate_on(group_gate, r)) for r in (2, 4)],
-                   *[(f"block_expert_rows_w{r}", None, gate_on(block_rows, r)) for r in (2, 4)],
                    ("route_sort", None, lambda: moe._route_sort(w, q, se, xk, T, stream)),
                    # route_sort's three launches alone: the router's float matvec (on token
                    # tiles from moe.ROUTER_TILE_MIN_T tokens; router_tok: the token kernel),
@@ -213,11 +200,6 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
             problems.append(f"stage {name}: {type(e).__name__}: {str(e)[:200]}")
             continue
         rows.append((name, us, n, dots))
-        if name.startswith("block_expert_rows_w"):      # (y_c: that block's output)
-            stream.synchronize()
-            if not np.array_equal(y_c.copy_to_host().view(np.uint32),
-                                  out["token"].view(np.uint32)):
-                problems.append(f"{name} block != token block (bits)")
     return rows, problems, out
 
 

@@ -564,29 +564,3 @@ def test_token_tiles_give_the_token_kernels_bits(rng, qt, M, K, parts, nr, rows)
     want = y.copy_to_host()
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(yt.copy_to_host().view(np.uint32), want.view(np.uint32))
-
-
-@pytest.mark.parametrize("rows_per_warp", [2, 3])
-def test_group_matvec_rows_per_warp_give_the_token_kernels_bits(rng, monkeypatch,
-                                                                rows_per_warp):
-    # matvec.GROUP_ROWS_PER_WARP: a warp takes rows m, m + 4, ... of its group one after
-    # another (M = 9: the second block's warps hold one row, or none) -- every (token, row)
-    # still the token kernel's, bit for bit, batches included (5 tokens an expert: 4 + 1)
-    from bw24nb.kernels import matvec
-    from bw24nb.kernels.moe import launch_group_matvec, launch_token_matvec, token_matrix
-    monkeypatch.setattr(matvec, "GROUP_ROWS_PER_WARP", rows_per_warp)
-    T, k, Ex, M, K = 5, 2, 2, 9, 2048
-    raw = quantize(_rand(rng, Ex, M, K, scale=K ** -0.5), QType.Q4_K)
-    ids = np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32)
-    xq, xd = _int8(_rand(rng, T, K))
-    tm = dataclasses.replace(token_matrix(cuda.to_device(raw), QType.Q4_K, M, K, k=k), parts=1)
-    assert tm.group_blocks(M) == -(-M // (4 * rows_per_warp))
-    y = _poisoned((T, k, M))
-    ids_d = cuda.to_device(ids)
-    launch_token_matvec(tm, ids_d, True, k, tm.x_args(xq, xd), False, y, T)
-    off, pos, src = _sorted(ids_d, Ex, T, k)
-    yg = _poisoned((T * k, M))
-    launch_group_matvec(tm, off, src, tm.x_args(xq, xd), yg, Ex, T * k)
-    got = yg.copy_to_host()[pos.copy_to_host()].reshape(T, k, M)
-    assert np.isfinite(got).all()
-    np.testing.assert_array_equal(got.view(np.uint32), y.copy_to_host().view(np.uint32))

@@ -637,38 +637,10 @@ def group_kernel(p, fixed_parts=0, lanes=32):
     NB = GROUP_BATCH if lanes == 32 and FP == 1 else 1
     batch_n = _group_batch(p, NB) if NB > 1 else None
     batch_2 = _group_batch(p, 2) if NB > 2 else None
-    RPW = group_rows_per_warp(lanes, FP)
 
     def matvec_groups(w, group_off, src, use_src, M, K, x, y, parts):
         P = FP if FP else parts
         part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
-        if RPW > 1:                   # whole-warp rows, one warp each: RPW rows a warp
-            lane = cuda.threadIdx.x & 31
-            wi = cuda.threadIdx.x >> 5
-            g = cuda.blockIdx.y
-            n = units(K)
-            last = n - 1
-            i_first = np.int64(group_off[g]) + cuda.blockIdx.z
-            i1 = np.int64(group_off[g + 1])
-            Z = np.int64(cuda.gridDim.z)
-            for j in range(RPW):
-                m = (np.int64(cuda.blockIdx.x) * RPW + j) * WARPS_PER_BLOCK + wi
-                if m >= M:            # (the whole warp)
-                    return
-                base = row_base(np.int64(g) * M + m, K)
-                i0 = i_first
-                if NB > 1:
-                    i0 = batch_n(w, x, y, src, use_src, M, m, base, n, last, K, lane, i0, i1,
-                                 Z)
-                if NB > 2:
-                    i0 = batch_2(w, x, y, src, use_src, M, m, base, n, last, K, lane, i0, i1,
-                                 Z)
-                for i in range(i0, i1, Z):
-                    xt = x_row(x, src[i] if use_src else i, K)
-                    total = row_total(w, xt, base, n, last, 1, 0, lane, part_sh)
-                    if lane == 0:
-                        y[np.int64(i) * M + m] = total
-            return
         lane, m, part, first = place(P)
         if P == 1 and first >= M:     # the whole warp leaves: the lane sums stay full-warp
             return
@@ -693,30 +665,8 @@ def group_kernel(p, fixed_parts=0, lanes=32):
             if P > 1:                 # part_sh is written again for the next row
                 cuda.syncthreads()
 
-    return _named_lanes(matvec_groups, p, fixed_parts, "_grp" + (f"_b{NB}" if NB > 1 else "")
-                        + (f"_w{RPW}" if RPW > 1 else ""), lanes)
-
-
-# Rows a warp of `group_kernel` takes one after another (whole-warp rows of one warp only): a
-# block then covers WARPS_PER_BLOCK x GROUP_ROWS_PER_WARP rows of its group, and its tokens'
-# activations come from L2 once for all of them (then from L1). 1: a row a warp (session 24).
-# Read when a kernel is built and when it is launched (`group_blocks`).
-GROUP_ROWS_PER_WARP = 1
-
-
-def group_rows_per_warp(lanes, parts):
-    """Rows a warp of a group kernel on `lanes` lanes and `parts` warps a row takes."""
-    return GROUP_ROWS_PER_WARP if lanes == 32 and parts == 1 else 1
-
-
-def group_blocks(nrows, lanes, parts):
-    """Grid x of a group kernel over nrows matrix rows (`blocks_for`, with
-    GROUP_ROWS_PER_WARP rows a warp where it applies)."""
-    rpw = group_rows_per_warp(lanes, parts)
-    if rpw > 1:
-        per_block = WARPS_PER_BLOCK * rpw
-        return (nrows + per_block - 1) // per_block
-    return blocks_for(nrows, lanes, parts)
+    return _named_lanes(matvec_groups, p, fixed_parts, "_grp" + (f"_b{NB}" if NB > 1 else ""),
+                        lanes)
 
 
 def tile_kernel(p, nr, fixed_parts=0):
@@ -886,7 +836,7 @@ def _kernel_set(cache, make, p, lanes):
     make(p, 0, lanes), the run-time-parts build, for 2 and 4 (as `path_kernels`), each built
     on first request. Rows on 16 / 8 lanes take one warp's part, so parts must be 1. (A
     group kernel's set is also GROUP_BATCH's.)"""
-    key = (p.name, lanes, (GROUP_BATCH, GROUP_ROWS_PER_WARP) if make is group_kernel else 0)
+    key = (p.name, lanes, GROUP_BATCH if make is group_kernel else 0)
     if key not in cache:
         built = {}
 

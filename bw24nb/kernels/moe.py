@@ -514,10 +514,6 @@ class TokenMatrix:
         row's sub-warp tree gives the same bits, `matvec.lanes_per_row`)."""
         return matvec.tile_kernels(self._fitted(parts)[0], nr)(parts)
 
-    def group_blocks(self, nrows):
-        """Grid x of a group kernel over nrows matrix rows (`matvec.group_blocks`)."""
-        return matvec.group_blocks(nrows, self._fitted(self.parts)[1], self.parts)
-
     def blocks(self, nrows):
         """Grid x of a token / group kernel over nrows matrix rows."""
         return matvec.blocks_for(nrows, self._fitted(self.parts)[1], self.parts)
@@ -1071,7 +1067,7 @@ def launch_group_matvec(tm: TokenMatrix, group_off, src, x_args, y, groups: int,
                          f"{rows} x {tm.rows}")
     per_group = max(1, -(-rows // groups))
     z = min(GRID_YZ_MAX, max(1, -(-per_group // GROUP_ROWS_PER_SLICE)))
-    grid = (tm.group_blocks(tm.rows), groups, z)
+    grid = (tm.blocks(tm.rows), groups, z)
     tm.group_kernels(tm.parts)[grid, THREADS, stream](
         tm.w, group_off, group_off.view(np.int32) if src is None else src,
         np.int32(src is not None), np.int32(tm.rows), np.int32(tm.cols), x_args, _flat1(y),
