@@ -164,8 +164,20 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
                 fn()
             finally:
                 matvec.GROUP_BATCH = saved
+        def unpaired(fn):               # fn with moe.GATE_UP_PAIRS off: two launches
+            saved, moe.GATE_UP_PAIRS = moe.GATE_UP_PAIRS, False
+            try:
+                fn()
+            finally:
+                moe.GATE_UP_PAIRS = saved
         stages += [("group_gate_b1", R * F, lambda: walked(lambda: moe.launch_group_matvec(
                        q.gate, se.group_off, se.src, xi, se.gate, E, R, stream))),
+                   ("group_gate_up_pair", 2 * R * F, lambda: moe.launch_group_matvec_pair(
+                       q.gate, q.up, se.group_off, se.src, xi, se.gate, se.up.reshape(R, F), E,
+                       R, stream)),
+                   ("block_expert_rows_nopair", None, lambda: unpaired(
+                       lambda: moe.launch_moe_block_q8_expert_rows(x, xq, xd, w, q, se, y_c,
+                                                                   stream=stream))),
                    ("route_sort", None, lambda: moe._route_sort(w, q, se, xk, T, stream)),
                    # route_sort's three launches alone: the router's float matvec (on token
                    # tiles from moe.ROUTER_TILE_MIN_T tokens; router_tok: the token kernel),

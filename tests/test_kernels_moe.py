@@ -564,3 +564,32 @@ def test_token_tiles_give_the_token_kernels_bits(rng, qt, M, K, parts, nr, rows)
     want = y.copy_to_host()
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(yt.copy_to_host().view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("batch,rows_per_slice", [(4, 64), (4, 2), (1, 64)])
+def test_group_matvec_pair_gives_two_launches_bits(rng, monkeypatch, batch, rows_per_slice):
+    # moe.launch_group_matvec_pair (the expert-major block's gate and up in one launch, a warp
+    # summing both rows): ya / yb are two launch_group_matvec launches' outputs, bit for bit --
+    # 9 rows an expert (batches of 4 + 4, then one row), at one or five grid slices
+    from bw24nb.kernels import matvec, moe
+    from bw24nb.kernels.moe import launch_group_matvec, launch_group_matvec_pair, token_matrix
+    monkeypatch.setattr(matvec, "GROUP_BATCH", batch)
+    monkeypatch.setattr(moe, "GROUP_ROWS_PER_SLICE", rows_per_slice)
+    T, k, Ex, M, K = 9, 2, 2, 5, 2048
+    ta, tb = (dataclasses.replace(token_matrix(cuda.to_device(quantize(
+        _rand(rng, Ex, M, K, scale=K ** -0.5), QType.Q4_K)), QType.Q4_K, M, K, k=k), parts=1)
+        for _ in range(2))
+    assert moe._pairs_serve(ta, tb)
+    ids = cuda.to_device(np.stack([rng.permutation(Ex)[:k] for _ in range(T)]).astype(np.int32))
+    xq, xd = _int8(_rand(rng, T, K))
+    off, pos, src = _sorted(ids, Ex, T, k)
+    want = []
+    for tm in (ta, tb):
+        y = _poisoned((T * k, M))
+        launch_group_matvec(tm, off, src, tm.x_args(xq, xd), y, Ex, T * k)
+        want.append(y.copy_to_host())
+    ya, yb = _poisoned((T * k, M)), _poisoned((T * k, M))
+    launch_group_matvec_pair(ta, tb, off, src, ta.x_args(xq, xd), ya, yb, Ex, T * k)
+    for got, w in zip((ya.copy_to_host(), yb.copy_to_host()), want):
+        assert np.isfinite(w).all()
+        np.testing.assert_array_equal(got.view(np.uint32), w.view(np.uint32))

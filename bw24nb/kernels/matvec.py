@@ -669,6 +669,89 @@ def group_kernel(p, fixed_parts=0, lanes=32):
                         lanes)
 
 
+def group_pair_kernel(p):
+    """`group_kernel` for two stacks of one shape read by the same rows (the MoE gate and up
+    projections): kern[(blocks, G, Z), THREADS](wa, wb, group_off, src, use_src, M, K, x,
+    ya, yb), whole-warp rows of one warp each. A warp sums row m of both matrices for each of
+    its group's rows -- GROUP_BATCH at a time, then one at a time -- so the two rows' weight
+    loads are in flight together; each sum is `group_kernel`'s (the rows kernels' step, or the
+    lane loop), so ya and yb hold the bits of two group_kernel launches."""
+    NB = GROUP_BATCH
+    units, row_base, x_row = p.units, p.base, p.x_row
+    lane_step, U = _lane_step(p), p.unroll
+    step = _rows_step(p._replace(x_row=_mapped_x_row(p.x_row)), NB) if NB > 1 else None
+    zero = unrolled(NB, _zero)
+
+    @nvvm_inlined
+    def pick(t, acc, args):
+        rows, outs, src, use_src, i, Z = args
+        outs[t] = i + t * Z
+        rows[t] = src[i + t * Z] if use_src else i + t * Z
+
+    @nvvm_inlined
+    def store(t, acc, args):
+        y, outs, M, m, lane = args
+        s = warp_sum(acc[t])
+        if lane == 0:
+            y[outs[t] * M + m] = s
+
+    picks, stores = unrolled(NB, pick), unrolled(NB, store)
+
+    def matvec_group_pairs(wa, wb, group_off, src, use_src, M, K, x, ya, yb):
+        lane = cuda.threadIdx.x & 31
+        m = np.int64(cuda.blockIdx.x) * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)
+        if m >= M:                    # (the whole warp)
+            return
+        g = cuda.blockIdx.y
+        n = units(K)
+        last = n - 1
+        base = row_base(np.int64(g) * M + m, K)
+        i = np.int64(group_off[g]) + cuda.blockIdx.z
+        i1 = np.int64(group_off[g + 1])
+        Z = np.int64(cuda.gridDim.z)
+        if NB > 1:
+            acc_a = cuda.local.array(NB, np.float32)
+            acc_b = cuda.local.array(NB, np.float32)
+            rows = cuda.local.array(NB, np.int64)
+            outs = cuda.local.array(NB, np.int64)
+            while i + (NB - 1) * Z < i1:
+                picks(acc_a, (rows, outs, src, use_src, i, Z))
+                zero(acc_a, ())
+                zero(acc_b, ())
+                for u in range(lane, n, 32 * U):
+                    step(acc_a, wa, (x, rows), base, u, 32, last, n, K)
+                    step(acc_b, wb, (x, rows), base, u, 32, last, n, K)
+                stores(acc_a, (ya, outs, M, m, lane))
+                stores(acc_b, (yb, outs, M, m, lane))
+                i += NB * Z
+        while i < i1:
+            xt = x_row(x, src[i] if use_src else i, K)
+            a = np.float32(0.0)
+            b = np.float32(0.0)
+            for u in range(lane, n, 32 * U):
+                a = lane_step(a, wa, xt, base, u, 32, last, n)
+                b = lane_step(b, wb, xt, base, u, 32, last, n)
+            a = warp_sum(a)
+            b = warp_sum(b)
+            if lane == 0:
+                ya[i * M + m] = a
+                yb[i * M + m] = b
+            i += Z
+
+    return _named(matvec_group_pairs, p, 0, kind=f"_grp2_b{NB}")
+
+
+_PAIR_KERNELS: dict = {}
+
+
+def group_pair_kernels(p):
+    """path p's `group_pair_kernel` (one build a path and GROUP_BATCH)."""
+    key = (p.name, p.unroll, GROUP_BATCH)
+    if key not in _PAIR_KERNELS:
+        _PAIR_KERNELS[key] = group_pair_kernel(p)
+    return _PAIR_KERNELS[key]
+
+
 def tile_kernel(p, nr, fixed_parts=0):
     """`token_kernel` for one ordinary matrix (no experts: k = 1, every token its own x row)
     over tiles of nr tokens: kern[(ceil(M / RB), ceil(T / nr)), THREADS](w, M, K, x, y, bias,

@@ -1074,6 +1074,35 @@ def launch_group_matvec(tm: TokenMatrix, group_off, src, x_args, y, groups: int,
         np.int32(tm.parts))
 
 
+# The expert-major block's gate and up projections as one launch of `matvec.group_pair_kernel`
+# (a warp sums the gate row and the up row together) where both take whole-warp rows of one
+# warp and the same path; False: two group kernel launches side by side (before session 25).
+GATE_UP_PAIRS = True
+
+
+def _pairs_serve(a: TokenMatrix, b: TokenMatrix) -> bool:
+    return (GATE_UP_PAIRS and a.path == b.path and a.x_kind == b.x_kind and a.parts == 1
+            and b.parts == 1 and (a.rows, a.cols) == (b.rows, b.cols)
+            and a._fitted(1)[1] == 32)
+
+
+def launch_group_matvec_pair(ta: TokenMatrix, tb: TokenMatrix, group_off, src, x_args, ya, yb,
+                             groups: int, rows: int, stream=0):
+    """`launch_group_matvec` of two stacks of one shape on the same rows in one launch
+    (`matvec.group_pair_kernel`; `_pairs_serve(ta, tb)` must hold): the two launches' bits."""
+    for name, y in (("ya", ya), ("yb", yb)):
+        if y.size < rows * ta.rows:
+            raise ValueError(f"group_matvec_pair: {name} holds {y.size} values, not rows x M "
+                             f"= {rows} x {ta.rows}")
+    per_group = max(1, -(-rows // groups))
+    z = min(GRID_YZ_MAX, max(1, -(-per_group // GROUP_ROWS_PER_SLICE)))
+    grid = (ta.blocks(ta.rows), groups, z)
+    matvec.group_pair_kernels(ta._fitted(1)[0])[grid, THREADS, stream](
+        ta.w, tb.w, group_off, group_off.view(np.int32) if src is None else src,
+        np.int32(src is not None), np.int32(ta.rows), np.int32(ta.cols), x_args, _flat1(ya),
+        _flat1(yb))
+
+
 class MoEScratchExpertRows(MoEScratchSorted):
     """MoEScratchSorted plus the shared expert's one group (rows 0 .. T - 1) of
     `launch_moe_block_q8_expert_rows`."""
@@ -1099,9 +1128,14 @@ def launch_moe_block_q8_expert_rows(x, xq, xd, w: ExpertWeights, q: ExpertMatric
     E, F = w.n_experts, w.ffn
     R = T * w.top_k
     gate, up = s.gate.reshape(R, F), s.up.reshape(R, F)
-    launch_group_matvec(q.up, s.group_off, s.src, q.up.x_args(**xi), up, E, R, br.fork(stream, 1))
-    launch_group_matvec(q.gate, s.group_off, s.src, q.gate.x_args(**xi), gate, E, R, stream)
-    br.join(stream, 1)
+    if _pairs_serve(q.gate, q.up):
+        launch_group_matvec_pair(q.gate, q.up, s.group_off, s.src, q.gate.x_args(**xi), gate,
+                                 up, E, R, stream)
+    else:
+        launch_group_matvec(q.up, s.group_off, s.src, q.up.x_args(**xi), up, E, R,
+                            br.fork(stream, 1))
+        launch_group_matvec(q.gate, s.group_off, s.src, q.gate.x_args(**xi), gate, E, R, stream)
+        br.join(stream, 1)
     launch_swiglu_q8(gate, up, s.act.reshape(R, F), s.act_q, s.act_d, stream)
     launch_group_matvec(q.down, s.group_off, None, q.down.x_args(s.act_q, s.act_d), s.yd, E, R,
                         stream)
