@@ -19,7 +19,7 @@ Every buffer is allocated in `__init__` (graph capture forbids allocation).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import cuda
@@ -386,7 +386,8 @@ class Engine:
         # the rows prefill's slices of one matvec side by side (ROWS_SLICE_SIDES); their own
         # side streams, apart from the projections' (a slice loop may run on one of those)
         self._slice_branches = Branches(ROWS_SLICE_SIDES) if prefill_path == "rows" else None
-        self._tile_matrices: dict = {}     # id(DeviceWeight) -> (it, its TokenMatrix)
+        # id(DeviceWeight) -> (the weight, kept so that its id stays its own; its TokenMatrix)
+        self._tile_matrices: dict = {}
         # decode / verify's q8 norms over a block per slot (norm.launch_rms_norm_q8's split:
         # the same bits; False = one block a row, the form before session 15: --launch
         # norm-whole)
@@ -736,11 +737,10 @@ class Engine:
         each row as decode does."""
         key = id(w)
         if key not in self._tile_matrices:
-            import dataclasses
             tm = moe.token_matrix(w.buf, w.qtype, w.rows, w.cols, q6k_r=w.q6k_r)
             parts = (matvec.warps_per_row(w.rows, w.cols) if w.q6k_r is not None
                      else self._split_of(w))
-            self._tile_matrices[key] = (w, dataclasses.replace(tm, parts=parts))
+            self._tile_matrices[key] = (w, replace(tm, parts=parts))
         return self._tile_matrices[key][1]
 
     def _side_by_side(self, ws: Workspace, projections: list) -> list:

@@ -669,6 +669,24 @@ def group_kernel(p, fixed_parts=0, lanes=32):
                         lanes)
 
 
+@nvvm_inlined
+def _pick_batch_row(t, acc, args):
+    """Row t of a group batch (`_group_batch`): outs[t] = its row of y, rows[t] = its row of x
+    (src[..] when use_src)."""
+    rows, outs, src, use_src, i, Z = args
+    outs[t] = i + t * Z
+    rows[t] = src[i + t * Z] if use_src else i + t * Z
+
+
+@nvvm_inlined
+def _store_batch_row(t, acc, args):
+    """Row t of a group batch: its warp tree, stored by lane 0 at y[outs[t] M + m]."""
+    y, outs, M, m, lane = args
+    s = warp_sum(acc[t])
+    if lane == 0:
+        y[outs[t] * M + m] = s
+
+
 def group_pair_kernel(p):
     """`group_kernel` for two stacks of one shape read by the same rows (the MoE gate and up
     projections): kern[(blocks, G, Z), THREADS](wa, wb, group_off, src, use_src, M, K, x,
@@ -681,21 +699,7 @@ def group_pair_kernel(p):
     lane_step, U = _lane_step(p), p.unroll
     step = _rows_step(p._replace(x_row=_mapped_x_row(p.x_row)), NB) if NB > 1 else None
     zero = unrolled(NB, _zero)
-
-    @nvvm_inlined
-    def pick(t, acc, args):
-        rows, outs, src, use_src, i, Z = args
-        outs[t] = i + t * Z
-        rows[t] = src[i + t * Z] if use_src else i + t * Z
-
-    @nvvm_inlined
-    def store(t, acc, args):
-        y, outs, M, m, lane = args
-        s = warp_sum(acc[t])
-        if lane == 0:
-            y[outs[t] * M + m] = s
-
-    picks, stores = unrolled(NB, pick), unrolled(NB, store)
+    picks, stores = unrolled(NB, _pick_batch_row), unrolled(NB, _store_batch_row)
 
     def matvec_group_pairs(wa, wb, group_off, src, use_src, M, K, x, ya, yb):
         lane = cuda.threadIdx.x & 31
@@ -856,21 +860,7 @@ def _group_batch(p, nr):
     left."""
     step = _rows_step(p._replace(x_row=_mapped_x_row(p.x_row)), nr)
     zero = unrolled(nr, _zero)
-
-    @nvvm_inlined
-    def pick(t, acc, args):
-        rows, outs, src, use_src, i, Z = args
-        outs[t] = i + t * Z
-        rows[t] = src[i + t * Z] if use_src else i + t * Z
-
-    @nvvm_inlined
-    def store(t, acc, args):
-        y, outs, M, m, lane = args
-        s = warp_sum(acc[t])
-        if lane == 0:
-            y[outs[t] * M + m] = s
-
-    picks, stores = unrolled(nr, pick), unrolled(nr, store)
+    picks, stores = unrolled(nr, _pick_batch_row), unrolled(nr, _store_batch_row)
     U = p.unroll
 
     @cuda.jit(device=True, inline="always")

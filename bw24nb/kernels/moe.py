@@ -1056,6 +1056,12 @@ def launch_moe_block_q8_grouped(x, xq, xd, w: ExpertWeights, q: ExpertMatricesQ8
 GROUP_ROWS_PER_SLICE = 4
 
 
+def _group_slices(rows: int, groups: int) -> int:
+    """Grid z of a group launch: GROUP_ROWS_PER_SLICE rows a slice of the average group."""
+    per_group = max(1, -(-rows // groups))
+    return min(GRID_YZ_MAX, max(1, -(-per_group // GROUP_ROWS_PER_SLICE)))
+
+
 def launch_group_matvec(tm: TokenMatrix, group_off, src, x_args, y, groups: int, rows: int,
                         stream=0):
     """y[i, :] = W[g] @ x(i) for the sorted rows i of every group g (matvec.group_kernel):
@@ -1065,8 +1071,7 @@ def launch_group_matvec(tm: TokenMatrix, group_off, src, x_args, y, groups: int,
     if y.size < rows * tm.rows:
         raise ValueError(f"group_matvec: y holds {y.size} values, not rows x M = "
                          f"{rows} x {tm.rows}")
-    per_group = max(1, -(-rows // groups))
-    z = min(GRID_YZ_MAX, max(1, -(-per_group // GROUP_ROWS_PER_SLICE)))
+    z = _group_slices(rows, groups)
     grid = (tm.blocks(tm.rows), groups, z)
     tm.group_kernels(tm.parts)[grid, THREADS, stream](
         tm.w, group_off, group_off.view(np.int32) if src is None else src,
@@ -1081,6 +1086,7 @@ GATE_UP_PAIRS = True
 
 
 def _pairs_serve(a: TokenMatrix, b: TokenMatrix) -> bool:
+    """Whether `launch_group_matvec_pair` can run a and b (GATE_UP_PAIRS on)."""
     return (GATE_UP_PAIRS and a.path == b.path and a.x_kind == b.x_kind and a.parts == 1
             and b.parts == 1 and (a.rows, a.cols) == (b.rows, b.cols)
             and a._fitted(1)[1] == 32)
@@ -1094,8 +1100,7 @@ def launch_group_matvec_pair(ta: TokenMatrix, tb: TokenMatrix, group_off, src, x
         if y.size < rows * ta.rows:
             raise ValueError(f"group_matvec_pair: {name} holds {y.size} values, not rows x M "
                              f"= {rows} x {ta.rows}")
-    per_group = max(1, -(-rows // groups))
-    z = min(GRID_YZ_MAX, max(1, -(-per_group // GROUP_ROWS_PER_SLICE)))
+    z = _group_slices(rows, groups)
     grid = (ta.blocks(ta.rows), groups, z)
     matvec.group_pair_kernels(ta._fitted(1)[0])[grid, THREADS, stream](
         ta.w, tb.w, group_off, group_off.view(np.int32) if src is None else src,
