@@ -3,7 +3,7 @@ chunk's MoE time goes (decision 0017).
 
     python3 bench/moe_bench.py [--tokens 1,9,128] [--down-type Q4_K|Q6_K] [--jsonl PATH]
                                [--commit SHA] [--unroll fit,whole,full] [--branches on,off]
-                               [--tiny]
+                               [--min-units 1,2] [--tiny]
 
 At the Qwen3.6-35B-A3B shape (256 experts, top 8, hidden 2048, expert and shared FFN 512; Q4_K
 gate / up, --down-type for the down projections; random weights and inputs), for each T of
@@ -18,14 +18,21 @@ gate / up, --down-type for the down projections; random weights and inputs), for
     alone, matvec.GROUP_BATCH = 1), with the row dots a second they
     reach (T k F gate rows, T k H down rows): the decode row loop gives each row dot a warp,
     and the down projections' K = 512 leaves half of its lanes without a unit;
-  * the expert_rows block's other stages, each alone: `route_sort`, `group_up`, `swiglu`,
-    `shared_expert` (its three matvecs and swiglu), `combine`; and the block with the group
-    kernels' rows one at a time beside it (`block_expert_rows_walk`, matvec.GROUP_BATCH = 1).
+  * the gate and up in one launch (`group_gate_up_pair`, moe.GATE_UP_PAIRS) and the block
+    with them as two launches side by side (`block_expert_rows_nopair`);
+  * the expert_rows block's other stages, each alone: `route_sort` and its three launches
+    (`router`, on token tiles from moe.ROUTER_TILE_MIN_T tokens, with tile sizes
+    `router_t<tokens>r<rows>` and the token kernel `router_tok` beside it; `route`, `sort`),
+    `group_up`, `swiglu`, `shared_expert` (its three matvecs and swiglu), `combine`; and the
+    block with the group kernels' rows one at a time beside it (`block_expert_rows_walk`,
+    matvec.GROUP_BATCH = 1).
 
 Each is captured N times into one CUDA graph (bench/matmul_q8_bench.py's `time_per_launch_us`)
 and timed by CUDA events: median us per launch. Checks in the same run, flagged BAD: the
 expert_rows block's output equals the token block's bit for bit (both sum every row in the
-decode order), and the GEMM block's agrees with it to 1e-2 of max |y| (another order).
+decode order), the GEMM block's agrees with it to 1e-2 of max |y| (another order), and the
+router's token tiles give the token kernel's logits bit for bit. --min-units 1,2 runs
+everything once per moe.TOKEN_MIN_UNITS value, each with its own matrices.
 --unroll fit,whole,full runs everything three times: the defaults (the row loop's unroll fitted
 to short rows, matvec.fit_unroll, and rows of <= 16 units on 16 / 8 lanes,
 matvec.lanes_per_row), fitted on a whole warp a row, and the full 4 slots on a whole warp; the
