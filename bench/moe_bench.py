@@ -189,7 +189,7 @@ def bench_tokens(T, w, q, rng, stream, smoke, seed):
                    # route_sort's three launches alone: the router's float matvec (on token
                    # tiles from moe.ROUTER_TILE_MIN_T tokens; router_tok: the token kernel),
                    # softmax + top-k (a block a token) and the sort (one block)
-                   ("router", T * E, lambda: moe.launch_router(q, se, xk, T, stream)),
+                   ("router", T * E, lambda: moe.router_logits(q, se, xk, T, stream)),
                    *[(f"router_t{nr}r{rb}", T * E, lambda nr=nr, rb=rb: moe.launch_token_tiles(
                        q.router, q.router.x_args(**xk), se.logits, T, stream, nr=nr, rows=rb))
                      for nr, rb in ((8, 8), (4, 4), (2, 8), (4, 2), (2, 4), (4, 16))],

@@ -2094,6 +2094,99 @@ def check_group_matvec(rng, size):
                 pairs, guard_ok)
 
 
+@check("group_matvec_pair", "kernels.moe.launch_group_matvec_pair")
+def check_group_matvec_pair(rng, size):
+    """The expert-major block's gate and up in one launch (matvec.group_pair_kernel): rows
+    group_off[e] .. group_off[e + 1] of ya and yb against expert e of two stacks, each row's
+    activations row src[i] of x (whole-warp rows: K of at least 17 chunks a row)."""
+    from .kernels import moe
+    from .kernels import quantize_act as qa
+    from .quant import QType
+    qt = QType.Q4_K
+    T, E, k, H, F = _moe_dims(size)
+    E = min(E, 8)
+    M, K = (3, 1024) if size == "tiny" else (F, H)
+    counts = rng.integers(0, 2 * T + 2, E)
+    counts[1] = 0
+    R = int(counts.sum())
+    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)
+    src = rng.integers(0, T, R).astype(np.int32)
+    ws = [_random_weight(rng, qt, E * M, K) for _ in range(2)]
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    xq, xd = qa.quantize_act_q8_reference(x)
+    ta, tb = (moe.token_matrix(_dev(w), qt, M, K, k=k) for w in ws)
+    if not moe._pairs_serve(ta, tb):
+        raise RuntimeError(f"group_matvec_pair: {M} x {K} {qt.name} rows are not one warp each")
+    ya, yb = Out((R, M)), Out((R, M))
+    moe.launch_group_matvec_pair(ta, tb, _dev(off), _dev(src), ta.x_args(_dev(xq), _dev(xd)),
+                                 ya.dev, yb.dev, E, R)
+    pairs = [(e, src[i]) for e in range(E) for i in range(int(off[e]), int(off[e + 1]))]
+    for w, y, which in zip(ws, (ya, yb), ("a", "b")):
+        got, guard_ok = y.get()
+        yield _expert_rows_compare(
+            "group_matvec_pair", qt, f"E{E} R{R} {M}x{K} y{which}", got, w.reshape(E, M, -1),
+            M, K, xq.reshape(T, K), xd.reshape(T, K // 32), pairs, guard_ok)
+
+
+@check("token_tiles", "kernels.moe.launch_token_tiles")
+def check_token_tiles(rng, size):
+    """One matrix over T tokens in rows x tokens tiles (matvec.tile_kernel: the rows prefill's
+    int8 matvecs, the prefill router): y[t] = W @ x_t (+ bias) (+ residual[t]), a part tile of
+    tokens and a part block of rows."""
+    from .kernels import matvec as mv
+    from .kernels import moe
+    from .kernels import quantize_act as qa
+    T, E, k, H, F = _moe_dims(size)
+    T = 11 if size == "tiny" else 37
+    for qt in _moe_q8_types(size):
+        M, K = (5, H) if size == "tiny" else (F, H)
+        w = _random_weight(rng, qt, M, K)
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        xq, xd = qa.quantize_act_q8_reference(x)
+        bias = rng.standard_normal(M).astype(np.float32)
+        res = rng.standard_normal((T, M)).astype(np.float32)
+        tm = moe.token_matrix(_dev(w), qt, M, K)
+        y = Out((T, M))
+        moe.launch_token_tiles(tm, tm.x_args(_dev(xq), _dev(xd)), y.dev, T, nr=4, rows=3,
+                               bias=_dev(bias), residual=_dev(res))
+        got, guard_ok = y.get()
+        xq2, xd2 = xq.reshape(T, K), xd.reshape(T, K // 32)
+        ref = np.stack([mv.matvec_q8_reference(w, qt, M, K, xq2[t], xd2[t]) for t in range(T)])
+        wmag = _int8_path_weight_mag(w, qt, M, K)
+        mag = np.stack([wmag @ np.abs(qa.dequantize_act_q8(xq2[t], xd2[t])) for t in range(T)])
+        ref = ref + _f64(bias) + _f64(res)
+        mag = mag + np.abs(_f64(bias)) + np.abs(_f64(res))
+        h = _matvec_chain(qt, K) + 6          # + the bias and residual adds
+        yield compare("token_tiles", qt.name, f"T{T} {M}x{K} tiles 4x3 +bias +res", got, ref,
+                      MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|·|",
+                      guard_ok=guard_ok)
+
+
+@check("moe_sort", "kernels.moe.launch_moe_sort")
+def check_moe_sort(rng, size):
+    """The expert-major prefill's sort (one block, a thread a pair): group_off, each pair's
+    sorted row and each sorted row's token, against a stable numpy sort by expert -- over
+    several rounds of the block where the pairs outnumber its threads."""
+    from .kernels import moe
+    T, E, k, H, F = _moe_dims(size)
+    nt = moe.norm.pow2_block(E, moe.SORT_THREADS_MAX)    # the fewest threads that hold E
+    for T_, threads in ((T + 5, None), (2 * nt // k + 3, nt)):
+        ids = _expert_ids(rng, T_, E, k)
+        n = T_ * k
+        off, pos, src = (Out((E + 1,), np.uint32), Out((n,), np.int32), Out((n,), np.int32))
+        moe.launch_moe_sort(_dev(ids), E, off.dev, pos.dev, src.dev, threads=threads)
+        flat = ids.reshape(n)
+        order = np.argsort(flat, kind="stable")
+        want_pos = np.empty(n, np.int32)
+        want_pos[order] = np.arange(n)
+        want_off = np.concatenate([[0], np.cumsum(np.bincount(flat, minlength=E))])
+        tag = f"T{T_} k{k} E{E}" + (f" {threads} threads" if threads else "")
+        for what, o, want in (("group_off", off, want_off.astype(np.uint32)),
+                              ("pos", pos, want_pos), ("src", src, (order // k).astype(np.int32))):
+            got, guard_ok = o.get()
+            yield compare(f"moe_sort {what}", "i32", tag, got, want, guard_ok=guard_ok)
+
+
 @check("matmul_q8_grouped", "kernels.matmul_q8.launch_matmul_q8_grouped")
 def check_matmul_q8_grouped(rng, size):
     """The MoE prefill's expert-major GEMM: rows group_off[e] .. group_off[e + 1] of Y against

@@ -726,7 +726,7 @@ def launch_token_tiles(tm: TokenMatrix, x_args, y, T: int, stream=0, nr=None, ro
         np.int32(tm.parts), np.int32(rows))
 
 
-def launch_router(q, s, xi, T, stream):
+def router_logits(q, s, xi, T, stream):
     """The router's logits of T tokens into s.logits (float or int8 input by the router's
     type: xi = dict(xq, xd, x)): the token kernel, or its tiles from ROUTER_TILE_MIN_T tokens."""
     xa = q.router.x_args(**xi)
@@ -737,9 +737,9 @@ def launch_router(q, s, xi, T, stream):
 
 
 def _route_tokens(w, q, s, xi, T, stream):
-    """Router logits (`launch_router`), then the top-k ids and weights into s.ids /
+    """Router logits (`router_logits`), then the top-k ids and weights into s.ids /
     s.weights."""
-    launch_router(q, s, xi, T, stream)
+    router_logits(q, s, xi, T, stream)
     launch_moe_route(s.logits, w.norm_topk_prob, s.ids, s.weights, stream)
 
 
