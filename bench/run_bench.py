@@ -574,7 +574,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # default keeps two, which puts the shared expert's gate and up on one warp a row); the rows
 # prefill's int8 matvecs in MAX_ROWS-row slices (rows-slices: engine.ROWS_TILES off, before
 # session 25) and the prefill router on the token kernel (router-tok: moe.ROUTER_TILES off);
-# the rows prefill's token tiles at other sizes (rows-t<tokens>r<rows>).
+# the rows prefill's token tiles at other sizes (rows-t<tokens>r<rows>); the rows prefill's
+# attention on a block a split (attn-split-blocks: engine.ROWS_ATTENTION_GRID = 0, before
+# session 26) or walking blocks of other counts (attn-walk<N>).
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
@@ -613,7 +615,10 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "rows-t4r16": [("bw24nb.engine", "ROWS_TILE_TOKENS", 4),
                                ("bw24nb.engine", "ROWS_TILE_ROWS", 16)],
                 "rows-t8r16": [("bw24nb.engine", "ROWS_TILE_TOKENS", 8),
-                               ("bw24nb.engine", "ROWS_TILE_ROWS", 16)]}
+                               ("bw24nb.engine", "ROWS_TILE_ROWS", 16)],
+                "attn-split-blocks": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 0)],
+                "attn-walk4": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 4)],
+                "attn-walk16": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 16)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 
 

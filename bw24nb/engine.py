@@ -74,6 +74,14 @@ ROWS_TILES = True
 ROWS_TILE_TOKENS = 8
 ROWS_TILE_ROWS = 16
 
+# Blocks a (token, KV head) the rows prefill's split-K attention takes, each walking its splits
+# (decode_attention.launch_split(grid=); 0: a block a split, as decode). The plan stays
+# decode's -- sized for the whole context (132 splits for the 35B-A3B heads at 8192) so every
+# token gets its decode step's bits -- but a chunk early in a prompt uses few of them: at
+# positions < 512 a token's splits are 16 keys, at most 32 of them, and the other blocks only
+# load the position and leave (33.8k blocks a layer for a 128-token chunk). Read at every launch.
+ROWS_ATTENTION_GRID = 8
+
 # 2-D tensors a kernel reads as plain float32 arrays (not through a matvec): the depthwise conv.
 FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
 
@@ -856,6 +864,8 @@ class Engine:
             plan = (ATTENTION_PLANS[self.attention_plan] if ws.rowwise
                     else dict(slices=1, prefetch=False,
                               combine_batch=attention.PREFILL_COMBINE_BATCH))
+            if ws.rowwise and T > VERIFY_ROWS and ROWS_ATTENTION_GRID:     # the rows prefill
+                plan = dict(plan, split_grid=ROWS_ATTENTION_GRID)
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,

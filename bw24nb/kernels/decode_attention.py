@@ -98,12 +98,13 @@ def supports(n_rep: int, D: int, k_type, v_type) -> bool:
 
 
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
-          direct: bool = False):
+          direct: bool = False, walk: bool = False):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
     one interleaved step (INTERLEAVE_ROWS; the same results); direct: a one-tile split stored
-    by warp 0 without the merge (ONE_TILE_DIRECT; the same results)."""
+    by warp 0 without the merge (ONE_TILE_DIRECT; the same results); walk: a grid of fewer
+    blocks than splits, each walking its splits (`launch_split(grid=)`; the same results)."""
     NS = len(TRACE_STAMPS)
     trace_on = trace
     D = 32 * E
@@ -160,12 +161,15 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         lo, hi = f16x2_to_f32x2(vraw[jj * EW + (e >> 1)])
         return hi if (e & 1) else lo
 
-    def split(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
-              trace):
-        buf = cuda.shared.array(_ACC_SH, float32)       # q rows, later the warps' accumulators
-        p_sh = cuda.shared.array(_P_SH, float32)
-        m_sh = cuda.shared.array(_ML_SH, float32)
-        l_sh = cuda.shared.array(_ML_SH, float32)
+    @cuda.jit(device=True, inline="always")
+    def _trace_base(kvh, tok, n_splits, split_i):
+        return ((tok * cuda.gridDim.y + kvh) * n_splits + split_i) * 2 * NS
+
+    @cuda.jit(device=True, inline="always")
+    def split_body(split_i, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk, kvh,
+                   tok, n_splits, part_ml, part_acc, trace):
+        """Split split_i of the block's token and KV head: its keys' scores, softmax and PV
+        on the four warps, stored as the split's partial."""
         s = cuda.local.array(R, float32)
         m = cuda.local.array(R, float32)
         lsum = cuda.local.array(R, float32)
@@ -173,38 +177,16 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         mx = cuda.local.array(R, float32)      # interleave: the rows' maxima
         pr = cuda.local.array(R, float32)      # interleave: the rows' p, then their sums
         acc = cuda.local.array(RE, float32)
-        qv = cuda.local.array(NQ, float32)
         # the tile's V words, a group of VG keys each (separate arrays, so that every index
         # is a constant and they stay in registers)
         v0 = cuda.local.array(GW, uint32)
         v1 = cuda.local.array(GW, uint32)
         v2 = cuda.local.array(GW, uint32)
         v3 = cuda.local.array(GW, uint32)
-        split_i = cuda.blockIdx.x
-        n_splits = cuda.gridDim.x
-        kvh = cuda.blockIdx.y
-        tok = cuda.blockIdx.z
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
-        tb = ((tok * cuda.gridDim.y + kvh) * n_splits + split_i) * 2 * NS     # trace base
-        if trace_on and tid == 0:
-            stamp(trace, tb, 0)
-        # the position's load issued first and q's rows into registers while it is in
-        # flight; the plan and the K / V prefetch as soon as it arrives, then q into shared
-        # memory (a block past the context loads q for nothing)
-        position = positions[tok]
-        for k in range(NQ):
-            i = tid + k * THREADS
-            qv[k] = float32(0.0)
-            if i < R * D:
-                r = i // D
-                qv[k] = q[tok, kvh * R + r, i - r * D]
-        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
-        if trace_on and tid == 0 and used > 0:      # (control-dependent on the position)
-            stamp(trace, tb, 1)
-        if split_i >= used:
-            return                  # the whole block: the combine never reads this split
+        tb = _trace_base(kvh, tok, n_splits, split_i)
         begin = split_i * chunk
         end = min(begin + chunk, n_ctx)
         head_word = np.int64(kvh) * ctx * DW
@@ -365,8 +347,50 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         if trace_on and tid == 0:
             stamp(trace, tb, 6)
 
+    def split(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
+              trace):
+        buf = cuda.shared.array(_ACC_SH, float32)       # q rows, later the warps' accumulators
+        p_sh = cuda.shared.array(_P_SH, float32)
+        m_sh = cuda.shared.array(_ML_SH, float32)
+        l_sh = cuda.shared.array(_ML_SH, float32)
+        qv = cuda.local.array(NQ, float32)
+        # walk: the plan's split count is the partials' (the grid may be smaller, each block
+        # walking splits blockIdx.x, + gridDim.x, ...); otherwise they are the grid's x
+        n_splits = part_ml.shape[2] if walk else cuda.gridDim.x
+        kvh = cuda.blockIdx.y
+        tok = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        if trace_on and tid == 0:
+            stamp(trace, _trace_base(kvh, tok, n_splits, cuda.blockIdx.x), 0)
+        # the position's load issued first and q's rows into registers while it is in
+        # flight; the plan and the K / V prefetch as soon as it arrives, then q into shared
+        # memory (a block past the context loads q for nothing)
+        position = positions[tok]
+        for k in range(NQ):
+            i = tid + k * THREADS
+            qv[k] = float32(0.0)
+            if i < R * D:
+                r = i // D
+                qv[k] = q[tok, kvh * R + r, i - r * D]
+        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+        if trace_on and tid == 0 and used > 0:      # (control-dependent on the position)
+            stamp(trace, _trace_base(kvh, tok, n_splits, cuda.blockIdx.x), 1)
+        first = cuda.blockIdx.x
+        if walk:
+            # a block's splits one after another, each exactly as a block of its own would
+            # run it (the same loads, sums and stores: the same bits); the barrier keeps the
+            # next split's q store behind the last split's readers of buf
+            for split_i in range(first, used, cuda.gridDim.x):
+                if split_i != first:
+                    cuda.syncthreads()
+                split_body(split_i, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx,
+                           chunk, kvh, tok, n_splits, part_ml, part_acc, trace)
+        elif first < used:          # else the whole block leaves: the combine never reads it
+            split_body(first, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk,
+                       kvh, tok, n_splits, part_ml, part_acc, trace)
+
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
-            + ("_1t" if direct else "") + ("_trace" if trace else ""))
+            + ("_1t" if direct else "") + ("_walk" if walk else "") + ("_trace" if trace else ""))
     split.__name__ = split.__qualname__ = name
     return kernel(split)
 
@@ -375,12 +399,17 @@ _KERNELS: dict = {}
 
 
 def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
-                 interleave: bool = False, direct: bool = False):
+                 interleave: bool = False, direct: bool = False, walk: bool = False):
     """The (R, E) split kernel, built (not compiled) on first request."""
-    key = (R, E, bool(prefetch), bool(trace), bool(interleave), bool(direct))
+    key = (R, E, bool(prefetch), bool(trace), bool(interleave), bool(direct), bool(walk))
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
     return _KERNELS[key]
+
+
+def walks(grid) -> bool:
+    """Whether `launch_split(grid=)` takes this many blocks a (token, KV head): any count >= 1."""
+    return grid is not None and int(grid) >= 1
 
 
 def trace_shape(T: int, n_kv_heads: int, n_splits: int) -> tuple:
@@ -390,7 +419,8 @@ def trace_shape(T: int, n_kv_heads: int, n_splits: int) -> tuple:
 
 
 def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
-                 stream=0, prefetch=None, trace=None, interleave=None, direct=None):
+                 stream=0, prefetch=None, trace=None, interleave=None, direct=None,
+                 grid=None):
     """The split pass (attention.launch_flash_decode runs the combine after it, with the same
     min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
@@ -398,7 +428,10 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
     PREFETCH_KV; the same results either way); trace: a uint64 device array of
     `trace_shape` runs the instrumented build, which stamps TRACE_STAMPS into it; interleave:
     the softmax's rows interleaved (default INTERLEAVE_ROWS; the same results); direct: one-tile
-    splits stored without the merge (default ONE_TILE_DIRECT; the same results)."""
+    splits stored without the merge (default ONE_TILE_DIRECT; the same results); grid: blocks
+    a (token, KV head), each walking splits b, b + grid, ... of the plan that the partials'
+    split count gives (`walks`; None or >= that count: a block a split). The same results:
+    a split's arithmetic does not depend on which block runs it."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
@@ -411,10 +444,11 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
                          f", not {trace.dtype}{list(trace.shape)}")
     stamps = (kw[:2].view(np.uint64) if trace is None    # a stand-in the kernel never touches
               else trace.reshape(trace.size))
+    walk = grid is not None and walks(grid) and grid < n_splits
     split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch), trace is not None,
                  INTERLEAVE_ROWS if interleave is None else bool(interleave),
-                 ONE_TILE_DIRECT if direct is None else bool(direct))[
-        (n_splits, Hkv, T), THREADS, stream](
+                 ONE_TILE_DIRECT if direct is None else bool(direct), walk)[
+        (grid if walk else n_splits, Hkv, T), THREADS, stream](
         q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
         np.int32(chunk_align), part_ml, part_acc, stamps)
 
@@ -428,9 +462,10 @@ _SIG = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, f
 flash_decode_f16_r7_e2_trace = split_kernel(7, 2, trace=True)      # bench/attention_phases.py
 flash_decode_f16_r7_e2_il = split_kernel(7, 2, interleave=True)
 flash_decode_f16_r7_e2_1t = split_kernel(7, 2, direct=True)
+flash_decode_f16_r8_e8_1t_walk = split_kernel(8, 8, direct=True, walk=True)   # the 35B-A3B heads
 PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG],
                   "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG],
-                  "flash_decode_f16_r7_e2_1t": [_SIG]}
+                  "flash_decode_f16_r7_e2_1t": [_SIG], "flash_decode_f16_r8_e8_1t_walk": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]
