@@ -10,6 +10,8 @@ chunk deep in a short prompt uses few of those splits; the rest are blocks that 
 position, find no keys and leave. This times, per shape and chunk start, one graph replay of:
 
   * the split pass and the combine (`only=`), and both, with decode's split count;
+  * each of those with a one-tile split on one warp (spread=False, the form before session
+    26) beside the default, its rows spread over the four warps;
   * the split pass with `grid` blocks a (token, KV head) walking its splits
     (decode_attention.launch_split(grid=)): the same plan, the same bits;
   * the split pass on partials of just enough splits for the chunk (each token's chunk is
@@ -119,7 +121,7 @@ def main(argv=None) -> int:
             S = attention.decode_splits(cap, Hkv)
             S_min = -(-n // attention.DECODE_MIN_CHUNK)      # keeps every chunk at min_chunk
 
-            def run(S_, only=None, grid=None, out=None):
+            def run(S_, only=None, grid=None, out=None, spread=None):
                 ml, acc = attention.alloc_decode_partials(T, Hq, D, S_)
                 out = cuda.device_array((T, Hq, D), np.float32) if out is None else out
 
@@ -128,14 +130,14 @@ def main(argv=None) -> int:
                         decode_attention.launch_split(
                             q_dev, pos, layer[0], layer[2], attention._scale(None, D),
                             attention.DECODE_MIN_CHUNK, attention.DECODE_CHUNK_ALIGN, ml, acc,
-                            stream, grid=grid)
+                            stream, grid=grid, spread=spread)
                         attention.launch_flash_decode(
                             q_dev, pos, layer[0], layer[1], kt, layer[2], layer[3], vt, out,
                             ml, acc, stream=stream, only="combine")
                     else:
                         attention.launch_flash_decode(
                             q_dev, pos, layer[0], layer[1], kt, layer[2], layer[3], vt, out,
-                            ml, acc, stream=stream, only=only)
+                            ml, acc, stream=stream, only=only, spread=spread)
                 return launch, out
 
             launch, out = run(S)
@@ -154,6 +156,8 @@ def main(argv=None) -> int:
                 value=_time(stream, launch), max_rel_err=err, n_splits=S)
             rec(shape=name, start=start, variant=f"split S={S}", metric="us", n_splits=S,
                 value=_time(stream, run(S, only="split")[0]))
+            rec(shape=name, start=start, variant=f"split S={S} one warp", metric="us",
+                n_splits=S, value=_time(stream, run(S, only="split", spread=False)[0]))
             rec(shape=name, start=start, variant=f"combine S={S}", metric="us", n_splits=S,
                 value=_time(stream, run(S, only="combine")[0]))
             for S_ in sorted({S_min, max(S_min, 8)}):
@@ -176,6 +180,12 @@ def main(argv=None) -> int:
                 same = bool(np.array_equal(ox.copy_to_host(), base))
                 rec(shape=name, start=start, variant=f"walk{g}+combine S={S}", metric="us",
                     n_splits=S, grid=g, value=_time(stream, lx), same=same)
+                lx, ox = run(S, grid=g, spread=False)
+                lx()
+                stream.synchronize()
+                same = bool(np.array_equal(ox.copy_to_host(), base))
+                rec(shape=name, start=start, variant=f"walk{g}+combine S={S} one warp",
+                    metric="us", n_splits=S, grid=g, value=_time(stream, lx), same=same)
     for p in paths:
         p.parent.mkdir(parents=True, exist_ok=True)
         with open(p, "a") as f:

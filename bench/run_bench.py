@@ -576,7 +576,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # session 25) and the prefill router on the token kernel (router-tok: moe.ROUTER_TILES off);
 # the rows prefill's token tiles at other sizes (rows-t<tokens>r<rows>); the rows prefill's
 # attention on a block a split (attn-split-blocks: engine.ROWS_ATTENTION_GRID = 0, before
-# session 26) or walking blocks of other counts (attn-walk<N>).
+# session 26) or walking blocks of other counts (attn-walk<N>); decode attention's one-tile
+# splits on one warp (attn-1warp: decode_attention.ONE_TILE_SPREAD off, before session 26).
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
@@ -617,6 +618,7 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "rows-t8r16": [("bw24nb.engine", "ROWS_TILE_TOKENS", 8),
                                ("bw24nb.engine", "ROWS_TILE_ROWS", 16)],
                 "attn-split-blocks": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 0)],
+                "attn-1warp": [("bw24nb.kernels.decode_attention", "ONE_TILE_SPREAD", False)],
                 "attn-walk4": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 4)],
                 "attn-walk16": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 16)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)

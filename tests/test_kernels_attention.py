@@ -528,3 +528,42 @@ def test_walking_split_blocks_give_the_same_bits(rng, Hq, Hkv, D, positions, n_s
             a, b = (a[t], b[t]) if a.ndim == 3 else (a[t, :, :used], b[t, :, :used])
             assert np.isfinite(b).all()
             np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits", [
+    (4, 2, 32, (3, 20, 39), 4),                 # R = 2: warps 2, 3 without a row
+    (14, 2, 64, (15, 33, 60), 4),               # R = 7 (the 0.5B): warp 3 takes one row
+    (8, 1, 128, (40, 130), 3),                  # R = 8: two rows a warp; a merged split too
+    (16, 2, 256, (20,), 2)])                    # the 35B-A3B heads, D = 256 (E = 8: NE = 1)
+def test_one_tile_rows_spread_over_the_warps_give_the_same_bits(rng, Hq, Hkv, D, positions,
+                                                                n_splits):
+    """decode_attention's spread one-tile splits (spread=: warp w takes rows w, w + 4, ...)
+    give the one-warp direct store's partials and output bit for bit, and so the merge's
+    (the test above): full and short tiles, and plans with longer splits in the launch."""
+    from bw24nb.kernels import decode_attention as da
+    from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
+    assert da.ONE_TILE_SPREAD is True
+    n_ctx = max(positions) + 1
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    T = len(positions)
+    q = cuda.to_device(rng.standard_normal((T, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.array(positions, np.int32))
+    got = []
+    for spread in (False, True):
+        part_ml = cuda.to_device(np.full((T, Hq, n_splits, 2), np.nan, np.float32))
+        part_acc = cuda.to_device(np.full((T, Hq, n_splits, D), np.nan, np.float32))
+        out = _poisoned((T, Hq, D))
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, spread=spread)
+        got.append([a.copy_to_host() for a in (out, part_ml, part_acc)])
+    assert np.isfinite(got[1][0]).all()
+    kd, vd = cache.read(0, n_ctx)
+    for t, p in enumerate(positions):
+        want = ops.attention(q.copy_to_host()[t:t + 1], kd[:p + 1], vd[:p + 1], causal_offset=p)
+        np.testing.assert_allclose(got[1][0][t:t + 1], want, rtol=RTOL, atol=ATOL)
+        used = _split_plan(p, n_ctx, n_splits, DECODE_MIN_CHUNK, DECODE_CHUNK_ALIGN)[2]
+        for a, b in zip(got[0], got[1]):        # the partials of the splits the plan uses
+            a, b = (a[t], b[t]) if a.ndim == 3 else (a[t, :, :used], b[t, :, :used])
+            assert np.isfinite(b).all()
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

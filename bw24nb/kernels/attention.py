@@ -701,7 +701,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
                         part_ml, part_acc, scale=None, stream=0, min_chunk=None, gate=None,
                         xq=None, xd=None, chunk_align=None, combine_threads=None, only=None,
                         slices=None, prefetch=None, combine_batch=None, trace=None,
-                        interleave=None, direct=None, split_grid=None):
+                        interleave=None, direct=None, split_grid=None, spread=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
@@ -727,7 +727,9 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     results); direct: its one-tile splits stored without the four-warp merge
     (decode_attention.ONE_TILE_DIRECT; no effect on results); split_grid: the F16 split pass
     on this many blocks a (token, KV head), each walking its splits (decode_attention.walks;
-    no effect on results: the plan is the partials' split count either way)."""
+    no effect on results: the plan is the partials' split count either way); spread: its
+    direct one-tile splits on all four warps (decode_attention.ONE_TILE_SPREAD; no effect on
+    results)."""
     if only not in (None, "split", "combine"):
         raise ValueError(f"only must be None, 'split' or 'combine', not {only!r}")
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
@@ -767,7 +769,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     elif decode_attention.supports(Hq // Hkv, D, k_type, v_type):   # F16 cache: 16-byte loads
         decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
                                       chunk_align, part_ml, part_acc, stream, prefetch, trace,
-                                      interleave, direct, split_grid)
+                                      interleave, direct, split_grid, spread)
     else:
         grid = (n_splits, Hkv, T * _row_tiles(1, Hq // Hkv))     # tiles of one token each
         flash_decode_split[grid, DECODE_THREADS, stream](

@@ -89,6 +89,13 @@ INTERLEAVE_ROWS = False
 # tokens (run_bench --launch default,attn-1t); launch_chain's "/1t": 14.55 against 15.75 us at
 # 511, 19.76 against 22.66 at 6143. run_bench --launch attn-merge turns it off.
 ONE_TILE_DIRECT = True
+# A direct one-tile split on all four warps: warp w takes query rows w, w + 4, ... of the GQA
+# group, each over the whole tile (lane = key), with the operations warp 0 runs for that row
+# alone -- the same scores, softmax, PV and store, so the same bits. One warp walking all R rows
+# made a split's latency R rows long: at 512 tokens of context every decode split is one tile
+# (16 keys), and the 9B's split pass spent 5.9 us of its ~12 on scores (R = 4, D = 256; the
+# 0.5B's 2.8 of ~8 at R = 7; attention_phases, session 19). Needs `direct`.
+ONE_TILE_SPREAD = True
 
 
 def supports(n_rep: int, D: int, k_type, v_type) -> bool:
@@ -98,13 +105,15 @@ def supports(n_rep: int, D: int, k_type, v_type) -> bool:
 
 
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
-          direct: bool = False, walk: bool = False):
+          direct: bool = False, walk: bool = False, spread: bool = False):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
     one interleaved step (INTERLEAVE_ROWS; the same results); direct: a one-tile split stored
     by warp 0 without the merge (ONE_TILE_DIRECT; the same results); walk: a grid of fewer
-    blocks than splits, each walking its splits (`launch_split(grid=)`; the same results)."""
+    blocks than splits, each walking its splits (`launch_split(grid=)`; the same results);
+    spread: with direct, a one-tile split's rows spread over the warps (ONE_TILE_SPREAD; the
+    same results)."""
     NS = len(TRACE_STAMPS)
     trace_on = trace
     D = 32 * E
@@ -116,6 +125,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     GW = VG * EW            # words of one V group (VG keys) a lane holds
     NE = max(1, min(TILE // VG, VW // GW))      # V groups issued with the K tile (the rest
                                                 # one group ahead of the products)
+    RS = (R + WARPS - 1) // WARPS       # spread: rows a warp takes (row warp + WARPS j, < R)
+    RSE = RS * E
 
     @cuda.jit(device=True, inline="always")
     def v_load(vraw, vw, head_word, k0, j0, nk, end, lane):
@@ -160,6 +171,121 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             return hi if (lane & 1) else lo
         lo, hi = f16x2_to_f32x2(vraw[jj * EW + (e >> 1)])
         return hi if (e & 1) else lo
+
+    @cuda.jit(device=True, inline="always")
+    def pv_spread(acc, vraw, j0, nk, p_sh, pb, lane, warp):
+        """`pv` for the rows of `one_tile_spread`: slot j = row warp + WARPS j."""
+        for jj in range(VG):
+            if j0 + jj < nk:
+                for j in range(RS):
+                    if warp + WARPS * j < R:
+                        pj = p_sh[pb + j * TILE + j0 + jj]
+                        for e in range(E):
+                            acc[j * E + e] += pj * v_value(vraw, jj, e, lane)
+
+    @cuda.jit(device=True, inline="always")
+    def one_tile_spread(buf, p_sh, kw, vw, head_word, begin, end, scale, kvh, tok, split_i,
+                        part_ml, part_acc, trace, tb, lane, warp):
+        """A split of at most one tile (keys begin .. end - 1 <= begin + TILE - 1) on every
+        warp: warp w takes rows w, w + WARPS, ... (its slots j), each over the whole tile,
+        with the statements the one-warp path runs for that row (the loop below with warp 0's
+        tile, the plain softmax -- the interleaved one gives the same values -- and the
+        direct store): the same bits, from warps that now run RS rows instead of R."""
+        s = cuda.local.array(RS, float32)
+        m = cuda.local.array(RS, float32)
+        lsum = cuda.local.array(RS, float32)
+        alpha = cuda.local.array(RS, float32)
+        acc = cuda.local.array(RSE, float32)
+        v0 = cuda.local.array(GW, uint32)
+        v1 = cuda.local.array(GW, uint32)
+        v2 = cuda.local.array(GW, uint32)
+        v3 = cuda.local.array(GW, uint32)
+        k0 = begin
+        nk = end - k0
+        key = min(k0 + lane, end - 1)
+        row = head_word + np.int64(key) * DW
+        v_load(v0, vw, head_word, k0, 0, nk, end, lane)
+        if NE > 1:
+            v_load(v1, vw, head_word, k0, VG, nk, end, lane)
+        if NE > 2:
+            v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
+            v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
+        for j in range(RS):
+            m[j] = _NEG_INF
+            lsum[j] = float32(0.0)
+            s[j] = float32(0.0)
+        for i in range(RSE):
+            acc[i] = float32(0.0)
+        for c in range(CH):
+            w0, w1, w2, w3 = ld_nc_v4_u32(kw, row + 4 * c)
+            k_0, k_1 = f16x2_to_f32x2(w0)
+            k_2, k_3 = f16x2_to_f32x2(w1)
+            k_4, k_5 = f16x2_to_f32x2(w2)
+            k_6, k_7 = f16x2_to_f32x2(w3)
+            for j in range(RS):
+                r = warp + WARPS * j
+                if r < R:                       # warp-uniform
+                    qb = r * D + 8 * c
+                    a = s[j]
+                    a += buf[qb] * k_0
+                    a += buf[qb + 1] * k_1
+                    a += buf[qb + 2] * k_2
+                    a += buf[qb + 3] * k_3
+                    a += buf[qb + 4] * k_4
+                    a += buf[qb + 5] * k_5
+                    a += buf[qb + 6] * k_6
+                    a += buf[qb + 7] * k_7
+                    s[j] = a
+        if trace_on and lane == 0 and warp == 0 and s[0] == s[0]:    # (after row 0's dot)
+            stamp(trace, tb, 3)
+        pb = warp * ROWS_MAX * TILE
+        for j in range(RS):
+            if warp + WARPS * j < R:
+                sc = s[j] * scale if lane < nk else _NEG_INF
+                m_new = max(m[j], warp_max(sc))
+                p = float32(0.0)
+                al = float32(1.0)
+                if m_new != _NEG_INF:
+                    p = math.exp(sc - m_new)
+                    al = math.exp(m[j] - m_new)
+                lsum[j] = lsum[j] * al + warp_sum(p)
+                m[j] = m_new
+                alpha[j] = al
+                p_sh[pb + j * TILE + lane] = p
+        warp_sync()                             # p_sh (this warp's rows) written, then read
+        if trace_on and lane == 0 and warp == 0:
+            stamp(trace, tb, 4)
+        for j in range(RS):
+            if warp + WARPS * j < R:
+                for e in range(E):
+                    acc[j * E + e] *= alpha[j]
+        if NE == 1:
+            v_load(v1, vw, head_word, k0, VG, nk, end, lane)
+        if NE == 2:
+            v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
+        pv_spread(acc, v0, 0, nk, p_sh, pb, lane, warp)
+        if NE == 1:
+            v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
+        if NE == 2:
+            v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
+        pv_spread(acc, v1, VG, nk, p_sh, pb, lane, warp)
+        if NE == 1:
+            v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
+        pv_spread(acc, v2, 2 * VG, nk, p_sh, pb, lane, warp)
+        pv_spread(acc, v3, 3 * VG, nk, p_sh, pb, lane, warp)
+        if trace_on and lane == 0 and warp == 0:
+            stamp(trace, tb, 5)
+        for j in range(RS):
+            r = warp + WARPS * j
+            if r < R:
+                h = kvh * R + r
+                for e in range(E):
+                    part_acc[tok, h, split_i, lane * E + e] = float32(0.0) + acc[j * E + e]
+                if lane == 0:
+                    part_ml[tok, h, split_i, 0] = m[j]
+                    part_ml[tok, h, split_i, 1] = float32(0.0) + lsum[j]
+        if trace_on and lane == 0 and warp == 0:
+            stamp(trace, tb, 6)
 
     @cuda.jit(device=True, inline="always")
     def _trace_base(kvh, tok, n_splits, split_i):
@@ -207,6 +333,10 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         if trace_on and tid == 0:
             stamp(trace, tb, 2)
         one_tile = direct and end - begin <= TILE       # the same for the whole block
+        if one_tile and spread:
+            one_tile_spread(buf, p_sh, kw, vw, head_word, begin, end, scale, kvh, tok, split_i,
+                            part_ml, part_acc, trace, tb, lane, warp)
+            return
         if one_tile and warp > 0:
             return                  # no key: q was all this warp had to give
         # every warp runs the same number of steps (the barriers below are block-wide); a
@@ -390,7 +520,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                        kvh, tok, n_splits, part_ml, part_acc, trace)
 
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
-            + ("_1t" if direct else "") + ("_walk" if walk else "") + ("_trace" if trace else ""))
+            + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
+            + ("_walk" if walk else "") + ("_trace" if trace else ""))
     split.__name__ = split.__qualname__ = name
     return kernel(split)
 
@@ -399,9 +530,11 @@ _KERNELS: dict = {}
 
 
 def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
-                 interleave: bool = False, direct: bool = False, walk: bool = False):
+                 interleave: bool = False, direct: bool = False, walk: bool = False,
+                 spread: bool = False):
     """The (R, E) split kernel, built (not compiled) on first request."""
-    key = (R, E, bool(prefetch), bool(trace), bool(interleave), bool(direct), bool(walk))
+    key = (R, E, bool(prefetch), bool(trace), bool(interleave), bool(direct), bool(walk),
+           bool(spread) and bool(direct))
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
     return _KERNELS[key]
@@ -420,7 +553,7 @@ def trace_shape(T: int, n_kv_heads: int, n_splits: int) -> tuple:
 
 def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
                  stream=0, prefetch=None, trace=None, interleave=None, direct=None,
-                 grid=None):
+                 grid=None, spread=None):
     """The split pass (attention.launch_flash_decode runs the combine after it, with the same
     min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
@@ -431,7 +564,8 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
     splits stored without the merge (default ONE_TILE_DIRECT; the same results); grid: blocks
     a (token, KV head), each walking splits b, b + grid, ... of the plan that the partials'
     split count gives (`walks`; None or >= that count: a block a split). The same results:
-    a split's arithmetic does not depend on which block runs it."""
+    a split's arithmetic does not depend on which block runs it; spread: a direct one-tile
+    split's rows on all four warps (default ONE_TILE_SPREAD; the same results)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
@@ -447,7 +581,8 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
     walk = grid is not None and walks(grid) and grid < n_splits
     split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch), trace is not None,
                  INTERLEAVE_ROWS if interleave is None else bool(interleave),
-                 ONE_TILE_DIRECT if direct is None else bool(direct), walk)[
+                 ONE_TILE_DIRECT if direct is None else bool(direct), walk,
+                 ONE_TILE_SPREAD if spread is None else bool(spread))[
         (grid if walk else n_splits, Hkv, T), THREADS, stream](
         q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
         np.int32(chunk_align), part_ml, part_acc, stamps)
@@ -462,10 +597,15 @@ _SIG = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, f
 flash_decode_f16_r7_e2_trace = split_kernel(7, 2, trace=True)      # bench/attention_phases.py
 flash_decode_f16_r7_e2_il = split_kernel(7, 2, interleave=True)
 flash_decode_f16_r7_e2_1t = split_kernel(7, 2, direct=True)
-flash_decode_f16_r8_e8_1t_walk = split_kernel(8, 8, direct=True, walk=True)   # the 35B-A3B heads
+flash_decode_f16_r8_e8_1t_spread_walk = split_kernel(8, 8, direct=True, walk=True,
+                                                     spread=True)    # the 35B-A3B heads
+flash_decode_f16_r7_e2_1t_spread = split_kernel(7, 2, direct=True, spread=True)
+flash_decode_f16_r4_e8_1t_spread = split_kernel(4, 8, direct=True, spread=True)
 PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG],
                   "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG],
-                  "flash_decode_f16_r7_e2_1t": [_SIG], "flash_decode_f16_r8_e8_1t_walk": [_SIG]}
+                  "flash_decode_f16_r7_e2_1t": [_SIG], "flash_decode_f16_r8_e8_1t_spread_walk": [_SIG],
+                  "flash_decode_f16_r7_e2_1t_spread": [_SIG],
+                  "flash_decode_f16_r4_e8_1t_spread": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]
