@@ -80,7 +80,15 @@ ROWS_TILE_ROWS = 16
 # token gets its decode step's bits -- but a chunk early in a prompt uses few of them: at
 # positions < 512 a token's splits are 16 keys, at most 32 of them, and the other blocks only
 # load the position and leave (33.8k blocks a layer for a 128-token chunk). Read at every launch.
+# The measured choice (session 26, bench/prefill_attention_bench.py, 35B-A3B heads, T = 128 at
+# positions 0 / 384): 252 / 654 us split + combine on 8 walking blocks, against 666 / 809 on a
+# block a split; pp512 2306 against 2201 tok/s.
 ROWS_ATTENTION_GRID = 8
+# ... and its one-tile splits on one warp (decode_attention.ONE_TILE_SPREAD off for these
+# launches): in a 128-token launch the SMs are full of blocks, and four warps each loading the
+# tile's K and V rows for a quarter of the rows lost (253 / 656 us one warp against 316 / 807
+# spread, on the walking kernel, whose spread build takes 255 registers and spills).
+ROWS_ATTENTION_SPREAD = False
 
 # 2-D tensors a kernel reads as plain float32 arrays (not through a matvec): the depthwise conv.
 FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
@@ -864,8 +872,10 @@ class Engine:
             plan = (ATTENTION_PLANS[self.attention_plan] if ws.rowwise
                     else dict(slices=1, prefetch=False,
                               combine_batch=attention.PREFILL_COMBINE_BATCH))
-            if ws.rowwise and T > VERIFY_ROWS and ROWS_ATTENTION_GRID:     # the rows prefill
-                plan = dict(plan, split_grid=ROWS_ATTENTION_GRID)
+            if ws.rowwise and T > VERIFY_ROWS:                  # the rows prefill
+                plan = dict(plan, spread=ROWS_ATTENTION_SPREAD)
+                if ROWS_ATTENTION_GRID:
+                    plan["split_grid"] = ROWS_ATTENTION_GRID
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,
