@@ -5,12 +5,17 @@
 #   q9m     run_bench on the 9B shape, --launch ${Q9M_LAUNCH:-default}
 #   moe     bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-}
 #   c05m    run_bench on the 0.5B shape, --launch ${C05M_LAUNCH:-default}
+#   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-flash_decode_forms}
+# Call 2 (2cde74e): pa, C05M_LAUNCH=default,attn-1warp c05m, Q9M_LAUNCH=default,attn-1warp q9m.
+# Call 3 (3452a6e): C05M_LAUNCH=attn-1warp,default c05m, M35_LAUNCH=default,attn-1warp m35.
 # Call 1 (57c7fce): pa, then M35_LAUNCH=default,attn-split-blocks m35 (35B-A3B pp512 2306
 #   against 2201; the rows prefill's attention 2.67 against 6.80 ms a chunk).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-pa}; . bench/device_env.sh
 on q9m && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 on c05m && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
+on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-flash_decode_forms}"
+  grep -E "PASS|FAIL|passed|Error|Traceback" $L/kc.log | cut -c1-150 | tail -30; }
 on pa && { run ${PA_S:-200} pa python3 bench/prefill_attention_bench.py --commit $C --jsonl /tmp/prefill_attention.jsonl --grids ${PA_GRIDS:-4,8,16,32} ${PA_ARGS:-}
   grep -vE "^\s*$|Warning|warn\(" $L/pa.log | cut -c1-160 | tail -60; }
 on moe && { run ${MOE_S:-200} moe python3 bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-} --commit $C --jsonl /tmp/moe_bench.jsonl

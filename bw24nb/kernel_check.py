@@ -1453,6 +1453,46 @@ def check_flash_decode_fused(rng, size):
                       tol="bit-exact", bits=True, guard_ok=gd)
 
 
+@check("flash_decode_forms", "kernels.attention.launch_flash_decode",
+       "kernels.decode_attention.launch_split")
+def check_flash_decode_forms(rng, size):
+    """The F16 split pass's other forms, bit for bit the block-a-split, one-warp form they
+    replace in places: one-tile splits with their rows spread over the four warps (spread=,
+    decode's default for small heads) and blocks walking their splits (split_grid=, the rows
+    prefill) -- tokens of one launch whose plans use different numbers of splits."""
+    from .kernels import attention as at
+    from .quant import QType
+    if size == "tiny":
+        # T, first position, n_splits, Hq, Hkv, D, walking blocks
+        cases = [(3, 14, 4, 4, 2, 32, 1), (2, 40, 3, 8, 1, 64, 2)]
+    else:
+        cases = [(16, 0, at.decode_splits(8192, 2), 16, 2, 256, 8),      # the 35B-A3B heads
+                 (16, 480, at.decode_splits(8192, Q9.n_kv_heads), Q9.n_heads, Q9.n_kv_heads,
+                  Q9.head_dim, 8),
+                 (9, 503, at.decode_splits(8192, Q05.n_kv_heads), Q05.n_heads, Q05.n_kv_heads,
+                  Q05.head_dim, 4)]
+    for T, p0, n_splits, Hq, Hkv, D, grid in cases:
+        ctx = p0 + T
+        cache = _filled_cache(rng, ctx, Hkv, D, ctx, QType.F16, QType.F16)
+        q = _dev(rng.standard_normal((T, Hq, D)).astype(np.float32))
+        positions = _dev(np.arange(p0, ctx, dtype=np.int32))
+        k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+        outs = {}
+        for form, kw in (("one warp", dict(spread=False)), ("spread", dict(spread=True)),
+                         (f"walk{grid}", dict(spread=False, split_grid=grid)),
+                         (f"walk{grid} spread", dict(spread=True, split_grid=grid))):
+            part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
+            out = Out((T, Hq, D))
+            at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16,
+                                   QType.F16, out.dev, part_ml, part_acc, **kw)
+            outs[form] = out.get()
+        want, _ = outs.pop("one warp")
+        shape = f"T{T} pos{p0}.. {n_splits}sp H{Hq}/{Hkv} D{D}"
+        for form, (got, g_ok) in outs.items():
+            yield compare(f"flash_decode {form}", "f32", shape, got, want, tol="bit-exact",
+                          bits=True, guard_ok=g_ok)
+
+
 # ------------------------------------------------------------------ argmax, sampling, step
 
 

@@ -728,8 +728,8 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     (decode_attention.ONE_TILE_DIRECT; no effect on results); split_grid: the F16 split pass
     on this many blocks a (token, KV head), each walking its splits (decode_attention.walks;
     no effect on results: the plan is the partials' split count either way); spread: its
-    direct one-tile splits on all four warps (decode_attention.ONE_TILE_SPREAD; no effect on
-    results)."""
+    direct one-tile splits on all four warps (default: decode_attention.ONE_TILE_SPREAD up to
+    its ONE_TILE_SPREAD_MAX_D; no effect on results)."""
     if only not in (None, "split", "combine"):
         raise ValueError(f"only must be None, 'split' or 'combine', not {only!r}")
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)

@@ -94,8 +94,14 @@ ONE_TILE_DIRECT = True
 # alone -- the same scores, softmax, PV and store, so the same bits. One warp walking all R rows
 # made a split's latency R rows long: at 512 tokens of context every decode split is one tile
 # (16 keys), and the 9B's split pass spent 5.9 us of its ~12 on scores (R = 4, D = 256; the
-# 0.5B's 2.8 of ~8 at R = 7; attention_phases, session 19). Needs `direct`.
+# 0.5B's 2.8 of ~8 at R = 7; attention_phases, session 19). Needs `direct`. Measured in the
+# engine (session 26, run_bench --launch attn-1warp, both orders): it pays for the small heads
+# only -- 0.5B (D = 64) 919.3 / 817.9 against 837.7 / 791.2 tok/s @512 / @6144 -- and loses for
+# D = 256, where every warp loading the tile's 512-byte K and V rows costs more than the rows
+# it saves: 35B-A3B 324.7 / 305.5 against 333.0 / 315.1 (attention 31.3 against 27.9 us a
+# layer), 9B 19.8 against 18.6 us a layer. So it applies up to ONE_TILE_SPREAD_MAX_D.
 ONE_TILE_SPREAD = True
+ONE_TILE_SPREAD_MAX_D = 64
 
 
 def supports(n_rep: int, D: int, k_type, v_type) -> bool:
@@ -565,7 +571,8 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
     a (token, KV head), each walking splits b, b + grid, ... of the plan that the partials'
     split count gives (`walks`; None or >= that count: a block a split). The same results:
     a split's arithmetic does not depend on which block runs it; spread: a direct one-tile
-    split's rows on all four warps (default ONE_TILE_SPREAD; the same results)."""
+    split's rows on all four warps (default: ONE_TILE_SPREAD for head_dim <=
+    ONE_TILE_SPREAD_MAX_D; the same results)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
@@ -582,7 +589,8 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
     split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch), trace is not None,
                  INTERLEAVE_ROWS if interleave is None else bool(interleave),
                  ONE_TILE_DIRECT if direct is None else bool(direct), walk,
-                 ONE_TILE_SPREAD if spread is None else bool(spread))[
+                 (ONE_TILE_SPREAD and D <= ONE_TILE_SPREAD_MAX_D) if spread is None
+                 else bool(spread))[
         (grid if walk else n_splits, Hkv, T), THREADS, stream](
         q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
         np.int32(chunk_align), part_ml, part_acc, stamps)
