@@ -303,3 +303,28 @@ def test_module_modes_set_their_switches_for_the_block_only():
     with run_bench.module_mode("attn-il"):
         assert da.INTERLEAVE_ROWS is True
     assert da.INTERLEAVE_ROWS is False
+    with run_bench.module_mode("attn-1warp"):
+        assert da.ONE_TILE_SPREAD is False
+    assert da.ONE_TILE_SPREAD is True
+    from bw24nb import engine
+    with run_bench.module_mode("attn-split-blocks"):
+        assert engine.ROWS_ATTENTION_GRID == 0
+    assert engine.ROWS_ATTENTION_GRID == 8
+
+
+def test_prefill_attention_bench_compares_every_form_bit_for_bit(tmp_path, monkeypatch):
+    """bench/prefill_attention_bench.py on a tiny head shape (each graph replayed once: no
+    timing is asserted): every variant it times gives the decode-split run's output bit for
+    bit, the reference check passes, and its records reach the jsonl."""
+    import bench.prefill_attention_bench as pab
+    monkeypatch.setattr(pab, "_time", lambda stream, launch, reps=20, runs=5: (launch(), 1.0)[1])
+    out = tmp_path / "pa.jsonl"
+    monkeypatch.delenv("OUT", raising=False)
+    assert pab.main(["--T", "3", "--starts", "40", "--ctx", "64", "--shapes", "tiny",
+                     "--grids", "2", "--jsonl", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    variants = {r["variant"] for r in recs}
+    assert {"split+combine S=8", "split S=8 one warp", "walk2+combine S=8",
+            "walk2+combine S=8 one warp"} <= variants
+    assert all(r["same"] for r in recs if "same" in r)
+    assert recs[0]["max_rel_err"] < 2e-3

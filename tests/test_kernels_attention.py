@@ -496,38 +496,53 @@ def test_interleaved_softmax_rows_give_the_same_bits(rng, Hq, Hkv, D, n_ctx, n_s
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, **form):
+    """Run launch_flash_decode on an F16 cache in the block-a-split, one-warp form and with
+    `form`'s arguments, poisoned partials each time, and check that the form's output is
+    finite and near the reference, and its output and the partials of every split its
+    tokens' plans use equal the plain form's bit for bit."""
+    from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
+    n_ctx = max(positions) + 1
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    T = len(positions)
+    q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    q_dev = cuda.to_device(q)
+    pos = cuda.to_device(np.array(positions, np.int32))
+    got = []
+    for kw in (dict(spread=False), form):
+        part_ml = cuda.to_device(np.full((T, Hq, n_splits, 2), np.nan, np.float32))
+        part_acc = cuda.to_device(np.full((T, Hq, n_splits, D), np.nan, np.float32))
+        out = _poisoned((T, Hq, D))
+        launch_flash_decode(q_dev, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, **kw)
+        got.append([a.copy_to_host() for a in (out, part_ml, part_acc)])
+    assert np.isfinite(got[1][0]).all()
+    kd, vd = cache.read(0, n_ctx)
+    for t, p in enumerate(positions):
+        want = ops.attention(q[t:t + 1], kd[:p + 1], vd[:p + 1], causal_offset=p)
+        np.testing.assert_allclose(got[1][0][t:t + 1], want, rtol=RTOL, atol=ATOL)
+        used = _split_plan(p, n_ctx, n_splits, DECODE_MIN_CHUNK, DECODE_CHUNK_ALIGN)[2]
+        for a, b in zip(got[0], got[1]):        # the partials of the splits the plan uses
+            a, b = (a[t], b[t]) if a.ndim == 3 else (a[t, :, :used], b[t, :, :used])
+            assert np.isfinite(b).all()
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 @pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits,grid", [
     (4, 2, 32, (3, 20, 39), 4, 1),              # one-tile splits (16 keys), 1 block walks all
     (4, 2, 32, (16, 47, 60), 6, 2),             # several tokens, a last short split
     (8, 1, 128, (130, 200), 2, 1),              # splits of more than a tile: the merge path
     (14, 2, 64, (33, 300), 3, 2)])              # one-tile and merged splits in one launch
 def test_walking_split_blocks_give_the_same_bits(rng, Hq, Hkv, D, positions, n_splits, grid):
-    """decode_attention's walking split pass (grid=: fewer blocks than the partials' splits,
-    each running its splits one after another, as the rows prefill takes it) gives the
-    block-a-split pass's partials and output bit for bit, for tokens whose plans use
-    different numbers of splits, on one-tile splits (warp 0 alone) and merged ones."""
-    from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
-    n_ctx = max(positions) + 1
-    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
-    layer = cache.layer(0)
-    T = len(positions)
-    q = cuda.to_device(rng.standard_normal((T, Hq, D)).astype(np.float32))
-    pos = cuda.to_device(np.array(positions, np.int32))
-    got = []
-    for split_grid in (None, grid):
-        part_ml = cuda.to_device(np.full((T, Hq, n_splits, 2), np.nan, np.float32))
-        part_acc = cuda.to_device(np.full((T, Hq, n_splits, D), np.nan, np.float32))
-        out = _poisoned((T, Hq, D))
-        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
-                            QType.F16, out, part_ml, part_acc, split_grid=split_grid)
-        got.append([a.copy_to_host() for a in (out, part_ml, part_acc)])
-    assert np.isfinite(got[1][0]).all()
-    for t, p in enumerate(positions):
-        used = _split_plan(p, n_ctx, n_splits, DECODE_MIN_CHUNK, DECODE_CHUNK_ALIGN)[2]
-        for a, b in zip(got[0], got[1]):        # the partials of the splits the plan uses
-            a, b = (a[t], b[t]) if a.ndim == 3 else (a[t, :, :used], b[t, :, :used])
-            assert np.isfinite(b).all()
-            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    """decode_attention's walking split pass (split_grid=: fewer blocks than the partials'
+    splits, each running its splits one after another, as the rows prefill takes it) gives
+    the block-a-split pass's partials and output bit for bit, for tokens whose plans use
+    different numbers of splits, on one-tile splits (warp 0 alone, and spread over the
+    warps) and merged ones."""
+    for spread in (False, True):
+        _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, split_grid=grid,
+                                     spread=spread)
 
 
 @pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits", [
@@ -539,31 +554,8 @@ def test_one_tile_rows_spread_over_the_warps_give_the_same_bits(rng, Hq, Hkv, D,
                                                                 n_splits):
     """decode_attention's spread one-tile splits (spread=: warp w takes rows w, w + 4, ...)
     give the one-warp direct store's partials and output bit for bit, and so the merge's
-    (the test above): full and short tiles, and plans with longer splits in the launch."""
+    (test_one_tile_splits_stored_without_the_merge_give_the_same_bits): full and short
+    tiles, and plans with longer splits in the launch."""
     from bw24nb.kernels import decode_attention as da
-    from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
-    assert da.ONE_TILE_SPREAD is True
-    n_ctx = max(positions) + 1
-    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
-    layer = cache.layer(0)
-    T = len(positions)
-    q = cuda.to_device(rng.standard_normal((T, Hq, D)).astype(np.float32))
-    pos = cuda.to_device(np.array(positions, np.int32))
-    got = []
-    for spread in (False, True):
-        part_ml = cuda.to_device(np.full((T, Hq, n_splits, 2), np.nan, np.float32))
-        part_acc = cuda.to_device(np.full((T, Hq, n_splits, D), np.nan, np.float32))
-        out = _poisoned((T, Hq, D))
-        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
-                            QType.F16, out, part_ml, part_acc, spread=spread)
-        got.append([a.copy_to_host() for a in (out, part_ml, part_acc)])
-    assert np.isfinite(got[1][0]).all()
-    kd, vd = cache.read(0, n_ctx)
-    for t, p in enumerate(positions):
-        want = ops.attention(q.copy_to_host()[t:t + 1], kd[:p + 1], vd[:p + 1], causal_offset=p)
-        np.testing.assert_allclose(got[1][0][t:t + 1], want, rtol=RTOL, atol=ATOL)
-        used = _split_plan(p, n_ctx, n_splits, DECODE_MIN_CHUNK, DECODE_CHUNK_ALIGN)[2]
-        for a, b in zip(got[0], got[1]):        # the partials of the splits the plan uses
-            a, b = (a[t], b[t]) if a.ndim == 3 else (a[t, :, :used], b[t, :, :used])
-            assert np.isfinite(b).all()
-            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert da.ONE_TILE_SPREAD is True and da.ONE_TILE_SPREAD_MAX_D == 64
+    _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, spread=True)

@@ -179,6 +179,41 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         return hi if (e & 1) else lo
 
     @cuda.jit(device=True, inline="always")
+    def k_chunk(kw, row, c):
+        """Dims 8c .. 8c + 7 of this lane's K row (one 16-byte load), as 8 floats."""
+        w0, w1, w2, w3 = ld_nc_v4_u32(kw, row + 4 * c)
+        k_0, k_1 = f16x2_to_f32x2(w0)
+        k_2, k_3 = f16x2_to_f32x2(w1)
+        k_4, k_5 = f16x2_to_f32x2(w2)
+        k_6, k_7 = f16x2_to_f32x2(w3)
+        return k_0, k_1, k_2, k_3, k_4, k_5, k_6, k_7
+
+    @cuda.jit(device=True, inline="always")
+    def dot8(a, buf, qb, k):
+        """a + q[qb .. qb + 7] . k, d ascending (the score's order)."""
+        a += buf[qb] * k[0]
+        a += buf[qb + 1] * k[1]
+        a += buf[qb + 2] * k[2]
+        a += buf[qb + 3] * k[3]
+        a += buf[qb + 4] * k[4]
+        a += buf[qb + 5] * k[5]
+        a += buf[qb + 6] * k[6]
+        a += buf[qb + 7] * k[7]
+        return a
+
+    @cuda.jit(device=True, inline="always")
+    def softmax_row(score, m_row, l_row, lane, nk, scale):
+        """One row's online-softmax step over a tile: (m', alpha, l', p) for this lane's key."""
+        sc = score * scale if lane < nk else _NEG_INF
+        m_new = max(m_row, warp_max(sc))
+        p = float32(0.0)
+        al = float32(1.0)
+        if m_new != _NEG_INF:
+            p = math.exp(sc - m_new)
+            al = math.exp(m_row - m_new)
+        return m_new, al, l_row * al + warp_sum(p), p
+
+    @cuda.jit(device=True, inline="always")
     def pv_spread(acc, vraw, j0, nk, p_sh, pb, lane, warp):
         """`pv` for the rows of `one_tile_spread`: slot j = row warp + WARPS j."""
         for jj in range(VG):
@@ -223,40 +258,17 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         for i in range(RSE):
             acc[i] = float32(0.0)
         for c in range(CH):
-            w0, w1, w2, w3 = ld_nc_v4_u32(kw, row + 4 * c)
-            k_0, k_1 = f16x2_to_f32x2(w0)
-            k_2, k_3 = f16x2_to_f32x2(w1)
-            k_4, k_5 = f16x2_to_f32x2(w2)
-            k_6, k_7 = f16x2_to_f32x2(w3)
+            k = k_chunk(kw, row, c)
             for j in range(RS):
                 r = warp + WARPS * j
                 if r < R:                       # warp-uniform
-                    qb = r * D + 8 * c
-                    a = s[j]
-                    a += buf[qb] * k_0
-                    a += buf[qb + 1] * k_1
-                    a += buf[qb + 2] * k_2
-                    a += buf[qb + 3] * k_3
-                    a += buf[qb + 4] * k_4
-                    a += buf[qb + 5] * k_5
-                    a += buf[qb + 6] * k_6
-                    a += buf[qb + 7] * k_7
-                    s[j] = a
+                    s[j] = dot8(s[j], buf, r * D + 8 * c, k)
         if trace_on and lane == 0 and warp == 0 and s[0] == s[0]:    # (after row 0's dot)
             stamp(trace, tb, 3)
         pb = warp * ROWS_MAX * TILE
         for j in range(RS):
             if warp + WARPS * j < R:
-                sc = s[j] * scale if lane < nk else _NEG_INF
-                m_new = max(m[j], warp_max(sc))
-                p = float32(0.0)
-                al = float32(1.0)
-                if m_new != _NEG_INF:
-                    p = math.exp(sc - m_new)
-                    al = math.exp(m[j] - m_new)
-                lsum[j] = lsum[j] * al + warp_sum(p)
-                m[j] = m_new
-                alpha[j] = al
+                m[j], alpha[j], lsum[j], p = softmax_row(s[j], m[j], lsum[j], lane, nk, scale)
                 p_sh[pb + j * TILE + lane] = p
         warp_sync()                             # p_sh (this warp's rows) written, then read
         if trace_on and lane == 0 and warp == 0:
@@ -362,23 +374,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             for r in range(R):
                 s[r] = float32(0.0)
             for c in range(CH):
-                w0, w1, w2, w3 = ld_nc_v4_u32(kw, row + 4 * c)
-                k_0, k_1 = f16x2_to_f32x2(w0)
-                k_2, k_3 = f16x2_to_f32x2(w1)
-                k_4, k_5 = f16x2_to_f32x2(w2)
-                k_6, k_7 = f16x2_to_f32x2(w3)
+                k = k_chunk(kw, row, c)
                 for r in range(R):
-                    qb = r * D + 8 * c
-                    a = s[r]
-                    a += buf[qb] * k_0
-                    a += buf[qb + 1] * k_1
-                    a += buf[qb + 2] * k_2
-                    a += buf[qb + 3] * k_3
-                    a += buf[qb + 4] * k_4
-                    a += buf[qb + 5] * k_5
-                    a += buf[qb + 6] * k_6
-                    a += buf[qb + 7] * k_7
-                    s[r] = a
+                    s[r] = dot8(s[r], buf, r * D + 8 * c, k)
             if trace_on and tid == 0 and t0 == begin and s[0] == s[0]:   # (after row 0's dot)
                 stamp(trace, tb, 3)
             if interleave:
@@ -400,16 +398,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                     lsum[r] = lsum[r] * alpha[r] + pr[r]
             else:
                 for r in range(R):
-                    sc = s[r] * scale if lane < nk else _NEG_INF
-                    m_new = max(m[r], warp_max(sc))
-                    p = float32(0.0)
-                    al = float32(1.0)
-                    if m_new != _NEG_INF:
-                        p = math.exp(sc - m_new)
-                        al = math.exp(m[r] - m_new)
-                    lsum[r] = lsum[r] * al + warp_sum(p)
-                    m[r] = m_new
-                    alpha[r] = al
+                    m[r], alpha[r], lsum[r], p = softmax_row(s[r], m[r], lsum[r], lane, nk,
+                                                             scale)
                     p_sh[(warp * ROWS_MAX + r) * TILE + lane] = p
             warp_sync()                         # p_sh (this warp's rows) written, then read
             if trace_on and tid == 0 and t0 == begin:
