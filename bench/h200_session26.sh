@@ -6,10 +6,12 @@
 #   moe     bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-}
 #   c05m    run_bench on the 0.5B shape, --launch ${C05M_LAUNCH:-default}
 #   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-flash_decode_forms}
-# Call 2 (2cde74e): pa, C05M_LAUNCH=default,attn-1warp c05m, Q9M_LAUNCH=default,attn-1warp q9m.
-# Call 3 (3452a6e): C05M_LAUNCH=attn-1warp,default c05m, M35_LAUNCH=default,attn-1warp m35.
 # Call 1 (57c7fce): pa, then M35_LAUNCH=default,attn-split-blocks m35 (35B-A3B pp512 2306
 #   against 2201; the rows prefill's attention 2.67 against 6.80 ms a chunk).
+# Call 2 (2cde74e): pa, C05M_LAUNCH=default,attn-1warp c05m, Q9M_LAUNCH=default,attn-1warp q9m.
+# Call 3 (3452a6e): C05M_LAUNCH=attn-1warp,default c05m, M35_LAUNCH=default,attn-1warp m35.
+# Call 4 (b051539): KC_ONLY="flash_decode*" KC_S=150 kc (the 9B and 0.5B forms cut by the
+#   limit), c05m.
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-pa}; . bench/device_env.sh
 on q9m && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }

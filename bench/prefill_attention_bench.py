@@ -18,7 +18,10 @@ position, find no keys and leave. This times, per shape and chunk start, one gra
     still min_chunk keys there, so the same work): what the empty blocks cost.
 
 Every variant's output is compared with the decode-split run bit for bit (`same`), and that
-run with the numpy reference. Records go to --jsonl (and $OUT/prefill_attention.jsonl).
+run with the numpy reference. Each variant is captured N times into one CUDA graph and timed
+by bench/matmul_q8_bench.py's `time_per_launch_us` (session 26's calls 1 and 2 replayed a
+graph of one launch instead, 20 times: their figures include a graph launch each). Records
+go to --jsonl (and $OUT/prefill_attention.jsonl).
 """
 from __future__ import annotations
 
@@ -26,14 +29,12 @@ import argparse
 import datetime as _dt
 import json
 import os
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
 
@@ -43,26 +44,6 @@ SHAPES = {          # name: (Hq, Hkv, D)
     "0.5b": (14, 2, 64),
     "tiny": (4, 2, 32),         # a simulator smoke run
 }
-
-
-def _time(stream, launch, reps=20, runs=5):
-    """Median us of one launch, captured into a graph and replayed reps times per run."""
-    from numba import cuda
-
-    from bw24nb.graph import CudaGraph
-    with CudaGraph.capture(stream) as g:
-        launch()
-    times = []
-    for _ in range(runs):
-        a, b = cuda.event(), cuda.event()
-        a.record(stream)
-        for _ in range(reps):
-            g.replay(stream)
-        b.record(stream)
-        b.synchronize()
-        times.append(cuda.event_elapsed_time(a, b) / reps * 1000.0)
-    g.close()
-    return statistics.median(times)
 
 
 def main(argv=None) -> int:
@@ -77,17 +58,17 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=None)
     ap.add_argument("--note", default="")
     args = ap.parse_args(argv)
+    from matmul_q8_bench import _commit, _gpu_name, time_per_launch_us
     from numba import cuda
 
     from bw24nb.cache.kv import KV_CACHE_KINDS, KVCache
+    from bw24nb.device import simulator_enabled
     from bw24nb.kernels import attention, decode_attention
     from bw24nb.reference import ops
 
     rng = np.random.default_rng(11)
-    gpu = getattr(cuda.get_current_device(), "name", "simulator")
-    gpu = gpu.decode() if isinstance(gpu, bytes) else gpu
-    commit = args.commit or os.environ.get("BW24_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    gpu, commit = _gpu_name(), _commit(args.commit)
+    smoke = simulator_enabled()
     paths = [Path(args.jsonl)] + ([Path(os.environ["OUT"]) / "prefill_attention.jsonl"]
                                   if os.environ.get("OUT") else [])
     records = []
@@ -95,6 +76,9 @@ def main(argv=None) -> int:
     T = args.T
     kt, vt = KV_CACHE_KINDS["f16"]
     grids = [int(g) for g in args.grids.split(",") if int(g) > 0]
+
+    def _us(launch):
+        return time_per_launch_us(launch, stream, smoke)[0]
 
     def rec(**kw):
         r = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), gpu=gpu,
@@ -153,13 +137,13 @@ def main(argv=None) -> int:
             print(f"{name} start {start}: decode splits {S}, enough {S_min}, rel err {err:.1e}"
                   + ("  ERROR" if err > 2e-3 else ""))
             rec(shape=name, start=start, variant=f"split+combine S={S}", metric="us",
-                value=_time(stream, launch), max_rel_err=err, n_splits=S)
+                value=_us(launch), max_rel_err=err, n_splits=S)
             rec(shape=name, start=start, variant=f"split S={S}", metric="us", n_splits=S,
-                value=_time(stream, run(S, only="split")[0]))
+                value=_us(run(S, only="split")[0]))
             rec(shape=name, start=start, variant=f"split S={S} one warp", metric="us",
-                n_splits=S, value=_time(stream, run(S, only="split", spread=False)[0]))
+                n_splits=S, value=_us(run(S, only="split", spread=False)[0]))
             rec(shape=name, start=start, variant=f"combine S={S}", metric="us", n_splits=S,
-                value=_time(stream, run(S, only="combine")[0]))
+                value=_us(run(S, only="combine")[0]))
             for S_ in sorted({S_min, max(S_min, 8)}):
                 if S_ >= S:
                     continue
@@ -168,9 +152,9 @@ def main(argv=None) -> int:
                 stream.synchronize()
                 same = bool(np.array_equal(ox.copy_to_host(), base))
                 rec(shape=name, start=start, variant=f"split+combine S={S_}", metric="us",
-                    n_splits=S_, value=_time(stream, lx), same=same)
+                    n_splits=S_, value=_us(lx), same=same)
                 rec(shape=name, start=start, variant=f"split S={S_}", metric="us", n_splits=S_,
-                    value=_time(stream, run(S_, only="split")[0]))
+                    value=_us(run(S_, only="split")[0]))
             for g in grids:
                 if not decode_attention.walks(g):
                     continue
@@ -179,13 +163,13 @@ def main(argv=None) -> int:
                 stream.synchronize()
                 same = bool(np.array_equal(ox.copy_to_host(), base))
                 rec(shape=name, start=start, variant=f"walk{g}+combine S={S}", metric="us",
-                    n_splits=S, grid=g, value=_time(stream, lx), same=same)
+                    n_splits=S, grid=g, value=_us(lx), same=same)
                 lx, ox = run(S, grid=g, spread=False)
                 lx()
                 stream.synchronize()
                 same = bool(np.array_equal(ox.copy_to_host(), base))
                 rec(shape=name, start=start, variant=f"walk{g}+combine S={S} one warp",
-                    metric="us", n_splits=S, grid=g, value=_time(stream, lx), same=same)
+                    metric="us", n_splits=S, grid=g, value=_us(lx), same=same)
     for p in paths:
         p.parent.mkdir(parents=True, exist_ok=True)
         with open(p, "a") as f:

@@ -343,6 +343,21 @@ def _split_plan(position, ctx, n_splits, min_chunk, align):
     return n_ctx, chunk, (n_ctx + chunk - 1) // chunk
 
 
+@cuda.jit(device=True, inline="always")
+def online_softmax_step(s, m_old):
+    """One row's online-softmax step over a tile, this lane's score s (-inf: no key):
+    (m', p, alpha) with m' = max(m_old, warp_max(s)), p = exp(s - m') and alpha = exp(m_old -
+    m'), or p = 0, alpha = 1 while the row has no key (m' = -inf). The caller adds warp_sum(p)
+    to l alpha. Every split pass takes this step (decode_attention.py too)."""
+    m_new = max(m_old, warp_max(s))
+    p = float32(0.0)
+    alpha = float32(1.0)
+    if m_new != _NEG_INF:
+        p = math.exp(s - m_new)
+        alpha = math.exp(m_old - m_new)
+    return m_new, p, alpha
+
+
 @kernel
 def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, scale,
                        min_chunk, chunk_align, part_ml, part_acc):
@@ -429,12 +444,7 @@ def flash_decode_split(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, s
                     s0 += q_sh[qb + e] * kv_sh[kb + e]
                 s = ((s0 + s1) + (s2 + s3)) * scale
             m_old = m_sh[r]
-            m_new = max(m_old, warp_max(s))
-            p = float32(0.0)
-            alpha = float32(1.0)
-            if m_new != _NEG_INF:
-                p = math.exp(s - m_new)
-                alpha = math.exp(m_old - m_new)
+            m_new, p, alpha = online_softmax_step(s, m_old)
             tile_sum = warp_sum(p)
             if lane < KT:
                 s_sh[r * DECODE_KT + lane] = p

@@ -40,9 +40,10 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..jit import kernel
-from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max, warp_max_rows,
-                   warp_sum, warp_sum_rows, warp_sync)
-from .attention import _split_plan     # the plan the combine derives again: one definition
+from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max_rows, warp_sum,
+                   warp_sum_rows, warp_sync)
+# the plan the combine derives again, and the softmax step of every split pass: one definition
+from .attention import _split_plan, online_softmax_step
 from .prefetch import prefetch_bytes
 
 WARPS = 4
@@ -153,9 +154,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                         vraw[jj * EW + w] = vw[vrow + w]
 
     @cuda.jit(device=True, inline="always")
-    def pv(acc, vraw, j0, nk, p_sh, pb, lane):
+    def pv(acc, vraw, j0, nk, p_sh, pb, lane, warp):
         """acc[r, e] += p[r, j] v[j, e] for the group's keys j = j0 .. j0 + VG - 1 (< nk),
-        ascending."""
+        ascending (warp: unused, `pv_spread`'s signature)."""
         for jj in range(VG):
             if j0 + jj < nk:
                 for r in range(R):
@@ -204,13 +205,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     @cuda.jit(device=True, inline="always")
     def softmax_row(score, m_row, l_row, lane, nk, scale):
         """One row's online-softmax step over a tile: (m', alpha, l', p) for this lane's key."""
-        sc = score * scale if lane < nk else _NEG_INF
-        m_new = max(m_row, warp_max(sc))
-        p = float32(0.0)
-        al = float32(1.0)
-        if m_new != _NEG_INF:
-            p = math.exp(sc - m_new)
-            al = math.exp(m_row - m_new)
+        m_new, p, al = online_softmax_step(score * scale if lane < nk else _NEG_INF, m_row)
         return m_new, al, l_row * al + warp_sum(p), p
 
     @cuda.jit(device=True, inline="always")
@@ -223,6 +218,41 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                         pj = p_sh[pb + j * TILE + j0 + jj]
                         for e in range(E):
                             acc[j * E + e] += pj * v_value(vraw, jj, e, lane)
+
+    @cuda.jit(device=True, inline="always")
+    def v_first(v0, v1, v2, v3, vw, head_word, k0, nk, end, lane):
+        """V's first NE groups of the tile at k0, issued with its K loads (none if nk <= 0)."""
+        v_load(v0, vw, head_word, k0, 0, nk, end, lane)
+        if NE > 1:
+            v_load(v1, vw, head_word, k0, VG, nk, end, lane)
+        if NE > 2:
+            v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
+            v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
+
+    def pv_groups(pvf):
+        """The tile's PV with `pvf` (pv, pv_spread): the 4 groups of VG keys in order, a group
+        not yet issued (`v_first`) issued NE groups before its products, so at most one V
+        round trip a tile is exposed, where session 6's loop over keys waited for each of 32."""
+        @cuda.jit(device=True, inline="always")
+        def run(acc, v0, v1, v2, v3, vw, head_word, k0, nk, end, p_sh, pb, lane, warp):
+            if NE == 1:
+                v_load(v1, vw, head_word, k0, VG, nk, end, lane)
+            if NE == 2:
+                v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
+            pvf(acc, v0, 0, nk, p_sh, pb, lane, warp)
+            if NE == 1:
+                v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
+            if NE == 2:
+                v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
+            pvf(acc, v1, VG, nk, p_sh, pb, lane, warp)
+            if NE == 1:
+                v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
+            pvf(acc, v2, 2 * VG, nk, p_sh, pb, lane, warp)
+            pvf(acc, v3, 3 * VG, nk, p_sh, pb, lane, warp)
+        return run
+
+    pv_tile = pv_groups(pv)
+    pv_tile_spread = pv_groups(pv_spread)
 
     @cuda.jit(device=True, inline="always")
     def one_tile_spread(buf, p_sh, kw, vw, head_word, begin, end, scale, kvh, tok, split_i,
@@ -245,12 +275,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         nk = end - k0
         key = min(k0 + lane, end - 1)
         row = head_word + np.int64(key) * DW
-        v_load(v0, vw, head_word, k0, 0, nk, end, lane)
-        if NE > 1:
-            v_load(v1, vw, head_word, k0, VG, nk, end, lane)
-        if NE > 2:
-            v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
-            v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
+        v_first(v0, v1, v2, v3, vw, head_word, k0, nk, end, lane)
         for j in range(RS):
             m[j] = _NEG_INF
             lsum[j] = float32(0.0)
@@ -277,20 +302,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             if warp + WARPS * j < R:
                 for e in range(E):
                     acc[j * E + e] *= alpha[j]
-        if NE == 1:
-            v_load(v1, vw, head_word, k0, VG, nk, end, lane)
-        if NE == 2:
-            v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
-        pv_spread(acc, v0, 0, nk, p_sh, pb, lane, warp)
-        if NE == 1:
-            v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
-        if NE == 2:
-            v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
-        pv_spread(acc, v1, VG, nk, p_sh, pb, lane, warp)
-        if NE == 1:
-            v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
-        pv_spread(acc, v2, 2 * VG, nk, p_sh, pb, lane, warp)
-        pv_spread(acc, v3, 3 * VG, nk, p_sh, pb, lane, warp)
+        pv_tile_spread(acc, v0, v1, v2, v3, vw, head_word, k0, nk, end, p_sh, pb, lane, warp)
         if trace_on and lane == 0 and warp == 0:
             stamp(trace, tb, 5)
         for j in range(RS):
@@ -365,12 +377,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             key = min(k0 + lane, end - 1)
             row = head_word + np.int64(key) * DW
             # V's first NE groups, in flight with the K tile (none if nk <= 0)
-            v_load(v0, vw, head_word, k0, 0, nk, end, lane)
-            if NE > 1:
-                v_load(v1, vw, head_word, k0, VG, nk, end, lane)
-            if NE > 2:
-                v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
-                v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
+            v_first(v0, v1, v2, v3, vw, head_word, k0, nk, end, lane)
             for r in range(R):
                 s[r] = float32(0.0)
             for c in range(CH):
@@ -407,24 +414,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             for r in range(R):
                 for e in range(E):
                     acc[r * E + e] *= alpha[r]
-            # the 4 groups of VG keys in order; a group not yet issued is issued NE groups
-            # before its products (the first NE with the K tile), so at most one V round trip
-            # a tile is exposed, where session 6's loop over keys waited for each of 32
-            pb = warp * ROWS_MAX * TILE
-            if NE == 1:
-                v_load(v1, vw, head_word, k0, VG, nk, end, lane)
-            if NE == 2:
-                v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
-            pv(acc, v0, 0, nk, p_sh, pb, lane)
-            if NE == 1:
-                v_load(v2, vw, head_word, k0, 2 * VG, nk, end, lane)
-            if NE == 2:
-                v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
-            pv(acc, v1, VG, nk, p_sh, pb, lane)
-            if NE == 1:
-                v_load(v3, vw, head_word, k0, 3 * VG, nk, end, lane)
-            pv(acc, v2, 2 * VG, nk, p_sh, pb, lane)
-            pv(acc, v3, 3 * VG, nk, p_sh, pb, lane)
+            pv_tile(acc, v0, v1, v2, v3, vw, head_word, k0, nk, end, p_sh,
+                    warp * ROWS_MAX * TILE, lane, warp)
             warp_sync()                         # p_sh read before the next step rewrites it
         if one_tile:                # warp 0's state is the partial: the merge's values, stored
             if trace_on and tid == 0:
