@@ -57,6 +57,12 @@ ROWS_PREFILL_CHUNK = 128
 # launch for every T (session 23: 35B-A3B pp512 1278 with the two launches against 1206).
 CONV_PREP_MAX_T = VERIFY_ROWS
 
+# Decode and verify run the gated delta rule and the GDN output norm (+ ssm_out's int8 copy)
+# as one launch (gated_deltanet.launch_gated_delta_rule_norm_q8: a block a value head, the
+# same bits as the lane kernel then norm.gated_rms_norm_q8_rows); False: the two launches, as
+# before session 27 (run_bench --launch gdn-apart). Read at every launch.
+GDN_RULE_NORM = True
+
 # Side streams the rows prefill spreads a chunk's MAX_ROWS-row slices of one matvec over
 # (`Engine._mv`; 0: one chain, as before session 24). The slices read disjoint rows of the
 # input and write disjoint rows of the output, so they may run side by side: parallel graph
@@ -952,13 +958,21 @@ class Engine:
                         qkv, conv_w, self.rs.conv[i], qkv, s, steps=conv_steps)),
                    ("gdn_prep", lambda: gated_deltanet.launch_gdn_prep(
                         qkv, a, b, dt, ssm_a, gq, gk, gv, g, beta, stream=s))]
+        rule = [("gdn_rule", lambda: gated_deltanet.launch_gated_delta_rule(
+            gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s, steps=ssm_steps,
+            variant=self.gdn_rule))]
+        if GDN_RULE_NORM and norm_q[0][0] == "gdn_norm_q8" and ws.rowwise \
+                and T < gated_deltanet.QUAD_MIN_T and self.gdn_rule in ("auto", "lane") \
+                and gated_deltanet.rule_norm_serves(c.linear_key_head_dim, dv):
+            # decode / verify (the lane kernel's token counts): the rule and the output norm
+            # with ssm_out's int8 copy in one launch, the same bits
+            fused = gated_deltanet.launch_gated_delta_rule_norm_q8
+            rule, norm_q = [("gdn_rule_norm_q8", lambda: fused(
+                gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, z, norm_w, eps, qo.xq,
+                qo.xd, s, steps=ssm_steps))], []
         # the projections of x side by side (conv_prep waits for them all; only the output
         # norm reads z)
-        return L + self._side_by_side(ws, proj + gates) + mix + [
-            ("gdn_rule", lambda: gated_deltanet.launch_gated_delta_rule(
-                gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s, steps=ssm_steps,
-                variant=self.gdn_rule)),
-        ] + norm_q + [
+        return L + self._side_by_side(ws, proj + gates) + mix + rule + norm_q + [
             ("gdn_out", lambda: self._mv(wout, o2, h, T, residual=h, qx=qo, rowwise=ws.rowwise)),
         ]
 

@@ -1836,6 +1836,58 @@ def check_gated_delta_rule(rng, size):
                       label)
 
 
+@check("gdn_rule_norm_q8", "kernels.gated_deltanet.launch_gated_delta_rule_norm_q8")
+def check_gdn_rule_norm_q8(rng, size):
+    """The decode / verify launch that runs the lane rule and the gated q8 output norm
+    together, against the two launches it replaces (each checked against the numpy reference
+    by its own row): the same arithmetic in the same order, so bit-exact -- the normed o, its
+    int8 codes and scales, the saved steps and the state."""
+    from .kernels import gated_deltanet as gdn
+    from .models.qwen35 import value_to_key_head
+    from .reference.gated_deltanet import l2norm
+    d = _gdn_dims(size)
+    dv = 32 if size == "tiny" else d.dv             # (the tiny heads' 16 is no int8 block)
+    key_head = _dev(value_to_key_head("qwen35", d.nk, d.nv).astype(np.int32))
+    for T in ((2,) if size == "tiny" else (1, 4)):
+        q = (l2norm(rng.standard_normal((T, d.nk, d.dk))) * d.dk ** -0.5).astype(np.float32)
+        k = l2norm(rng.standard_normal((T, d.nk, d.dk))).astype(np.float32)
+        v = rng.standard_normal((T, d.nv, dv)).astype(np.float32)
+        g = (-rng.uniform(0.0, 1.5, (T, d.nv))).astype(np.float32)
+        beta = rng.uniform(0.0, 1.0, (T, d.nv)).astype(np.float32)
+        s0 = (0.5 * rng.standard_normal((d.nv, d.dk, dv))).astype(np.float32)
+        z = (2 * rng.standard_normal((T, d.nv, dv))).astype(np.float32)
+        w = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
+        n = T * d.nv * dv
+        ins = [_dev(a) for a in (q, k, v, g, beta)]
+        outs = []
+        for fused in (False, True):
+            state = _dev(s0)
+            o = Out((T, d.nv, dv))
+            xq, xd = Out(n, np.int8, poison=-128), Out(n // 32)
+            steps = Out((T, d.nv, d.dk, dv))
+            if fused:
+                gdn.launch_gated_delta_rule_norm_q8(*ins, key_head, state, o.dev, _dev(z),
+                                                    _dev(w), 1e-6, xq.dev, xd.dev,
+                                                    steps=steps.dev)
+            else:
+                gdn.launch_gated_delta_rule(*ins, key_head, state, o.dev, steps=steps.dev,
+                                            variant="lane")
+                gdn.launch_gdn_output_norm(o.dev, _dev(z), _dev(w), 1e-6, o.dev, xq=xq.dev,
+                                           xd=xd.dev)
+            outs.append((o.get(), xq.get(), xd.get(), steps.get(), state.copy_to_host()))
+        (o1, q1, d1, st1, s1), (o2, q2, d2, st2, s2) = outs
+        shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{dv}"
+        yield compare("gdn_rule_norm_q8 y", "f32", shape, o2[0], o1[0], tol="bit-exact",
+                      bits=True, guard_ok=o2[1])
+        yield compare("gdn_rule_norm_q8 q", "int8", shape, q2[0], q1[0], tol="exact",
+                      bits=True, guard_ok=q2[1], poison=np.int8(-128))
+        yield compare("gdn_rule_norm_q8 d", "f32", shape, d2[0], d1[0], tol="bit-exact",
+                      bits=True, guard_ok=d2[1])
+        yield compare("gdn_rule_norm_q8 steps", "f32", shape, st2[0], st1[0],
+                      tol="bit-exact", bits=True, guard_ok=st2[1])
+        yield compare("gdn_rule_norm_q8 S", "f32", shape, s2, s1, tol="bit-exact", bits=True)
+
+
 @check("gdn_output_norm", "kernels.gated_deltanet.launch_gdn_output_norm")
 def check_gdn_output_norm(rng, size):
     from .kernels import gated_deltanet as gdn

@@ -24,8 +24,10 @@ import pytest
 from numba import cuda
 
 from bw24nb.kernels.gated_deltanet import (CONV_KERNEL, QUAD_MIN_T, launch_conv1d_silu,
-                                           launch_gated_delta_rule, launch_gdn_conv_prep,
-                                           launch_gdn_output_norm, launch_gdn_prep)
+                                           launch_gated_delta_rule,
+                                           launch_gated_delta_rule_norm_q8,
+                                           launch_gdn_conv_prep, launch_gdn_output_norm,
+                                           launch_gdn_prep, rule_norm_serves)
 from bw24nb.models.qwen35 import value_to_key_head
 from bw24nb.reference import ops
 from bw24nb.reference.gated_deltanet import (GatedDeltaNet, causal_conv1d,
@@ -550,3 +552,54 @@ def test_delta_rule_quad_gives_the_lane_kernels_bits(rng, dv, T):
     for lane, *others in zip(*got):
         for other in others:
             np.testing.assert_array_equal(other, lane)
+
+
+@pytest.mark.parametrize("dv, T, save", [(32, 1, False), (64, 3, True), (128, 2, False),
+                                         (96, 5, True)])
+def test_rule_with_the_output_norm_is_the_two_launches(rng, dv, T, save):
+    """launch_gated_delta_rule_norm_q8 (decode / verify: the lane kernel's columns on one block
+    a value head, warp 0 norming each token's head) leaves, bit for bit, what the lane rule and
+    then the gated q8 output norm leave: the normed o, its int8 codes and scales, the saved
+    steps and the final state (d_v = 96: a head of 6 column warps, slots past the row clamped;
+    T > 1: the two shared rows used in turn)."""
+    assert rule_norm_serves(DK, dv) and not rule_norm_serves(DK, 16)
+    key_head = cuda.to_device(value_to_key_head("qwen35", NK, NV).astype(np.int32))
+    q, k, v, g, beta, s0 = _rule_inputs(rng, T, dv)
+    z = _rand(rng, T, NV, dv, scale=2.0)
+    w = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
+    eps, n = 1e-6, T * NV * dv
+    ins = [cuda.to_device(a) for a in (q, k, v, g, beta)]
+    got = []
+    for fused in (False, True):
+        d_state = cuda.to_device(s0)
+        o = _poisoned(T, NV, dv)
+        xq = cuda.to_device(np.full(n, -128, np.int8))
+        xd = cuda.to_device(np.full(n // 32, np.nan, np.float32))
+        steps = cuda.to_device(np.full((T, NV, DK, dv), np.nan, np.float32)) if save else None
+        if fused:
+            launch_gated_delta_rule_norm_q8(*ins, key_head, d_state, o, cuda.to_device(z),
+                                            cuda.to_device(w), eps, xq, xd, steps=steps)
+        else:
+            launch_gated_delta_rule(*ins, key_head, d_state, o, steps=steps, variant="lane")
+            launch_gdn_output_norm(o, cuda.to_device(z), cuda.to_device(w), eps, o, xq=xq,
+                                   xd=xd)
+        got.append([a.copy_to_host().view(np.uint8 if a.dtype == np.int8 else np.uint32)
+                    for a in (o, xq, xd, d_state) + ((steps,) if save else ())])
+    assert not np.isnan(got[0][0].view(np.float32)).any()
+    for apart, fused in zip(*got):
+        np.testing.assert_array_equal(fused, apart)
+    # and the normed output is the reference's layer output (gated norm of the recurrence)
+    o_ref, _ = _reference_rule(gated_delta_rule_recurrent, q, k, v, g, beta, s0,
+                               value_to_key_head("qwen35", NK, NV))
+    y_ref = gated_rms_norm(o_ref.astype(np.float32), z, w, eps)
+    assert _rel(got[1][0].view(np.float32), y_ref) < 1e-4
+
+
+def test_rule_with_the_output_norm_rejects_what_it_cannot_take(rng):
+    q, k, v, g, beta, s0 = _rule_inputs(rng, 1, 40)
+    key_head = cuda.to_device(value_to_key_head("qwen35", NK, NV).astype(np.int32))
+    with pytest.raises(ValueError, match="d_v 40"):
+        launch_gated_delta_rule_norm_q8(
+            *(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head, cuda.to_device(s0),
+            _poisoned(1, NV, 40), _poisoned(1, NV, 40), _poisoned(40), 1e-6,
+            cuda.to_device(np.zeros(NV * 40, np.int8)), _poisoned(NV * 40 // 32))

@@ -423,6 +423,59 @@ def _rule_kernel(DK):
     return kernel(gated_delta_rule)
 
 
+def _lane_step(HALF):
+    """The lane kernel's token step for half columns of HALF rows (built per HALF: its loops
+    unroll over constant indices, so S stays in registers): S <- exp(g) S, the column's
+    (S^T k), delta, S <- S + k delta^T and the column's (S^T q), in the order of
+    `_lane_rule_kernel`'s docstring; returns (S^T q)[j], held by both lanes of the column."""
+
+    @cuda.jit(device=True, inline="always")
+    def lane_step(S, q, k, t, kh, r0, decay, bt, vt):
+        # S <- exp(g) S, and (S^T k)[j]
+        p0 = float32(0.0)
+        p1 = float32(0.0)
+        p2 = float32(0.0)
+        p3 = float32(0.0)
+        for i0 in range(0, HALF, LANE_ACCS):
+            s = S[i0] * decay
+            S[i0] = s
+            p0 += k[t, kh, r0 + i0] * s
+            s = S[i0 + 1] * decay
+            S[i0 + 1] = s
+            p1 += k[t, kh, r0 + i0 + 1] * s
+            s = S[i0 + 2] * decay
+            S[i0 + 2] = s
+            p2 += k[t, kh, r0 + i0 + 2] * s
+            s = S[i0 + 3] * decay
+            S[i0 + 3] = s
+            p3 += k[t, kh, r0 + i0 + 3] * s
+        part = (p0 + p1) + (p2 + p3)
+        kv_mem = warp_pair_sum(part)
+        delta = (vt - kv_mem) * bt
+        # S <- S + k delta^T, and (S^T q)[j]
+        p0 = float32(0.0)
+        p1 = float32(0.0)
+        p2 = float32(0.0)
+        p3 = float32(0.0)
+        for i0 in range(0, HALF, LANE_ACCS):
+            s = S[i0] + k[t, kh, r0 + i0] * delta
+            S[i0] = s
+            p0 += q[t, kh, r0 + i0] * s
+            s = S[i0 + 1] + k[t, kh, r0 + i0 + 1] * delta
+            S[i0 + 1] = s
+            p1 += q[t, kh, r0 + i0 + 1] * s
+            s = S[i0 + 2] + k[t, kh, r0 + i0 + 2] * delta
+            S[i0 + 2] = s
+            p2 += q[t, kh, r0 + i0 + 2] * s
+            s = S[i0 + 3] + k[t, kh, r0 + i0 + 3] * delta
+            S[i0 + 3] = s
+            p3 += q[t, kh, r0 + i0 + 3] * s
+        part = (p0 + p1) + (p2 + p3)
+        return warp_pair_sum(part)
+
+    return lane_step
+
+
 def _lane_rule_kernel(DK):
     """The delta-rule kernel with half a column of S per lane ("lane", the default): lanes l
     and l + 16 of block (h, y) own column j = 16 y + (l & 15) of head h's state, lane l < 16
@@ -436,6 +489,7 @@ def _lane_rule_kernel(DK):
     a + b = b + a, so both lanes hold the same bits). q and k are read by the 16 lanes of a
     half at one address (a broadcast load)."""
     HALF = DK // 2
+    lane_step = _lane_step(HALF)
 
     def gated_delta_rule_lane(q, k, v, g, beta, key_head, state, o, steps, save_steps):
         """As `gated_delta_rule` (the tile kernel): grid (nv, ceil(dv / 16)), 32 threads."""
@@ -451,50 +505,7 @@ def _lane_rule_kernel(DK):
         for i in range(HALF):
             S[i] = state[h, r0 + i, jc]
         for t in range(q.shape[0]):
-            decay = math.exp(g[t, h])
-            bt = beta[t, h]
-            vt = v[t, h, jc]
-            # S <- exp(g) S, and (S^T k)[j]
-            p0 = float32(0.0)
-            p1 = float32(0.0)
-            p2 = float32(0.0)
-            p3 = float32(0.0)
-            for i0 in range(0, HALF, LANE_ACCS):
-                s = S[i0] * decay
-                S[i0] = s
-                p0 += k[t, kh, r0 + i0] * s
-                s = S[i0 + 1] * decay
-                S[i0 + 1] = s
-                p1 += k[t, kh, r0 + i0 + 1] * s
-                s = S[i0 + 2] * decay
-                S[i0 + 2] = s
-                p2 += k[t, kh, r0 + i0 + 2] * s
-                s = S[i0 + 3] * decay
-                S[i0 + 3] = s
-                p3 += k[t, kh, r0 + i0 + 3] * s
-            part = (p0 + p1) + (p2 + p3)
-            kv_mem = warp_pair_sum(part)
-            delta = (vt - kv_mem) * bt
-            # S <- S + k delta^T, and (S^T q)[j]
-            p0 = float32(0.0)
-            p1 = float32(0.0)
-            p2 = float32(0.0)
-            p3 = float32(0.0)
-            for i0 in range(0, HALF, LANE_ACCS):
-                s = S[i0] + k[t, kh, r0 + i0] * delta
-                S[i0] = s
-                p0 += q[t, kh, r0 + i0] * s
-                s = S[i0 + 1] + k[t, kh, r0 + i0 + 1] * delta
-                S[i0 + 1] = s
-                p1 += q[t, kh, r0 + i0 + 1] * s
-                s = S[i0 + 2] + k[t, kh, r0 + i0 + 2] * delta
-                S[i0 + 2] = s
-                p2 += q[t, kh, r0 + i0 + 2] * s
-                s = S[i0 + 3] + k[t, kh, r0 + i0 + 3] * delta
-                S[i0 + 3] = s
-                p3 += q[t, kh, r0 + i0 + 3] * s
-            part = (p0 + p1) + (p2 + p3)
-            out = warp_pair_sum(part)
+            out = lane_step(S, q, k, t, kh, r0, math.exp(g[t, h]), beta[t, h], v[t, h, jc])
             if col:
                 if lane < 16:
                     o[t, h, j] = out
@@ -508,6 +519,83 @@ def _lane_rule_kernel(DK):
     gated_delta_rule_lane.__name__ = gated_delta_rule_lane.__qualname__ = \
         f"gated_delta_rule_lane_dk{DK}"
     return kernel(gated_delta_rule_lane)
+
+
+# The lane kernel with the output norm folded in (decode, verify): one block a value head,
+# its warp y the lane kernel's block (h, y), so the head's dv outputs of a token meet in shared
+# memory and warp 0 runs the gated norm + int8 copy on them (norm.gated_rms_norm_q8_rows' one
+# step on 32 threads, the launch it replaces). At most RULE_NORM_DV_MAX values a head: four a
+# lane of that one warp.
+RULE_NORM_DV_MAX = 128
+
+
+def _lane_rule_norm_kernel(DK):
+    """`gated_delta_rule_lane` then `norm.gated_rms_norm_q8_rows` in one launch
+    ("gated_delta_rule_norm_q8"): grid nv, 32 ceil(dv / 16) threads. Warp y computes the
+    columns 16 y .. 16 y + 15 exactly as the lane kernel's block (h, y) (`_lane_step`), and
+    puts token t's outputs in shared memory instead of o; after a barrier warp 0 loads them
+    with z[t, h] and the norm weight in the gated q8 norm's slots (element lane + 32 s), sums
+    the squares in `_squares4`' order, takes the root as `norm._row_rstd` does (its block_sum
+    on one warp is warp_sum: the second stage adds +0.0 to a non-negative total), and stores
+    y = o * rstd * w * silu(z) into o with its int8 codes and scales (`norm._quantize4`):
+    the bits of the two launches. The outputs alternate between two shared rows by token, so
+    one barrier a token keeps warp 0's reads of token t apart from the writes of t + 1."""
+    HALF = DK // 2
+    lane_step = _lane_step(HALF)
+
+    def gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, steps, save_steps,
+                                 z, norm_w, eps, xq, xd):
+        """o, z as [T * nv, dv] rows (o receives the normed output); xq [T * nv, dv] int8,
+        xd [T * nv, dv / 32]; the rest as `gated_delta_rule_lane`'s."""
+        out_sh = cuda.shared.array((2, RULE_NORM_DV_MAX), float32)
+        S = cuda.local.array(HALF, float32)
+        h = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        nv, dv = v.shape[1], v.shape[2]
+        r0 = (lane >> 4) * HALF
+        j = warp * LANE_COLS + (lane & 15)
+        col = j < dv
+        jc = min(j, dv - 1)
+        kh = key_head[h]
+        for i in range(HALF):
+            S[i] = state[h, r0 + i, jc]
+        sl = norm._slots(32, dv)            # warp 0's norm slots (tid = lane there)
+        w0, w1, w2, w3 = norm._vec4(norm_w, sl)
+        z0 = z1 = z2 = z3 = float32(0.0)
+        for t in range(q.shape[0]):
+            row = t * nv + h
+            if warp == 0:                   # z's loads in flight during the step
+                z0, z1, z2, z3 = norm._row4(z, row, sl)
+            out = lane_step(S, q, k, t, kh, r0, math.exp(g[t, h]), beta[t, h], v[t, h, jc])
+            if col:
+                if lane < 16:
+                    out_sh[t & 1, j] = out
+                if save_steps:
+                    for i in range(HALF):
+                        steps[t, h, r0 + i, j] = S[i]
+            cuda.syncthreads()
+            if warp == 0:
+                x0 = out_sh[t & 1, sl[0]]
+                x1 = out_sh[t & 1, sl[1]]
+                x2 = out_sh[t & 1, sl[2]]
+                x3 = out_sh[t & 1, sl[3]]
+                acc = norm._squares4(32, dv, x0, x1, x2, x3)
+                rstd = norm.rstd_of(warp_sum(acc), dv, eps)
+                if lane < dv:
+                    norm._quantize4(o, xq, xd, row, lane, 32, dv,
+                                    x0 * rstd * w0 * norm._silu(z0),
+                                    x1 * rstd * w1 * norm._silu(z1),
+                                    x2 * rstd * w2 * norm._silu(z2),
+                                    x3 * rstd * w3 * norm._silu(z3))
+        if col:
+            for i in range(HALF):
+                state[h, r0 + i, j] = S[i]
+
+    gated_delta_rule_norm_q8.__name__ = gated_delta_rule_norm_q8.__qualname__ = \
+        f"gated_delta_rule_norm_q8_dk{DK}"
+    return kernel(gated_delta_rule_norm_q8)
 
 
 @cuda.jit(device=True, inline="always")
@@ -744,6 +832,17 @@ gated_delta_rule = rule_kernel(GDN_DK_MAX, "tile")    # module attributes: tests
 gated_delta_rule_lane = rule_kernel(GDN_DK_MAX, "lane")
 gated_delta_rule_quad = rule_kernel(GDN_DK_MAX, "quad")
 gated_delta_rule_pipe = rule_kernel(GDN_DK_MAX, "pipe")
+_RULE_NORM_KERNELS: dict = {}
+
+
+def rule_norm_kernel(dk: int):
+    """The lane kernel with the output norm folded in, for d_k = dk (built on first use)."""
+    if dk not in _RULE_NORM_KERNELS:
+        _RULE_NORM_KERNELS[dk] = _lane_rule_norm_kernel(dk)
+    return _RULE_NORM_KERNELS[dk]
+
+
+gated_delta_rule_norm_q8 = rule_norm_kernel(GDN_DK_MAX)
 
 
 # ------------------------------------------------------------------ launchers
@@ -876,6 +975,55 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
         state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None))
 
 
+def rule_norm_serves(dk: int, dv: int) -> bool:
+    """Whether `launch_gated_delta_rule_norm_q8` takes heads of these sizes: the lane kernel's
+    d_k (a multiple of 2 LANE_ACCS), and d_v a multiple of 32 (int8 blocks) that one warp
+    normalises in one step (<= RULE_NORM_DV_MAX). Every Qwen3.5 / 3.6 model: 128 and 128."""
+    return 0 < dk <= GDN_DK_MAX and dk % (2 * LANE_ACCS) == 0 \
+        and 0 < dv <= RULE_NORM_DV_MAX and dv % 32 == 0
+
+
+def launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, norm_w,
+                                    eps: float, xq, xd, stream=0, steps=None):
+    """`launch_gated_delta_rule(variant="lane")` then `launch_gdn_output_norm(o, z, norm_w,
+    eps, o, xq=xq, xd=xd)` in one launch, with the same bits (`_lane_rule_norm_kernel`): o
+    [T, nv, dv] receives the normed output, xq / xd (flat or shaped, >= T nv dv and T nv dv /
+    32 values) its int8 copy; the state and `steps` as the rule leaves them. For decode and
+    verify (the lane kernel's few tokens; its block is a value head, so a launch has nv
+    blocks); heads must pass `rule_norm_serves`."""
+    T, nk, dk = q.shape
+    nv, dv = v.shape[1], v.shape[2]
+    if not rule_norm_serves(dk, dv):
+        raise ValueError(f"gated_delta_rule_norm_q8: heads of d_k {dk} / d_v {dv} need d_k a "
+                         f"multiple of {2 * LANE_ACCS} up to {GDN_DK_MAX} and d_v a multiple "
+                         f"of 32 up to {RULE_NORM_DV_MAX}: use the rule and the norm apart")
+    if tuple(state.shape) != (nv, dk, dv) or tuple(o.shape) != (T, nv, dv) \
+            or tuple(z.shape[-1:]) != (dv,) or z.size != T * nv * dv \
+            or tuple(norm_w.shape) != (dv,):
+        raise ValueError(f"gated_delta_rule_norm_q8: state must be [{nv}, {dk}, {dv}], o and z "
+                         f"[{T}, {nv}, {dv}], norm weight [{dv}]; got {tuple(state.shape)}, "
+                         f"{tuple(o.shape)}, {tuple(z.shape)}, {tuple(norm_w.shape)}")
+    if tuple(g.shape) != (T, nv) or tuple(beta.shape) != (T, nv) or key_head.shape[0] != nv \
+            or key_head.dtype != np.int32:
+        raise ValueError(f"gated_delta_rule_norm_q8: g, beta must be [{T}, {nv}], key_head "
+                         f"int32[{nv}]")
+    if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (nv, dk, dv)):
+        raise ValueError(f"gated_delta_rule_norm_q8: steps must be [>= {T}, {nv}, {dk}, {dv}], "
+                         f"got {tuple(steps.shape)}")
+    n = T * nv * dv
+    if xq.dtype != np.int8 or xq.size < n or xd.dtype != np.float32 or xd.size < n // 32:
+        raise ValueError(f"gated_delta_rule_norm_q8: xq must be int8[>= {n}] and xd "
+                         f"float32[>= {n // 32}], not {xq.dtype}[{xq.size}], "
+                         f"{xd.dtype}[{xd.size}]")
+    if T == 0:
+        return
+    flat = (lambda a: a if a.ndim == 1 else a.reshape(a.size))
+    rule_norm_kernel(dk)[nv, 32 * ((dv + LANE_COLS - 1) // LANE_COLS), stream](
+        q, k, v, g, beta, key_head, state, o.reshape(T * nv, dv),
+        state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None),
+        z.reshape(T * nv, dv), norm_w, np.float32(eps), flat(xq)[:n].reshape(T * nv, dv), flat(xd)[:n // 32].reshape(T * nv, dv // 32))
+
+
 def launch_gdn_output_norm(o, z, norm_w, eps: float, y, stream=0, xq=None, xd=None):
     """(e) `y = rms_norm(o) * ssm_norm * silu(z)` per value head: norm.py's gated RMSNorm
     (reference `gated_rms_norm`); o, z, y `[T, nv, dv]` (or any `[..., dv]`), norm_w `[dv]`.
@@ -902,5 +1050,8 @@ PTX_SIGNATURES = {
     "gated_delta_rule_lane": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, "
                               f"{_A3}, float32[:, :, :, ::1], int32)"],
 }
+PTX_SIGNATURES["gated_delta_rule_norm_q8"] = [
+    f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A2}, float32[:, :, :, ::1], "
+    f"int32, {_A2}, float32[::1], float32, int8[:, ::1], {_A2})"]
 PTX_SIGNATURES["gated_delta_rule_quad"] = PTX_SIGNATURES["gated_delta_rule_lane"]
 PTX_SIGNATURES["gated_delta_rule_pipe"] = PTX_SIGNATURES["gated_delta_rule_lane"]

@@ -146,9 +146,15 @@ def _squares4(B, C, x0, x1, x2, x3):
 
 
 @cuda.jit(device=True, inline="always")
-def _row_rstd(scratch, sumsq, C, eps):
-    total = block_sum(scratch, sumsq)
+def rstd_of(total, C, eps):
+    """1 / rms from a row's sum of squares: the one formula of every norm here (and of
+    gated_deltanet's rule with the output norm folded in)."""
     return float32(1.0) / math.sqrt(total / float32(C) + eps)
+
+
+@cuda.jit(device=True, inline="always")
+def _row_rstd(scratch, sumsq, C, eps):
+    return rstd_of(block_sum(scratch, sumsq), C, eps)
 
 
 @cuda.jit(device=True, inline="always")

@@ -1,0 +1,27 @@
+# Session 27's device calls. Stages ($1, comma list):
+#   pa      bench/prefill_attention_bench.py (the rows prefill's attention at T = 128) ${PA_ARGS:-}
+#   m35     run_bench on the 35B-A3B shape, --launch ${M35_LAUNCH:-default} (its factory starts
+#           in the background at the beginning)
+#   q9m     run_bench on the 9B shape, --launch ${Q9M_LAUNCH:-default}
+#   moe     bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-}
+#   c05m    run_bench on the 0.5B shape, --launch ${C05M_LAUNCH:-default}
+#   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-gdn_rule_norm_q8}
+export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-pa}; . bench/device_env.sh
+on q9m && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
+on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
+on c05m && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
+on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-gdn_rule_norm_q8}"
+  grep -E "PASS|FAIL|passed|Error|Traceback" $L/kc.log | cut -c1-150 | tail -30; }
+on pa && { run ${PA_S:-200} pa python3 bench/prefill_attention_bench.py --commit $C --jsonl /tmp/prefill_attention.jsonl --grids ${PA_GRIDS:-4,8,16,32} ${PA_ARGS:-}
+  grep -vE "^\s*$|Warning|warn\(" $L/pa.log | cut -c1-160 | tail -60; }
+on moe && { run ${MOE_S:-200} moe python3 bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-} --commit $C --jsonl /tmp/moe_bench.jsonl
+  grep -vE "^\s*$" $L/moe.log | cut -c1-160 | tail -30; }
+[ -n "${P05:-}" ] && wait $P05
+on c05m && rb_stage c05m /tmp/c05.gguf qwen2.5-coder-0.5b-random ${C05M_LAUNCH:-default} ${C05M_S:-200} "attention"
+[ -n "${P9:-}" ] && wait $P9
+on q9m && rb_stage q9m /tmp/q9.gguf qwen3.5-9b-random ${Q9M_LAUNCH:-default} ${Q9M_S:-330} "ffn_|gdn_qkv|attention"
+[ -n "${P35:-}" ] && wait $P35
+on m35 && rb_stage m35 /tmp/m35.gguf qwen3.6-35b-a3b-random ${M35_LAUNCH:-default} ${M35_S:-240} "moe|gdn_|attention"
+grep -hE "\] bw24nb +(kernel_chain_ms:attention|decode_step_chain_ms)" $L/*.log 2>/dev/null | cut -c1-120
+cp /tmp/*.jsonl $OUT/ 2>/dev/null
+tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
