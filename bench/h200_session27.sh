@@ -6,12 +6,18 @@
 #   moe     bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-}
 #   c05m    run_bench on the 0.5B shape, --launch ${C05M_LAUNCH:-default}
 #   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-gdn_rule_norm_q8}
+#   lc      bench/launch_chain.py --only ${LC_ONLY:-rule} (no attention positions)
+# Call 1 (ebdc46f): KC_S=70 Q9M_S=180 M35_S=280 Q9M_LAUNCH=default,gdn-apart
+#   M35_LAUNCH=default,gdn-apart kc,q9m,m35 (9B 388.1 / 374.1 against 382.2 / 369.5 tok/s;
+#   35B-A3B 338.2 / 318.1 against 329.4 / 312.8; kernel-check passed).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-pa}; . bench/device_env.sh
 on q9m && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 on c05m && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
 on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-gdn_rule_norm_q8}"
   grep -E "PASS|FAIL|passed|Error|Traceback" $L/kc.log | cut -c1-150 | tail -30; }
+on lc && { run ${LC_S:-90} lc python3 bench/launch_chain.py --only "${LC_ONLY:-rule}" --positions "" --commit $C --out /tmp/launch_chain.jsonl
+  grep -vE "^\s*$|Warning|warn\(" $L/lc.log | cut -c1-160 | tail -20; }
 on pa && { run ${PA_S:-200} pa python3 bench/prefill_attention_bench.py --commit $C --jsonl /tmp/prefill_attention.jsonl --grids ${PA_GRIDS:-4,8,16,32} ${PA_ARGS:-}
   grep -vE "^\s*$|Warning|warn\(" $L/pa.log | cut -c1-160 | tail -60; }
 on moe && { run ${MOE_S:-200} moe python3 bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-} --commit $C --jsonl /tmp/moe_bench.jsonl

@@ -16,6 +16,12 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   mv        the Q4_K hidden x hidden matvec with a residual (ssm_out / attn_output), the
             weights rotated over copies so that every launch reads HBM
   mv+norm   mv then norm, as in a layer: (mv+norm) - mv is what the norm adds to a step
+  rule      the gated delta rule of one token (the lane kernel, 9B heads: 16 key / 32 value
+            heads of 128)
+  rule+gnorm         the rule, then the gated q8 output norm: the two launches before
+                     session 27
+  rulenorm[/last]    the two in one launch (gated_deltanet.launch_gated_delta_rule_norm_q8,
+                     its "block" form, or its "last" form)
   attn<S>@<P>        decode attention as the engine launches it (F16 cache, split pass +
                      combine with the output gate and the int8 output) for the head shape S
                      (9b: 16 / 4 heads of 256, 05b: 14 / 2 of 64) at position P of an 8192 cache
@@ -129,6 +135,43 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
             "split/merge": attend("split", direct=False)}
 
 
+def gdn_launches(stream, rng, nk=16, nv=32, d=128):
+    """(rule(i), gnorm(i), rulenorm(i, form)): one decode token's gated delta rule (the lane
+    kernel), the gated q8 output norm after it, and the two as one launch in `form`, on
+    random inputs of the 9B's heads; the state is updated in place, as in decode."""
+    from bw24nb.kernels import gated_deltanet as gdn
+    from bw24nb.models.qwen35 import value_to_key_head
+
+    def dev(a):
+        return cuda.to_device(np.ascontiguousarray(a, np.float32), stream=stream)
+    unit = rng.standard_normal((1, nk, d))
+    q = dev(unit / np.linalg.norm(unit, axis=-1, keepdims=True) * d ** -0.5)
+    unit = rng.standard_normal((1, nk, d))
+    k = dev(unit / np.linalg.norm(unit, axis=-1, keepdims=True))
+    v, z = dev(rng.standard_normal((1, nv, d))), dev(rng.standard_normal((1, nv, d)))
+    g, beta = dev(-rng.uniform(0, 1, (1, nv))), dev(rng.uniform(0, 1, (1, nv)))
+    state = dev(0.1 * rng.standard_normal((nv, d, d)))
+    key_head = cuda.to_device(value_to_key_head("qwen35", nk, nv).astype(np.int32), stream=stream)
+    w = dev(np.ones(d))
+    o = cuda.device_array((1, nv, d), np.float32, stream=stream)
+    xq = cuda.device_array(nv * d, np.int8, stream=stream)
+    xd = cuda.device_array(nv * d // 32, np.float32, stream=stream)
+    counters = cuda.to_device(np.zeros(nv, np.int32), stream=stream)
+    eps = 1e-6
+
+    def rule(i):
+        gdn.launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=stream,
+                                    variant="lane")
+
+    def gnorm(i):
+        gdn.launch_gdn_output_norm(o, z, w, eps, o, stream=stream, xq=xq, xd=xd)
+
+    def rulenorm(i, form):
+        gdn.launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, w, eps,
+                                            xq, xd, stream=stream, counters=counters, form=form)
+    return rule, gnorm, rulenorm
+
+
 def per_rep_us(stream, n, body) -> float:
     """Capture body(i) for i < n into one programmatic graph; us per repetition."""
     body(0)                                   # compiled and loaded before capture
@@ -190,8 +233,13 @@ def main() -> int:
     def norm1(i):
         norm(i, False)
 
+    rule, gnorm, rulenorm = gdn_launches(stream, rng)
     seqs = {
         "empty": lambda i: store_one[1, 32, stream](one),
+        "rule": rule,
+        "rule+gnorm": lambda i: (rule(i), gnorm(i)),
+        "rulenorm": lambda i: rulenorm(i, "block"),
+        "rulenorm/last": lambda i: rulenorm(i, "last"),
         "norm": norm,
         "norm1": norm1,
         "gnorm": lambda i: launch_gated_rms_norm_q8(o, z, gw, eps, gy, gq, gd, stream=stream),
