@@ -7,11 +7,13 @@
 #   c05m    run_bench on the 0.5B shape, --launch ${C05M_LAUNCH:-default}
 #   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-gdn_rule_norm_q8}
 #   lc      bench/launch_chain.py --only ${LC_ONLY:-rule} (no attention positions)
+#   gate9   bench/spec_gate.py on the 9B shape, K = 1..8, states rollback ${G9_ARGS:-}
+#   q9spec  bench/spec_bench.py on the 9B shape: the verify's cost at K = 1, 3, 8
 # Call 1 (ebdc46f): KC_S=70 Q9M_S=180 M35_S=280 Q9M_LAUNCH=default,gdn-apart
 #   M35_LAUNCH=default,gdn-apart kc,q9m,m35 (9B 388.1 / 374.1 against 382.2 / 369.5 tok/s;
 #   35B-A3B 338.2 / 318.1 against 329.4 / 312.8; kernel-check passed).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-pa}; . bench/device_env.sh
-on q9m && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
+{ on q9m || on gate9 || on q9spec; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 on c05m && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
 on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-gdn_rule_norm_q8}"
@@ -26,6 +28,10 @@ on moe && { run ${MOE_S:-200} moe python3 bench/moe_bench.py --tokens ${MOE_T:-1
 on c05m && rb_stage c05m /tmp/c05.gguf qwen2.5-coder-0.5b-random ${C05M_LAUNCH:-default} ${C05M_S:-200} "attention"
 [ -n "${P9:-}" ] && wait $P9
 on q9m && rb_stage q9m /tmp/q9.gguf qwen3.5-9b-random ${Q9M_LAUNCH:-default} ${Q9M_S:-330} "ffn_|gdn_qkv|attention"
+on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks 1,3,8 --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
+  grep -E "verify|decode_step|Error|Traceback" $L/q9spec.log | head -24; }
+on gate9 && { run ${G9_S:-300} gate9 python3 bench/spec_gate.py /tmp/q9.gguf --commit $C --jsonl /tmp/spec.jsonl --rollback states ${G9_ARGS:-}
+  grep -E "MATCH|MISMATCH|gate|Error|Traceback" $L/gate9.log | cut -c1-160 | tail -24; }
 [ -n "${P35:-}" ] && wait $P35
 on m35 && rb_stage m35 /tmp/m35.gguf qwen3.6-35b-a3b-random ${M35_LAUNCH:-default} ${M35_S:-240} "moe|gdn_|attention"
 grep -hE "\] bw24nb +(kernel_chain_ms:attention|decode_step_chain_ms)" $L/*.log 2>/dev/null | cut -c1-120
