@@ -20,8 +20,9 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
             heads of 128)
   rule+gnorm         the rule, then the gated q8 output norm: the two launches before
                      session 27
-  rulenorm[/last]    the two in one launch (gated_deltanet.launch_gated_delta_rule_norm_q8,
-                     its "block" form, or its "last" form)
+  rulenorm  the two in one launch (gated_deltanet.launch_gated_delta_rule_norm_q8; session
+            27 also measured a "last" form: the lane kernel's blocks, the head's last one
+            norming -- decision 0034)
   attn<S>@<P>        decode attention as the engine launches it (F16 cache, split pass +
                      combine with the output gate and the int8 output) for the head shape S
                      (9b: 16 / 4 heads of 256, 05b: 14 / 2 of 64) at position P of an 8192 cache
@@ -136,8 +137,8 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
 
 
 def gdn_launches(stream, rng, nk=16, nv=32, d=128):
-    """(rule(i), gnorm(i), rulenorm(i, form)): one decode token's gated delta rule (the lane
-    kernel), the gated q8 output norm after it, and the two as one launch in `form`, on
+    """(rule(i), gnorm(i), rulenorm(i)): one decode token's gated delta rule (the lane
+    kernel), the gated q8 output norm after it, and the two as one launch, on
     random inputs of the 9B's heads; the state is updated in place, as in decode."""
     from bw24nb.kernels import gated_deltanet as gdn
     from bw24nb.models.qwen35 import value_to_key_head
@@ -156,7 +157,6 @@ def gdn_launches(stream, rng, nk=16, nv=32, d=128):
     o = cuda.device_array((1, nv, d), np.float32, stream=stream)
     xq = cuda.device_array(nv * d, np.int8, stream=stream)
     xd = cuda.device_array(nv * d // 32, np.float32, stream=stream)
-    counters = cuda.to_device(np.zeros(nv, np.int32), stream=stream)
     eps = 1e-6
 
     def rule(i):
@@ -166,9 +166,9 @@ def gdn_launches(stream, rng, nk=16, nv=32, d=128):
     def gnorm(i):
         gdn.launch_gdn_output_norm(o, z, w, eps, o, stream=stream, xq=xq, xd=xd)
 
-    def rulenorm(i, form):
+    def rulenorm(i):
         gdn.launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, w, eps,
-                                            xq, xd, stream=stream, counters=counters, form=form)
+                                            xq, xd, stream=stream)
     return rule, gnorm, rulenorm
 
 
@@ -238,8 +238,7 @@ def main() -> int:
         "empty": lambda i: store_one[1, 32, stream](one),
         "rule": rule,
         "rule+gnorm": lambda i: (rule(i), gnorm(i)),
-        "rulenorm": lambda i: rulenorm(i, "block"),
-        "rulenorm/last": lambda i: rulenorm(i, "last"),
+        "rulenorm": rulenorm,
         "norm": norm,
         "norm1": norm1,
         "gnorm": lambda i: launch_gated_rms_norm_q8(o, z, gw, eps, gy, gq, gd, stream=stream),

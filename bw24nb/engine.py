@@ -361,9 +361,6 @@ class Engine:
             from .models.qwen35 import value_to_key_head
             self.key_head = cuda.to_device(np.ascontiguousarray(value_to_key_head(
                 c.family, c.linear_num_key_heads, c.linear_num_value_heads), np.int32))
-            # the "last" form of the rule with the output norm counts a head's finished blocks
-            # here (gated_deltanet.RULE_NORM_FORM; every launch leaves them at zero)
-            self.gdn_counters = cuda.to_device(np.zeros(c.linear_num_value_heads, np.int32))
         self.experts = {i: self._expert_weights(i)
                         for i in [*range(c.num_hidden_layers), *self.mtp_blocks]
                         if c.is_moe_layer(i)}
@@ -972,7 +969,7 @@ class Engine:
             fused = gated_deltanet.launch_gated_delta_rule_norm_q8
             rule, norm_q = [("gdn_rule_norm_q8", lambda: fused(
                 gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, z, norm_w, eps, qo.xq,
-                qo.xd, s, steps=ssm_steps, counters=self.gdn_counters))], []
+                qo.xd, s, steps=ssm_steps))], []
         # the projections of x side by side (conv_prep waits for them all; only the output
         # norm reads z)
         return L + self._side_by_side(ws, proj + gates) + mix + rule + norm_q + [

@@ -554,16 +554,14 @@ def test_delta_rule_quad_gives_the_lane_kernels_bits(rng, dv, T):
             np.testing.assert_array_equal(other, lane)
 
 
-@pytest.mark.parametrize("form", ["block", "last"])
 @pytest.mark.parametrize("dv, T, save", [(32, 1, False), (64, 3, True), (128, 2, False),
                                          (96, 5, True)])
-def test_rule_with_the_output_norm_is_the_two_launches(rng, dv, T, save, form):
+def test_rule_with_the_output_norm_is_the_two_launches(rng, dv, T, save):
     """launch_gated_delta_rule_norm_q8 (decode / verify: the lane kernel's columns on one block
     a value head, warp 0 norming each token's head) leaves, bit for bit, what the lane rule and
     then the gated q8 output norm leave: the normed o, its int8 codes and scales, the saved
     steps and the final state (d_v = 96: a head of 6 column warps, slots past the row clamped;
-    T > 1: the two shared rows used in turn). So does the "last" form (the lane kernel's
-    blocks, the head's last one norming), which leaves its counters at zero."""
+    T > 1: the two shared rows used in turn)."""
     assert rule_norm_serves(DK, dv) and not rule_norm_serves(DK, 16)
     key_head = cuda.to_device(value_to_key_head("qwen35", NK, NV).astype(np.int32))
     q, k, v, g, beta, s0 = _rule_inputs(rng, T, dv)
@@ -571,7 +569,6 @@ def test_rule_with_the_output_norm_is_the_two_launches(rng, dv, T, save, form):
     w = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
     eps, n = 1e-6, T * NV * dv
     ins = [cuda.to_device(a) for a in (q, k, v, g, beta)]
-    counters = cuda.to_device(np.zeros(NV, np.int32))
     got = []
     for fused in (False, True):
         d_state = cuda.to_device(s0)
@@ -581,8 +578,7 @@ def test_rule_with_the_output_norm_is_the_two_launches(rng, dv, T, save, form):
         steps = cuda.to_device(np.full((T, NV, DK, dv), np.nan, np.float32)) if save else None
         if fused:
             launch_gated_delta_rule_norm_q8(*ins, key_head, d_state, o, cuda.to_device(z),
-                                            cuda.to_device(w), eps, xq, xd, steps=steps,
-                                            counters=counters, form=form)
+                                            cuda.to_device(w), eps, xq, xd, steps=steps)
         else:
             launch_gated_delta_rule(*ins, key_head, d_state, o, steps=steps, variant="lane")
             launch_gdn_output_norm(o, cuda.to_device(z), cuda.to_device(w), eps, o, xq=xq,
@@ -590,7 +586,6 @@ def test_rule_with_the_output_norm_is_the_two_launches(rng, dv, T, save, form):
         got.append([a.copy_to_host().view(np.uint8 if a.dtype == np.int8 else np.uint32)
                     for a in (o, xq, xd, d_state) + ((steps,) if save else ())])
     assert not np.isnan(got[0][0].view(np.float32)).any()
-    assert not counters.copy_to_host().any()
     for apart, fused in zip(*got):
         np.testing.assert_array_equal(fused, apart)
     # and the normed output is the reference's layer output (gated norm of the recurrence)
@@ -603,12 +598,6 @@ def test_rule_with_the_output_norm_is_the_two_launches(rng, dv, T, save, form):
 def test_rule_with_the_output_norm_rejects_what_it_cannot_take(rng):
     q, k, v, g, beta, s0 = _rule_inputs(rng, 1, 40)
     key_head = cuda.to_device(value_to_key_head("qwen35", NK, NV).astype(np.int32))
-    q32, k32, v32, g32, b32, s32 = _rule_inputs(rng, 1, 32)
-    with pytest.raises(ValueError, match="counters"):
-        launch_gated_delta_rule_norm_q8(
-            *(cuda.to_device(a) for a in (q32, k32, v32, g32, b32)), key_head,
-            cuda.to_device(s32), _poisoned(1, NV, 32), _poisoned(1, NV, 32), _poisoned(32),
-            1e-6, cuda.to_device(np.zeros(NV * 32, np.int8)), _poisoned(NV), form="last")
     with pytest.raises(ValueError, match="d_v 40"):
         launch_gated_delta_rule_norm_q8(
             *(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head, cuda.to_device(s0),

@@ -69,7 +69,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32
 
 from ..jit import kernel
 from ..reference.gated_deltanet import L2NORM_EPS
@@ -835,94 +835,14 @@ gated_delta_rule_pipe = rule_kernel(GDN_DK_MAX, "pipe")
 _RULE_NORM_KERNELS: dict = {}
 
 
-def _lane_rule_norm_last_kernel(DK):
-    """The "last" form of `_lane_rule_norm_kernel` (RULE_NORM_FORM): the lane kernel's grid
-    (nv, ceil(dv / 16)) of one-warp blocks, each storing its columns of o as the lane kernel
-    does; then it makes them visible (threadfence) and counts itself in counters[h]; the
-    head's last block to count resets the counter and runs the gated q8 norm of the head's
-    rows (o read back from L2) as the block form's warp 0 does: the same bits. The state
-    stores follow the count, so the fence waits for o's alone."""
-    HALF = DK // 2
-    lane_step = _lane_step(HALF)
-
-    def gated_delta_rule_norm_q8_last(q, k, v, g, beta, key_head, state, o, steps, save_steps,
-                                      z, norm_w, eps, xq, xd, counters):
-        """As `gated_delta_rule_norm_q8`, on grid (nv, ceil(dv / 16)) x 32 threads; counters
-        int32[nv], zero before the launch and after it."""
-        S = cuda.local.array(HALF, float32)
-        last_sh = cuda.shared.array(1, int32)
-        h = cuda.blockIdx.x
-        lane = cuda.threadIdx.x
-        nv, dv = v.shape[1], v.shape[2]
-        r0 = (lane >> 4) * HALF
-        j = cuda.blockIdx.y * LANE_COLS + (lane & 15)
-        col = j < dv
-        jc = min(j, dv - 1)
-        kh = key_head[h]
-        for i in range(HALF):
-            S[i] = state[h, r0 + i, jc]
-        T = q.shape[0]
-        for t in range(T):
-            out = lane_step(S, q, k, t, kh, r0, math.exp(g[t, h]), beta[t, h], v[t, h, jc])
-            if col:
-                if lane < 16:
-                    o[t * nv + h, j] = out
-                if save_steps:
-                    for i in range(HALF):
-                        steps[t, h, r0 + i, j] = S[i]
-        cuda.threadfence()                  # this block's o before its count
-        if lane == 0:
-            last_sh[0] = 0
-            if cuda.atomic.add(counters, h, 1) == cuda.gridDim.y - 1:
-                last_sh[0] = 1
-                counters[h] = 0             # for the next launch (which waits for this one)
-        cuda.syncthreads()                  # (the block is one warp)
-        if last_sh[0]:
-            cuda.threadfence()              # the other blocks' o, counted before ours
-            sl = norm._slots(32, dv)
-            w0, w1, w2, w3 = norm._vec4(norm_w, sl)
-            for t in range(T):
-                row = t * nv + h
-                x0, x1, x2, x3 = norm._row4(o, row, sl)
-                z0, z1, z2, z3 = norm._row4(z, row, sl)
-                acc = norm._squares4(32, dv, x0, x1, x2, x3)
-                rstd = norm.rstd_of(warp_sum(acc), dv, eps)
-                if lane < dv:
-                    norm._quantize4(o, xq, xd, row, lane, 32, dv,
-                                    x0 * rstd * w0 * norm._silu(z0),
-                                    x1 * rstd * w1 * norm._silu(z1),
-                                    x2 * rstd * w2 * norm._silu(z2),
-                                    x3 * rstd * w3 * norm._silu(z3))
-        if col:
-            for i in range(HALF):
-                state[h, r0 + i, j] = S[i]
-
-    gated_delta_rule_norm_q8_last.__name__ = gated_delta_rule_norm_q8_last.__qualname__ = \
-        f"gated_delta_rule_norm_q8_last_dk{DK}"
-    return kernel(gated_delta_rule_norm_q8_last)
-
-
-# Which form `launch_gated_delta_rule_norm_q8` runs: "block" (`_lane_rule_norm_kernel`: a
-# block a value head) or "last" (`_lane_rule_norm_last_kernel`: the lane kernel's blocks, the
-# head's last one norming; needs the launch's counters). The same bits. Read at every launch.
-RULE_NORM_FORM = "block"
-RULE_NORM_FORMS = ("block", "last")
-
-
-def rule_norm_kernel(dk: int, form: str = "block"):
-    """The lane kernel with the output norm folded in, for d_k = dk, in `form`
-    (RULE_NORM_FORMS; built on first use)."""
-    if form not in RULE_NORM_FORMS:
-        raise ValueError(f"gated_delta_rule_norm_q8: form must be one of {RULE_NORM_FORMS}, "
-                         f"not {form!r}")
-    if (dk, form) not in _RULE_NORM_KERNELS:
-        build = _lane_rule_norm_kernel if form == "block" else _lane_rule_norm_last_kernel
-        _RULE_NORM_KERNELS[dk, form] = build(dk)
-    return _RULE_NORM_KERNELS[dk, form]
+def rule_norm_kernel(dk: int):
+    """The lane kernel with the output norm folded in, for d_k = dk (built on first use)."""
+    if dk not in _RULE_NORM_KERNELS:
+        _RULE_NORM_KERNELS[dk] = _lane_rule_norm_kernel(dk)
+    return _RULE_NORM_KERNELS[dk]
 
 
 gated_delta_rule_norm_q8 = rule_norm_kernel(GDN_DK_MAX)
-gated_delta_rule_norm_q8_last = rule_norm_kernel(GDN_DK_MAX, "last")
 
 
 # ------------------------------------------------------------------ launchers
@@ -1064,16 +984,13 @@ def rule_norm_serves(dk: int, dv: int) -> bool:
 
 
 def launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, norm_w,
-                                    eps: float, xq, xd, stream=0, steps=None, counters=None,
-                                    form=None):
+                                    eps: float, xq, xd, stream=0, steps=None):
     """`launch_gated_delta_rule(variant="lane")` then `launch_gdn_output_norm(o, z, norm_w,
     eps, o, xq=xq, xd=xd)` in one launch, with the same bits (`_lane_rule_norm_kernel`): o
     [T, nv, dv] receives the normed output, xq / xd (flat or shaped, >= T nv dv and T nv dv /
     32 values) its int8 copy; the state and `steps` as the rule leaves them. For decode and
     verify (the lane kernel's few tokens; its block is a value head, so a launch has nv
-    blocks); heads must pass `rule_norm_serves`. form: RULE_NORM_FORMS (default
-    RULE_NORM_FORM; the same bits); "last" needs counters, int32[>= nv] of zeros (allocate
-    once, before capture), which it leaves at zero."""
+    blocks); heads must pass `rule_norm_serves`."""
     T, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     if not rule_norm_serves(dk, dv):
@@ -1098,24 +1015,14 @@ def launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, nor
         raise ValueError(f"gated_delta_rule_norm_q8: xq must be int8[>= {n}] and xd "
                          f"float32[>= {n // 32}], not {xq.dtype}[{xq.size}], "
                          f"{xd.dtype}[{xd.size}]")
-    form = RULE_NORM_FORM if form is None else form
-    if form == "last" and (counters is None or counters.dtype != np.int32
-                           or counters.size < nv):
-        raise ValueError(f"gated_delta_rule_norm_q8: the 'last' form needs counters, int32 "
-                         f"[>= {nv}] zeros")
-    kern = rule_norm_kernel(dk, form)       # (checks the form)
     if T == 0:
         return
     flat = (lambda a: a if a.ndim == 1 else a.reshape(a.size))
-    cols = (dv + LANE_COLS - 1) // LANE_COLS
-    args = (q, k, v, g, beta, key_head, state, o.reshape(T * nv, dv),
-            state.reshape(1, *state.shape) if steps is None else steps,
-            np.int32(steps is not None), z.reshape(T * nv, dv), norm_w, np.float32(eps),
-            flat(xq)[:n].reshape(T * nv, dv), flat(xd)[:n // 32].reshape(T * nv, dv // 32))
-    if form == "block":
-        kern[nv, 32 * cols, stream](*args)
-    else:
-        kern[(nv, cols), 32, stream](*args, flat(counters))
+    rule_norm_kernel(dk)[nv, 32 * ((dv + LANE_COLS - 1) // LANE_COLS), stream](
+        q, k, v, g, beta, key_head, state, o.reshape(T * nv, dv),
+        state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None),
+        z.reshape(T * nv, dv), norm_w, np.float32(eps), flat(xq)[:n].reshape(T * nv, dv),
+        flat(xd)[:n // 32].reshape(T * nv, dv // 32))
 
 
 def launch_gdn_output_norm(o, z, norm_w, eps: float, y, stream=0, xq=None, xd=None):
@@ -1147,7 +1054,5 @@ PTX_SIGNATURES = {
 PTX_SIGNATURES["gated_delta_rule_norm_q8"] = [
     f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A2}, float32[:, :, :, ::1], "
     f"int32, {_A2}, float32[::1], float32, int8[:, ::1], {_A2})"]
-PTX_SIGNATURES["gated_delta_rule_norm_q8_last"] = [
-    PTX_SIGNATURES["gated_delta_rule_norm_q8"][0][:-1] + ", int32[::1])"]
 PTX_SIGNATURES["gated_delta_rule_quad"] = PTX_SIGNATURES["gated_delta_rule_lane"]
 PTX_SIGNATURES["gated_delta_rule_pipe"] = PTX_SIGNATURES["gated_delta_rule_lane"]
