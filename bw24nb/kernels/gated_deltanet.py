@@ -537,7 +537,7 @@ def _lane_rule_norm_kernel(DK):
     with z[t, h] and the norm weight in the gated q8 norm's slots (element lane + 32 s), sums
     the squares in `_squares4`' order, takes the root as `norm._row_rstd` does (its block_sum
     on one warp is warp_sum: the second stage adds +0.0 to a non-negative total), and stores
-    y = o * rstd * w * silu(z) into o with its int8 codes and scales (`norm._quantize4`):
+    y = o * rstd * w * silu(z) into o with its int8 codes and scales (`norm.gated_q8_slots`):
     the bits of the two launches. The outputs alternate between two shared rows by token, so
     one barrier a token keeps warp 0's reads of token t apart from the writes of t + 1."""
     HALF = DK // 2
@@ -584,11 +584,8 @@ def _lane_rule_norm_kernel(DK):
                 acc = norm._squares4(32, dv, x0, x1, x2, x3)
                 rstd = norm.rstd_of(warp_sum(acc), dv, eps)
                 if lane < dv:
-                    norm._quantize4(o, xq, xd, row, lane, 32, dv,
-                                    x0 * rstd * w0 * norm._silu(z0),
-                                    x1 * rstd * w1 * norm._silu(z1),
-                                    x2 * rstd * w2 * norm._silu(z2),
-                                    x3 * rstd * w3 * norm._silu(z3))
+                    norm.gated_q8_slots(o, xq, xd, row, lane, 32, dv, rstd, x0, x1, x2, x3,
+                                        w0, w1, w2, w3, z0, z1, z2, z3)
         if col:
             for i in range(HALF):
                 state[h, r0 + i, j] = S[i]

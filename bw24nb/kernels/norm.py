@@ -372,6 +372,17 @@ def _one_step_q8(scratch, x, w, eps, y, xq, xd, row, C, B):
                    x0 * rstd * w0, x1 * rstd * w1, x2 * rstd * w2, x3 * rstd * w3)
 
 
+@cuda.jit(device=True, inline="always")
+def gated_q8_slots(y, xq, xd, row, i, B, C, rstd, x0, x1, x2, x3, w0, w1, w2, w3, z0, z1, z2,
+                   z3):
+    """The gated q8 norm's output at this thread's four slots (`_slots`): x * rstd * w *
+    silu(z), stored with its int8 codes (`_quantize4`). Shared by gated_rms_norm_q8_rows and
+    gated_deltanet's rule with the output norm folded in, so both give these bits."""
+    _quantize4(y, xq, xd, row, i, B, C,
+               x0 * rstd * w0 * _silu(z0), x1 * rstd * w1 * _silu(z1),
+               x2 * rstd * w2 * _silu(z2), x3 * rstd * w3 * _silu(z3))
+
+
 @kernel
 def gated_rms_norm_q8_rows(x, z, w, eps, y, xq, xd):
     """gated_rms_norm_rows + quantize_act_q8 of its output in one launch (decode: the Gated
@@ -393,9 +404,8 @@ def gated_rms_norm_q8_rows(x, z, w, eps, y, xq, xd):
         acc = _squares4(B, C, x0, x1, x2, x3)         # `_gated_rstd`'s order
         rstd = _row_rstd(scratch, acc, C, eps)
         if i < C:
-            _quantize4(y, xq, xd, row, i, B, C,
-                       x0 * rstd * w0 * _silu(z0), x1 * rstd * w1 * _silu(z1),
-                       x2 * rstd * w2 * _silu(z2), x3 * rstd * w3 * _silu(z3))
+            gated_q8_slots(y, xq, xd, row, i, B, C, rstd, x0, x1, x2, x3, w0, w1, w2, w3,
+                           z0, z1, z2, z3)
         return
     rstd = _gated_rstd(scratch, x, row, C, eps)
     for i in range(cuda.threadIdx.x, C, B):
