@@ -8,7 +8,7 @@
 #   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-gdn_rule_norm_q8}
 #   lc      bench/launch_chain.py --only ${LC_ONLY:-rule} (no attention positions)
 #   gate9   bench/spec_gate.py on the 9B shape, K = 1..8, states rollback ${G9_ARGS:-}
-#   q9spec  bench/spec_bench.py on the 9B shape: the verify's cost at K = 1, 3, 8
+#   q9spec  bench/spec_bench.py on the 9B shape: the verify's cost at K = ${SB_KS:-1,3,8}
 # Call 1 (ebdc46f): KC_S=70 Q9M_S=180 M35_S=280 Q9M_LAUNCH=default,gdn-apart
 #   M35_LAUNCH=default,gdn-apart kc,q9m,m35 (9B 388.1 / 374.1 against 382.2 / 369.5 tok/s;
 #   35B-A3B 338.2 / 318.1 against 329.4 / 312.8; kernel-check passed).
@@ -28,7 +28,7 @@ on moe && { run ${MOE_S:-200} moe python3 bench/moe_bench.py --tokens ${MOE_T:-1
 on c05m && rb_stage c05m /tmp/c05.gguf qwen2.5-coder-0.5b-random ${C05M_LAUNCH:-default} ${C05M_S:-200} "attention"
 [ -n "${P9:-}" ] && wait $P9
 on q9m && rb_stage q9m /tmp/q9.gguf qwen3.5-9b-random ${Q9M_LAUNCH:-default} ${Q9M_S:-330} "ffn_|gdn_qkv|attention"
-on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks 1,3,8 --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
+on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${SB_KS:-1,3,8} --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
   grep -E "verify|decode_step|Error|Traceback" $L/q9spec.log | head -24; }
 on gate9 && { run ${G9_S:-300} gate9 python3 bench/spec_gate.py /tmp/q9.gguf --commit $C --jsonl /tmp/spec.jsonl --rollback states ${G9_ARGS:-}
   grep -E "MATCH|MISMATCH|gate|Error|Traceback" $L/gate9.log | cut -c1-160 | tail -24; }
