@@ -1,0 +1,84 @@
+"""Decode's gated delta rule with the GDN output norm folded in (engine.GDN_RULE_NORM,
+gated_deltanet.launch_gated_delta_rule_norm_q8; decision 0034), through the engine. The
+fixtures' DeltaNet heads are 16 wide, no int8 block, so their decode takes neither q8 norm:
+these tests generate a tiny hybrid with 32-wide heads. The kernel's bits against the two
+launches, per shape: tests/test_kernels_gdn.py."""
+import numpy as np
+import pytest
+
+from bw24nb.engine import Engine
+from bw24nb.formats import open_model
+from bw24nb.quant import QType
+
+
+def _decode(eng, ids):
+    eng.reset()
+    return np.stack([eng.decode(t) for t in ids])
+
+
+@pytest.fixture(scope="module")
+def int8_heads_hybrid(tmp_path_factory):
+    """A tiny qwen35 file whose DeltaNet heads are 32 wide (the fixtures' 16 are no int8
+    block): decode then runs the GDN output norm with ssm_out's int8 copy, and the launch
+    that folds it into the delta rule."""
+    import dataclasses
+
+    from bw24nb.factory import model_config, write_gguf_model
+    from bw24nb.formats.config import validate_config
+    cfg = dataclasses.replace(
+        model_config("qwen3.5-0.8b", layers=4, vocab=256), hidden_size=64,
+        intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+        linear_value_head_dim=32)
+    cfg = validate_config(cfg, "tiny int8-head hybrid")
+    path = tmp_path_factory.mktemp("gdn32") / "hybrid32.gguf"
+    write_gguf_model(str(path), cfg, seed=11, threads=1, log=None)
+    return str(path)
+
+
+def test_gdn_rule_with_the_output_norm_gives_the_bits_of_two_launches(int8_heads_hybrid, rng,
+                                                                      monkeypatch):
+    """Decode's gated delta rule with the output norm (+ ssm_out's int8 input) folded in
+    (engine.GDN_RULE_NORM, gated_deltanet.launch_gated_delta_rule_norm_q8) gives the logits
+    of the two launches it replaces, bit for bit, over several steps (the state carried).
+    Verify's rows (T > 1) take the same launch: tests/test_kernels_gdn.py checks its bits
+    there."""
+    from bw24nb import engine as engine_mod
+    src = open_model(int8_heads_hybrid)
+    eng = Engine(src, n_ctx=16, k_type=QType.F16, v_type=QType.F16, log=lambda m: None,
+                 use_graph=False)
+    ids = [int(t) for t in rng.integers(0, src.config.vocab_size, 3)]
+    names = [n for n, _ in eng._decode_step()]
+    assert "gdn_rule_norm_q8" in names and "gdn_rule" not in names
+    assert "gdn_norm_q8" not in names
+    fused = _decode(eng, ids)
+    monkeypatch.setattr(engine_mod, "GDN_RULE_NORM", False)
+    eng._graph = None
+    names = [n for n, _ in eng._decode_step()]
+    assert "gdn_rule" in names and "gdn_norm_q8" in names
+    apart = _decode(eng, ids)
+    assert np.isfinite(fused).all()
+    np.testing.assert_array_equal(fused.view(np.uint32), apart.view(np.uint32))
+
+
+def test_speculative_verify_through_the_fused_launch_is_token_identical(int8_heads_hybrid):
+    """Verify runs the fused launch over K + 1 rows, saving every row's state for the
+    rollback: speculative decoding reproduces plain greedy decoding token for token, with
+    drafts that are all kept (scripted "mixed" drafts on this model: the verify's last state
+    carries on) and with drafts that are all rejected ("adversarial": every round rolls the
+    DeltaNet states back to the saved first row)."""
+    from bw24nb.engine_spec import EngineSpecTarget
+    from bw24nb.spec import plain_greedy, spec_check
+    eng = Engine(open_model(int8_heads_hybrid), n_ctx=24, k_type=QType.F16, v_type=QType.F16,
+                 log=lambda m: None)
+    assert "gdn_rule_norm_q8" in [n for n, _ in eng._decode_step()]
+    target = EngineSpecTarget(eng)
+    prompt, n = [3, 17, 101], 5
+    ref = plain_greedy(target, prompt, n)
+    kept = {}
+    for mode in ("mixed", "adversarial"):
+        [row] = spec_check(target, prompt, n, ks=[2], draft_mode=mode, reference=ref,
+                           live=False)
+        assert row.match, (mode, row, ref)
+        kept[mode] = (row.stats.accepted, row.stats.drafted)
+    assert kept["mixed"][0] > 0 and kept["adversarial"][0] == 0 < kept["adversarial"][1]
