@@ -12,6 +12,10 @@
 # Call 1 (ebdc46f): KC_S=70 Q9M_S=180 M35_S=280 Q9M_LAUNCH=default,gdn-apart
 #   M35_LAUNCH=default,gdn-apart kc,q9m,m35 (9B 388.1 / 374.1 against 382.2 / 369.5 tok/s;
 #   35B-A3B 338.2 / 318.1 against 329.4 / 312.8; kernel-check passed).
+# Call 2 (f46d55a): KC_S=60 LC_S=60 Q9M_S=240 M35_S=200 Q9M_LAUNCH=default,gdn-last,gdn-apart
+#   M35_LAUNCH=gdn-last,default lc,kc,q9m,m35 (the "last" form lost; removed since).
+# Call 3 (6a93346): G9_S=300 SB_S=140 G9_ARGS="--modes mtp,adversarial --n 48" gate9,q9spec
+#   (gate MATCH; spec_bench cut after K = 1). Next: SB_KS=3 q9spec (refused in session 27).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-pa}; . bench/device_env.sh
 { on q9m || on gate9 || on q9spec; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
