@@ -1794,6 +1794,22 @@ def check_gdn_prep(rng, size):
                   guard_ok=guard_ok)
 
 
+def _rule_inputs(rng, d, T, dv):
+    """The delta rule's inputs for T tokens of heads d (`_gdn_dims`) with dv value dims: q, k
+    as launch_gdn_prep leaves them (L2-normalised, q scaled), v, g (log decay <= 0), beta in
+    [0, 1], and a mid-sequence state s0."""
+    from .reference.gated_deltanet import l2norm
+    qn = l2norm(rng.standard_normal((T, d.nk, d.dk)))
+    kn = l2norm(rng.standard_normal((T, d.nk, d.dk)))
+    q = (qn * d.dk ** -0.5).astype(np.float32)
+    k = kn.astype(np.float32)
+    v = rng.standard_normal((T, d.nv, dv)).astype(np.float32)
+    g = (-rng.uniform(0.0, 1.5, (T, d.nv))).astype(np.float32)
+    beta = rng.uniform(0.0, 1.0, (T, d.nv)).astype(np.float32)
+    s0 = (0.5 * rng.standard_normal((d.nv, d.dk, dv))).astype(np.float32)
+    return q, k, v, g, beta, s0
+
+
 @check("gated_delta_rule", "kernels.gated_deltanet.launch_gated_delta_rule")
 def check_gated_delta_rule(rng, size):
     """T recurrent steps of the gated delta rule from a random state (decode T = 1, prefill
@@ -1801,19 +1817,12 @@ def check_gated_delta_rule(rng, size):
     "auto" picks between them by T -- and "tile")."""
     from .kernels import gated_deltanet as gdn
     from .models.qwen35 import value_to_key_head
-    from .reference.gated_deltanet import gated_delta_rule_recurrent, l2norm
+    from .reference.gated_deltanet import gated_delta_rule_recurrent
     d = _gdn_dims(size)
     key_head = value_to_key_head("qwen35", d.nk, d.nv)
     for T, variant in ((t, var) for t in ((3,) if size == "tiny" else (1, 40))
                        for var in gdn.RULE_KERNELS):
-        qn = l2norm(rng.standard_normal((T, d.nk, d.dk)))
-        kn = l2norm(rng.standard_normal((T, d.nk, d.dk)))
-        q = (qn * d.dk ** -0.5).astype(np.float32)        # as launch_gdn_prep leaves them
-        k = kn.astype(np.float32)
-        v = rng.standard_normal((T, d.nv, d.dv)).astype(np.float32)
-        g = (-rng.uniform(0.0, 1.5, (T, d.nv))).astype(np.float32)     # log decay <= 0
-        beta = rng.uniform(0.0, 1.0, (T, d.nv)).astype(np.float32)
-        s0 = (0.5 * rng.standard_normal((d.nv, d.dk, d.dv))).astype(np.float32)
+        q, k, v, g, beta, s0 = _rule_inputs(rng, d, T, d.dv)
         state = _dev(s0)
         o = Out((T, d.nv, d.dv))
         gdn.launch_gated_delta_rule(*(_dev(a) for a in (q, k, v, g, beta)),
@@ -1844,17 +1853,11 @@ def check_gdn_rule_norm_q8(rng, size):
     int8 codes and scales, the saved steps and the state."""
     from .kernels import gated_deltanet as gdn
     from .models.qwen35 import value_to_key_head
-    from .reference.gated_deltanet import l2norm
     d = _gdn_dims(size)
     dv = 32 if size == "tiny" else d.dv             # (the tiny heads' 16 is no int8 block)
     key_head = _dev(value_to_key_head("qwen35", d.nk, d.nv).astype(np.int32))
     for T in ((2,) if size == "tiny" else (1, 4)):
-        q = (l2norm(rng.standard_normal((T, d.nk, d.dk))) * d.dk ** -0.5).astype(np.float32)
-        k = l2norm(rng.standard_normal((T, d.nk, d.dk))).astype(np.float32)
-        v = rng.standard_normal((T, d.nv, dv)).astype(np.float32)
-        g = (-rng.uniform(0.0, 1.5, (T, d.nv))).astype(np.float32)
-        beta = rng.uniform(0.0, 1.0, (T, d.nv)).astype(np.float32)
-        s0 = (0.5 * rng.standard_normal((d.nv, d.dk, dv))).astype(np.float32)
+        q, k, v, g, beta, s0 = _rule_inputs(rng, d, T, dv)
         z = (2 * rng.standard_normal((T, d.nv, dv))).astype(np.float32)
         w = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
         n = T * d.nv * dv

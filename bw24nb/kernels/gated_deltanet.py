@@ -929,6 +929,21 @@ def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v,
         np.float32(eps), q, k, v, g, beta)
 
 
+def _check_rule_shapes(name, q, v, g, beta, key_head, state, o, steps):
+    """The rule launchers' shape checks (q [T, nk, dk] and v [T, nv, dv] set the sizes)."""
+    T, _, dk = q.shape
+    nv, dv = v.shape[1], v.shape[2]
+    if tuple(state.shape) != (nv, dk, dv) or tuple(o.shape) != (T, nv, dv):
+        raise ValueError(f"{name}: state must be [{nv}, {dk}, {dv}] and o [{T}, {nv}, {dv}], "
+                         f"got {tuple(state.shape)} and {tuple(o.shape)}")
+    if tuple(g.shape) != (T, nv) or tuple(beta.shape) != (T, nv) or key_head.shape[0] != nv \
+            or key_head.dtype != np.int32:
+        raise ValueError(f"{name}: g, beta must be [{T}, {nv}], key_head int32[{nv}]")
+    if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (nv, dk, dv)):
+        raise ValueError(f"{name}: steps must be [>= {T}, {nv}, {dk}, {dv}], got "
+                         f"{tuple(steps.shape)}")
+
+
 def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, steps=None,
                             variant="auto"):
     """T steps of the gated delta rule (decode: T = 1; prefill: T tokens, one launch).
@@ -948,15 +963,7 @@ def launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=0, step
     if dk > GDN_DK_MAX:
         raise ValueError(f"gated_delta_rule: d_k = {dk} exceeds the shared tile's {GDN_DK_MAX} "
                          f"rows; raise GDN_DK_MAX (16 KiB of shared memory per 128 rows)")
-    if tuple(state.shape) != (nv, dk, dv) or tuple(o.shape) != (T, nv, dv):
-        raise ValueError(f"gated_delta_rule: state must be [{nv}, {dk}, {dv}] and o [{T}, {nv}, "
-                         f"{dv}], got {tuple(state.shape)} and {tuple(o.shape)}")
-    if tuple(g.shape) != (T, nv) or tuple(beta.shape) != (T, nv) or key_head.shape[0] != nv \
-            or key_head.dtype != np.int32:
-        raise ValueError(f"gated_delta_rule: g, beta must be [{T}, {nv}], key_head int32[{nv}]")
-    if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (nv, dk, dv)):
-        raise ValueError(f"gated_delta_rule: steps must be [>= {T}, {nv}, {dk}, {dv}], got "
-                         f"{tuple(steps.shape)}")
+    _check_rule_shapes("gated_delta_rule", q, v, g, beta, key_head, state, o, steps)
     if T == 0:
         return                  # (the kernel reads token 0's inputs before its loop)
     if variant not in RULE_VARIANTS:
@@ -988,25 +995,16 @@ def launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, nor
     32 values) its int8 copy; the state and `steps` as the rule leaves them. For decode and
     verify (the lane kernel's few tokens; its block is a value head, so a launch has nv
     blocks); heads must pass `rule_norm_serves`."""
-    T, nk, dk = q.shape
+    T, _, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     if not rule_norm_serves(dk, dv):
         raise ValueError(f"gated_delta_rule_norm_q8: heads of d_k {dk} / d_v {dv} need d_k a "
                          f"multiple of {2 * LANE_ACCS} up to {GDN_DK_MAX} and d_v a multiple "
                          f"of 32 up to {RULE_NORM_DV_MAX}: use the rule and the norm apart")
-    if tuple(state.shape) != (nv, dk, dv) or tuple(o.shape) != (T, nv, dv) \
-            or tuple(z.shape[-1:]) != (dv,) or z.size != T * nv * dv \
-            or tuple(norm_w.shape) != (dv,):
-        raise ValueError(f"gated_delta_rule_norm_q8: state must be [{nv}, {dk}, {dv}], o and z "
-                         f"[{T}, {nv}, {dv}], norm weight [{dv}]; got {tuple(state.shape)}, "
-                         f"{tuple(o.shape)}, {tuple(z.shape)}, {tuple(norm_w.shape)}")
-    if tuple(g.shape) != (T, nv) or tuple(beta.shape) != (T, nv) or key_head.shape[0] != nv \
-            or key_head.dtype != np.int32:
-        raise ValueError(f"gated_delta_rule_norm_q8: g, beta must be [{T}, {nv}], key_head "
-                         f"int32[{nv}]")
-    if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (nv, dk, dv)):
-        raise ValueError(f"gated_delta_rule_norm_q8: steps must be [>= {T}, {nv}, {dk}, {dv}], "
-                         f"got {tuple(steps.shape)}")
+    _check_rule_shapes("gated_delta_rule_norm_q8", q, v, g, beta, key_head, state, o, steps)
+    if tuple(z.shape[-1:]) != (dv,) or z.size != T * nv * dv or tuple(norm_w.shape) != (dv,):
+        raise ValueError(f"gated_delta_rule_norm_q8: z must be [{T}, {nv}, {dv}] and the norm "
+                         f"weight [{dv}]; got {tuple(z.shape)}, {tuple(norm_w.shape)}")
     n = T * nv * dv
     if xq.dtype != np.int8 or xq.size < n or xd.dtype != np.float32 or xd.size < n // 32:
         raise ValueError(f"gated_delta_rule_norm_q8: xq must be int8[>= {n}] and xd "
