@@ -577,7 +577,10 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # the rows prefill's token tiles at other sizes (rows-t<tokens>r<rows>); the rows prefill's
 # attention on a block a split (attn-split-blocks: engine.ROWS_ATTENTION_GRID = 0, before
 # session 26) or walking blocks of other counts (attn-walk<N>); decode attention's one-tile
-# splits on one warp (attn-1warp: decode_attention.ONE_TILE_SPREAD off, before session 26).
+# splits on one warp (attn-1warp: decode_attention.ONE_TILE_SPREAD off, before session 26);
+# the verify's Q4_K / Q6_K_R rows launches (T <= MAX_ROWS) at parts = 1 on the kernels with
+# the activation terms shared by the block (q4k-rsh, q6k-rsh: matvec_q4k.RSH, matvec_q6k.RSH;
+# rsh: both; rsh-b4: both at 4 blocks an SM instead of 2; session 28, not yet timed).
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
@@ -598,6 +601,12 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                 (_Q4, "XREG_BLOCKS_PER_SM", 4)],
                 "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
                                    (_Q4, "XREG_BLOCKS_PER_SM", 8)],
+                "q4k-rsh": [(_Q4, "RSH", True)],
+                "q6k-rsh": [("bw24nb.kernels.matvec_q6k", "RSH", True)],
+                "rsh": [(_Q4, "RSH", True), ("bw24nb.kernels.matvec_q6k", "RSH", True)],
+                "rsh-b4": [(_Q4, "RSH", True), ("bw24nb.kernels.matvec_q6k", "RSH", True),
+                           (_Q4, "RSH_BLOCKS_PER_SM", 4),
+                           ("bw24nb.kernels.matvec_q6k", "RSH_BLOCKS_PER_SM", 4)],
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)],
                 "attn-merge": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", False)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],

@@ -10,9 +10,11 @@ on PATH (closest to the device driver's JIT; --assembler nvjitlink for the NVVM'
 whose SASS can differ), the SASS from `cuobjdump -sass` (on PATH, or the pip wheel:
 `pip install -e ".[sass]"`). Printed per kernel: registers and spills (from the cubin's
 resource usage), all instructions, and the main loop (for the decode matvecs one step of the
-row loop) with its opcode mix.
+row loop) with its opcode mix, and the inner loop when it is shorter.
 The main loop is the backward-branch span holding the most work (dp4a, MMA, float multiplies,
-loads). A rows kernel's loop covers rows x slots (row, unit) pairs: divide by both to compare.
+loads); the inner loop the shortest span holding all of its dp4a / MMA (the chunk loop of a
+kernel whose row loop holds it, matvec.terms_kernel). A rows kernel's loop covers rows x slots
+(row, unit) pairs: divide by both to compare.
 Records (date, commit, kernel, cc, counts) go to --jsonl (research/tune-data/sass.jsonl).
 Static counts are not times: issue-bound kernels follow them, memory-bound ones need not.
 """
@@ -37,6 +39,7 @@ sys.path.append(str(ROOT / "bench"))
 
 _INSN = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _WORK = {"IDP", "IMMA", "HMMA", "FFMA", "FMUL", "LDG"}
+_DOTS = {"IDP", "IMMA", "HMMA"}
 
 
 def cuobjdump() -> str:
@@ -89,17 +92,22 @@ def count(sass: str) -> dict:
     ins = [(int(m.group(1), 16), m.group(2)) for m in map(_INSN.match, funcs[name]) if m]
     # the main loop: of the spans closed by a backward branch, the one holding the most work
     # (integer dots, tensor-core ops, float multiplies and loads), then the shortest
-    best, body = None, []
+    spans = []
     for addr, text in ins:
         m = re.search(r"BRA\s+(0x[0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr:
-            span = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
-            key = (sum(_opcode(t) in _WORK for t in span), -len(span))
-            if best is None or key > best:
-                best, body = key, span
+            spans.append([t for a, t in ins if int(m.group(1), 16) <= a <= addr])
+    body = max(spans, key=lambda sp: (sum(_opcode(t) in _WORK for t in sp), -len(sp)),
+               default=[])
+    # the inner loop: the shortest span holding all of the main loop's dots (a kernel whose
+    # rows loop holds its chunk loop -- matvec.terms_kernel -- counts the chunk loop here)
+    dots = lambda sp: sum(_opcode(t) in _DOTS for t in sp)      # noqa: E731
+    inner = min((sp for sp in spans if dots(sp) == dots(body)), key=len, default=body)
     usage = re.search(r"Function " + re.escape(name) + r":\s*\n\s*REG:(\d+) STACK:(\d+)", sass)
     return dict(total=len(ins), loop=len(body),
                 loop_ops=dict(collections.Counter(map(_opcode, body)).most_common()),
+                inner=len(inner),
+                inner_ops=dict(collections.Counter(map(_opcode, inner)).most_common()),
                 registers=int(usage.group(1)) if usage else None,
                 stack_bytes=int(usage.group(2)) if usage else None)
 
@@ -176,7 +184,8 @@ def main() -> int:
         c = count(sass)
         mix = " ".join(f"{k}:{v}" for k, v in list(c["loop_ops"].items())[:14])
         print(f"{spec}  sm_{cc[0]}{cc[1]} ({how}): {c['registers']} registers, stack {c['stack_bytes']} B, "
-              f"{c['total']} instructions, main loop {c['loop']}: {mix}")
+              f"{c['total']} instructions, main loop {c['loop']}: {mix}"
+              + ("" if c["inner"] == c["loop"] else f"; inner loop {c['inner']}"))
         if args.show_sass:
             print(sass)
         if args.jsonl:

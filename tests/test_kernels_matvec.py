@@ -610,3 +610,109 @@ def _same_bits_on_and_off(monkeypatch, q4, switch, w, M, K, xq, xd, bias, res):
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[2].view(np.uint32))
     np.testing.assert_array_equal(outs[1].view(np.uint32), outs[3].view(np.uint32))
 
+
+
+@pytest.mark.parametrize("T,K,M", [(2, 256, 11), (3, 1280, 11), (9, 2048, 5)])
+def test_q4k_rsh_kernel_gives_the_rows_kernels_bits(rng, monkeypatch, T, K, M):
+    """matvec_q4k's rows kernel with the activation terms shared by the block (RSH): each
+    token's row is summed in the row loop's order at one warp a row from the same operands,
+    so launch_matvec_q8(rows=T) with it gives the rows kernels' bits, and each token's row
+    the one-row launch's -- bias and residual included, every output written. Two warps a
+    block on one SM's two blocks: warps walk several rows; K = 256 / 1280 leave lanes without
+    a chunk or with a clamped slot; T = 9 the largest verify."""
+    from bw24nb.kernels import matvec_q4k as q4
+    w = cuda.to_device(random_weight_bytes(rng, QType.Q4_K, M, K))
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    xq, xd = quantize_act_q8_reference(x)
+    xq, xd = cuda.to_device(xq), cuda.to_device(xd)
+    bias = cuda.to_device(rng.standard_normal(M).astype(np.float32))
+    res_h = rng.standard_normal(T * M).astype(np.float32)
+    monkeypatch.setattr(q4, "RSH_WARPS", 2)
+    monkeypatch.setattr(q4, "sm_count", lambda: 1)
+    outs = {}
+    for on in (True, False):
+        monkeypatch.setattr(q4, "RSH", on)
+        assert q4.rsh_serves(M, K, 1, T) == on
+        for b, r in ((None, None), (bias, cuda.to_device(res_h))):
+            y = cuda.to_device(np.full(T * M, np.nan, np.float32))
+            launch_matvec_q8(w, QType.Q4_K, M, K, xq, xd, y, bias=b, residual=r, parts=1,
+                             rows=T)
+            outs[on, b is None] = y.copy_to_host()
+    for plain in (True, False):
+        assert np.all(np.isfinite(outs[True, plain]))
+        np.testing.assert_array_equal(outs[True, plain].view(np.uint32),
+                                      outs[False, plain].view(np.uint32))
+    monkeypatch.setattr(q4, "RSH", True)
+    for t in (0, T - 1):                              # and the one-row kernel's, per token
+        y1 = cuda.to_device(np.full(M, np.nan, np.float32))
+        launch_matvec_q8(w, QType.Q4_K, M, K, xq[t * K:(t + 1) * K],
+                         xd[t * K // 32:(t + 1) * K // 32], y1, parts=1)
+        np.testing.assert_array_equal(outs[True, True][t * M:(t + 1) * M].view(np.uint32),
+                                      y1.copy_to_host().view(np.uint32))
+
+
+def test_q4k_rsh_serves_only_what_it_sums_in_order(monkeypatch):
+    """The shared-terms kernel takes several rows at one warp a row whose terms fit its shared
+    memory; one row, split rows and oversized terms keep the other kernels."""
+    from bw24nb.kernels import matvec_q4k as q4
+    assert not q4.RSH                                  # off until timed on the GPU
+    monkeypatch.setattr(q4, "RSH", True)
+    serves = q4.rsh_serves
+    assert serves(4096, 4096, 1, 4) and serves(4096, 4096, 1, 9) and serves(4096, 12288, 1, 8)
+    assert not serves(4096, 4096, 1, 1)               # one row: the persistent one-row kernel
+    assert not serves(64, 4096, 2, 4)                 # split rows: another order
+    assert not serves(4096, 12288, 1, 9)              # 55 KB of terms
+    assert q4.rsh_shared_bytes(9, 12288) > q4.RSH_MAX_SHARED >= q4.rsh_shared_bytes(8, 12288)
+
+
+def test_resident_blocks_sizes_persistent_grids_by_registers_and_shared_memory():
+    """A persistent grid holds only the blocks an SM keeps at once: by the compiled kernel's
+    registers (allocated per warp in units of 256), by its dynamic shared memory, at most the
+    asked count; the asked count where the registers are unknown."""
+    from bw24nb.kernels.matvec import resident_blocks
+
+    class Compiled:
+        def __init__(self, regs):
+            self.regs = regs
+
+        def get_regs_per_thread(self):
+            return self.regs
+    assert resident_blocks(Compiled({"sig": 62}), 8, 8192, 2) == 2          # 4 would fit
+    assert resident_blocks(Compiled({"sig": 62}), 8, 8192, 8) == 4
+    assert resident_blocks(Compiled({"sig": 146}), 8, 8192, 2) == 1         # T = 9's kernels
+    assert resident_blocks(Compiled(188), 8, 0, 2) == 1
+    assert resident_blocks(Compiled({"sig": 40}), 4, 100 * 1024, 4) == 2    # by shared memory
+    assert resident_blocks(Compiled({}), 8, 8192, 2) == 2                   # not compiled yet
+    assert resident_blocks(object(), 8, 8192, 3) == 3                       # the simulator
+
+
+def test_q4k_rsh_launch_replays_from_a_cuda_graph(rng, monkeypatch):
+    """The verify's launches run from a captured graph: a shared-terms launch (its dynamic
+    shared memory part of the recorded launch) replays to the bits of the same launch made
+    directly, and of the rows kernels'."""
+    from bw24nb.graph import CudaGraph
+    from bw24nb.kernels import matvec_q4k as q4
+    M, K, T = 9, 512, 3
+    w = cuda.to_device(random_weight_bytes(rng, QType.Q4_K, M, K))
+    xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
+    xq, xd = cuda.to_device(xq), cuda.to_device(xd)
+    monkeypatch.setattr(q4, "sm_count", lambda: 1)
+    stream = cuda.stream()
+    outs = []
+    for on, graph in ((True, False), (True, True), (False, False)):
+        monkeypatch.setattr(q4, "RSH", on)
+        y = cuda.to_device(np.full(T * M, np.nan, np.float32))
+        launch = lambda: launch_matvec_q8(w, QType.Q4_K, M, K, xq, xd, y, parts=1,  # noqa: E731
+                                          rows=T, stream=stream)
+        if graph:
+            with CudaGraph.capture(stream) as g:
+                launch()
+            assert np.isnan(y.copy_to_host()).all()          # recorded, not run
+            g.replay()
+            stream.synchronize()
+        else:
+            launch()
+        outs.append(y.copy_to_host())
+    assert np.isfinite(outs[0]).all()
+    for other in outs[1:]:
+        np.testing.assert_array_equal(outs[0].view(np.uint32), other.view(np.uint32))

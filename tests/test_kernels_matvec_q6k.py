@@ -279,3 +279,44 @@ def test_rows_launcher_rejects_bad_rows_and_short_buffers():
     with pytest.raises(ValueError, match=r"residual must be float32 with at least rows x M"):
         launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y,
                                residual=cuda.to_device(np.zeros(M, np.float32)), rows=2)
+
+
+@pytest.mark.parametrize("T,k,rows", [(2, 256, 11), (4, 768, 5), (9, 512, 11)])
+def test_rsh_kernel_gives_the_rows_kernels_bits(rng, monkeypatch, T, k, rows):
+    """matvec_q6k's rows kernel with the activation terms shared by the block (RSH): each
+    quarter's isum seeded with -32 sum(x) from the terms is the same int32, each token's row is
+    summed in the row loop's order, so it gives the rows kernel's bits and each token's row
+    the one-row launch's -- bias and residual included, every output written. Two warps a
+    block on one SM's two blocks: warps walk several rows; K = 256 / 768 leave lanes without a
+    chunk or with a clamped slot."""
+    from bw24nb.kernels import matvec_q6k as q6
+    w = random_weight_bytes(rng, Q6, rows, k)
+    body, d = (cuda.to_device(a) for a in repack_q6_k(w, rows, k))
+    xq, xd = quantize_act_q8_reference(rng.standard_normal((T, k)).astype(np.float32))
+    xq, xd = cuda.to_device(xq), cuda.to_device(xd)
+    bias = cuda.to_device(rng.standard_normal(rows).astype(np.float32))
+    res_h = rng.standard_normal(T * rows).astype(np.float32)
+    monkeypatch.setattr(q6, "RSH_WARPS", 2)
+    monkeypatch.setattr(q6, "sm_count", lambda: 1)
+    outs = {}
+    for on in (True, False):
+        monkeypatch.setattr(q6, "RSH", on)
+        assert q6.rsh_serves(rows, k, 1, T) == on
+        for b, r in ((None, None), (bias, cuda.to_device(res_h))):
+            y = cuda.to_device(np.full(T * rows, np.nan, np.float32))
+            launch_matvec_q8_q6k_r(body, d, rows, k, xq, xd, y, bias=b, residual=r, parts=1,
+                                   rows=T)
+            outs[on, b is None] = y.copy_to_host()
+    for plain in (True, False):
+        assert np.all(np.isfinite(outs[True, plain]))
+        np.testing.assert_array_equal(outs[True, plain].view(np.uint32),
+                                      outs[False, plain].view(np.uint32))
+    monkeypatch.setattr(q6, "RSH", True)
+    for t in (0, T - 1):
+        y1 = cuda.to_device(np.full(rows, np.nan, np.float32))
+        launch_matvec_q8_q6k_r(body, d, rows, k, xq[t * k:(t + 1) * k],
+                               xd[t * k // 32:(t + 1) * k // 32], y1, parts=1)
+        np.testing.assert_array_equal(outs[True, True][t * rows:(t + 1) * rows].view(np.uint32),
+                                      y1.copy_to_host().view(np.uint32))
+    assert not q6.rsh_serves(rows, k, 2, T) and not q6.rsh_serves(rows, k, 1, 1)
+    assert q6.rsh_shared_bytes(9, 4096) <= q6.RSH_MAX_SHARED < q6.rsh_shared_bytes(9, 12288)

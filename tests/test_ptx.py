@@ -289,6 +289,15 @@ def test_ld_nc_v2_twin_faults_on_misalignment():
         twins.ld_nc_v2_f32(arr, 6)
 
 
+def test_ld_v4_twin_faults_on_misalignment():
+    arr = np.arange(12, dtype=np.float32)
+    assert twins.ld_v4_f32(arr, 8) == (8.0, 9.0, 10.0, 11.0)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        twins.ld_v4_f32(arr, 2)
+    with pytest.raises(IndexError):
+        twins.ld_v4_f32(arr, 12)
+
+
 # --- the .ptx files and their @inline blocks ------------------------------------------------------
 
 def test_snippets_hold_the_expected_instructions():

@@ -79,7 +79,7 @@ numpy references: `matvec_reference` (float path) and `matvec_q8_reference` (dp4
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 from ..device import simulator_enabled
 from ..jit import kernel
@@ -348,7 +348,7 @@ def _rows_step(p, nr):
     elif p.unroll == 4:
         @nvvm_inlined
         def slots(t, acc, args):
-            w, x, base, u, u1, u2, u3, q0, q1, q2, q3, stride, n, K = args
+            w, x, base, u, u1, u2, u3, q0, q1, q2, q3, k1, k2, k3, K = args
             xt = x_row(x, t, K)
             v0 = value(w, xt, base, u, q0)
             v1 = value(w, xt, base, u1, q1)
@@ -356,39 +356,47 @@ def _rows_step(p, nr):
             v3 = value(w, xt, base, u3, q3)
             a = acc[t]
             a += v0
-            a += keep(v1, u + stride, n)
-            a += keep(v2, u + 2 * stride, n)
-            a += keep(v3, u + 3 * stride, n)
+            a += v1 if k1 else np.float32(0.0)
+            a += v2 if k2 else np.float32(0.0)
+            a += v3 if k3 else np.float32(0.0)
             acc[t] = a
 
         each = unrolled(nr, slots)
 
         @cuda.jit(device=True, inline="always")
         def step(acc, w, x, base, u, stride, last, n, K):
-            u1 = min(u + stride, last)
-            u2 = min(u + 2 * stride, last)
-            u3 = min(u + 3 * stride, last)
-            each(acc, (w, x, base, u, u1, u2, u3, weights(w, base, u), weights(w, base, u1),
-                       weights(w, base, u2), weights(w, base, u3), stride, n, K))
+            # the slots' units and whether they are inside the row, in 32 bits (a row has
+            # far fewer than 2^32 units; 64-bit compares cost two instructions each)
+            u0 = np.uint32(u)
+            s = np.uint32(stride)
+            e1, e2, e3 = np.uint32(u0 + s), np.uint32(u0 + np.uint32(2) * s), \
+                np.uint32(u0 + np.uint32(3) * s)
+            lst, un = np.uint32(last), np.uint32(n)
+            u1, u2, u3 = min(e1, lst), min(e2, lst), min(e3, lst)
+            each(acc, (w, x, base, u0, u1, u2, u3, weights(w, base, u0), weights(w, base, u1),
+                       weights(w, base, u2), weights(w, base, u3), e1 < un, e2 < un, e3 < un,
+                       K))
     elif p.unroll == 2:
         @nvvm_inlined
         def slots(t, acc, args):
-            w, x, base, u, u1, q0, q1, stride, n, K = args
+            w, x, base, u, u1, q0, q1, k1, K = args
             xt = x_row(x, t, K)
             v0 = value(w, xt, base, u, q0)
             v1 = value(w, xt, base, u1, q1)
             a = acc[t]
             a += v0
-            a += keep(v1, u + stride, n)
+            a += v1 if k1 else np.float32(0.0)
             acc[t] = a
 
         each = unrolled(nr, slots)
 
         @cuda.jit(device=True, inline="always")
         def step(acc, w, x, base, u, stride, last, n, K):
-            u1 = min(u + stride, last)
-            each(acc, (w, x, base, u, u1, weights(w, base, u), weights(w, base, u1), stride, n,
-                       K))
+            u0 = np.uint32(u)                   # in 32 bits, as for unroll 4
+            e1 = np.uint32(u0 + np.uint32(stride))
+            u1 = min(e1, np.uint32(last))
+            each(acc, (w, x, base, u0, u1, weights(w, base, u0), weights(w, base, u1),
+                       e1 < np.uint32(n), K))
     else:
         raise ValueError(f"{p.name}: unroll must be 1, 2 or 4, not {p.unroll}")
     return step
@@ -956,6 +964,93 @@ def path_kernels(p, who):
 
     return kernels
 
+
+
+# ---------------------------------------------------------------- rows, activation terms shared
+
+# Verify's rows kernels are bound by instructions, not by DRAM (decision 0035): every warp
+# redoes, for its own weight row, what depends only on the activations -- a chunk's sums of
+# activations (the min / -32 terms of the K-quants) and its scales. `terms_kernel` computes
+# them once a block: `fill` writes each (token, unit)'s terms to dynamic shared memory and
+# meets the block barrier; then persistent warps take rows warp, warp + nwarps, ... one warp
+# a row, each lane on units lane, lane + 32, ..., with `_rows_step` -- the rows kernels' slots
+# in the row loop's order -- and `rows_epilogue`'s warp tree and store. The path reads its
+# activations through x_row(xs, t, K) with xs = (x[0], terms), so a row is summed as the
+# parts = 1 row loop sums it: each token's row gets `rows_kernel_of(p, nr, 1)`'s bits as long
+# as the path's value computes the same expression from the same operands.
+
+
+def terms_kernel(p, nr, fill):
+    """Path p's rows kernel for nr rows of activations with fill's block-shared terms (above),
+    named <p.name>_r<nr>; the rows kernels' parameters but parts (always 1). Launch it with
+    the terms' bytes of dynamic shared memory and any whole number of warps a block."""
+    step, units, row_base, U = _rows_step(p, nr), p.units, p.base, p.unroll
+    zero, finish = rows_epilogue(nr)
+
+    def matvec_terms(w, M, K, x, y, bias, residual, has_bias, has_residual):
+        terms = cuda.shared.array(0, float32)     # (numba's type: the simulator needs it)
+        fill(terms, x, K, nr)                   # ends with the block's barrier
+        xs = (x[0], terms)
+        lane = np.uint32(cuda.threadIdx.x & 31)
+        warp = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
+        nwarps = cuda.gridDim.x * (cuda.blockDim.x >> 5)
+        n = np.uint32(units(K))
+        last = np.uint32(n - np.uint32(1))
+        acc = cuda.local.array(nr, np.float32)
+        for row in range(warp, M, nwarps):
+            base = row_base(row, K)
+            zero(acc, ())
+            u = lane
+            while u < n:
+                step(acc, w, xs, base, u, np.uint32(32), last, n, K)
+                u = np.uint32(u + np.uint32(32 * U))
+            # parts = 1: `finish` never touches its combine buffer (terms stands in for it)
+            finish(acc, terms, lane, 0, row, M, 1, y, bias, residual, has_bias, has_residual)
+
+    return _named(matvec_terms, p, 0, nr)
+
+
+# Registers an SM holds (sm_80 .. sm_120 alike) and the granularity a warp's are allocated in
+REGS_PER_SM = 65536
+_REG_UNIT = 256
+SHARED_PER_SM = 227 * 1024
+
+
+def resident_blocks(kern, warps, shared_bytes, most) -> int:
+    """Blocks of `warps` warps and `shared_bytes` of dynamic shared memory that one SM holds at
+    once by the compiled kernel's registers, at most `most` (and `most` where the count is not
+    known: the simulator, or a kernel not compiled yet). A persistent grid sized past it runs
+    its last blocks in a second wave, after the first has walked all its rows: e.g. a terms
+    kernel at T = 9 (146 - 188 registers) fits one 8-warp block an SM, not two."""
+    try:
+        regs = kern.get_regs_per_thread()
+    except Exception:               # noqa: BLE001 -- the simulator's kernels have no registers
+        return most
+    if isinstance(regs, dict):
+        if not regs:
+            return most
+        regs = max(regs.values())
+    per_warp = -(-int(regs) * 32 // _REG_UNIT) * _REG_UNIT
+    by_regs = REGS_PER_SM // (per_warp * warps)
+    by_shared = SHARED_PER_SM // (shared_bytes + 1024) if shared_bytes else most
+    return max(1, min(most, by_regs, by_shared))
+
+
+def terms_kernels(p, fill):
+    """kernels(rows, K=None): path p's `terms_kernel` for 2 .. MAX_ROWS rows, its unroll fitted
+    to rows of K values when K is given (`fit_unroll`), built on first request."""
+    built = {}
+
+    def kernels(rows, K=None):
+        if not 2 <= rows <= MAX_ROWS:
+            raise ValueError(f"{p.name}: a launch carries 2 .. {MAX_ROWS} rows, not {rows}")
+        q = p if K is None else fit_unroll(p, K, 1)
+        key = (rows, q.unroll)
+        if key not in built:
+            built[key] = terms_kernel(q, rows, fill)
+        return built[key]
+
+    return kernels
 
 # ---------------------------------------------------------------- the generic paths
 

@@ -15,11 +15,15 @@
         ``index`` a multiple of 4; the array not written during the kernel.
     ld_nc_v2_f32(array_f32, index) -> (float32, float32)
         ``array[index:index+2]`` in one 8-byte read-only load; ``index`` even.
+    ld_v4_f32(array_f32, index) -> (float32, float32, float32, float32)
+        ``array[index:index+4]`` in one 16-byte load of any space (shared: LDS.128); ``index``
+        a multiple of 4. A plain LLVM vector load, not a snippet.
     f32_from_bits(i) -> float32
         The float32 with the bit pattern of integer ``i``'s low 32 bits (a bit cast, no
         instruction): e.g. the exact int -> float trick f32_from_bits(0x4B400000 + i) - 1.5 * 2^23
         = i for |i| < 2^22, one add instead of a 16-per-clock cvt (kernels/matmul_q8.py).
     f16x2_to_f32x2(word) -> (float32, float32)   the two halves of a 32-bit word (low, high)
+    f32_bits(x) -> int32   the bit pattern of float32 x (a bit cast; f32_from_bits' inverse)
     fma_f32(a, b, c) -> float32   a * b + c rounded once (``fma.rn.f32``): a contraction that is
         not the compiler's choice (sums whose order is part of a contract)
     grid_dependency_wait()
@@ -72,6 +76,7 @@ if simulator_enabled():
         dp4a_linked,
         dp4a_us,
         f16x2_to_f32x2,
+        f32_bits,
         f32_from_bits,
         fma_f32,
         fp4_e2m1_to_f32,
@@ -82,6 +87,7 @@ if simulator_enabled():
         grid_dependency_wait,
         ld_nc_v2_f32,
         ld_nc_v4_u32,
+        ld_v4_f32,
         mma_s8_m16n8k32,
         mma_s8_m16n8k32_linked,
         prefetch_l2,
@@ -111,12 +117,14 @@ else:
         dp4a,
         dp4a_us,
         f16x2_to_f32x2,
+        f32_bits,
         f32_from_bits,
         fma_f32,
         global_timer,
         grid_dependency_wait,
         ld_nc_v2_f32,
         ld_nc_v4_u32,
+        ld_v4_f32,
         mma_s8_m16n8k32,
         prefetch_l2,
         prefetch_l2_bulk,
@@ -134,8 +142,9 @@ else:
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
 
 __all__ = [
-    "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "warp_sum",
-    "warp_max", "f32_from_bits", "fma_f32",
+    "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "ld_v4_f32",
+    "warp_sum",
+    "warp_max", "f32_from_bits", "f32_bits", "fma_f32",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
     "warp_sync", "clock64", "global_timer",
     "cp_async_16", "cp_async_commit", "cp_async_wait_1", "cp_async_wait_0",

@@ -166,6 +166,21 @@ def f32_from_bits(typingctx, bits):
     return types.float32(bits), codegen
 
 
+@intrinsic
+def f32_bits(typingctx, value):
+    """The int32 whose bits are float32 ``value``'s IEEE pattern (an LLVM bitcast: no
+    instruction of its own); the inverse of `f32_from_bits`. For integers kept in a float32
+    array (matvec_q6k.py's block-shared terms)."""
+    if not isinstance(value, types.Float):
+        raise TypingError(f"f32_bits: needs a float, got {value}")
+
+    def codegen(context, builder, sig, args):
+        x = context.cast(builder, args[0], sig.args[0], types.float32)
+        return builder.bitcast(x, _I32)
+
+    return types.int32(value), codegen
+
+
 @cuda.jit(device=True, inline="always")
 def fma_f32(a, b, c):
     """a * b + c in float32, rounded once (libdevice's __nv_fmaf_rn: ``fma.rn.f32``). For sums
@@ -293,6 +308,33 @@ ld_nc_v2_f32 = _vector_load_intrinsic(
     1-D C-contiguous float32 device array not written during the kernel, ``index`` even from
     an 8-byte aligned base. No bounds check, no negative-index wraparound.""")
 
+
+
+@intrinsic
+def ld_v4_f32(typingctx, array, index):
+    """``(array[index], ..., array[index + 3])`` as one 16-byte vector load of LLVM's own (no
+    inline asm: the address space stays the compiler's to infer, so a shared array's read is
+    one ``ld.shared.v4.f32`` -- LDS.128 -- where four indexed reads stayed four LDS with their
+    negative-index checks, kernels/matvec_q4k.py's `_rsh_value`). ``array`` a 1-D C-contiguous
+    float32 array (global or shared), ``index`` a multiple of 4 from a 16-byte aligned base.
+    No bounds check, no negative-index wraparound."""
+    if not (isinstance(array, types.Array) and array.dtype == types.float32
+            and array.ndim == 1 and array.layout == "C"):
+        raise TypingError(f"ld_v4_f32: needs a 1-D C-contiguous float32 array, got {array}")
+    _require_integers("ld_v4_f32", index)
+    tup = types.UniTuple(types.float32, 4)
+
+    def codegen(context, builder, sig, args):
+        aryty, idxty = sig.args
+        ary = context.make_array(aryty)(context, builder, value=args[0])
+        idx = context.cast(builder, args[1], idxty, types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+        vty = ir.VectorType(ir.FloatType(), 4)
+        vec = builder.load(builder.bitcast(ptr, vty.as_pointer(ptr.type.addrspace)), align=16)
+        return context.make_tuple(builder, tup, [builder.extract_element(vec, ir.Constant(_I32, i))
+                                                 for i in range(4)])
+
+    return tup(array, index), codegen
 
 # --- cp.async: global -> shared without registers ---------------------------------------------
 

@@ -114,6 +114,11 @@ def f32_from_bits(bits) -> np.float32:
     return np.array([_u32(bits)], np.uint32).view(np.float32)[0]
 
 
+def f32_bits(value) -> np.int32:
+    """The int32 with float32 ``value``'s bit pattern."""
+    return np.array([value], np.float32).view(np.int32)[0]
+
+
 def fma_f32(a, b, c) -> np.float32:
     """a * b + c rounded to float32: the product is exact in float64 (24 + 24 bits), the sum
     rounds to float64 and then to float32 -- the GPU's single rounding except in rare double
@@ -212,6 +217,13 @@ def ld_nc_v2_f32(array, index) -> tuple[np.float32, np.float32]:
     i = _vector_index("ld_nc_v2_f32", array, index, 2)
     return np.float32(array[i]), np.float32(array[i + 1])
 
+
+
+def ld_v4_f32(array, index) -> tuple[np.float32, np.float32, np.float32, np.float32]:
+    """``array[index:index + 4]`` as a tuple; faults like the GPU on a misaligned index."""
+    i = _vector_index("ld_v4_f32", array, index, 4)
+    return (np.float32(array[i]), np.float32(array[i + 1]),
+            np.float32(array[i + 2]), np.float32(array[i + 3]))
 
 # --- mma.sync m16n8k32 s8 ------------------------------------------------------------------------
 
