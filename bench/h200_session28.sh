@@ -1,7 +1,8 @@
 # Session 28's device calls, for the next session with a machine (session 28 had none: no
 # machine was lent). Stages ($1, comma list):
-#   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-matvec_rsh} (the shared-terms
-#           rows kernels bit for bit against the rows kernels and the one-row launch)
+#   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-matvec_rows,matvec_rsh} (the
+#           rows kernels, whose slots are 32-bit since session 28, and the shared-terms rows
+#           kernels, bit for bit against the rows kernels and the one-row launch)
 #   mvb     bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --rsh --no-old
 #           (Q4_K rows kernels against the shared-terms ones, same run, bit-checked)
 #   q9spec  bench/spec_bench.py on the 9B shape: the verify's cost at K = ${SB_KS:-3}, --launch
@@ -13,14 +14,15 @@
 #   m35     run_bench on the 35B-A3B shape, --launch ${M35_LAUNCH:-default}
 #   c05m    run_bench on the 0.5B shape, --launch ${C05M_LAUNCH:-default}
 #   pa, moe, lc as in h200_session27.sh
-# Planned call 1: KC_S=120 MVB_S=200 SB_S=250 kc,mvb,q9spec -- then, if kc and mvb hold the
+# Planned call 1: KC_S=150 MVB_S=200 SB_S=250 kc,mvb,q9spec -- then, if kc and mvb hold the
 #   bits and q9spec's verify is faster, G9_S=300 G9_ARGS="--modes mtp,adversarial --n 48"
-#   gate9 before making RSH the default.
+#   gate9 before making RSH the default. Call 2 or 3: M35_S=240 m35 (its rows prefill's
+#   token tiles run _rows_step, 32-bit since session 28: pp512 against 2299-2306 tok/s).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-pa}; . bench/device_env.sh
 { on q9m || on gate9 || on q9spec; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 on c05m && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
-on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec_rsh}"
+on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec_rows,matvec_rsh}"
   grep -E "PASS|FAIL|passed|Error|Traceback" $L/kc.log | cut -c1-150 | tail -30; }
 on mvb && { run ${MVB_S:-200} mvb python3 bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --rsh --no-old --commit $C --out /tmp/matvec_bench.jsonl
   grep -E "dp4a|BAD|Error|Traceback" $L/mvb.log | cut -c1-150 | head -40; }

@@ -562,8 +562,9 @@ PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
-# the block's terms read back 16 bytes at a time (ld_v4_f32 on a shared array)
-EXPECTED_PTX["matvec_q8_q4_k_rsh_r4"] = EXPECTED_PTX["matvec_q8_q4_k_v4"] + ["ld.shared.v4.f32"]
+# the block's terms read back 16 bytes at a time (ld_v4_f32 on a shared array: sm_90's NVVM
+# writes ld.shared.v4.f32, sm_120's ld.shared.v4.b32)
+EXPECTED_PTX["matvec_q8_q4_k_rsh_r4"] = EXPECTED_PTX["matvec_q8_q4_k_v4"] + ["ld.shared.v4."]
 
 
 def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads, stream,
