@@ -620,6 +620,7 @@ def test_q4k_rsh_kernel_gives_the_rows_kernels_bits(rng, monkeypatch, T, K, M):
     the one-row launch's -- bias and residual included, every output written. Two warps a
     block on one SM's two blocks: warps walk several rows; K = 256 / 1280 leave lanes without
     a chunk or with a clamped slot; T = 9 the largest verify."""
+    from bw24nb.kernels import matvec as matvec_mod
     from bw24nb.kernels import matvec_q4k as q4
     w = cuda.to_device(random_weight_bytes(rng, QType.Q4_K, M, K))
     x = rng.standard_normal((T, K)).astype(np.float32)
@@ -628,7 +629,7 @@ def test_q4k_rsh_kernel_gives_the_rows_kernels_bits(rng, monkeypatch, T, K, M):
     bias = cuda.to_device(rng.standard_normal(M).astype(np.float32))
     res_h = rng.standard_normal(T * M).astype(np.float32)
     monkeypatch.setattr(q4, "RSH_WARPS", 2)
-    monkeypatch.setattr(q4, "sm_count", lambda: 1)
+    monkeypatch.setattr(matvec_mod, "sm_count", lambda: 1)
     outs = {}
     for on in (True, False):
         monkeypatch.setattr(q4, "RSH", on)
@@ -691,12 +692,13 @@ def test_q4k_rsh_launch_replays_from_a_cuda_graph(rng, monkeypatch):
     shared memory part of the recorded launch) replays to the bits of the same launch made
     directly, and of the rows kernels'."""
     from bw24nb.graph import CudaGraph
+    from bw24nb.kernels import matvec as matvec_mod
     from bw24nb.kernels import matvec_q4k as q4
     M, K, T = 9, 512, 3
     w = cuda.to_device(random_weight_bytes(rng, QType.Q4_K, M, K))
     xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
     xq, xd = cuda.to_device(xq), cuda.to_device(xd)
-    monkeypatch.setattr(q4, "sm_count", lambda: 1)
+    monkeypatch.setattr(matvec_mod, "sm_count", lambda: 1)
     stream = cuda.stream()
     outs = []
     for on, graph in ((True, False), (True, True), (False, False)):
@@ -716,3 +718,17 @@ def test_q4k_rsh_launch_replays_from_a_cuda_graph(rng, monkeypatch):
     assert np.isfinite(outs[0]).all()
     for other in outs[1:]:
         np.testing.assert_array_equal(outs[0].view(np.uint32), other.view(np.uint32))
+
+
+def test_terms_grid_is_one_wave_of_persistent_blocks(monkeypatch):
+    """A terms kernel's grid: the asked blocks an SM (fewer where the registers do not let an
+    SM hold them), never more blocks than the rows need."""
+    from bw24nb.kernels import matvec as matvec_mod
+    monkeypatch.setattr(matvec_mod, "sm_count", lambda: 132)
+
+    class Compiled:
+        def get_regs_per_thread(self):
+            return {"sig": 146}
+    assert matvec_mod.terms_grid(object(), 12288, 8, 2, 8192) == 264
+    assert matvec_mod.terms_grid(Compiled(), 12288, 8, 2, 8192) == 132
+    assert matvec_mod.terms_grid(object(), 11, 8, 2, 8192) == 2

@@ -289,6 +289,7 @@ def test_rsh_kernel_gives_the_rows_kernels_bits(rng, monkeypatch, T, k, rows):
     the one-row launch's -- bias and residual included, every output written. Two warps a
     block on one SM's two blocks: warps walk several rows; K = 256 / 768 leave lanes without a
     chunk or with a clamped slot."""
+    from bw24nb.kernels import matvec as matvec_mod
     from bw24nb.kernels import matvec_q6k as q6
     w = random_weight_bytes(rng, Q6, rows, k)
     body, d = (cuda.to_device(a) for a in repack_q6_k(w, rows, k))
@@ -297,7 +298,7 @@ def test_rsh_kernel_gives_the_rows_kernels_bits(rng, monkeypatch, T, k, rows):
     bias = cuda.to_device(rng.standard_normal(rows).astype(np.float32))
     res_h = rng.standard_normal(T * rows).astype(np.float32)
     monkeypatch.setattr(q6, "RSH_WARPS", 2)
-    monkeypatch.setattr(q6, "sm_count", lambda: 1)
+    monkeypatch.setattr(matvec_mod, "sm_count", lambda: 1)
     outs = {}
     for on in (True, False):
         monkeypatch.setattr(q6, "RSH", on)

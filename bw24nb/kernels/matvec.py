@@ -81,7 +81,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32
 
-from ..device import simulator_enabled
+from ..device import simulator_enabled, sm_count
 from ..jit import kernel
 from ..quant.types import QType, row_bytes
 from ..ptx import f32_from_bits, ld_nc_v4_u32, warp_sum, warp_sum8, warp_sum16
@@ -965,7 +965,6 @@ def path_kernels(p, who):
     return kernels
 
 
-
 # ---------------------------------------------------------------- rows, activation terms shared
 
 # Verify's rows kernels are bound by instructions, not by DRAM (decision 0035): every warp
@@ -1034,6 +1033,14 @@ def resident_blocks(kern, warps, shared_bytes, most) -> int:
     by_regs = REGS_PER_SM // (per_warp * warps)
     by_shared = SHARED_PER_SM // (shared_bytes + 1024) if shared_bytes else most
     return max(1, min(most, by_regs, by_shared))
+
+
+def terms_grid(kern, M, warps, per_sm, shared_bytes) -> int:
+    """Blocks of a launch of terms kernel `kern`: `per_sm` an SM, or as many as one holds at
+    once (`resident_blocks`: the warps are persistent), never more than M rows need at
+    `warps` warps a block."""
+    per_sm = resident_blocks(kern, warps, shared_bytes, per_sm)
+    return min((M + warps - 1) // warps, sm_count() * per_sm)
 
 
 def terms_kernels(p, fill):

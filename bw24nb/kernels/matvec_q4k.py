@@ -53,7 +53,7 @@ from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc
                    ld_v4_f32, warp_sum)
 from ..quant.types import QType, type_size
 from .matvec import (WARPS_PER_BLOCK, RowPath, fit_unroll, group_kernels, path_kernels,
-                     resident_blocks, store_row, terms_kernels, token_kernels)
+                     store_row, terms_grid, terms_kernels, token_kernels)
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -528,14 +528,6 @@ PATH_RSH = PATH._replace(name="matvec_q8_q4_k_rsh", value=_rsh_value, x_row=_rsh
 rsh_kernels = terms_kernels(PATH_RSH, _fill_terms)     # rsh_kernels(rows, K=None)
 
 
-def rsh_grid(kern, M, shared_bytes) -> int:
-    """Blocks of an `rsh_kernels` launch of kernel `kern`: RSH_BLOCKS_PER_SM an SM, or as many
-    as one holds at once (`matvec.resident_blocks`: the warps are persistent), never more
-    than M rows need at RSH_WARPS warps a block."""
-    per_sm = resident_blocks(kern, RSH_WARPS, shared_bytes, RSH_BLOCKS_PER_SM)
-    return min((M + RSH_WARPS - 1) // RSH_WARPS, sm_count() * per_sm)
-
-
 matvec_q8_q4_k_rsh_r4 = rsh_kernels(4)
 
 _SIG = ("void(UniTuple(uint32[::1], 1), int32, int32, "
@@ -582,7 +574,8 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
         return
     if not nibble and rsh_serves(M, K, parts, rows):
         kern, shared = rsh_kernels(rows, K), rsh_shared_bytes(rows, K)
-        kern[rsh_grid(kern, M, shared), 32 * RSH_WARPS, stream, shared](
+        grid = terms_grid(kern, M, RSH_WARPS, RSH_BLOCKS_PER_SM, shared)
+        kern[grid, 32 * RSH_WARPS, stream, shared](
             (w32,), np.int32(M), np.int32(K), (xq, xd), y_dev,
             y_dev if bias is None else bias, y_dev if residual is None else residual,
             np.int32(bias is not None), np.int32(residual is not None))

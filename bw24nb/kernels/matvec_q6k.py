@@ -57,12 +57,11 @@ at decode `launch_matvec_q8_q6k_r(body_dev, d_dev, M, K, xq, xd, y, ...)` with x
 import numpy as np
 from numba import cuda
 
-from ..device import sm_count
 from ..ptx import dp4a, f32_bits, f32_from_bits, ld_nc_v4_u32, ld_v4_f32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
 from .matvec import (THREADS, WARPS_PER_BLOCK, RowPath, _flat, at_least, check_rows,
-                     path_kernels, resident_blocks, terms_kernels, x_row_q8, warps_per_row)
+                     path_kernels, terms_grid, terms_kernels, x_row_q8, warps_per_row)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
 
@@ -358,14 +357,6 @@ PATH_RSH = PATH._replace(name="matvec_q8_q6_k_r_rsh", value=_rsh_value, x_row=_r
 rsh_kernels = terms_kernels(PATH_RSH, _fill_terms)     # rsh_kernels(rows, K=None)
 
 
-def rsh_grid(kern, M, shared_bytes) -> int:
-    """Blocks of an `rsh_kernels` launch of kernel `kern`: RSH_BLOCKS_PER_SM an SM, or as many
-    as one holds at once (`matvec.resident_blocks`: the warps are persistent), never more
-    than M rows need at RSH_WARPS warps a block."""
-    per_sm = resident_blocks(kern, RSH_WARPS, shared_bytes, RSH_BLOCKS_PER_SM)
-    return min((M + RSH_WARPS - 1) // RSH_WARPS, sm_count() * per_sm)
-
-
 # module attributes so that tests/test_compile_ptx.py compiles them (PTX_SIGNATURES); the other
 # row counts are the same code with another constant
 matvec_q8_q6_k_r = KERNELS(1, 2)
@@ -436,7 +427,8 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     y = _flat(y)
     if rsh_serves(M, K, parts, rows):
         kern, shared = rsh_kernels(rows, K), rsh_shared_bytes(rows, K)
-        kern[rsh_grid(kern, M, shared), 32 * RSH_WARPS, stream, shared](
+        grid = terms_grid(kern, M, RSH_WARPS, RSH_BLOCKS_PER_SM, shared)
+        kern[grid, 32 * RSH_WARPS, stream, shared](
             (_flat(body).view(np.uint32), _flat(d)), np.int32(M), np.int32(K),
             (_flat(xq)[:rows * K].view(np.uint32), _flat(xd)[:rows * K // 32].view(np.uint32)),
             y, y if bias is None else bias, y if residual is None else _flat(residual),
