@@ -979,6 +979,9 @@ def path_kernels(p, who):
 # as the path's value computes the same expression from the same operands.
 
 
+_TERMS_ALIGN = None if simulator_enabled() else 16
+
+
 def terms_kernel(p, nr, fill):
     """Path p's rows kernel for nr rows of activations with fill's block-shared terms (above),
     named <p.name>_r<nr>; the rows kernels' parameters but parts (always 1). Launch it with
@@ -987,7 +990,9 @@ def terms_kernel(p, nr, fill):
     zero, finish = rows_epilogue(nr)
 
     def matvec_terms(w, M, K, x, y, bias, residual, has_bias, has_residual):
-        terms = cuda.shared.array(0, float32)     # (numba's type: the simulator needs it)
+        # 16-byte aligned: the paths read it with 16-byte loads (ld_v4_f32); numba's type,
+        # not numpy's, for the simulator (which takes no alignment: _TERMS_ALIGN is None there)
+        terms = cuda.shared.array(0, float32, alignment=_TERMS_ALIGN)
         fill(terms, x, K, nr)                   # ends with the block's barrier
         xs = (x[0], terms)
         lane = np.uint32(cuda.threadIdx.x & 31)
