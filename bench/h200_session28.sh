@@ -16,8 +16,10 @@
 #   pa, moe, lc as in h200_session27.sh
 # Planned call 1: KC_S=150 MVB_S=200 SB_S=250 kc,mvb,q9spec -- then, if kc and mvb hold the
 #   bits and q9spec's verify is faster, G9_S=300 G9_ARGS="--modes mtp,adversarial --n 48"
-#   gate9 before making RSH the default. Call 2 or 3: M35_S=240 m35 (its rows prefill's
-#   token tiles run _rows_step, 32-bit since session 28: pp512 against 2299-2306 tok/s).
+#   gate9 before making RSH the default. Call 2 or 3: M35_S=300 M35_LAUNCH=default,tile-terms
+#   m35 (its rows prefill's token tiles run _rows_step, 32-bit since session 28: pp512 against
+#   2299-2306 tok/s; tile-terms: the tiles on the block-shared terms, moe.TILE_TERMS), and
+#   KC_ONLY=token_tiles kc (the tiles on the terms bit for bit the plain tiles).
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-pa}; . bench/device_env.sh
 { on q9m || on gate9 || on q9spec; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }

@@ -2293,7 +2293,8 @@ def check_group_matvec_pair(rng, size):
 def check_token_tiles(rng, size):
     """One matrix over T tokens in rows x tokens tiles (matvec.tile_kernel: the rows prefill's
     int8 matvecs, the prefill router): y[t] = W @ x_t (+ bias) (+ residual[t]), a part tile of
-    tokens and a part block of rows."""
+    tokens and a part block of rows; and for types with block-shared terms (moe.TILE_TERMS),
+    those tiles bit for bit the plain ones."""
     from .kernels import matvec as mv
     from .kernels import moe
     from .kernels import quantize_act as qa
@@ -2321,6 +2322,26 @@ def check_token_tiles(rng, size):
         yield compare("token_tiles", qt.name, f"T{T} {M}x{K} tiles 4x3 +bias +res", got, ref,
                       MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|·|",
                       guard_ok=guard_ok)
+        # the same tiles on the block-shared activation terms (moe.TILE_TERMS, decision 0035;
+        # Q4_K and Q6_K_R): bit for bit the plain tiles, at the rows prefill's 8-token tiles
+        saved = moe.TILE_TERMS
+        outs = []
+        for on in (True, False):
+            moe.TILE_TERMS = on
+            try:
+                if on and moe.tile_terms(tm, 8) is None:
+                    break
+                y = Out((T, M))
+                moe.launch_token_tiles(tm, tm.x_args(_dev(xq), _dev(xd)), y.dev, T, nr=8,
+                                       rows=16, bias=_dev(bias), residual=_dev(res))
+                outs.append(y.get())
+            finally:
+                moe.TILE_TERMS = saved
+        if len(outs) == 2:
+            (got, guard_ok), (want, want_guard) = outs
+            yield compare("token_tiles terms==tiles", qt.name, f"T{T} {M}x{K} tiles 8x16",
+                          got, want, tol="bit-exact", bits=True,
+                          guard_ok=guard_ok and want_guard)
 
 
 @check("moe_sort", "kernels.moe.launch_moe_sort")

@@ -101,6 +101,9 @@ UNROLL = 4
 # total per (row, warp of the block); shared sizes must be compile-time constants.
 MAX_ROWS = 9
 PART_SH_ROWS = WARPS_PER_BLOCK * MAX_ROWS
+# Alignment of the terms kernels' dynamic shared memory (`terms_kernel`): their paths read it
+# 16 bytes at a time. The simulator takes no alignment argument (None).
+_TERMS_ALIGN = None if simulator_enabled() else 16
 
 
 @cuda.jit(device=True, inline="always")
@@ -764,7 +767,7 @@ def group_pair_kernels(p):
     return _PAIR_KERNELS[key]
 
 
-def tile_kernel(p, nr, fixed_parts=0):
+def tile_kernel(p, nr, fixed_parts=0, fill=None):
     """`token_kernel` for one ordinary matrix (no experts: k = 1, every token its own x row)
     over tiles of nr tokens: kern[(ceil(M / RB), ceil(T / nr)), THREADS](w, M, K, x, y, bias,
     residual, has_bias, has_residual, T, parts, RB), y[t M + m] = (W x_t)[m] (+ bias[m])
@@ -777,8 +780,11 @@ def tile_kernel(p, nr, fixed_parts=0):
     one-row order), then the warp tree and the parts in warp order, as `token_kernel` sums it:
     y[t M + m], the token kernel's bits. The tile's activations come from DRAM once and then
     from the cache for the block's other rows -- the token kernel reads a token's whole x for
-    every row it computes (the 35B-A3B router at T = 128: 256 rows x 128 tokens x 8 KB)."""
-    step = _rows_step(p._replace(x_row=_mapped_x_row(p.x_row)), nr)
+    every row it computes (the 35B-A3B router at T = 128: 256 rows x 128 tokens x 8 KB).
+    With `fill` (a terms path p and its fill, `terms_kernel`), the block first writes its
+    tokens' activation terms to dynamic shared memory (launch with their bytes), and the rows
+    read them there: the same bits."""
+    step = _rows_step(p if fill is not None else p._replace(x_row=_mapped_x_row(p.x_row)), nr)
     units, row_base, U = p.units, p.base, p.unroll
     zero, totals = unrolled(nr, _zero), unrolled(nr, _warp_total)
     FP = fixed_parts
@@ -815,7 +821,13 @@ def tile_kernel(p, nr, fixed_parts=0):
         part = wi % P
         RS = WARPS_PER_BLOCK // P             # rows the block sums at a time
         T0 = np.int64(cuda.blockIdx.y) * nr
-        picks(acc, (rows, T0, np.int64(T)))
+        if fill is not None:                  # (a build-time constant: one branch compiled)
+            terms = cuda.shared.array(0, float32, alignment=_TERMS_ALIGN)
+            fill(terms, x, K, nr, T0, np.int64(T) - 1)
+            xs = (x[0], terms, T0, np.int64(T) - 1)
+        else:
+            picks(acc, (rows, T0, np.int64(T)))
+            xs = (x, rows)
         units_k = units(K)
         last = units_k - 1
         stride = 32 * P
@@ -826,7 +838,7 @@ def tile_kernel(p, nr, fixed_parts=0):
             base = row_base(min(m, M - 1), K)
             zero(acc, ())
             for u in range(32 * part + lane, n, stride * U):
-                step(acc, w, (x, rows), base, u, stride, last, n, K)
+                step(acc, w, xs, base, u, stride, last, n, K)
             totals(acc, (part_sh, lane, P))
             if P > 1:
                 cuda.syncthreads()
@@ -893,19 +905,20 @@ _GROUP_KERNELS: dict = {}
 _TILE_KERNELS: dict = {}
 
 
-def tile_kernels(p, nr):
+def tile_kernels(p, nr, fill=None):
     """kernels(parts): path p's `tile_kernel` for tiles of nr tokens (<= MAX_ROWS), one build
-    for parts = 1 (the split folded in) and one for 2 and 4, each built on first request."""
+    for parts = 1 (the split folded in) and one for 2 and 4, each built on first request (with
+    `fill`: the terms path p's block-shared terms)."""
     if not 1 <= nr <= MAX_ROWS:
         raise ValueError(f"{p.name}: a tile holds 1 .. {MAX_ROWS} tokens, not {nr}")
-    key = (p.name, p.unroll, nr)
+    key = (p.name, p.unroll, nr, fill is not None)
     if key not in _TILE_KERNELS:
         built = {}
 
         def kernels(parts):
             fp = 1 if parts == 1 else 0
             if fp not in built:
-                built[fp] = tile_kernel(p, nr, fp)
+                built[fp] = tile_kernel(p, nr, fp, fill)
             return built[fp]
         _TILE_KERNELS[key] = kernels
     return _TILE_KERNELS[key]
@@ -970,16 +983,15 @@ def path_kernels(p, who):
 # Verify's rows kernels are bound by instructions, not by DRAM (decision 0035): every warp
 # redoes, for its own weight row, what depends only on the activations -- a chunk's sums of
 # activations (the min / -32 terms of the K-quants) and its scales. `terms_kernel` computes
-# them once a block: `fill` writes each (token, unit)'s terms to dynamic shared memory and
-# meets the block barrier; then persistent warps take rows warp, warp + nwarps, ... one warp
-# a row, each lane on units lane, lane + 32, ..., with `_rows_step` -- the rows kernels' slots
-# in the row loop's order -- and `rows_epilogue`'s warp tree and store. The path reads its
-# activations through x_row(xs, t, K) with xs = (x[0], terms), so a row is summed as the
-# parts = 1 row loop sums it: each token's row gets `rows_kernel_of(p, nr, 1)`'s bits as long
-# as the path's value computes the same expression from the same operands.
-
-
-_TERMS_ALIGN = None if simulator_enabled() else 16
+# them once a block: `fill(terms, x, K, nr, T0, Tl)` writes each (slot, unit)'s terms to
+# dynamic shared memory -- slot t holding token min(T0 + t, Tl) -- and meets the block
+# barrier; then persistent warps take rows warp, warp + nwarps, ... one warp a row, each lane
+# on units lane, lane + 32, ..., with `_rows_step` -- the rows kernels' slots in the row
+# loop's order -- and `rows_epilogue`'s warp tree and store. The path reads its activations
+# through x_row(xs, t, K) with xs = (x[0], terms, T0, Tl), so a row is summed as the parts = 1
+# row loop sums it: each token's row gets `rows_kernel_of(p, nr, 1)`'s bits as long as the
+# path's value computes the same expression from the same operands. `tile_kernel` takes the
+# same fill for the rows prefill's token tiles (slot t: token T0 + t of the chunk).
 
 
 def terms_kernel(p, nr, fill):
@@ -990,11 +1002,11 @@ def terms_kernel(p, nr, fill):
     zero, finish = rows_epilogue(nr)
 
     def matvec_terms(w, M, K, x, y, bias, residual, has_bias, has_residual):
-        # 16-byte aligned: the paths read it with 16-byte loads (ld_v4_f32); numba's type,
-        # not numpy's, for the simulator (which takes no alignment: _TERMS_ALIGN is None there)
+        # 16-byte aligned (_TERMS_ALIGN); numba's float32, not numpy's, for the simulator
         terms = cuda.shared.array(0, float32, alignment=_TERMS_ALIGN)
-        fill(terms, x, K, nr)                   # ends with the block's barrier
-        xs = (x[0], terms)
+        T0, Tl = np.int64(0), np.int64(nr - 1)  # slot t holds token t
+        fill(terms, x, K, nr, T0, Tl)           # ends with the block's barrier
+        xs = (x[0], terms, T0, Tl)
         lane = np.uint32(cuda.threadIdx.x & 31)
         warp = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
         nwarps = cuda.gridDim.x * (cuda.blockDim.x >> 5)

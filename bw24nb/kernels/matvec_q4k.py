@@ -474,22 +474,24 @@ def rsh_serves(M, K, parts, rows) -> bool:
 
 
 @cuda.jit(device=True, inline="always")
-def _fill_terms(terms, x, K, nr):
+def fill_terms(terms, x, K, nr, T0, Tl):
     """terms[4 e .. 4 e + 3] = (xd_a, xd_b, float32(sum_a), float32(sum_b)) of entry
-    e = t n + c (token t, chunk c of n = K / 32) from x = (xq words, xd), by the block's
-    threads in turn, then the block barrier: the operands `_chunk_dot` loads or computes."""
+    e = t n + c (slot t, chunk c of n = K / 32) from x = (xq words, xd), slot t holding token
+    min(T0 + t, Tl), by the block's threads in turn, then the block barrier: the operands
+    `_chunk_dot` loads or computes."""
     xq, xd = x
     n = K >> 5
     for e in range(cuda.threadIdx.x, nr * n, cuda.blockDim.x):
         t = e // n
         c = _u32(e - t * n)
+        tok = min(T0 + t, Tl)
         b = _u32(c >> np.uint32(3))
         k = _u32(c & np.uint32(7))
         p, h = _u32(k >> np.uint32(1)), _u32(k & np.uint32(1))
-        xw = _u32(t * (K >> 2)) + _u32(b * np.uint32(64) + _u32(16 * p + 4 * h))
+        xw = _u32(tok * (K >> 2)) + _u32(b * np.uint32(64) + _u32(16 * p + 4 * h))
         a0, a1, a2, a3 = ld_nc_v4_u32(xq, xw)
         b0, b1, b2, b3 = ld_nc_v4_u32(xq, xw + np.uint32(8))
-        xda, xdb = ld_nc_v2_f32(xd, _u32(t * (K >> 5)) + _u32(b * np.uint32(8) + _u32(2 * p)))
+        xda, xdb = ld_nc_v2_f32(xd, _u32(tok * (K >> 5)) + _u32(b * np.uint32(8) + _u32(2 * p)))
         i = _u32(_TERMS * e)
         terms[i] = xda
         terms[i + np.uint32(1)] = xdb
@@ -500,8 +502,10 @@ def _fill_terms(terms, x, K, nr):
 
 @cuda.jit(device=True, inline="always")
 def _rsh_x_row(x, t, K):
-    """Token t of x = (xq words, terms): the arrays and the row's first word and first term."""
-    return x[0], x[1], _u32(t * (K >> 2)), _u32(t * (K >> 5) * _TERMS)
+    """Slot t of x = (xq words, terms, T0, Tl): the arrays, the first word of its token
+    min(T0 + t, Tl) and its first term."""
+    xq, terms, T0, Tl = x
+    return xq, terms, _u32(min(T0 + t, Tl) * (K >> 2)), _u32(t * (K >> 5) * _TERMS)
 
 
 @cuda.jit(device=True, inline="always")
@@ -525,7 +529,7 @@ def _rsh_value(w, x, row_word, c, wq):
 
 # w = (w32,), x = (xq words, xd) as the rows kernels take them; the loop reads (xq, terms)
 PATH_RSH = PATH._replace(name="matvec_q8_q4_k_rsh", value=_rsh_value, x_row=_rsh_x_row)
-rsh_kernels = terms_kernels(PATH_RSH, _fill_terms)     # rsh_kernels(rows, K=None)
+rsh_kernels = terms_kernels(PATH_RSH, fill_terms)      # rsh_kernels(rows, K=None)
 
 
 matvec_q8_q4_k_rsh_r4 = rsh_kernels(4)

@@ -286,20 +286,21 @@ def rsh_serves(M, K, parts, rows) -> bool:
 
 
 @cuda.jit(device=True, inline="always")
-def _fill_terms(terms, x, K, nr):
-    """terms[8 e .. 8 e + 7] = (xd_0..3, m_0..3) of entry e = t n + c (token t, chunk c of
-    n = K / 64) from x = (xq words, xd words), by the block's threads in turn, then the block
-    barrier."""
+def fill_terms(terms, x, K, nr, T0, Tl):
+    """terms[8 e .. 8 e + 7] = (xd_0..3, m_0..3) of entry e = t n + c (slot t, chunk c of
+    n = K / 64) from x = (xq words, xd words), slot t holding token min(T0 + t, Tl), by the
+    block's threads in turn, then the block barrier."""
     xq, xd32 = x
     n = K >> 6
     for e in range(cuda.threadIdx.x, nr * n, cuda.blockDim.x):
         t = e // n
         c = np.uint32(e - t * n)
+        tok = min(T0 + t, Tl)
         b = c >> np.uint32(2)
         h = (c >> np.uint32(1)) & np.uint32(1)
         col = c & np.uint32(1)
-        f0, f1, f2, f3 = ld_nc_v4_u32(xd32, np.uint32(t * (K >> 5)) + np.uint32(8 * b + 4 * h))
-        xw = np.uint32(t * (K >> 2)) + np.uint32(64 * b + 32 * h + 4 * col)
+        f0, f1, f2, f3 = ld_nc_v4_u32(xd32, np.uint32(tok * (K >> 5)) + np.uint32(8 * b + 4 * h))
+        xw = np.uint32(tok * (K >> 2)) + np.uint32(64 * b + 32 * h + 4 * col)
         i = np.uint32(_TERMS * e)
         terms[i] = f32_from_bits(f0)
         terms[i + np.uint32(1)] = f32_from_bits(f1)
@@ -316,8 +317,10 @@ def _fill_terms(terms, x, K, nr):
 
 @cuda.jit(device=True, inline="always")
 def _rsh_x_row(x, t, K):
-    """Token t of x = (xq words, terms): the arrays and the row's first word and first term."""
-    return x[0], x[1], np.uint32(t * (K >> 2)), np.uint32(t * (K >> 6) * _TERMS)
+    """Slot t of x = (xq words, terms, T0, Tl): the arrays, the first word of its token
+    min(T0 + t, Tl) and its first term."""
+    xq, terms, T0, Tl = x
+    return xq, terms, np.uint32(min(T0 + t, Tl) * (K >> 2)), np.uint32(t * (K >> 6) * _TERMS)
 
 
 @cuda.jit(device=True, inline="always")
@@ -354,7 +357,7 @@ def _rsh_value(w, x, base, c, wq):
 
 
 PATH_RSH = PATH._replace(name="matvec_q8_q6_k_r_rsh", value=_rsh_value, x_row=_rsh_x_row)
-rsh_kernels = terms_kernels(PATH_RSH, _fill_terms)     # rsh_kernels(rows, K=None)
+rsh_kernels = terms_kernels(PATH_RSH, fill_terms)      # rsh_kernels(rows, K=None)
 
 
 # module attributes so that tests/test_compile_ptx.py compiles them (PTX_SIGNATURES); the other
