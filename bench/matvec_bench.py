@@ -217,8 +217,7 @@ def _rsh_serves(M, K, nr) -> bool:
     kernel when matvec_q4k.RSH is on (its parts, its shared memory)."""
     from bw24nb.kernels import matvec_q4k as q4
     from bw24nb.kernels.matvec import warps_per_row
-    parts = warps_per_row(M, K)
-    return parts == 1 and K % 256 == 0 and q4.rsh_shared_bytes(nr, K) <= q4.RSH_MAX_SHARED
+    return q4.rsh_fits(K, warps_per_row(M, K), nr)
 
 
 def _bits_twin(name):

@@ -279,10 +279,15 @@ def rsh_shared_bytes(rows: int, K: int) -> int:
     return rows * (K // 64) * _TERMS * 4
 
 
+def rsh_fits(K, parts, rows) -> bool:
+    """Whether `rsh_kernels` can take a launch: several rows of activations at one warp a row
+    and their terms within RSH_MAX_SHARED."""
+    return rows >= 2 and parts == 1 and rsh_shared_bytes(rows, K) <= RSH_MAX_SHARED
+
+
 def rsh_serves(M, K, parts, rows) -> bool:
-    """Whether a launch runs `rsh_kernels`: RSH on, several rows of activations at one warp a
-    row and their terms within RSH_MAX_SHARED."""
-    return RSH and rows >= 2 and parts == 1 and rsh_shared_bytes(rows, K) <= RSH_MAX_SHARED
+    """Whether a launch runs `rsh_kernels`: RSH on and `rsh_fits`."""
+    return RSH and rsh_fits(K, parts, rows)
 
 
 @cuda.jit(device=True, inline="always")

@@ -713,20 +713,19 @@ ROUTER_TILE_ROWS = 8
 # matvec.tile_kernel's `fill`; the same bits). The rows prefill's dense matvecs run on them.
 # Off until timed on the GPU (run_bench --launch tile-terms).
 TILE_TERMS = False
-TILE_TERMS_MAX_SHARED = 48 * 1024   # bytes of dynamic shared memory without the opt-in
 
 
 def tile_terms(tm: TokenMatrix, nr: int):
     """(terms path, its fill, the terms' bytes) for tiles of nr tokens of `tm`, or None: the
     switch off, a path without block-shared terms (Q4_K and Q6_K_R have them), or terms past
-    TILE_TERMS_MAX_SHARED."""
+    the path's RSH_MAX_SHARED (the dynamic shared memory a launch gets without opt-in)."""
     from . import matvec_q4k, matvec_q6k
     if not TILE_TERMS:
         return None
     for mod in (matvec_q4k, matvec_q6k):
         if tm.path is mod.PATH:
             shared = mod.rsh_shared_bytes(nr, tm.cols)
-            if shared <= TILE_TERMS_MAX_SHARED:
+            if shared <= mod.RSH_MAX_SHARED:
                 return mod.PATH_RSH, mod.fill_terms, shared
     return None
 
