@@ -415,13 +415,14 @@ def _warp_row(parts):
     return lane, row, warp - row * parts
 
 
-def _named(fn, p, fixed_parts, nr=1, kind=""):
-    """Kernel name <p.name><kind>[_p1][_r<nr>]: every build of a path has its own name (the
-    disk cache tells kernels apart by name and module)."""
+def _named(fn, p, fixed_parts, nr=1, kind="", max_registers=None):
+    """Kernel name <p.name><kind>[_p1][_r<nr>][_c<max_registers>]: every build of a path has
+    its own name (the disk cache tells kernels apart by name and module)."""
     fn.__name__ = fn.__qualname__ = (p.name + kind + (f"_p{fixed_parts}" if fixed_parts else "")
-                                     + (f"_r{nr}" if nr > 1 else ""))
+                                     + (f"_r{nr}" if nr > 1 else "")
+                                     + (f"_c{max_registers}" if max_registers else ""))
     fn.__module__ = p.module
-    return kernel(fn)
+    return kernel(fn, **({"max_registers": int(max_registers)} if max_registers else {}))
 
 
 def _row_total(p):
@@ -470,6 +471,13 @@ def row_kernel(p, fixed_parts=0):
     return _named(matvec, p, FP)
 
 
+# Verify's rows kernels wait on their loads (session 23's profile of 4 rows at 12288 x 4096:
+# 53 % of the stall cycles on L1TEX, 5.6 warps a scheduler at 80-86 registers). A register cap
+# buys resident warps at the price of spills; None leaves ptxas its choice. The bits do not
+# depend on it. run_bench / spec_bench --launch rows-cap<N>, matvec_bench --rows-cap N.
+ROWS_MAX_REGISTERS = None
+
+
 def rows_kernel_of(p, nr, fixed_parts=0):
     """The decode kernel of path p for nr rows of activations (module docstring: rows = T > 1),
     named <p.name>[_p1]_r<nr>; the same parameters as `row_kernel`'s, x, y and residual holding
@@ -496,7 +504,7 @@ def rows_kernel_of(p, nr, fixed_parts=0):
             step(acc, w, x, base, u, stride, last, n, K)
         finish(acc, part_sh, lane, part, row, M, P, y, bias, residual, has_bias, has_residual)
 
-    return _named(matvec_rows, p, FP, nr)
+    return _named(matvec_rows, p, FP, nr, max_registers=ROWS_MAX_REGISTERS)
 
 
 # ---------------------------------------------------------------- rows on part of a warp
@@ -970,7 +978,7 @@ def path_kernels(p, who):
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
         q = p if K is None else fit_unroll(p, K, parts)
-        key = (rows, q.unroll, fp)
+        key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS)
         if key not in built:
             built[key] = row_kernel(q, fp) if rows == 1 else rows_kernel_of(q, rows, fp)
         return built[key]
