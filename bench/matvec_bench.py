@@ -1,7 +1,7 @@
 """Decode matvec on a real GPU: how close to the read roofline is each real shape?
 
     python3 bench/matvec_bench.py [--shapes all|small|9b|35b|big] [--launches 50] [--no-old] [--out PATH]
-                                  [--act-rows 4,9] [--fit-ab] [--nibble] [--rsh]
+                                  [--act-rows 4,9] [--fit-ab] [--nibble]
                                   [--commit SHA]
 
 For each (M x K, weight type) of the default model (Qwen2.5-Coder-0.5B: Q5_0 / Q8_0 / Q6_K) and
@@ -26,10 +26,6 @@ quantized once beforehand):
   * --nibble: Q4_K shapes also get `dp4a_nib` (and `dp4a_nib_r<T>`): the same kernels on the
     activations in nibble order (quantize_act.nibble_order, decision 0027), which must give the
     natural order's bits (checked: a differing bit is BAD);
-  * --rsh: Q4_K shapes also get `dp4a_rsh_r<T>` for each --act-rows T: the rows kernel with the
-    activation terms shared by the block (matvec_q4k.RSH on: `rsh_kernels`), which must give
-    `dp4a_r<T>`'s bits (checked: a differing bit is BAD); launches it does not serve (its
-    shared memory) run the rows kernel and say so (`rsh_served` false);
   * max_rel_err: max over rows of |y - matvec_reference| / (|W| @ |x|)   (float64 reference;
     the kernels' bound is ~2e-6, see tests/test_kernels_matvec.py; > 1e-5 is flagged BAD;
     dp4a rows against matvec_q8_reference, i.e. x as quantized, flagged above 1e-4).
@@ -205,30 +201,12 @@ def _switched(switch, launch):
         launch()
 
 
-def _rsh_on(launch):
-    """launch() with matvec_q4k.RSH on (the shared-terms rows kernel), restored after."""
-    from run_bench import switched
-    with switched([("bw24nb.kernels.matvec_q4k", "RSH", True)]):
-        launch()
-
-
-def _rsh_serves(M, K, nr) -> bool:
-    """Whether launch_matvec_q8's rows launch of M x K at nr rows runs the shared-terms
-    kernel when matvec_q4k.RSH is on (its parts, its shared memory)."""
-    from bw24nb.kernels import matvec_q4k as q4
-    from bw24nb.kernels.matvec import warps_per_row
-    return q4.rsh_fits(K, warps_per_row(M, K), nr)
-
-
 def _bits_twin(name):
     """(the kernel whose bits kernel `name` must give, the record key of the check or None),
     or None: the full unroll (`dp4a_full`) against `dp4a`, nibble order (`dp4a_nib`,
-    `dp4a_nib_r<T>`) against natural order, the shared-terms rows kernel (`dp4a_rsh_r<T>`)
-    against the rows kernel."""
+    `dp4a_nib_r<T>`) against natural order."""
     if name == "dp4a_full":
         return "dp4a", None
-    if name.startswith("dp4a_rsh_r"):
-        return "dp4a_r" + name[len("dp4a_rsh_r"):], "rsh_bits"
     if name.startswith("dp4a_nib"):
         return "dp4a" + name[len("dp4a_nib"):], "nibble_bits"
     return None
@@ -249,7 +227,7 @@ def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
 
 
 def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=False,
-                nibble=False, rsh=False):
+                nibble=False):
     nbytes = M * row_bytes(qt, K)
     n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
     copies = min(n, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes) + 1)
@@ -313,13 +291,6 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             kernels.append((f"dp4a_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_r=y_r:
                             launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r, stream=stream, rows=nr),
                             ref_r, 10 * REL_ERR_BAD, y_r, scale_r))
-            if rsh and qt == QType.Q4_K:
-                rows_x[f"dp4a_rsh_r{nr}"] = xq_r, xd_r
-                y_rs = cuda.device_array(nr * M, np.float32, stream=stream)
-                kernels.append((f"dp4a_rsh_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r,
-                                y_rs=y_rs: _rsh_on(lambda: launch_matvec_q8(
-                                    w, qt, M, K, xq_r, xd_r, y_rs, stream=stream, rows=nr)),
-                                ref_r, 10 * REL_ERR_BAD, y_rs, scale_r))
             if nib:
                 xq_rn = cuda.to_device(nibble_order(q_h), stream=stream)
                 y_rn = cuda.device_array(nr * M, np.float32, stream=stream)
@@ -347,8 +318,6 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
         rows.append(dict(kernel=name, us=us, gbs=nbytes / (us * 1e-6) / 1e9, max_rel_err=err,
                          bad_above=bad_above, launches=n, copies=copies, bytes=nbytes))
         outs[name] = out
-        if name.startswith("dp4a_rsh_r"):               # did the shared-terms kernel run?
-            rows[-1]["rsh_served"] = _rsh_serves(M, K, int(name[len("dp4a_rsh_r"):]))
         twin = _bits_twin(name)
         if twin is not None:                            # another form of a kernel: its bits
             other, key = twin
@@ -388,10 +357,6 @@ def main() -> int:
     ap.add_argument("--nibble", action="store_true",
                     help="Q4_K shapes: also the kernels on activations in nibble order "
                          "(`dp4a_nib`, `dp4a_nib_r<T>`), bit-checked against natural order")
-    ap.add_argument("--rsh", action="store_true",
-                    help="Q4_K shapes: also the rows kernels with the activation terms shared "
-                         "by the block (`dp4a_rsh_r<T>`, matvec_q4k.RSH on), bit-checked "
-                         "against `dp4a_r<T>`")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
     args = ap.parse_args()
@@ -428,7 +393,7 @@ def main() -> int:
         for M, K, qt, what in shapes:
             try:
                 rows = bench_shape(M, K, qt, args.launches, not args.no_old, stream, rng,
-                                   act_rows, args.fit_ab, args.nibble, args.rsh)
+                                   act_rows, args.fit_ab, args.nibble)
             except Exception as e:                      # report and go on with the next shape
                 print(f"# {M}x{K} {qt.name}: FAILED {type(e).__name__}: {e}", flush=True)
                 bad = True
@@ -448,8 +413,7 @@ def main() -> int:
                            ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"],
                            **({} if x_r1 is None else dict(x_r1=x_r1)),
                            **({} if "rows_bits" not in r else dict(rows_bits=r["rows_bits"])),
-                           **{k: r[k] for k in ("nibble_bits", "rsh_bits", "rsh_served")
-                              if k in r})
+                           **({} if "nibble_bits" not in r else dict(nibble_bits=r["nibble_bits"])))
                 f.write(json.dumps(rec) + "\n")
                 table.append(rec)
                 print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<10} {r['us']:9.2f} us "

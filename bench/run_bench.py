@@ -578,12 +578,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # attention on a block a split (attn-split-blocks: engine.ROWS_ATTENTION_GRID = 0, before
 # session 26) or walking blocks of other counts (attn-walk<N>); decode attention's one-tile
 # splits on one warp (attn-1warp: decode_attention.ONE_TILE_SPREAD off, before session 26);
-# the verify's Q4_K / Q6_K_R rows launches (T <= MAX_ROWS) at parts = 1 on the kernels with
-# the activation terms shared by the block (q4k-rsh, q6k-rsh: matvec_q4k.RSH, matvec_q6k.RSH;
-# rsh: both; rsh-b4: both at 4 blocks an SM instead of 2; session 28, not yet timed); the rows
-# prefill's token tiles of those types on the same block-shared terms (tile-terms:
-# moe.TILE_TERMS; session 28, not yet timed); the verify's rows kernels (T >= 2) under a
-# register cap (rows-cap<N>: matvec.ROWS_MAX_REGISTERS = N; session 29).
+# the verify's rows kernels (T >= 2) under a register cap (rows-cap<N>:
+# matvec.ROWS_MAX_REGISTERS = N; session 29).
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
@@ -604,13 +600,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                 (_Q4, "XREG_BLOCKS_PER_SM", 4)],
                 "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
                                    (_Q4, "XREG_BLOCKS_PER_SM", 8)],
-                "q4k-rsh": [(_Q4, "RSH", True)],
-                "q6k-rsh": [("bw24nb.kernels.matvec_q6k", "RSH", True)],
-                "rsh": [(_Q4, "RSH", True), ("bw24nb.kernels.matvec_q6k", "RSH", True)],
-                "tile-terms": [("bw24nb.kernels.moe", "TILE_TERMS", True)],
-                "rsh-b4": [(_Q4, "RSH", True), ("bw24nb.kernels.matvec_q6k", "RSH", True),
-                           (_Q4, "RSH_BLOCKS_PER_SM", 4),
-                           ("bw24nb.kernels.matvec_q6k", "RSH_BLOCKS_PER_SM", 4)],
                 **{f"rows-cap{n}": [("bw24nb.kernels.matvec", "ROWS_MAX_REGISTERS", n)]
                    for n in (56, 64, 72, 80, 96)},
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)],

@@ -13,8 +13,8 @@ resource usage), all instructions, and the main loop (for the decode matvecs one
 row loop) with its opcode mix, and the inner loop when it is shorter.
 The main loop is the backward-branch span holding the most work (dp4a, MMA, float multiplies,
 loads); the inner loop the shortest span holding all of its dp4a / MMA (the chunk loop of a
-kernel whose row loop holds it, matvec.terms_kernel). A rows kernel's loop covers rows x slots
-(row, unit) pairs: divide by both to compare.
+kernel whose row loop holds it). A rows kernel's loop covers rows x slots (row, unit) pairs:
+divide by both to compare.
 Records (date, commit, kernel, cc, counts) go to --jsonl (research/tune-data/sass.jsonl).
 Static counts are not times: issue-bound kernels follow them, memory-bound ones need not.
 """
@@ -100,7 +100,7 @@ def count(sass: str) -> dict:
     body = max(spans, key=lambda sp: (sum(_opcode(t) in _WORK for t in sp), -len(sp)),
                default=[])
     # the inner loop: the shortest span holding all of the main loop's dots (a kernel whose
-    # rows loop holds its chunk loop -- matvec.terms_kernel -- counts the chunk loop here)
+    # rows loop holds its chunk loop counts the chunk loop here)
     dots = lambda sp: sum(_opcode(t) in _DOTS for t in sp)      # noqa: E731
     inner = min((sp for sp in spans if dots(sp) == dots(body)), key=len, default=body)
     usage = re.search(r"Function " + re.escape(name) + r":\s*\n\s*REG:(\d+) STACK:(\d+)", sass)

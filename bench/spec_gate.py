@@ -13,8 +13,8 @@ K) and a record `spec_gate@K:<mode>` (1 = token-identical) appended to --jsonl (
 research/tune-data/spec.jsonl; also $OUT/spec.jsonl on the device machine). Exit 1 on any
 MISMATCH. `bw24nb spec --check` is the same gate for one model and mode from the CLI.
 --launch MODE runs it all under one of run_bench's module launch modes (MODULE_MODES, e.g.
-`rsh`: the verify's rows matvecs on the kernels with block-shared activation terms), so a
-kernel kept off by default can be gated on the GPU before it is timed or made the default.
+`rows-cap64`: the verify's rows kernels under a 64-register cap), so a kernel kept off by
+default can be gated on the GPU before it is timed or made the default.
 """
 from __future__ import annotations
 

@@ -550,72 +550,6 @@ def check_matvec_rows(rng, size):
                       tol, guard_ok=guard_ok)
 
 
-@check("matvec_rsh", "kernels.matvec.launch_matvec_q8",
-       "kernels.matvec_q6k.launch_matvec_q8_q6k_r")
-def check_matvec_rsh(rng, size):
-    """Verify's Q4_K and Q6_K_R rows launches on the kernels with the activation terms shared
-    by the block (matvec_q4k.RSH, matvec_q6k.RSH; off by default until timed): every token's
-    row bit for bit what the rows kernels give (RSH off) and what the one-row launch gives --
-    the contract that makes a verified token plain decode's. + bias + residual. At the 9B
-    shapes the verify runs (up to the rows whose terms fit: 9 rows at K = 12288 take the rows
-    kernel, also checked, "(rows kernel)")."""
-    from .kernels import matvec as mv
-    from .kernels import matvec_q4k as q4
-    from .kernels import matvec_q6k as q6
-    from .kernels import quantize_act as qa
-    from .quant import QType
-    if size == "tiny":
-        cases = [(QType.Q4_K, 11, 1280, (2, 9)), (QType.Q6_K, 11, 768, (2, 9))]
-    else:
-        cases = [(QType.Q4_K, Q9.ffn, Q9.hidden, (2, 4, 9)),
-                 (QType.Q4_K, Q9.hidden, Q9.ffn, (4, 8, 9)),
-                 (QType.Q6_K, 32768, Q9.hidden, (2, 4, 9)),       # the LM head's first rows
-                 (QType.Q6_K, Q9.hidden, Q9.ffn, (4, 9))]
-    for qt, M, K, Ts in [c for c in cases if _typed([c[0]])]:
-        mod = q4 if qt == QType.Q4_K else q6
-        raw = _random_weight(rng, qt, M, K)
-        if qt == QType.Q4_K:
-            w = _dev(raw)
-            run = lambda xq, xd, y, rows: mv.launch_matvec_q8(  # noqa: E731
-                w, qt, M, K, xq, xd, y, bias=bias, residual=y, rows=rows)
-        else:
-            body, d = (_dev(a) for a in q6.repack_q6_k(raw, M, K))
-            run = lambda xq, xd, y, rows: q6.launch_matvec_q8_q6k_r(  # noqa: E731
-                body, d, M, K, xq, xd, y, bias=bias, residual=y, rows=rows)
-        bias = _dev(rng.standard_normal(M).astype(np.float32))
-        for T in Ts:
-            xq, xd = qa.quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
-            residual = rng.standard_normal(T * M).astype(np.float32)
-            outs = {}
-            for on in (True, False):
-                saved = mod.RSH
-                mod.RSH = on
-                try:
-                    y = Out(T * M)
-                    y.dev.copy_to_device(residual)
-                    run(_dev(xq), _dev(xd), y.dev, T)
-                    outs[on] = y.get()
-                finally:
-                    mod.RSH = saved
-            (got, guard_ok), (want, want_guard) = outs[True], outs[False]
-            served = "" if mod.RSH_MAX_SHARED >= mod.rsh_shared_bytes(T, K) else " (rows kernel)"
-            shape = f"T{T} {_shape(M, K)}+b+r{served}"
-            yield compare("matvec_rsh==rows", qt.name, shape, got, want, tol="bit-exact",
-                          bits=True, guard_ok=guard_ok and want_guard)
-            ones = []
-            for t in (0, T - 1):
-                y1 = Out(M)
-                y1.dev.copy_to_device(residual[t * M:(t + 1) * M])
-                run(_dev(xq[t * K:(t + 1) * K]), _dev(xd[t * K // 32:(t + 1) * K // 32]),
-                    y1.dev, 1)
-                one, one_guard = y1.get()
-                guard_ok = guard_ok and one_guard
-                ones.append((got.reshape(T, M)[t], one))
-            yield compare("matvec_rsh==rows1", qt.name, f"{shape} t=0,{T - 1}",
-                          np.stack([g for g, _ in ones]), np.stack([o for _, o in ones]),
-                          tol="bit-exact", bits=True, guard_ok=guard_ok)
-
-
 @check("quantize_act", "kernels.quantize_act.launch_quantize_act")
 def check_quantize_act(rng, size):
     """Activations -> int8 + one f32 scale per 32: bit-exact (every step is one correctly
@@ -2293,8 +2227,7 @@ def check_group_matvec_pair(rng, size):
 def check_token_tiles(rng, size):
     """One matrix over T tokens in rows x tokens tiles (matvec.tile_kernel: the rows prefill's
     int8 matvecs, the prefill router): y[t] = W @ x_t (+ bias) (+ residual[t]), a part tile of
-    tokens and a part block of rows; and for types with block-shared terms (moe.TILE_TERMS),
-    those tiles bit for bit the plain ones."""
+    tokens and a part block of rows."""
     from .kernels import matvec as mv
     from .kernels import moe
     from .kernels import quantize_act as qa
@@ -2322,26 +2255,6 @@ def check_token_tiles(rng, size):
         yield compare("token_tiles", qt.name, f"T{T} {M}x{K} tiles 4x3 +bias +res", got, ref,
                       MARGIN * gamma(h) * mag + TINY_NORMAL, f"{MARGIN:g}γ{h}·Σ|·|",
                       guard_ok=guard_ok)
-        # the same tiles on the block-shared activation terms (moe.TILE_TERMS, decision 0035;
-        # Q4_K and Q6_K_R): bit for bit the plain tiles, at the rows prefill's 8-token tiles
-        saved = moe.TILE_TERMS
-        outs = []
-        for on in (True, False):
-            moe.TILE_TERMS = on
-            try:
-                if on and moe.tile_terms(tm, 8) is None:
-                    break
-                y = Out((T, M))
-                moe.launch_token_tiles(tm, tm.x_args(_dev(xq), _dev(xd)), y.dev, T, nr=8,
-                                       rows=16, bias=_dev(bias), residual=_dev(res))
-                outs.append(y.get())
-            finally:
-                moe.TILE_TERMS = saved
-        if len(outs) == 2:
-            (got, guard_ok), (want, want_guard) = outs
-            yield compare("token_tiles terms==tiles", qt.name, f"T{T} {M}x{K} tiles 8x16",
-                          got, want, tol="bit-exact", bits=True,
-                          guard_ok=guard_ok and want_guard)
 
 
 @check("moe_sort", "kernels.moe.launch_moe_sort")

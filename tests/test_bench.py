@@ -252,7 +252,7 @@ def test_sass_count_finds_the_kernel_and_its_work_loop():
     assert c["total"] == 13 and c["registers"] == 58 and c["stack_bytes"] == 0
     assert c["loop"] == 4 and c["loop_ops"] == {"IDP": 2, "LDG": 1, "BRA": 1}
     assert c["inner"] == 4 and c["inner_ops"] == c["loop_ops"]
-    # a row loop around the chunk loop (matvec.terms_kernel): the main loop is the row loop
+    # a row loop around the chunk loop (a persistent kernel): the main loop is the row loop
     # (more work: its stores' float ops), the inner loop the chunk loop with all the dots
     nested = listing.replace("@!P2 BRA 0x60", "@!P2 BRA 0x10").replace(
         "FADD R8, R8, R9", "FMUL R8, R8, R9")

@@ -593,36 +593,3 @@ def test_group_matvec_pair_gives_two_launches_bits(rng, monkeypatch, batch, rows
     for got, w in zip((ya.copy_to_host(), yb.copy_to_host()), want):
         assert np.isfinite(w).all()
         np.testing.assert_array_equal(got.view(np.uint32), w.view(np.uint32))
-
-
-@pytest.mark.parametrize("qt,M,K,parts,nr,rows", [(QType.Q4_K, 5, 512, 2, 4, 3),
-                                                  (QType.Q4_K, 9, 1280, 1, 8, 4),
-                                                  (QType.Q6_K, 6, 768, 1, 3, 5)])
-def test_token_tiles_on_block_shared_terms_give_the_tiles_bits(rng, monkeypatch, qt, M, K, parts,
-                                                               nr, rows):
-    # moe.TILE_TERMS: the tiles' blocks first fill their tokens' activation sums and scales
-    # (decision 0035), the rows read them there -- every (token, row) the plain tiles' bits,
-    # bias and residual included; T = 7 leaves a part tile (its last slots repeat token 6),
-    # M a part row block; Q6_K on its Q6_K_R copy, as the engine uploads it
-    from bw24nb.kernels import matvec_q6k, moe
-    from bw24nb.kernels.moe import launch_token_tiles, tile_terms, token_matrix
-    T = 7
-    raw = quantize(_rand(rng, M, K, scale=K ** -0.5), qt)
-    q6k_r = None
-    if qt == QType.Q6_K:
-        q6k_r = tuple(cuda.to_device(a) for a in matvec_q6k.repack_q6_k(raw, M, K))
-    tm = dataclasses.replace(token_matrix(cuda.to_device(raw), qt, M, K, q6k_r=q6k_r),
-                             parts=parts)
-    xq, xd = _int8(_rand(rng, T, K))
-    xa = tm.x_args(xq, xd)
-    bias = cuda.to_device(rng.standard_normal(M).astype(np.float32))
-    res = cuda.to_device(rng.standard_normal((T, M)).astype(np.float32))
-    out = []
-    for on in (True, False):
-        monkeypatch.setattr(moe, "TILE_TERMS", on)
-        assert (tile_terms(tm, nr) is not None) == on
-        y = _poisoned((T, M))
-        launch_token_tiles(tm, xa, y, T, nr=nr, rows=rows, bias=bias, residual=res)
-        out.append(y.copy_to_host())
-    assert np.isfinite(out[0]).all()
-    np.testing.assert_array_equal(out[0].view(np.uint32), out[1].view(np.uint32))

@@ -79,9 +79,9 @@ numpy references: `matvec_reference` (float path) and `matvec_q8_reference` (dp4
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda
 
-from ..device import simulator_enabled, sm_count
+from ..device import simulator_enabled
 from ..jit import kernel
 from ..quant.types import QType, row_bytes
 from ..ptx import f32_from_bits, ld_nc_v4_u32, warp_sum, warp_sum8, warp_sum16
@@ -101,9 +101,6 @@ UNROLL = 4
 # total per (row, warp of the block); shared sizes must be compile-time constants.
 MAX_ROWS = 9
 PART_SH_ROWS = WARPS_PER_BLOCK * MAX_ROWS
-# Alignment of the terms kernels' dynamic shared memory (`terms_kernel`): their paths read it
-# 16 bytes at a time. The simulator takes no alignment argument (None).
-_TERMS_ALIGN = None if simulator_enabled() else 16
 
 
 @cuda.jit(device=True, inline="always")
@@ -775,7 +772,7 @@ def group_pair_kernels(p):
     return _PAIR_KERNELS[key]
 
 
-def tile_kernel(p, nr, fixed_parts=0, fill=None):
+def tile_kernel(p, nr, fixed_parts=0):
     """`token_kernel` for one ordinary matrix (no experts: k = 1, every token its own x row)
     over tiles of nr tokens: kern[(ceil(M / RB), ceil(T / nr)), THREADS](w, M, K, x, y, bias,
     residual, has_bias, has_residual, T, parts, RB), y[t M + m] = (W x_t)[m] (+ bias[m])
@@ -788,11 +785,8 @@ def tile_kernel(p, nr, fixed_parts=0, fill=None):
     one-row order), then the warp tree and the parts in warp order, as `token_kernel` sums it:
     y[t M + m], the token kernel's bits. The tile's activations come from DRAM once and then
     from the cache for the block's other rows -- the token kernel reads a token's whole x for
-    every row it computes (the 35B-A3B router at T = 128: 256 rows x 128 tokens x 8 KB).
-    With `fill` (a terms path p and its fill, `terms_kernel`), the block first writes its
-    tokens' activation terms to dynamic shared memory (launch with their bytes), and the rows
-    read them there: the same bits."""
-    step = _rows_step(p if fill is not None else p._replace(x_row=_mapped_x_row(p.x_row)), nr)
+    every row it computes (the 35B-A3B router at T = 128: 256 rows x 128 tokens x 8 KB)."""
+    step = _rows_step(p._replace(x_row=_mapped_x_row(p.x_row)), nr)
     units, row_base, U = p.units, p.base, p.unroll
     zero, totals = unrolled(nr, _zero), unrolled(nr, _warp_total)
     FP = fixed_parts
@@ -829,13 +823,7 @@ def tile_kernel(p, nr, fixed_parts=0, fill=None):
         part = wi % P
         RS = WARPS_PER_BLOCK // P             # rows the block sums at a time
         T0 = np.int64(cuda.blockIdx.y) * nr
-        if fill is not None:                  # (a build-time constant: one branch compiled)
-            terms = cuda.shared.array(0, float32, alignment=_TERMS_ALIGN)
-            fill(terms, x, K, nr, T0, np.int64(T) - 1)
-            xs = (x[0], terms, T0, np.int64(T) - 1)
-        else:
-            picks(acc, (rows, T0, np.int64(T)))
-            xs = (x, rows)
+        picks(acc, (rows, T0, np.int64(T)))
         units_k = units(K)
         last = units_k - 1
         stride = 32 * P
@@ -846,7 +834,7 @@ def tile_kernel(p, nr, fixed_parts=0, fill=None):
             base = row_base(min(m, M - 1), K)
             zero(acc, ())
             for u in range(32 * part + lane, n, stride * U):
-                step(acc, w, xs, base, u, stride, last, n, K)
+                step(acc, w, (x, rows), base, u, stride, last, n, K)
             totals(acc, (part_sh, lane, P))
             if P > 1:
                 cuda.syncthreads()
@@ -913,20 +901,19 @@ _GROUP_KERNELS: dict = {}
 _TILE_KERNELS: dict = {}
 
 
-def tile_kernels(p, nr, fill=None):
+def tile_kernels(p, nr):
     """kernels(parts): path p's `tile_kernel` for tiles of nr tokens (<= MAX_ROWS), one build
-    for parts = 1 (the split folded in) and one for 2 and 4, each built on first request (with
-    `fill`: the terms path p's block-shared terms)."""
+    for parts = 1 (the split folded in) and one for 2 and 4, each built on first request."""
     if not 1 <= nr <= MAX_ROWS:
         raise ValueError(f"{p.name}: a tile holds 1 .. {MAX_ROWS} tokens, not {nr}")
-    key = (p.name, p.unroll, nr, fill is not None)
+    key = (p.name, p.unroll, nr)
     if key not in _TILE_KERNELS:
         built = {}
 
         def kernels(parts):
             fp = 1 if parts == 1 else 0
             if fp not in built:
-                built[fp] = tile_kernel(p, nr, fp, fill)
+                built[fp] = tile_kernel(p, nr, fp)
             return built[fp]
         _TILE_KERNELS[key] = kernels
     return _TILE_KERNELS[key]
@@ -986,103 +973,14 @@ def path_kernels(p, who):
     return kernels
 
 
-# ---------------------------------------------------------------- rows, activation terms shared
+# Verify's rows kernels with the activation terms shared by the block (session 28: each
+# persistent block wrote its tokens' activation sums and scales to shared memory once for all
+# its rows; Q4_K and Q6_K_R, the same bits, 19-35 % fewer SASS instructions a (token, chunk))
+# lost on the H200 (session 29): Q4_K 12288 x 4096 at T = 4 25.78 against 23.46 us, the 9B's
+# verify at K = 3 8.22 against 6.64 ms. The rows kernels wait on their loads (session 23's
+# profile), not on issue. They were removed, with the rows prefill's token tiles on the same
+# terms; decision 0035.
 
-# Verify's rows kernels are bound by instructions, not by DRAM (decision 0035): every warp
-# redoes, for its own weight row, what depends only on the activations -- a chunk's sums of
-# activations (the min / -32 terms of the K-quants) and its scales. `terms_kernel` computes
-# them once a block: `fill(terms, x, K, nr, T0, Tl)` writes each (slot, unit)'s terms to
-# dynamic shared memory -- slot t holding token min(T0 + t, Tl) -- and meets the block
-# barrier; then persistent warps take rows warp, warp + nwarps, ... one warp a row, each lane
-# on units lane, lane + 32, ..., with `_rows_step` -- the rows kernels' slots in the row
-# loop's order -- and `rows_epilogue`'s warp tree and store. The path reads its activations
-# through x_row(xs, t, K) with xs = (x[0], terms, T0, Tl), so a row is summed as the parts = 1
-# row loop sums it: each token's row gets `rows_kernel_of(p, nr, 1)`'s bits as long as the
-# path's value computes the same expression from the same operands. `tile_kernel` takes the
-# same fill for the rows prefill's token tiles (slot t: token T0 + t of the chunk).
-
-
-def terms_kernel(p, nr, fill):
-    """Path p's rows kernel for nr rows of activations with fill's block-shared terms (above),
-    named <p.name>_r<nr>; the rows kernels' parameters but parts (always 1). Launch it with
-    the terms' bytes of dynamic shared memory and any whole number of warps a block."""
-    step, units, row_base, U = _rows_step(p, nr), p.units, p.base, p.unroll
-    zero, finish = rows_epilogue(nr)
-
-    def matvec_terms(w, M, K, x, y, bias, residual, has_bias, has_residual):
-        # 16-byte aligned (_TERMS_ALIGN); numba's float32, not numpy's, for the simulator
-        terms = cuda.shared.array(0, float32, alignment=_TERMS_ALIGN)
-        T0, Tl = np.int64(0), np.int64(nr - 1)  # slot t holds token t
-        fill(terms, x, K, nr, T0, Tl)           # ends with the block's barrier
-        xs = (x[0], terms, T0, Tl)
-        lane = np.uint32(cuda.threadIdx.x & 31)
-        warp = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
-        nwarps = cuda.gridDim.x * (cuda.blockDim.x >> 5)
-        n = np.uint32(units(K))
-        last = np.uint32(n - np.uint32(1))
-        acc = cuda.local.array(nr, np.float32)
-        for row in range(warp, M, nwarps):
-            base = row_base(row, K)
-            zero(acc, ())
-            u = lane
-            while u < n:
-                step(acc, w, xs, base, u, np.uint32(32), last, n, K)
-                u = np.uint32(u + np.uint32(32 * U))
-            # parts = 1: `finish` never touches its combine buffer (terms stands in for it)
-            finish(acc, terms, lane, 0, row, M, 1, y, bias, residual, has_bias, has_residual)
-
-    return _named(matvec_terms, p, 0, nr)
-
-
-# Registers an SM holds (sm_80 .. sm_120 alike) and the granularity a warp's are allocated in
-REGS_PER_SM = 65536
-_REG_UNIT = 256
-SHARED_PER_SM = 227 * 1024
-
-
-def resident_blocks(kern, warps, shared_bytes, most) -> int:
-    """Blocks of `warps` warps and `shared_bytes` of dynamic shared memory that one SM holds at
-    once by the compiled kernel's registers, at most `most` (and `most` where the count is not
-    known: the simulator, or a kernel not compiled yet). A persistent grid sized past it runs
-    its last blocks in a second wave, after the first has walked all its rows: e.g. a terms
-    kernel at T = 9 (146 - 188 registers) fits one 8-warp block an SM, not two."""
-    try:
-        regs = kern.get_regs_per_thread()
-    except Exception:               # noqa: BLE001 -- the simulator's kernels have no registers
-        return most
-    if isinstance(regs, dict):
-        if not regs:
-            return most
-        regs = max(regs.values())
-    per_warp = -(-int(regs) * 32 // _REG_UNIT) * _REG_UNIT
-    by_regs = REGS_PER_SM // (per_warp * warps)
-    by_shared = SHARED_PER_SM // (shared_bytes + 1024) if shared_bytes else most
-    return max(1, min(most, by_regs, by_shared))
-
-
-def terms_grid(kern, M, warps, per_sm, shared_bytes) -> int:
-    """Blocks of a launch of terms kernel `kern`: `per_sm` an SM, or as many as one holds at
-    once (`resident_blocks`: the warps are persistent), never more than M rows need at
-    `warps` warps a block."""
-    per_sm = resident_blocks(kern, warps, shared_bytes, per_sm)
-    return min((M + warps - 1) // warps, sm_count() * per_sm)
-
-
-def terms_kernels(p, fill):
-    """kernels(rows, K=None): path p's `terms_kernel` for 2 .. MAX_ROWS rows, its unroll fitted
-    to rows of K values when K is given (`fit_unroll`), built on first request."""
-    built = {}
-
-    def kernels(rows, K=None):
-        if not 2 <= rows <= MAX_ROWS:
-            raise ValueError(f"{p.name}: a launch carries 2 .. {MAX_ROWS} rows, not {rows}")
-        q = p if K is None else fit_unroll(p, K, 1)
-        key = (rows, q.unroll)
-        if key not in built:
-            built[key] = terms_kernel(q, rows, fill)
-        return built[key]
-
-    return kernels
 
 # ---------------------------------------------------------------- the generic paths
 

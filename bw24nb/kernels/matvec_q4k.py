@@ -50,10 +50,10 @@ from numba import cuda, float32, uint32
 from ..device import sm_count
 from ..jit import kernel
 from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32,
-                   ld_v4_f32, warp_sum)
+                   warp_sum)
 from ..quant.types import QType, type_size
 from .matvec import (WARPS_PER_BLOCK, RowPath, fit_unroll, group_kernels, path_kernels,
-                     store_row, terms_grid, terms_kernels, token_kernels)
+                     store_row, token_kernels)
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -436,109 +436,6 @@ def persistent_grid(M, per_sm) -> int:
 matvec_q8_q4_k_xreg4 = xreg_kernel(4, False)
 matvec_q8_q4_k_xreg4_db = xreg_kernel(4, True)
 
-
-# ---------------------------------------------------------------- rows, activation terms shared
-
-# Verify's rows kernels (`KERNELS(T, 1)`, T = K + 1 tokens) are bound by instructions, not by
-# DRAM: at 4 rows of 12288 x 4096 they took 24.05 us against 11.44 for one (session 14), and
-# their SASS loop spends 49 instructions a (token, chunk) pair, 16 of them dp4a (sm_90, session
-# 28). Half of those dp4a -- the sums of the 16 + 16 activations a chunk meets, the min term --
-# and the two activation block scales depend on the token and the chunk, not on the weight
-# row, yet every warp recomputes them for its row. `rsh_kernels` (matvec.terms_kernel) has each
-# block compute them once: (xd_a, xd_b, sum_a, sum_b) for every (token, chunk), as float32
-# (the sums as the float32 the row loop converts them to: exact) in shared memory, read back
-# 16 bytes at a time; a chunk's value is `_chunk_dot`'s expression on the same operands, so
-# each token's row gets `KERNELS(1, 1)`'s bits (tests check it against the rows kernels and
-# the one-row kernel; kernel-check `matvec_rsh` on the GPU, where the compiler's fused
-# multiply-adds decide).
-# Shared memory is T K / 2 bytes (48 KB: T <= 8 at K = 12288, T <= 9 up to K = 10240); larger
-# launches keep the rows kernels. Off until timed on the GPU (run_bench --launch q4k-rsh).
-RSH = False                 # True: rows >= 2, parts = 1 launches run `rsh_kernels`
-RSH_WARPS = 8               # warps a block: the terms are filled once for 8 warps' rows
-RSH_BLOCKS_PER_SM = 2
-RSH_MAX_SHARED = 48 * 1024  # bytes of dynamic shared memory a launch may ask without opt-in
-_TERMS = 4                  # floats a (token, chunk): xd_a, xd_b, sum_a, sum_b
-
-
-def rsh_shared_bytes(rows: int, K: int) -> int:
-    """Dynamic shared memory of an `rsh_kernels` launch: the terms of rows x K / 32 chunks."""
-    return rows * (K // 32) * _TERMS * 4
-
-
-def rsh_fits(K, parts, rows) -> bool:
-    """Whether `rsh_kernels` can take a launch: several rows of activations at one warp a row
-    (the row loop's order is the persistent kernel's only then) and their terms within
-    RSH_MAX_SHARED."""
-    return rows >= 2 and parts == 1 and K % 256 == 0 \
-        and rsh_shared_bytes(rows, K) <= RSH_MAX_SHARED
-
-
-def rsh_serves(M, K, parts, rows) -> bool:
-    """Whether a launch runs `rsh_kernels`: RSH on and `rsh_fits`."""
-    return RSH and rsh_fits(K, parts, rows)
-
-
-@cuda.jit(device=True, inline="always")
-def fill_terms(terms, x, K, nr, T0, Tl):
-    """terms[4 e .. 4 e + 3] = (xd_a, xd_b, float32(sum_a), float32(sum_b)) of entry
-    e = t n + c (slot t, chunk c of n = K / 32) from x = (xq words, xd), slot t holding token
-    min(T0 + t, Tl), by the block's threads in turn, then the block barrier: the operands
-    `_chunk_dot` loads or computes."""
-    xq, xd = x
-    n = K >> 5
-    for e in range(cuda.threadIdx.x, nr * n, cuda.blockDim.x):
-        t = e // n
-        c = _u32(e - t * n)
-        tok = min(T0 + t, Tl)
-        b = _u32(c >> np.uint32(3))
-        k = _u32(c & np.uint32(7))
-        p, h = _u32(k >> np.uint32(1)), _u32(k & np.uint32(1))
-        xw = _u32(tok * (K >> 2)) + _u32(b * np.uint32(64) + _u32(16 * p + 4 * h))
-        a0, a1, a2, a3 = ld_nc_v4_u32(xq, xw)
-        b0, b1, b2, b3 = ld_nc_v4_u32(xq, xw + np.uint32(8))
-        xda, xdb = ld_nc_v2_f32(xd, _u32(tok * (K >> 5)) + _u32(b * np.uint32(8) + _u32(2 * p)))
-        i = _u32(_TERMS * e)
-        terms[i] = xda
-        terms[i + np.uint32(1)] = xdb
-        terms[i + np.uint32(2)] = _f32(_dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3))
-        terms[i + np.uint32(3)] = _f32(_dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3))
-    cuda.syncthreads()
-
-
-@cuda.jit(device=True, inline="always")
-def _rsh_x_row(x, t, K):
-    """Slot t of x = (xq words, terms, T0, Tl): the arrays, the first word of its token
-    min(T0 + t, Tl) and its first term."""
-    xq, terms, T0, Tl = x
-    return xq, terms, _u32(min(T0 + t, Tl) * (K >> 2)), _u32(t * (K >> 5) * _TERMS)
-
-
-@cuda.jit(device=True, inline="always")
-def _rsh_value(w, x, row_word, c, wq):
-    """Chunk c's value (step 1 of the module docstring) against token x = `_rsh_x_row`:
-    `_chunk_dot`'s expression with its activation sums and scales read from the terms."""
-    xq, terms, ow, ot = x
-    p, h = _lane_pos()
-    dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = wq
-    b = _u32(_u32(c) >> np.uint32(3))
-    xw = ow + _u32(b * np.uint32(64) + _u32(16 * p + 4 * h))
-    a0, a1, a2, a3 = ld_nc_v4_u32(xq, xw)
-    b0, b1, b2, b3 = ld_nc_v4_u32(xq, xw + np.uint32(8))
-    sa = _dot4(l0, l1, l2, l3, a0, a1, a2, a3)
-    sb16 = _dot4_us(h0, h1, h2, h3, b0, b1, b2, b3)
-    xda, xdb, sxa, sxb = ld_v4_f32(terms, ot + _u32(_TERMS * _u32(c)))
-    va = xda * (dsa * _f32(sa) - dma * sxa)
-    vb = xdb * (dsb * _f32(sb16) - dmb * sxb)
-    return va + vb
-
-
-# w = (w32,), x = (xq words, xd) as the rows kernels take them; the loop reads (xq, terms)
-PATH_RSH = PATH._replace(name="matvec_q8_q4_k_rsh", value=_rsh_value, x_row=_rsh_x_row)
-rsh_kernels = terms_kernels(PATH_RSH, fill_terms)      # rsh_kernels(rows, K=None)
-
-
-matvec_q8_q4_k_rsh_r4 = rsh_kernels(4)
-
 _SIG = ("void(UniTuple(uint32[::1], 1), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
@@ -557,15 +454,10 @@ PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                       "void(uint32[::1], int32, int32, uint32[::1], float32[::1], float32[::1], "
                       "float32[::1], float32[::1], int32, int32)"]}
 PTX_SIGNATURES["matvec_q8_q4_k_xreg4_db"] = PTX_SIGNATURES["matvec_q8_q4_k_xreg4"]
-# the terms kernels take no `parts` (always 1)
-PTX_SIGNATURES["matvec_q8_q4_k_rsh_r4"] = [_SIG.replace("int32, int32, int32)", "int32, int32)")]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_tok"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
-# the block's terms read back 16 bytes at a time (ld_v4_f32 on a shared array: sm_90's NVVM
-# writes ld.shared.v4.f32, sm_120's ld.shared.v4.b32)
-EXPECTED_PTX["matvec_q8_q4_k_rsh_r4"] = EXPECTED_PTX["matvec_q8_q4_k_v4"] + ["ld.shared.v4."]
 
 
 def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads, stream,
@@ -578,14 +470,6 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
     if not nibble and xreg_serves(M, K, parts, rows):
         xreg_kernel(K // 1024)[persistent_grid(M, XREG_BLOCKS_PER_SM), threads, stream](
             w32, np.int32(M), np.int32(K), xq, xd, y_dev,
-            y_dev if bias is None else bias, y_dev if residual is None else residual,
-            np.int32(bias is not None), np.int32(residual is not None))
-        return
-    if not nibble and rsh_serves(M, K, parts, rows):
-        kern, shared = rsh_kernels(rows, K), rsh_shared_bytes(rows, K)
-        grid = terms_grid(kern, M, RSH_WARPS, RSH_BLOCKS_PER_SM, shared)
-        kern[grid, 32 * RSH_WARPS, stream, shared](
-            (w32,), np.int32(M), np.int32(K), (xq, xd), y_dev,
             y_dev if bias is None else bias, y_dev if residual is None else residual,
             np.int32(bias is not None), np.int32(residual is not None))
         return

@@ -57,11 +57,11 @@ at decode `launch_matvec_q8_q6k_r(body_dev, d_dev, M, K, xq, xd, y, ...)` with x
 import numpy as np
 from numba import cuda
 
-from ..ptx import dp4a, f32_bits, f32_from_bits, ld_nc_v4_u32, ld_v4_f32
+from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
 from .matvec import (THREADS, WARPS_PER_BLOCK, RowPath, _flat, at_least, check_rows,
-                     path_kernels, terms_grid, terms_kernels, x_row_q8, warps_per_row)
+                     path_kernels, x_row_q8, warps_per_row)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
 
@@ -256,134 +256,19 @@ PATH = RowPath("matvec_q8_q6_k_r", __name__, UNROLL, _units, _base, _weights, _v
 KERNELS = path_kernels(PATH, "matvec_q6k_r")    # KERNELS(rows, parts)
 
 
-# ---------------------------------------------------------------- rows, activation terms shared
-
-# As matvec_q4k.py's RSH (decision 0035): half of a chunk's 32 dp4a a row -- -32 times each
-# quarter's sum of activations -- and its four activation scales depend on the token and the
-# chunk, not on the weight row. `rsh_kernels` (matvec.terms_kernel) has each block compute
-# them once: for every (token, chunk) the quarters' xd (4 float32) and m_j = -32 sum(x) (4
-# int32, kept as their bits in the float32 terms), read back 2 x 16 bytes; a quarter's isum
-# is then the dp4a chain of its q . x seeded with m_j -- the same exact int32 -- and its value
-# `_quarter`'s expression, so each token's row keeps `KERNELS(1, 1)`'s bits. The LM head of
-# the 9B (248320 x 4096) is the verify's largest launch. Terms: T K / 2 bytes, as for Q4_K.
-# Off until timed on the GPU (run_bench --launch q6k-rsh).
-RSH = False
-RSH_WARPS = 8
-RSH_BLOCKS_PER_SM = 2
-RSH_MAX_SHARED = 48 * 1024
-_TERMS = 8                  # float32 a (token, chunk): xd_0..3, then m_0..3 as int32 bits
-
-
-def rsh_shared_bytes(rows: int, K: int) -> int:
-    """Dynamic shared memory of an `rsh_kernels` launch: the terms of rows x K / 64 chunks."""
-    return rows * (K // 64) * _TERMS * 4
-
-
-def rsh_fits(K, parts, rows) -> bool:
-    """Whether `rsh_kernels` can take a launch: several rows of activations at one warp a row
-    and their terms within RSH_MAX_SHARED."""
-    return rows >= 2 and parts == 1 and rsh_shared_bytes(rows, K) <= RSH_MAX_SHARED
-
-
-def rsh_serves(M, K, parts, rows) -> bool:
-    """Whether a launch runs `rsh_kernels`: RSH on and `rsh_fits`."""
-    return RSH and rsh_fits(K, parts, rows)
-
-
-@cuda.jit(device=True, inline="always")
-def fill_terms(terms, x, K, nr, T0, Tl):
-    """terms[8 e .. 8 e + 7] = (xd_0..3, m_0..3) of entry e = t n + c (slot t, chunk c of
-    n = K / 64) from x = (xq words, xd words), slot t holding token min(T0 + t, Tl), by the
-    block's threads in turn, then the block barrier."""
-    xq, xd32 = x
-    n = K >> 6
-    for e in range(cuda.threadIdx.x, nr * n, cuda.blockDim.x):
-        t = e // n
-        c = np.uint32(e - t * n)
-        tok = min(T0 + t, Tl)
-        b = c >> np.uint32(2)
-        h = (c >> np.uint32(1)) & np.uint32(1)
-        col = c & np.uint32(1)
-        f0, f1, f2, f3 = ld_nc_v4_u32(xd32, np.uint32(tok * (K >> 5)) + np.uint32(8 * b + 4 * h))
-        xw = np.uint32(tok * (K >> 2)) + np.uint32(64 * b + 32 * h + 4 * col)
-        i = np.uint32(_TERMS * e)
-        terms[i] = f32_from_bits(f0)
-        terms[i + np.uint32(1)] = f32_from_bits(f1)
-        terms[i + np.uint32(2)] = f32_from_bits(f2)
-        terms[i + np.uint32(3)] = f32_from_bits(f3)
-        for j in range(4):
-            x0, x1, x2, x3 = ld_nc_v4_u32(xq, xw + np.uint32(8 * j))
-            m = dp4a(_MINUS32, np.int32(x0), np.int32(0))
-            m = dp4a(_MINUS32, np.int32(x1), m)
-            m = dp4a(_MINUS32, np.int32(x2), m)
-            terms[i + np.uint32(4 + j)] = f32_from_bits(dp4a(_MINUS32, np.int32(x3), m))
-    cuda.syncthreads()
-
-
-@cuda.jit(device=True, inline="always")
-def _rsh_x_row(x, t, K):
-    """Slot t of x = (xq words, terms, T0, Tl): the arrays, the first word of its token
-    min(T0 + t, Tl) and its first term."""
-    xq, terms, T0, Tl = x
-    return xq, terms, np.uint32(min(T0 + t, Tl) * (K >> 2)), np.uint32(t * (K >> 6) * _TERMS)
-
-
-@cuda.jit(device=True, inline="always")
-def _rsh_quarter(ds, xd, m, xq, xw, q0, q1, q2, q3):
-    """`_quarter` with -32 sum(x) given (m, the exact int32 its dp4a chain ends at): the dp4a
-    chain of q . x seeded with it is the same isum."""
-    x0, x1, x2, x3 = ld_nc_v4_u32(xq, xw)
-    s = dp4a(np.int32(q0), np.int32(x0), m)
-    s = dp4a(np.int32(q1), np.int32(x1), s)
-    s = dp4a(np.int32(q2), np.int32(x2), s)
-    s = dp4a(np.int32(q3), np.int32(x3), s)
-    return (ds * xd) * np.float32(s)
-
-
-@cuda.jit(device=True, inline="always")
-def _rsh_value(w, x, base, c, wq):
-    """`_chunk_value` against token x = `_rsh_x_row`: the quarters' scales and -32 sums from
-    the terms (two 16-byte shared reads), then per quarter its 16 activations and 4 dp4a."""
-    xq, terms, ow, ot = x
-    (ds0, ds1, ds2, ds3, p0, p1, p2, p3, q0, q1, q2, q3, r0, r1, r2, r3,
-     u0, u1, u2, u3) = wq
-    uc = np.uint32(c)
-    i = ot + np.uint32(_TERMS) * uc
-    f0, f1, f2, f3 = ld_v4_f32(terms, i)
-    m0, m1, m2, m3 = ld_v4_f32(terms, i + np.uint32(4))
-    b = uc >> np.uint32(2)
-    xw = ow + np.uint32(64 * b + 32 * ((uc >> np.uint32(1)) & np.uint32(1))
-                        + 4 * (uc & np.uint32(1)))
-    v = _rsh_quarter(ds0, f0, f32_bits(m0), xq, xw, p0, p1, p2, p3)
-    v += _rsh_quarter(ds1, f1, f32_bits(m1), xq, xw + np.uint32(8), q0, q1, q2, q3)
-    v += _rsh_quarter(ds2, f2, f32_bits(m2), xq, xw + np.uint32(16), r0, r1, r2, r3)
-    v += _rsh_quarter(ds3, f3, f32_bits(m3), xq, xw + np.uint32(24), u0, u1, u2, u3)
-    return v
-
-
-PATH_RSH = PATH._replace(name="matvec_q8_q6_k_r_rsh", value=_rsh_value, x_row=_rsh_x_row)
-rsh_kernels = terms_kernels(PATH_RSH, fill_terms)      # rsh_kernels(rows, K=None)
-
-
 # module attributes so that tests/test_compile_ptx.py compiles them (PTX_SIGNATURES); the other
 # row counts are the same code with another constant
 matvec_q8_q6_k_r = KERNELS(1, 2)
 matvec_q8_q6_k_r_p1 = KERNELS(1, 1)
 matvec_q8_q6_k_r_r4 = KERNELS(4, 2)
-matvec_q8_q6_k_r_rsh_r4 = rsh_kernels(4)
 
 _SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
         "Tuple((uint32[::1], uint32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
 PTX_SIGNATURES = {"matvec_q8_q6_k_r": [_SIG], "matvec_q8_q6_k_r_p1": [_SIG],
-                  "matvec_q8_q6_k_r_r4": [_SIG],
-                  # the terms kernels take no `parts` (always 1)
-                  "matvec_q8_q6_k_r_rsh_r4": [_SIG.replace("int32, int32, int32)",
-                                                           "int32, int32)")]}
+                  "matvec_q8_q6_k_r_r4": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
-# the terms read back 16 bytes at a time (ld.shared.v4.f32 on sm_90, .b32 on sm_120)
-EXPECTED_PTX["matvec_q8_q6_k_r_rsh_r4"] = EXPECTED_PTX["matvec_q8_q6_k_r"] + ["ld.shared.v4."]
 
 
 # ---------------------------------------------------------------- launcher and reference
@@ -432,17 +317,8 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     parts = warps_per_row(M, K) if parts is None else int(parts)
     if parts not in (1, 2, 4):
         raise ValueError(f"matvec_q6k_r: parts (warps per row) must be 1, 2 or 4, not {parts}")
-    y = _flat(y)
-    if rsh_serves(M, K, parts, rows):
-        kern, shared = rsh_kernels(rows, K), rsh_shared_bytes(rows, K)
-        grid = terms_grid(kern, M, RSH_WARPS, RSH_BLOCKS_PER_SM, shared)
-        kern[grid, 32 * RSH_WARPS, stream, shared](
-            (_flat(body).view(np.uint32), _flat(d)), np.int32(M), np.int32(K),
-            (_flat(xq)[:rows * K].view(np.uint32), _flat(xd)[:rows * K // 32].view(np.uint32)),
-            y, y if bias is None else bias, y if residual is None else _flat(residual),
-            np.int32(bias is not None), np.int32(residual is not None))
-        return
     grid = (M * parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
+    y = _flat(y)
     kern = KERNELS(rows, parts, K)
     kern[grid, THREADS, stream](
         (_flat(body).view(np.uint32), _flat(d)), np.int32(M), np.int32(K),

@@ -509,13 +509,9 @@ class TokenMatrix:
         p, lanes = self._fitted(parts)
         return matvec.group_kernels(p, lanes)(parts)
 
-    def tile_kernels(self, parts, nr, terms=None):
+    def tile_kernels(self, parts, nr):
         """`matvec.tile_kernel` of the path for tiles of nr tokens (whole-warp rows: a short
-        row's sub-warp tree gives the same bits, `matvec.lanes_per_row`); with `terms`
-        (`tile_terms`' answer) on the block-shared activation terms."""
-        if terms is not None:
-            p = matvec.fit_unroll(terms[0], self.cols, parts)
-            return matvec.tile_kernels(p, nr, terms[1])(parts)
+        row's sub-warp tree gives the same bits, `matvec.lanes_per_row`)."""
         return matvec.tile_kernels(self._fitted(parts)[0], nr)(parts)
 
     def blocks(self, nrows):
@@ -708,35 +704,12 @@ ROUTER_TILE_TOKENS = 4
 ROUTER_TILE_ROWS = 8
 
 
-# The token tiles of Q4_K / Q6_K_R matrices on the block-shared activation terms (decision
-# 0035: each block computes its tokens' activation sums and scales once for all its rows,
-# matvec.tile_kernel's `fill`; the same bits). The rows prefill's dense matvecs run on them.
-# Off until timed on the GPU (run_bench --launch tile-terms).
-TILE_TERMS = False
-
-
-def tile_terms(tm: TokenMatrix, nr: int):
-    """(terms path, its fill, the terms' bytes) for tiles of nr tokens of `tm`, or None: the
-    switch off, a path without block-shared terms (Q4_K and Q6_K_R have them), or terms past
-    the path's RSH_MAX_SHARED (the dynamic shared memory a launch gets without opt-in)."""
-    from . import matvec_q4k, matvec_q6k
-    if not TILE_TERMS:
-        return None
-    for mod in (matvec_q4k, matvec_q6k):
-        if tm.path is mod.PATH:
-            shared = mod.rsh_shared_bytes(nr, tm.cols)
-            if shared <= mod.RSH_MAX_SHARED:
-                return mod.PATH_RSH, mod.fill_terms, shared
-    return None
-
-
 def launch_token_tiles(tm: TokenMatrix, x_args, y, T: int, stream=0, nr=None, rows=None,
                        bias=None, residual=None):
     """y[t, :] = W @ x_t (+ bias) (+ residual[t, :]) for T tokens of one ordinary matrix
     (`launch_token_matvec` with use_ids off and k = 1, bit for bit; with bias / residual the
     decode matvec's `store_row`) on `matvec.tile_kernel`: nr tokens (default
-    ROUTER_TILE_TOKENS) x `rows` matrix rows (ROUTER_TILE_ROWS) a block (with TILE_TERMS, on
-    the block-shared activation terms where the path has them: `tile_terms`)."""
+    ROUTER_TILE_TOKENS) x `rows` matrix rows (ROUTER_TILE_ROWS) a block."""
     nr = nr or ROUTER_TILE_TOKENS
     rows = rows or ROUTER_TILE_ROWS
     y = _flat1(y)
@@ -746,8 +719,7 @@ def launch_token_tiles(tm: TokenMatrix, x_args, y, T: int, stream=0, nr=None, ro
             raise ValueError(f"token_tiles: {name} holds {a.size} values, not {n} "
                              f"(T = {T}, M = {tm.rows})")
     grid = ((tm.rows + rows - 1) // rows, (T + nr - 1) // nr)
-    terms = tile_terms(tm, nr)
-    tm.tile_kernels(tm.parts, nr, terms)[grid, THREADS, stream, 0 if terms is None else terms[2]](
+    tm.tile_kernels(tm.parts, nr)[grid, THREADS, stream](
         tm.w, np.int32(tm.rows), np.int32(tm.cols), x_args, y,
         y if bias is None else bias, y if residual is None else _flat1(residual),
         np.int32(bias is not None), np.int32(residual is not None), np.int32(T),

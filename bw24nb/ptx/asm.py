@@ -170,7 +170,7 @@ def f32_from_bits(typingctx, bits):
 def f32_bits(typingctx, value):
     """The int32 whose bits are float32 ``value``'s IEEE pattern (an LLVM bitcast: no
     instruction of its own); the inverse of `f32_from_bits`. For integers kept in a float32
-    array (matvec_q6k.py's block-shared terms)."""
+    array."""
     if not isinstance(value, types.Float):
         raise TypingError(f"f32_bits: needs a float, got {value}")
 
@@ -315,9 +315,9 @@ def ld_v4_f32(typingctx, array, index):
     """``(array[index], ..., array[index + 3])`` as one 16-byte vector load of LLVM's own (no
     inline asm: the address space stays the compiler's to infer, so a shared array's read is
     one ``ld.shared.v4.f32`` -- LDS.128 -- where four indexed reads stayed four LDS with their
-    negative-index checks, kernels/matvec_q4k.py's `_rsh_value`). ``array`` a 1-D C-contiguous
-    float32 array (global or shared), ``index`` a multiple of 4 from a 16-byte aligned base.
-    No bounds check, no negative-index wraparound."""
+    negative-index checks). ``array`` a 1-D C-contiguous float32 array (global or shared),
+    ``index`` a multiple of 4 from a 16-byte aligned base. No bounds check, no negative-index
+    wraparound."""
     if not (isinstance(array, types.Array) and array.dtype == types.float32
             and array.ndim == 1 and array.layout == "C"):
         raise TypingError(f"ld_v4_f32: needs a 1-D C-contiguous float32 array, got {array}")
