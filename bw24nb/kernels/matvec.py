@@ -471,7 +471,7 @@ def row_kernel(p, fixed_parts=0):
 # Verify's rows kernels wait on their loads (session 23's profile of 4 rows at 12288 x 4096:
 # 53 % of the stall cycles on L1TEX, 5.6 warps a scheduler at 80-86 registers). A register cap
 # buys resident warps at the price of spills; None leaves ptxas its choice. The bits do not
-# depend on it. run_bench / spec_bench --launch rows-cap<N>, matvec_bench --rows-cap N.
+# depend on it. run_bench / spec_bench --launch rows-cap<N>.
 ROWS_MAX_REGISTERS = None
 
 
