@@ -1,32 +1,25 @@
-# Session 28's device calls, for the next session with a machine (session 28 had none: no
-# machine was lent). Stages ($1, comma list):
-#   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-matvec_rows,matvec_rsh} (the
-#           rows kernels, whose slots are 32-bit since session 28, and the shared-terms rows
-#           kernels, bit for bit against the rows kernels and the one-row launch)
-#   mvb     bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --rsh --no-old
-#           (Q4_K rows kernels against the shared-terms ones, same run, bit-checked)
+# Session 29's device calls (session 28's script, its rejected terms-kernel modes gone). Stages
+# ($1, comma list):
+#   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-matvec_rows}
+#   mvb     bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --no-old
 #   q9spec  bench/spec_bench.py on the 9B shape: the verify's cost at K = ${SB_KS:-3}, --launch
-#           ${SB_LAUNCH:-default,rsh,rsh-b4} (rsh: matvec_q4k.RSH and
-#           matvec_q6k.RSH on; rsh-b4: at 4 blocks an SM)
+#           ${SB_LAUNCH:-default,rows-cap64,rows-cap72,rows-cap80} (the verify's rows kernels
+#           under a register cap: matvec.ROWS_MAX_REGISTERS)
 #   gate9   bench/spec_gate.py on the 9B shape, K = 1..8, states rollback ${G9_ARGS:-}
-#           --launch ${G9_LAUNCH:-rsh}
+#           --launch ${G9_LAUNCH:-default}
 #   q9m     run_bench on the 9B shape, --launch ${Q9M_LAUNCH:-default}
 #   m35     run_bench on the 35B-A3B shape, --launch ${M35_LAUNCH:-default}
 #   c05m    run_bench on the 0.5B shape, --launch ${C05M_LAUNCH:-default}
 #   pa, moe, lc as in h200_session27.sh
-# Planned call 1: KC_S=150 MVB_S=200 SB_S=250 kc,mvb,q9spec -- then, if kc and mvb hold the
-#   bits and q9spec's verify is faster, G9_S=300 G9_ARGS="--modes mtp,adversarial --n 48"
-#   gate9 before making RSH the default. Call 2 or 3: M35_S=300 M35_LAUNCH=default,tile-terms
-#   m35 (its rows prefill's token tiles run _rows_step, 32-bit since session 28: pp512 against
-#   2299-2306 tok/s; tile-terms: the tiles on the block-shared terms, moe.TILE_TERMS), and
-#   KC_ONLY=token_tiles kc (the tiles on the terms bit for bit the plain tiles).
+# Session 28's terms-kernel stages ran in session 29's call 1 (as h200_session28.sh on 6b812b8:
+#   kc,mvb,q9spec with --rsh / --launch rsh,rsh-b4): bit-exact and slower; removed.
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-pa}; . bench/device_env.sh
 { on q9m || on gate9 || on q9spec; } && [ ! -f /tmp/q9.gguf ] && { python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf --seed 1 --tokenizer none > $L/factory9.log 2>&1 & P9=$!; }
 on m35 && [ ! -f /tmp/m35.gguf ] && { python3 -m bw24nb.factory qwen3.6-35b-a3b --out /tmp/m35.gguf --seed 1 --tokenizer none > $L/factory35.log 2>&1 & P35=$!; }
 on c05m && [ ! -f /tmp/c05.gguf ] && { python3 -m bw24nb.factory qwen2.5-coder-0.5b --out /tmp/c05.gguf --seed 1 --tokenizer none > $L/factory05.log 2>&1 & P05=$!; }
-on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec_rows,matvec_rsh}"
+on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec_rows}"
   grep -E "PASS|FAIL|passed|Error|Traceback" $L/kc.log | cut -c1-150 | tail -30; }
-on mvb && { run ${MVB_S:-200} mvb python3 bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --rsh --no-old --commit $C --out /tmp/matvec_bench.jsonl
+on mvb && { run ${MVB_S:-200} mvb python3 bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --no-old --commit $C --out /tmp/matvec_bench.jsonl
   grep -E "dp4a|BAD|Error|Traceback" $L/mvb.log | cut -c1-150 | head -40; }
 on lc && { run ${LC_S:-90} lc python3 bench/launch_chain.py --only "${LC_ONLY:-rule}" --positions "" --commit $C --out /tmp/launch_chain.jsonl
   grep -vE "^\s*$|Warning|warn\(" $L/lc.log | cut -c1-160 | tail -20; }
@@ -38,9 +31,9 @@ on moe && { run ${MOE_S:-200} moe python3 bench/moe_bench.py --tokens ${MOE_T:-1
 on c05m && rb_stage c05m /tmp/c05.gguf qwen2.5-coder-0.5b-random ${C05M_LAUNCH:-default} ${C05M_S:-200} "attention"
 [ -n "${P9:-}" ] && wait $P9
 on q9m && rb_stage q9m /tmp/q9.gguf qwen3.5-9b-random ${Q9M_LAUNCH:-default} ${Q9M_S:-330} "ffn_|gdn_qkv|attention"
-on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${SB_KS:-3} --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default,rsh,rsh-b4} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
+on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${SB_KS:-3} --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default,rows-cap64,rows-cap72,rows-cap80} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
   grep -E "verify|decode_step|Error|Traceback" $L/q9spec.log | head -24; }
-on gate9 && { run ${G9_S:-300} gate9 python3 bench/spec_gate.py /tmp/q9.gguf --commit $C --jsonl /tmp/spec.jsonl --rollback states --launch ${G9_LAUNCH:-rsh} ${G9_ARGS:-}
+on gate9 && { run ${G9_S:-300} gate9 python3 bench/spec_gate.py /tmp/q9.gguf --commit $C --jsonl /tmp/spec.jsonl --rollback states --launch ${G9_LAUNCH:-default} ${G9_ARGS:-}
   grep -E "MATCH|MISMATCH|gate|Error|Traceback" $L/gate9.log | cut -c1-160 | tail -24; }
 [ -n "${P35:-}" ] && wait $P35
 on m35 && rb_stage m35 /tmp/m35.gguf qwen3.6-35b-a3b-random ${M35_LAUNCH:-default} ${M35_S:-240} "moe|gdn_|attention"
