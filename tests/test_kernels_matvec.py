@@ -470,6 +470,33 @@ def test_parts1_build_equals_run_time_parts_build(rng, rows):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_rows_register_cap_builds_its_own_kernels_with_the_same_bits(rng, monkeypatch):
+    """matvec.ROWS_MAX_REGISTERS (run_bench --launch rows-cap<N>): rows launches (T >= 2) get
+    their own builds, named _c<N>, and one-row launches keep theirs; the cap changes where
+    ptxas keeps values, never a sum, so the capped kernel's outputs are the uncapped one's
+    (the simulator drops the option: this checks the dispatch and the bits of the code)."""
+    from bw24nb.kernels import matvec, matvec_q4k as q4
+    M, K, rows = 6, 512, 3
+    w = random_weight_bytes(rng, QType.Q4_K, M, K)
+    xq, xd = quantize_act_q8_reference(rng.standard_normal((rows, K)).astype(np.float32))
+    w8 = cuda.to_device(np.ascontiguousarray(w).reshape(-1))
+    plain, one = q4.KERNELS(rows, 1), q4.KERNELS(1, 1)
+    monkeypatch.setattr(matvec, "ROWS_MAX_REGISTERS", 64)
+    capped = q4.KERNELS(rows, 1)
+    assert capped is not plain and q4.KERNELS(1, 1) is one
+    assert capped.py_func.__name__.endswith("_r3_c64")
+    outs = []
+    for kern in (plain, capped):
+        y = cuda.to_device(np.full(rows * M, np.nan, np.float32))
+        kern[(M + 3) // 4, 128]((w8.view(np.uint32),), np.int32(M), np.int32(K),
+                                (cuda.to_device(xq.reshape(-1)).view(np.uint32),
+                                 cuda.to_device(xd.reshape(-1))),
+                                y, y, y, np.int32(0), np.int32(0), np.int32(1))
+        outs.append(y.copy_to_host())
+    assert np.all(np.isfinite(outs[0]))
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
 def test_fit_unroll_cuts_slots_to_the_units_a_lane_has():
     """matvec.fit_unroll: a lane of a one-warp row of K = 2048 Q4_K values has 2 chunks (2
     slots a step), of K = 512 one (split over 2 warps: still one), of K = 4096 four (the path
