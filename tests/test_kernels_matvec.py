@@ -456,18 +456,24 @@ def test_parts1_build_equals_run_time_parts_build(rng, rows):
     w = random_weight_bytes(rng, QType.Q4_K, M, K)
     x = rng.standard_normal((rows, K)).astype(np.float32)
     xq, xd = quantize_act_q8_reference(x)
-    w8 = cuda.to_device(np.ascontiguousarray(w).reshape(-1))
     outs = []
     for kern in (q4.KERNELS(rows, 1), q4.KERNELS(rows, 2)):
         assert (kern is q4.KERNELS(rows, 1)) == (len(outs) == 0)
-        y = cuda.to_device(np.full(rows * M, np.nan, np.float32))
-        kern[(M + 3) // 4, 128]((w8.view(np.uint32),), np.int32(M),
-                                np.int32(K), (cuda.to_device(xq.reshape(-1)).view(np.uint32),
-                                              cuda.to_device(xd.reshape(-1))),
-                                y, y, y, np.int32(0), np.int32(0), np.int32(1))
-        outs.append(y.copy_to_host())
+        outs.append(_run_q4k_rows(kern, w, M, K, xq, xd, rows))
     assert np.all(np.isfinite(outs[0]))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def _run_q4k_rows(kern, w, M, K, xq, xd, rows):
+    """y (rows x M, NaN-poisoned first) from Q4_K rows kernel `kern` at parts = 1 on int8
+    activations (xq, xd), no bias or residual."""
+    w8 = cuda.to_device(np.ascontiguousarray(w).reshape(-1))
+    y = cuda.to_device(np.full(rows * M, np.nan, np.float32))
+    kern[(M + 3) // 4, 128]((w8.view(np.uint32),), np.int32(M), np.int32(K),
+                            (cuda.to_device(xq.reshape(-1)).view(np.uint32),
+                             cuda.to_device(xd.reshape(-1))),
+                            y, y, y, np.int32(0), np.int32(0), np.int32(1))
+    return y.copy_to_host()
 
 
 def test_rows_register_cap_builds_its_own_kernels_with_the_same_bits(rng, monkeypatch):
@@ -479,20 +485,12 @@ def test_rows_register_cap_builds_its_own_kernels_with_the_same_bits(rng, monkey
     M, K, rows = 6, 512, 3
     w = random_weight_bytes(rng, QType.Q4_K, M, K)
     xq, xd = quantize_act_q8_reference(rng.standard_normal((rows, K)).astype(np.float32))
-    w8 = cuda.to_device(np.ascontiguousarray(w).reshape(-1))
     plain, one = q4.KERNELS(rows, 1), q4.KERNELS(1, 1)
     monkeypatch.setattr(matvec, "ROWS_MAX_REGISTERS", 64)
     capped = q4.KERNELS(rows, 1)
     assert capped is not plain and q4.KERNELS(1, 1) is one
     assert capped.py_func.__name__.endswith("_r3_c64")
-    outs = []
-    for kern in (plain, capped):
-        y = cuda.to_device(np.full(rows * M, np.nan, np.float32))
-        kern[(M + 3) // 4, 128]((w8.view(np.uint32),), np.int32(M), np.int32(K),
-                                (cuda.to_device(xq.reshape(-1)).view(np.uint32),
-                                 cuda.to_device(xd.reshape(-1))),
-                                y, y, y, np.int32(0), np.int32(0), np.int32(1))
-        outs.append(y.copy_to_host())
+    outs = [_run_q4k_rows(kern, w, M, K, xq, xd, rows) for kern in (plain, capped)]
     assert np.all(np.isfinite(outs[0]))
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
 
