@@ -1,5 +1,5 @@
-# Sourced by the device scripts (bench/h200_session*.sh from session 4 on): the carried wheels
-# on the path, $OUT/logs, the kernel cache, and two helpers --
+# Sourced by the device scripts (bench/h200.sh, h200_decode.sh; before session 30 the per-session
+# bench/h200_sessionNN.sh): the carried wheels on the path, $OUT/logs, the kernel cache, and two helpers --
 #   on STAGE            true when STAGE is in the comma list $stages
 #   run SECONDS NAME CMD...   CMD under a time limit, output to $L/NAME.log, one "== NAME rc=.. Ns" line
 #   rb_stage NAME FILE MODEL LAUNCH SECONDS PATTERN
