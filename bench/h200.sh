@@ -3,7 +3,7 @@
 # `git show ff4c098:bench/h200_session29.sh` shows the last; `git log -- bench/h200_sessionNN.sh` finds
 # one). Stages ($1, comma list), each with a time limit ${NAME_S} and its own switches:
 #   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-matvec_rows}
-#   mvb     bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --no-old
+#   mvb     bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --no-old ${MVB_ARGS:-}
 #   mm      bench/matmul_q8_bench.py --shapes 9b --T 512 ${MM_ARGS:-}: the prefill GEMM alone
 #   sb      bench/gpu_same_bits.py: kernels against their twins, bit for bit, on the GPU
 #   lc      bench/launch_chain.py --only ${LC_ONLY:-rule}
@@ -33,7 +33,7 @@ factory() { python3 -m bw24nb.factory $1 --out $2 --seed 1 --tokenizer none > $L
 
 on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec_rows}"
   grep -E "PASS|FAIL|passed|Error|Traceback" $L/kc.log | cut -c1-150 | tail -30; }
-on mvb && { run ${MVB_S:-200} mvb python3 bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --no-old --commit $C --out /tmp/matvec_bench.jsonl
+on mvb && { run ${MVB_S:-200} mvb python3 bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --no-old ${MVB_ARGS:-} --commit $C --out /tmp/matvec_bench.jsonl
   grep -E "dp4a|BAD|Error|Traceback" $L/mvb.log | cut -c1-150 | head -40; }
 on mm && { run ${MM_S:-300} mm python3 bench/matmul_q8_bench.py --shapes 9b --T 512 ${MM_ARGS:-} --commit $C --jsonl /tmp/matmul_q8.jsonl
   grep -E "Q4_K|Q6_K|Q8_0|BAD|Error|Traceback" $L/mm.log | cut -c1-200 | head -60; }

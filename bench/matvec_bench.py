@@ -1,7 +1,7 @@
 """Decode matvec on a real GPU: how close to the read roofline is each real shape?
 
     python3 bench/matvec_bench.py [--shapes all|small|9b|35b|big] [--launches 50] [--no-old] [--out PATH]
-                                  [--act-rows 4,9] [--fit-ab] [--nibble]
+                                  [--act-rows 4,9] [--fit-ab] [--nibble] [--pairs]
                                   [--commit SHA]
 
 For each (M x K, weight type) of the default model (Qwen2.5-Coder-0.5B: Q5_0 / Q8_0 / Q6_K) and
@@ -26,6 +26,9 @@ quantized once beforehand):
   * --nibble: Q4_K shapes also get `dp4a_nib` (and `dp4a_nib_r<T>`): the same kernels on the
     activations in nibble order (quantize_act.nibble_order, decision 0027), which must give the
     natural order's bits (checked: a differing bit is BAD);
+  * --pairs: Q4_K shapes also get `dp4a_w2_r<T>` for every --act-rows T: the rows kernels on
+    two weight rows a warp (matvec.ROWS_PAIRS, decision 0036), which must give `dp4a_r<T>`'s
+    bits (checked: a differing bit is BAD);
   * max_rel_err: max over rows of |y - matvec_reference| / (|W| @ |x|)   (float64 reference;
     the kernels' bound is ~2e-6, see tests/test_kernels_matvec.py; > 1e-5 is flagged BAD;
     dp4a rows against matvec_q8_reference, i.e. x as quantized, flagged above 1e-4).
@@ -192,12 +195,12 @@ def _commit() -> str:
         return "unknown"
 
 
-def _switched(switch, launch):
-    """launch() with the switch bw24nb.kernels.matvec.<switch> off, restored after
-    (run_bench.switched): FIT_UNROLL (off: the path's full unroll) and QX0_V4 (off: Q8_0 /
-    Q5_0 / Q4_0 on the generic group path)."""
+def _switched(switch, launch, value=False):
+    """launch() with the switch bw24nb.kernels.matvec.<switch> set to `value` (off), restored
+    after (run_bench.switched): FIT_UNROLL (off: the path's full unroll), QX0_V4 (off: Q8_0 /
+    Q5_0 / Q4_0 on the generic group path), ROWS_PAIRS (on: two weight rows a warp)."""
     from run_bench import switched
-    with switched([("bw24nb.kernels.matvec", switch, False)]):
+    with switched([("bw24nb.kernels.matvec", switch, value)]):
         launch()
 
 
@@ -209,6 +212,8 @@ def _bits_twin(name):
         return "dp4a", None
     if name.startswith("dp4a_nib"):
         return "dp4a" + name[len("dp4a_nib"):], "nibble_bits"
+    if name.startswith("dp4a_w2"):
+        return "dp4a" + name[len("dp4a_w2"):], "pair_bits"
     return None
 
 
@@ -227,7 +232,7 @@ def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
 
 
 def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=False,
-                nibble=False):
+                nibble=False, pairs=False):
     nbytes = M * row_bytes(qt, K)
     n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
     copies = min(n, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes) + 1)
@@ -298,6 +303,12 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
                                 y_rn=y_rn: launch_matvec_q8(w, qt, M, K, xq_rn, xd_r, y_rn,
                                                             stream=stream, rows=nr, nibble=True),
                                 ref_r, 10 * REL_ERR_BAD, y_rn, scale_r))
+            if pairs and qt == QType.Q4_K:
+                y_rp = cuda.device_array(nr * M, np.float32, stream=stream)
+                kernels.append((f"dp4a_w2_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r,
+                                y_rp=y_rp: _switched("ROWS_PAIRS", lambda: launch_matvec_q8(
+                                    w, qt, M, K, xq_r, xd_r, y_rp, stream=stream, rows=nr),
+                                    True), ref_r, 10 * REL_ERR_BAD, y_rp, scale_r))
 
     rows, outs = [], {}
     for name, launch, want, bad_above, y, scale in kernels:
@@ -357,6 +368,9 @@ def main() -> int:
     ap.add_argument("--nibble", action="store_true",
                     help="Q4_K shapes: also the kernels on activations in nibble order "
                          "(`dp4a_nib`, `dp4a_nib_r<T>`), bit-checked against natural order")
+    ap.add_argument("--pairs", action="store_true",
+                    help="Q4_K shapes: also the rows kernels on two weight rows a warp "
+                         "(`dp4a_w2_r<T>`, matvec.ROWS_PAIRS), bit-checked against `dp4a_r<T>`")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
     args = ap.parse_args()
@@ -393,7 +407,7 @@ def main() -> int:
         for M, K, qt, what in shapes:
             try:
                 rows = bench_shape(M, K, qt, args.launches, not args.no_old, stream, rng,
-                                   act_rows, args.fit_ab, args.nibble)
+                                   act_rows, args.fit_ab, args.nibble, args.pairs)
             except Exception as e:                      # report and go on with the next shape
                 print(f"# {M}x{K} {qt.name}: FAILED {type(e).__name__}: {e}", flush=True)
                 bad = True
@@ -403,7 +417,7 @@ def main() -> int:
                 r.update(pct=100 * r["gbs"] / roof)
                 one = by.get("dp4a_nib" if r["kernel"].startswith("dp4a_nib") else "dp4a")
                 x_r1 = round(r["us"] / one, 3) if one and r["kernel"].startswith(
-                    ("dp4a_r", "dp4a_nib_r")) else None
+                    ("dp4a_r", "dp4a_nib_r", "dp4a_w2_r")) else None
                 ok = r["max_rel_err"] <= r["bad_above"]
                 bad |= not ok
                 rec = dict(date=date, gpu=gpu, commit=commit, shape=f"{M}x{K}", M=M, K=K,
@@ -413,7 +427,8 @@ def main() -> int:
                            ok=ok, launches=r["launches"], copies=r["copies"], bytes=r["bytes"],
                            **({} if x_r1 is None else dict(x_r1=x_r1)),
                            **({} if "rows_bits" not in r else dict(rows_bits=r["rows_bits"])),
-                           **({} if "nibble_bits" not in r else dict(nibble_bits=r["nibble_bits"])))
+                           **({} if "nibble_bits" not in r else dict(nibble_bits=r["nibble_bits"])),
+                           **({} if "pair_bits" not in r else dict(pair_bits=r["pair_bits"])))
                 f.write(json.dumps(rec) + "\n")
                 table.append(rec)
                 print(f"  {M:>6}x{K:<5} {qt.name:<5} {r['kernel']:<10} {r['us']:9.2f} us "

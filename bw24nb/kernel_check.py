@@ -548,6 +548,15 @@ def check_matvec_rows(rng, size):
                       tol="bit-exact", bits=True, guard_ok=guard_ok)
         yield compare(f"{name} rows4", qt.name, shape, got, np.stack(refs), np.stack(bounds),
                       tol, guard_ok=guard_ok)
+        if path == "q6k_r" or (path == "q8" and qt == QType.Q4_K):
+            # two weight rows a warp (matvec.ROWS_PAIRS, decision 0036): the rows kernel's bits
+            saved, mv.ROWS_PAIRS = mv.ROWS_PAIRS, True
+            try:
+                pairs, pairs_guard = launch(Out(T * M), 0, T)
+            finally:
+                mv.ROWS_PAIRS = saved
+            yield compare(f"{name} pairs4==rows4", qt.name, shape, pairs.reshape(T, M), got,
+                          tol="bit-exact", bits=True, guard_ok=pairs_guard)
 
 
 @check("quantize_act", "kernels.quantize_act.launch_quantize_act")

@@ -495,6 +495,28 @@ def test_rows_register_cap_builds_its_own_kernels_with_the_same_bits(rng, monkey
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
 
 
+@pytest.mark.parametrize("M,K,T", [(5, 512, 2), (7, 2048, 3), (3, 4096, 4)])
+def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, M, K, T):
+    """matvec.ROWS_PAIRS (run_bench --launch rows-pairs): Q4_K rows launches at one warp a row
+    take two weight rows a warp (`rows_pair_kernel_of`: its own build, half the warps) and
+    give the rows kernel's bits -- M odd (the last warp's second row past the end), bias and
+    residual; K = 512 / 2048 / 4096: the pair step at 1, 1 and 2 slots (half the fitted
+    unroll of 1, 2 and 4)."""
+    from bw24nb.kernels import matvec, matvec_q4k as q4
+    w = random_weight_bytes(rng, QType.Q4_K, M, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    bias = (10 * rng.standard_normal(M)).astype(np.float32)
+    residual = (10 * rng.standard_normal((T, M))).astype(np.float32)
+    plain = _launch_rows(w, QType.Q4_K, M, K, x, True, T, bias, residual, parts=1)
+    monkeypatch.setattr(matvec, "ROWS_PAIRS", True)
+    assert "_w2_p1_r" in q4.KERNELS(T, 1, K).py_func.__name__
+    assert "_w2" not in q4.KERNELS(T, 2, K).py_func.__name__       # split rows: no pairs
+    assert "_w2" not in q4.KERNELS(1, 1, K).py_func.__name__       # decode: no pairs
+    pairs = _launch_rows(w, QType.Q4_K, M, K, x, True, T, bias, residual, parts=1)
+    assert np.all(np.isfinite(plain))
+    np.testing.assert_array_equal(pairs.view(np.uint32), plain.view(np.uint32))
+
+
 def test_fit_unroll_cuts_slots_to_the_units_a_lane_has():
     """matvec.fit_unroll: a lane of a one-warp row of K = 2048 Q4_K values has 2 chunks (2
     slots a step), of K = 512 one (split over 2 warps: still one), of K = 4096 four (the path

@@ -251,6 +251,9 @@ class RowPath(NamedTuple):
       value(w, x, base, u, q)     unit u's float32 value (step 1 of the summation order) from
                                   its weight words q and the activations x
       x_row(x, t, K)              activation row t of x (rows kernels: row t at t * K values)
+      values2(w, x, base_a, base_b, u, qa, qb)
+                                  (optional) unit u's values of two weight rows, each exactly
+                                  `value`'s, from one load of the activations (`pair_rows`)
     `module` is where the path's device functions live: the kernels count as that module's
     for the kernel disk cache (jit.py: its sources decide when a stored kernel is stale).
     """
@@ -265,6 +268,7 @@ class RowPath(NamedTuple):
     units_host: object = None       # units(K) on the host (`fit_unroll`); None: never refit
     x_one: object = _same_x         # x_one(x, K): the one-row kernel's x as `value` takes it
                                     # (x itself; Q4_K's `_x_row` at row 0 adds offsets of 0)
+    values2: object = None          # two weight rows' values (`pair_rows`); None: no pairs
 
 
 _FITTED: dict = {}
@@ -502,6 +506,127 @@ def rows_kernel_of(p, nr, fixed_parts=0):
         finish(acc, part_sh, lane, part, row, M, P, y, bias, residual, has_bias, has_residual)
 
     return _named(matvec_rows, p, FP, nr, max_registers=ROWS_MAX_REGISTERS)
+
+
+# ---------------------------------------------------------------- two weight rows a warp
+
+# Verify's rows kernels (T >= 2) on two weight rows a warp (decision 0036). At T = 4 a Q4_K warp
+# step visits ~8 L1 lines for its 512 bytes of weights and ~5 for every activation row of them:
+# the rows kernel is bound by line visits, not by DRAM. A warp that takes two weight rows loads
+# each activation chunk once for both (and its weight-independent integer sums), which halves
+# the activation visits per weight byte. Each row keeps its lane's units in the one-row order,
+# the warp tree and the store: the bits do not change. Serves parts = 1 launches of paths with
+# `values2`. Off until timed: run_bench / spec_bench --launch rows-pairs.
+ROWS_PAIRS = False
+
+
+def pair_rows(p, rows, parts) -> bool:
+    """True when a `rows`-row launch of path p at `parts` warps a row takes two weight rows a
+    warp (`rows_pair_kernel_of`): its grid is then `grid_rows(M, parts, True)`."""
+    return ROWS_PAIRS and rows > 1 and parts == 1 and p.values2 is not None
+
+
+def grid_rows(M, parts, pairs=False):
+    """Blocks of a one-row or rows launch: M * parts warps, or ceil(M / 2) with pairs."""
+    return _grid((M + 1) // 2, 1) if pairs else _grid(M, parts)
+
+
+def _pair_step(p, nr):
+    """step(acc, w, x, base_a, base_b, u, stride, last, n, K): `_rows_step` for two weight rows
+    (acc[t]: row a, token t; acc[nr + t]: row b), `unroll` slots of each row's weights loaded
+    once, then every token's activations loaded once and valued against both rows."""
+    weights, values2, x_row = p.weights, p.values2, p.x_row
+    if p.unroll == 1:
+        @nvvm_inlined
+        def slots(t, acc, args):
+            w, x, ba, bb, u, qa, qb, K = args
+            va, vb = values2(w, x_row(x, t, K), ba, bb, u, qa, qb)
+            acc[t] = acc[t] + va
+            acc[nr + t] = acc[nr + t] + vb
+
+        each = unrolled(nr, slots)
+
+        @cuda.jit(device=True, inline="always")
+        def step(acc, w, x, ba, bb, u, stride, last, n, K):
+            each(acc, (w, x, ba, bb, u, weights(w, ba, u), weights(w, bb, u), K))
+    elif p.unroll == 2:
+        @nvvm_inlined
+        def slots(t, acc, args):
+            w, x, ba, bb, u, u1, qa0, qb0, qa1, qb1, k1, K = args
+            xt = x_row(x, t, K)
+            va0, vb0 = values2(w, xt, ba, bb, u, qa0, qb0)
+            va1, vb1 = values2(w, xt, ba, bb, u1, qa1, qb1)
+            a = acc[t]
+            a += va0
+            a += va1 if k1 else np.float32(0.0)
+            acc[t] = a
+            b = acc[nr + t]
+            b += vb0
+            b += vb1 if k1 else np.float32(0.0)
+            acc[nr + t] = b
+
+        each = unrolled(nr, slots)
+
+        @cuda.jit(device=True, inline="always")
+        def step(acc, w, x, ba, bb, u, stride, last, n, K):
+            u0 = np.uint32(u)                   # in 32 bits, as `_rows_step`
+            e1 = np.uint32(u0 + np.uint32(stride))
+            u1 = min(e1, np.uint32(last))
+            each(acc, (w, x, ba, bb, u0, u1, weights(w, ba, u0), weights(w, bb, u0),
+                       weights(w, ba, u1), weights(w, bb, u1), e1 < np.uint32(n), K))
+    else:
+        raise ValueError(f"{p.name}: a pair step takes 1 or 2 slots, not {p.unroll}")
+    return step
+
+
+@nvvm_inlined
+def _warp_total_only(t, acc, args):
+    acc[t] = warp_sum(acc[t])
+
+
+@nvvm_inlined
+def _store_pair(t, acc, args):
+    """Row a's and (when inside M) row b's value for token t: store_row's order."""
+    nr, ra, M, y, bias, residual, has_bias, has_residual = args
+    store_row(y[t * M:], bias, residual[t * M:], has_bias, has_residual, ra, acc[t])
+    if ra + 1 < M:
+        store_row(y[t * M:], bias, residual[t * M:], has_bias, has_residual, ra + 1, acc[nr + t])
+
+
+def rows_pair_kernel_of(p, nr):
+    """Path p's rows kernel (nr >= 2 rows of activations, parts = 1) on two weight rows a warp,
+    named <p.name>_w2_p1_r<nr>: warp w takes rows 2w and 2w + 1 (the second one's loads clamped
+    to the last row when M is odd, its values dropped). Each row's sum is the one-row kernel's:
+    lane l's units l, l + 32, .. ascending, warp_sum, + bias, + residual. The steps take half of
+    the path's unroll (`fit_unroll`'s bits: a step's slots only group the same additions), so
+    a lane holds as many weight words as the one-row-a-warp kernel. The same parameters as
+    `rows_kernel_of`'s (parts is ignored); grid: `grid_rows(M, 1, pairs=True)`."""
+    q = p._replace(unroll=max(1, p.unroll // 2))
+    step, units, row_base = _pair_step(q, nr), q.units, q.base
+    U = q.unroll
+    zero = unrolled(2 * nr, _zero)
+    totals = unrolled(2 * nr, _warp_total_only)
+    stores = unrolled(nr, _store_pair)
+    NACC = 2 * nr                     # a local array's size must be a constant, not an expression
+
+    def matvec_rows_w2(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
+        acc = cuda.local.array(NACC, np.float32)
+        lane = cuda.threadIdx.x & 31
+        ra = (cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)) * 2
+        if ra >= M:                   # the whole warp leaves: warp_sum stays full-warp
+            return
+        n = units(K)
+        last = n - 1
+        ba = row_base(ra, K)
+        bb = row_base(min(ra + 1, M - 1), K)
+        zero(acc, ())
+        for u in range(lane, n, 32 * U):
+            step(acc, w, x, ba, bb, u, 32, last, n, K)
+        totals(acc, ())
+        if lane == 0:
+            stores(acc, (nr, ra, M, y, bias, residual, has_bias, has_residual))
+
+    return _named(matvec_rows_w2, p, 1, nr, kind="_w2", max_registers=ROWS_MAX_REGISTERS)
 
 
 # ---------------------------------------------------------------- rows on part of a warp
@@ -965,9 +1090,11 @@ def path_kernels(p, who):
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
         q = p if K is None else fit_unroll(p, K, parts)
-        key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS)
+        pairs = pair_rows(p, rows, parts)
+        key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, pairs)
         if key not in built:
-            built[key] = row_kernel(q, fp) if rows == 1 else rows_kernel_of(q, rows, fp)
+            built[key] = (row_kernel(q, fp) if rows == 1 else rows_pair_kernel_of(q, rows)
+                          if pairs else rows_kernel_of(q, rows, fp))
         return built[key]
 
     return kernels

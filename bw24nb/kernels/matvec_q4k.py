@@ -52,8 +52,8 @@ from ..jit import kernel
 from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32,
                    warp_sum)
 from ..quant.types import QType, type_size
-from .matvec import (WARPS_PER_BLOCK, RowPath, fit_unroll, group_kernels, path_kernels,
-                     store_row, token_kernels)
+from .matvec import (WARPS_PER_BLOCK, RowPath, fit_unroll, grid_rows, group_kernels,
+                     pair_rows, path_kernels, rows_pair_kernel_of, store_row, token_kernels)
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -181,6 +181,15 @@ def _chunk_value(xq, xd, ow, os, c, wq):
 
 
 @cuda.jit(device=True, inline="always")
+def _chunk_value2(xq, xd, ow, os, c, wqa, wqb):
+    """`_chunk_value` for two weight rows, one load of the activations (matvec.pair_rows)."""
+    p, h = _lane_pos()
+    b = _u32(_u32(c) >> np.uint32(3))
+    xw = np.int64(_u32(b * np.uint32(64) + _u32(16 * p + 4 * h))) + ow
+    return _chunk_dot2(xq, xd, xw, xw + 8, _x_scale(b, p, os), wqa, wqb)
+
+
+@cuda.jit(device=True, inline="always")
 def _chunk_value_nib(xq, xd, ow, os, c, wq):
     """`_chunk_value` for a row in nibble order (quantize_act.nibble_order): sub-block 2p sits
     at slot p of its 256 values, 2p + 1 at slot 4 + p, so the block's 8 lanes read words
@@ -201,17 +210,39 @@ def _x_scale(b, p, os):
 def _chunk_dot(xq, xd, xa, xb, s, wq):
     """The chunk's value from its activation words xq[xa .. xa + 3] (sub-block 2p's 16) and
     xq[xb .. xb + 3] (2p + 1's), the scales xd[s], xd[s + 1] and its decoded weights."""
-    dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = wq
     a0, a1, a2, a3 = ld_nc_v4_u32(xq, xa)
     b0, b1, b2, b3 = ld_nc_v4_u32(xq, xb)
+    sxa = _dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
+    sxb = _dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
+    xda, xdb = ld_nc_v2_f32(xd, s)
+    return _chunk_combine(wq, a0, a1, a2, a3, b0, b1, b2, b3, sxa, sxb, xda, xdb)
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_dot2(xq, xd, xa, xb, s, wqa, wqb):
+    """`_chunk_dot` for two weight rows (matvec.pair_rows): the activation words, their sums
+    and scales loaded and formed once, each row's value `_chunk_combine`'s, as in the one-row
+    kernel."""
+    a0, a1, a2, a3 = ld_nc_v4_u32(xq, xa)
+    b0, b1, b2, b3 = ld_nc_v4_u32(xq, xb)
+    sxa = _dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
+    sxb = _dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
+    xda, xdb = ld_nc_v2_f32(xd, s)
+    return (_chunk_combine(wqa, a0, a1, a2, a3, b0, b1, b2, b3, sxa, sxb, xda, xdb),
+            _chunk_combine(wqb, a0, a1, a2, a3, b0, b1, b2, b3, sxa, sxb, xda, xdb))
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_combine(wq, a0, a1, a2, a3, b0, b1, b2, b3, sxa, sxb, xda, xdb):
+    """The chunk's value (step 1 of the docstring) from its decoded weights, its activation
+    words, their exact sums and their scales: the one expression every kernel of this module
+    uses, so its FMA contraction is the same everywhere."""
+    dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = wq
     sa = _dot4(l0, l1, l2, l3, a0, a1, a2, a3)
     # 16 sb: the high nibbles in place are unsigned bytes 16 q (dp4a.u32.s32), and
     # (d sc_b / 16) (16 sb) is the real number (d sc_b) sb, both factors exact: the same
     # float32 product and the same fused multiply-add, bit for bit
     sb16 = _dot4_us(h0, h1, h2, h3, b0, b1, b2, b3)
-    sxa = _dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
-    sxb = _dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
-    xda, xdb = ld_nc_v2_f32(xd, s)
     va = xda * (dsa * _f32(sa) - dma * _f32(sxa))
     vb = xdb * (dsb * _f32(sb16) - dmb * _f32(sxb))
     return va + vb
@@ -238,6 +269,11 @@ def _value(w, x, row_word, c, wq):
 
 
 @cuda.jit(device=True, inline="always")
+def _values2(w, x, word_a, word_b, c, wqa, wqb):
+    return _chunk_value2(x[0], x[1], x[2], x[3], c, wqa, wqb)
+
+
+@cuda.jit(device=True, inline="always")
 def _value_nib(w, x, row_word, c, wq):
     return _chunk_value_nib(x[0], x[1], x[2], x[3], c, wq)
 
@@ -259,10 +295,10 @@ def _x_one(x, K):
 
 # w = (w32,): the GGUF rows as uint32 words; x = (xq as uint32 words, xd)
 PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value,
-               _x_row, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, _x_one)
+               _x_row, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, _x_one, _values2)
 KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 # the same kernels on activations in nibble order (quantize_act.nibble_order, decision 0027)
-PATH_NIB = PATH._replace(name="matvec_q8_q4_k_v4n", value=_value_nib)
+PATH_NIB = PATH._replace(name="matvec_q8_q4_k_v4n", value=_value_nib, values2=None)
 KERNELS_NIB = path_kernels(PATH_NIB, "matvec_q4k")
 
 
@@ -277,6 +313,9 @@ matvec_q8_q4_k_v4n_p1_r4 = KERNELS_NIB(4, 1)
 # slots a step), K = 512 four rows (1 slot)
 matvec_q8_q4_k_v4_u2_p1 = KERNELS(1, 1, 2048)
 matvec_q8_q4_k_v4_u1_r4 = KERNELS(4, 2, 512)
+# verify's rows on two weight rows a warp (matvec.pair_rows; off by default): 4 rows at K =
+# 4096 (2 slots a step) and 12288 (the same build: K is a run-time value)
+matvec_q8_q4_k_v4_w2_p1_r4 = rows_pair_kernel_of(PATH, 4)
 # the MoE block's per-token / per-expert build of the same loop (matvec.token_kernel)
 matvec_q8_q4_k_v4_tok = token_kernels(PATH)(2)
 # and its expert-major build (matvec.group_kernel: the MoE prefill on the decode kernels)
@@ -442,7 +481,7 @@ _SIG = ("void(UniTuple(uint32[::1], 1), int32, int32, "
 PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                   "matvec_q8_q4_k_v4_r4": [_SIG], "matvec_q8_q4_k_v4_u2_p1": [_SIG],
                   "matvec_q8_q4_k_v4n_p1": [_SIG], "matvec_q8_q4_k_v4n_p1_r4": [_SIG],
-                  "matvec_q8_q4_k_v4_u1_r4": [_SIG],
+                  "matvec_q8_q4_k_v4_u1_r4": [_SIG], "matvec_q8_q4_k_v4_w2_p1_r4": [_SIG],
                   "matvec_q8_q4_k_v4_tok": [
                       "void(UniTuple(uint32[::1], 1), int32[:, ::1], int32, int32, "
                       "int32, int32, Tuple((uint32[::1], float32[::1])), int32, float32[::1], "
@@ -474,6 +513,8 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
             np.int32(bias is not None), np.int32(residual is not None))
         return
     kern = (KERNELS_NIB if nibble else KERNELS)(rows, parts, K)
+    if not nibble and pair_rows(PATH, rows, parts):
+        grid = grid_rows(M, parts, pairs=True)
     kern[grid, threads, stream](
         (w32,), np.int32(M), np.int32(K), (xq, xd), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,

@@ -60,8 +60,8 @@ from numba import cuda
 from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
-from .matvec import (THREADS, WARPS_PER_BLOCK, RowPath, _flat, at_least, check_rows,
-                     path_kernels, x_row_q8, warps_per_row)
+from .matvec import (THREADS, RowPath, _flat, at_least, check_rows, grid_rows, pair_rows,
+                     path_kernels, rows_pair_kernel_of, x_row_q8, warps_per_row)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
 
@@ -167,7 +167,37 @@ def _quarter(ds, xd_bits, xq, xw, q0, q1, q2, q3):
     """t_j = ((d * sc_j) * xd_j) * isum_j for one quarter (step 1 of the docstring), ds = d * sc_j."""
     x0, x1, x2, x3 = ld_nc_v4_u32(xq, xw)
     isum = _isum(q0, q1, q2, q3, x0, x1, x2, x3)
+    return _term(ds, xd_bits, isum)
+
+
+@cuda.jit(device=True, inline="always")
+def _term(ds, xd_bits, isum):
+    """t_j's float part: the one expression of every kernel here (the same FMA contraction)."""
     return (ds * f32_from_bits(xd_bits)) * np.float32(isum)
+
+
+@cuda.jit(device=True, inline="always")
+def _qdot(q0, q1, q2, q3, x0, x1, x2, x3, s):
+    """s + q.x over 16 values (four dp4a): with s = -32 sum(x), `_isum`'s exact integer."""
+    s = dp4a(np.int32(q0), np.int32(x0), s)
+    s = dp4a(np.int32(q1), np.int32(x1), s)
+    s = dp4a(np.int32(q2), np.int32(x2), s)
+    return dp4a(np.int32(q3), np.int32(x3), s)
+
+
+@cuda.jit(device=True, inline="always")
+def _quarter2(dsa, dsb, xd_bits, xq, xw, qa, qb):
+    """`_quarter` for two weight rows (matvec.pair_rows): the 16 activations loaded and their
+    -32 sum(x) formed once; each row's isum is the same exact integer as `_isum`'s (int32
+    addition is associative), its term `_term`'s. qa, qb: the rows' four words of quarter j."""
+    x0, x1, x2, x3 = ld_nc_v4_u32(xq, xw)
+    sx = dp4a(_MINUS32, np.int32(x0), np.int32(0))
+    sx = dp4a(_MINUS32, np.int32(x1), sx)
+    sx = dp4a(_MINUS32, np.int32(x2), sx)
+    sx = dp4a(_MINUS32, np.int32(x3), sx)
+    ia = _qdot(qa[0], qa[1], qa[2], qa[3], x0, x1, x2, x3, sx)
+    ib = _qdot(qb[0], qb[1], qb[2], qb[3], x0, x1, x2, x3, sx)
+    return _term(dsa, xd_bits, ia), _term(dsb, xd_bits, ib)
 
 
 @cuda.jit(device=True, inline="always")
@@ -229,6 +259,30 @@ def _chunk_value(xq, xd32, c, wq):
 
 
 @cuda.jit(device=True, inline="always")
+def _chunk_value2(xq, xd32, c, wqa, wqb):
+    """`_chunk_value` for two weight rows, each activation load made once (matvec.pair_rows);
+    each row's v_c is the one-row kernel's ((t_0 + t_1) + t_2) + t_3."""
+    b = c >> 2
+    n = (c >> 1) & 1
+    t = c & 1
+    f0, f1, f2, f3 = ld_nc_v4_u32(xd32, 8 * b + 4 * n)
+    xw = 64 * b + 32 * n + 4 * t
+    a0, b0 = _quarter2(wqa[0], wqb[0], f0, xq, xw, wqa[4:8], wqb[4:8])
+    a1, b1 = _quarter2(wqa[1], wqb[1], f1, xq, xw + 8, wqa[8:12], wqb[8:12])
+    a2, b2 = _quarter2(wqa[2], wqb[2], f2, xq, xw + 16, wqa[12:16], wqb[12:16])
+    a3, b3 = _quarter2(wqa[3], wqb[3], f3, xq, xw + 24, wqa[16:20], wqb[16:20])
+    va = a0
+    va += a1
+    va += a2
+    va += a3
+    vb = b0
+    vb += b1
+    vb += b2
+    vb += b3
+    return va, vb
+
+
+@cuda.jit(device=True, inline="always")
 def _units(K):
     return (K >> 8) * CHUNKS_PER_BLOCK
 
@@ -250,9 +304,14 @@ def _value(w, x, base, c, wq):
     return _chunk_value(x[0], x[1], c, wq)
 
 
+@cuda.jit(device=True, inline="always")
+def _values2(w, x, base_a, base_b, c, wqa, wqb):
+    return _chunk_value2(x[0], x[1], c, wqa, wqb)
+
+
 # w = (body as uint32 words, d float16); x = (xq, xd as uint32 words): matvec.py's row loop
 PATH = RowPath("matvec_q8_q6_k_r", __name__, UNROLL, _units, _base, _weights, _value,
-               x_row_q8, lambda K: (K >> 8) * CHUNKS_PER_BLOCK)
+               x_row_q8, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, values2=_values2)
 KERNELS = path_kernels(PATH, "matvec_q6k_r")    # KERNELS(rows, parts)
 
 
@@ -261,12 +320,14 @@ KERNELS = path_kernels(PATH, "matvec_q6k_r")    # KERNELS(rows, parts)
 matvec_q8_q6_k_r = KERNELS(1, 2)
 matvec_q8_q6_k_r_p1 = KERNELS(1, 1)
 matvec_q8_q6_k_r_r4 = KERNELS(4, 2)
+# verify's rows on two weight rows a warp (matvec.pair_rows; off by default)
+matvec_q8_q6_k_r_w2_p1_r4 = rows_pair_kernel_of(PATH, 4)
 
 _SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
         "Tuple((uint32[::1], uint32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
 PTX_SIGNATURES = {"matvec_q8_q6_k_r": [_SIG], "matvec_q8_q6_k_r_p1": [_SIG],
-                  "matvec_q8_q6_k_r_r4": [_SIG]}
+                  "matvec_q8_q6_k_r_r4": [_SIG], "matvec_q8_q6_k_r_w2_p1_r4": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 
@@ -317,7 +378,7 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     parts = warps_per_row(M, K) if parts is None else int(parts)
     if parts not in (1, 2, 4):
         raise ValueError(f"matvec_q6k_r: parts (warps per row) must be 1, 2 or 4, not {parts}")
-    grid = (M * parts + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
+    grid = grid_rows(M, parts, pair_rows(PATH, rows, parts))
     y = _flat(y)
     kern = KERNELS(rows, parts, K)
     kern[grid, THREADS, stream](
