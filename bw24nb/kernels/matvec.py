@@ -511,7 +511,7 @@ def rows_kernel_of(p, nr, fixed_parts=0):
 # ---------------------------------------------------------------- two weight rows a warp
 
 # Verify's rows kernels (T >= 2) on two weight rows a warp (decision 0036). At T = 4 a Q4_K warp
-# step visits ~8 L1 lines for its 512 bytes of weights and ~5 for every activation row of them:
+# step visits ~8 L1 lines for its 512 bytes of weights and 17 for every activation row of them:
 # the rows kernel is bound by line visits, not by DRAM. A warp that takes two weight rows loads
 # each activation chunk once for both (and its weight-independent integer sums), which halves
 # the activation visits per weight byte. Each row keeps its lane's units in the one-row order,
