@@ -484,6 +484,7 @@ def check_matvec_rows(rng, size):
         # F32 at the fused GDN beta/alpha shape (2 x 32 rows: matvec.F32_V4)
         cases = [("float", QType.Q8_0, Q9.hidden, Q9.hidden), ("float", QType.F32, 64, Q9.hidden),
                  ("q8", QType.Q4_K, Q9.hidden, Q9.hidden),
+                 ("q8", QType.Q4_K, Q9.hidden, Q9.ffn),       # ffn_down: the one-row row loop
                  ("q8", QType.Q6_K, Q9.ffn, Q9.hidden), ("q6k_r", QType.Q6_K, Q9.ffn, Q9.hidden)]
     for path, qt, M, K in [c for c in cases if _typed([c[1]])]:
         w = _random_weight(rng, qt, M, K)
@@ -549,14 +550,22 @@ def check_matvec_rows(rng, size):
         yield compare(f"{name} rows4", qt.name, shape, got, np.stack(refs), np.stack(bounds),
                       tol, guard_ok=guard_ok)
         if path == "q6k_r" or (path == "q8" and qt == QType.Q4_K):
-            # two weight rows a warp (matvec.ROWS_PAIRS, decision 0036): the rows kernel's bits
-            saved, mv.ROWS_PAIRS = mv.ROWS_PAIRS, True
+            # two weight rows a warp (matvec.ROWS_PAIRS / ONE_ROW_PAIRS, decision 0036): the row
+            # loop's bits, 4 rows and (where the row loop serves one row) one
+            from .kernels import matvec_q4k as q4
+            saved = mv.ROWS_PAIRS, mv.ONE_ROW_PAIRS
+            mv.ROWS_PAIRS = mv.ONE_ROW_PAIRS = True
             try:
                 pairs, pairs_guard = launch(Out(T * M), 0, T)
+                one_row = path == "q6k_r" or not q4.xreg_serves(M, K, mv.warps_per_row(M, K), 1)
+                pair1, pair1_guard = launch(Out(M), 0, 1) if one_row else (None, True)
             finally:
-                mv.ROWS_PAIRS = saved
+                mv.ROWS_PAIRS, mv.ONE_ROW_PAIRS = saved
             yield compare(f"{name} pairs4==rows4", qt.name, shape, pairs.reshape(T, M), got,
                           tol="bit-exact", bits=True, guard_ok=pairs_guard)
+            if one_row:
+                yield compare(f"{name} pairs1==rows1", qt.name, f"{_shape(M, K)}+b+r", pair1,
+                              ones[0], tol="bit-exact", bits=True, guard_ok=pair1_guard)
 
 
 @check("quantize_act", "kernels.quantize_act.launch_quantize_act")

@@ -518,12 +518,18 @@ def rows_kernel_of(p, nr, fixed_parts=0):
 # the warp tree and the store: the bits do not change. Serves parts = 1 launches of paths with
 # `values2`. Off until timed: run_bench / spec_bench --launch rows-pairs.
 ROWS_PAIRS = False
+# The same for the one-row launches the row loop serves (decode's Q4_K rows longer than 4096 --
+# the 9B's ffn_down -- and every Q6_K_R matvec, the LM head among them; the persistent Q4_K
+# kernel keeps the others): a one-row step visits ~8 lines of weights and 17 of activations
+# per 512 weight bytes, 8 + 8.5 with pairs. Off until timed: run_bench --launch decode-pairs.
+ONE_ROW_PAIRS = False
 
 
 def pair_rows(p, rows, parts) -> bool:
     """True when a `rows`-row launch of path p at `parts` warps a row takes two weight rows a
     warp (`rows_pair_kernel_of`): its grid is then `grid_rows(M, parts, True)`."""
-    return ROWS_PAIRS and rows > 1 and parts == 1 and p.values2 is not None
+    on = ROWS_PAIRS if rows > 1 else ONE_ROW_PAIRS
+    return on and parts == 1 and p.values2 is not None
 
 
 def grid_rows(M, parts, pairs=False):
@@ -594,8 +600,8 @@ def _store_pair(t, acc, args):
 
 
 def rows_pair_kernel_of(p, nr):
-    """Path p's rows kernel (nr >= 2 rows of activations, parts = 1) on two weight rows a warp,
-    named <p.name>_w2_p1_r<nr>: warp w takes rows 2w and 2w + 1 (the second one's loads clamped
+    """Path p's kernel for nr >= 1 rows of activations at parts = 1 on two weight rows a warp,
+    named <p.name>_w2_p1[_r<nr>] (a register cap only for nr >= 2, as `rows_kernel_of`): warp w takes rows 2w and 2w + 1 (the second one's loads clamped
     to the last row when M is odd, its values dropped). Each row's sum is the one-row kernel's:
     lane l's units l, l + 32, .. ascending, warp_sum, + bias, + residual. The steps take half of
     the path's unroll (`fit_unroll`'s bits: a step's slots only group the same additions), so
@@ -626,7 +632,8 @@ def rows_pair_kernel_of(p, nr):
         if lane == 0:
             stores(acc, (nr, ra, M, y, bias, residual, has_bias, has_residual))
 
-    return _named(matvec_rows_w2, p, 1, nr, kind="_w2", max_registers=ROWS_MAX_REGISTERS)
+    return _named(matvec_rows_w2, p, 1, nr, kind="_w2",
+                  max_registers=ROWS_MAX_REGISTERS if nr > 1 else None)
 
 
 # ---------------------------------------------------------------- rows on part of a warp
@@ -1093,8 +1100,8 @@ def path_kernels(p, who):
         pairs = pair_rows(p, rows, parts)
         key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, pairs)
         if key not in built:
-            built[key] = (row_kernel(q, fp) if rows == 1 else rows_pair_kernel_of(q, rows)
-                          if pairs else rows_kernel_of(q, rows, fp))
+            built[key] = (rows_pair_kernel_of(q, rows) if pairs else row_kernel(q, fp)
+                          if rows == 1 else rows_kernel_of(q, rows, fp))
         return built[key]
 
     return kernels
