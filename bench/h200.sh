@@ -10,7 +10,7 @@
 #   pa      bench/prefill_attention_bench.py --grids ${PA_GRIDS:-4,8,16,32} ${PA_ARGS:-}
 #   moe     bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-}
 #   ncu     Nsight Compute (--set full) on one launch of each of bench/ncu_kernels.py's targets
-#           ${NCU_TARGETS:-mv-q4k,mv4-q4k}: $OUT/ncu_TARGET.txt and the stall samples by SASS line
+#           ${NCU_TARGETS:-mv4-q4k,mv4w2-q4k}: $OUT/ncu_TARGET.txt and the stall samples by SASS line
 #   q9spec  bench/spec_bench.py on the 9B shape: the verify's cost at K = ${SB_KS:-3}, --launch
 #           ${SB_LAUNCH:-default}
 #   gate9   bench/spec_gate.py on the 9B shape, K = 1..8, states rollback, --launch
@@ -48,7 +48,7 @@ on moe && { run ${MOE_S:-200} moe python3 bench/moe_bench.py --tokens ${MOE_T:-1
 if on ncu; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "ncu: $NCU"
-  for tgt in $(echo ${NCU_TARGETS:-mv-q4k,mv4-q4k} | tr , ' '); do
+  for tgt in $(echo ${NCU_TARGETS:-mv4-q4k,mv4w2-q4k} | tr , ' '); do
     case $tgt in gemm*) re=matmul_q8;; *) re=matvec;; esac
     run ${NCU_S:-120} ncu_$tgt $NCU --clock-control none --set full -k regex:$re --launch-skip 1 --launch-count 1 -f -o /tmp/ncu_$tgt python3 bench/ncu_kernels.py $tgt
     tail -3 $L/ncu_$tgt.log | cut -c1-200

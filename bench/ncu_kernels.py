@@ -9,6 +9,9 @@ inputs of a real shape and launches; ncu picks the launch (``-k regex:NAME --lau
   gemm-q6k   matmul_q8 at Q6_K 4096 x 12288, T = 512 (the 9B's ffn_down)
   mv-q4k     the decode matvec at Q4_K 12288 x 4096, one row (the default persistent kernel)
   mv4-q4k    the same with 4 activation rows (verify at K = 3)
+  mv4w2-q4k  mv4-q4k on two weight rows a warp (matvec.ROWS_PAIRS, decision 0036)
+  mvd-q4k    one row at Q4_K 4096 x 12288 (the 9B's ffn_down: the row loop)
+  mvdw2-q4k  mvd-q4k on two weight rows a warp (matvec.ONE_ROW_PAIRS)
 
 Usage: python3 bench/ncu_kernels.py TARGET [--launches N]
 """
@@ -34,6 +37,9 @@ TARGETS = {
     "gemm-q6k": ("gemm", QType.Q6_K, 4096, 12288, 512),
     "mv-q4k": ("mv", QType.Q4_K, 12288, 4096, 1),
     "mv4-q4k": ("mv", QType.Q4_K, 12288, 4096, 4),
+    "mv4w2-q4k": ("mv", QType.Q4_K, 12288, 4096, 4),
+    "mvd-q4k": ("mv", QType.Q4_K, 4096, 12288, 1),
+    "mvdw2-q4k": ("mv", QType.Q4_K, 4096, 12288, 1),
 }
 
 
@@ -43,6 +49,9 @@ def main() -> int:
     ap.add_argument("--launches", type=int, default=3)
     a = ap.parse_args()
     kind, qt, M, K, T = TARGETS[a.target]
+    if "w2" in a.target:
+        from bw24nb.kernels import matvec
+        matvec.ROWS_PAIRS = matvec.ONE_ROW_PAIRS = True
     rng = np.random.default_rng(0)
     stream = cuda.stream()
     w = cuda.to_device(random_weight_bytes(rng, qt, M, K), stream=stream)
