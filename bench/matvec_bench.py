@@ -26,9 +26,9 @@ quantized once beforehand):
   * --nibble: Q4_K shapes also get `dp4a_nib` (and `dp4a_nib_r<T>`): the same kernels on the
     activations in nibble order (quantize_act.nibble_order, decision 0027), which must give the
     natural order's bits (checked: a differing bit is BAD);
-  * --pairs: Q4_K shapes also get `dp4a_w2_r<T>` for every --act-rows T: the rows kernels on
-    two weight rows a warp (matvec.ROWS_PAIRS, decision 0036), which must give `dp4a_r<T>`'s
-    bits (checked: a differing bit is BAD);
+  * --pairs: Q4_K shapes also get `dp4a_w2_r<T>` and `dp4a_w4_r<T>` for every --act-rows T:
+    the rows kernels on two / four weight rows a warp (matvec.ROWS_PAIRS, PAIR_ROWS_PER_WARP,
+    decision 0036), which must give `dp4a_r<T>`'s bits (checked: a differing bit is BAD);
   * max_rel_err: max over rows of |y - matvec_reference| / (|W| @ |x|)   (float64 reference;
     the kernels' bound is ~2e-6, see tests/test_kernels_matvec.py; > 1e-5 is flagged BAD;
     dp4a rows against matvec_q8_reference, i.e. x as quantized, flagged above 1e-4).
@@ -204,6 +204,15 @@ def _switched(switch, launch, value=False):
         launch()
 
 
+def _pairs(R, launch):
+    """launch() with the rows kernels on R weight rows a warp (matvec.ROWS_PAIRS,
+    PAIR_ROWS_PER_WARP = R), restored after."""
+    from run_bench import switched
+    with switched([("bw24nb.kernels.matvec", "ROWS_PAIRS", True),
+                   ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", R)]):
+        launch()
+
+
 def _bits_twin(name):
     """(the kernel whose bits kernel `name` must give, the record key of the check or None),
     or None: the full unroll (`dp4a_full`) against `dp4a`, nibble order (`dp4a_nib`,
@@ -212,7 +221,7 @@ def _bits_twin(name):
         return "dp4a", None
     if name.startswith("dp4a_nib"):
         return "dp4a" + name[len("dp4a_nib"):], "nibble_bits"
-    if name.startswith("dp4a_w2"):
+    if name.startswith(("dp4a_w2", "dp4a_w4")):
         return "dp4a" + name[len("dp4a_w2"):], "pair_bits"
     return None
 
@@ -303,12 +312,12 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
                                 y_rn=y_rn: launch_matvec_q8(w, qt, M, K, xq_rn, xd_r, y_rn,
                                                             stream=stream, rows=nr, nibble=True),
                                 ref_r, 10 * REL_ERR_BAD, y_rn, scale_r))
-            if pairs and qt == QType.Q4_K:
+            for R in ((2, 4) if pairs and qt == QType.Q4_K else ()):
                 y_rp = cuda.device_array(nr * M, np.float32, stream=stream)
-                kernels.append((f"dp4a_w2_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r,
-                                y_rp=y_rp: _switched("ROWS_PAIRS", lambda: launch_matvec_q8(
-                                    w, qt, M, K, xq_r, xd_r, y_rp, stream=stream, rows=nr),
-                                    True), ref_r, 10 * REL_ERR_BAD, y_rp, scale_r))
+                kernels.append((f"dp4a_w{R}_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r,
+                                y_rp=y_rp, R=R: _pairs(R, lambda: launch_matvec_q8(
+                                    w, qt, M, K, xq_r, xd_r, y_rp, stream=stream, rows=nr)),
+                                ref_r, 10 * REL_ERR_BAD, y_rp, scale_r))
 
     rows, outs = [], {}
     for name, launch, want, bad_above, y, scale in kernels:
@@ -369,8 +378,9 @@ def main() -> int:
                     help="Q4_K shapes: also the kernels on activations in nibble order "
                          "(`dp4a_nib`, `dp4a_nib_r<T>`), bit-checked against natural order")
     ap.add_argument("--pairs", action="store_true",
-                    help="Q4_K shapes: also the rows kernels on two weight rows a warp "
-                         "(`dp4a_w2_r<T>`, matvec.ROWS_PAIRS), bit-checked against `dp4a_r<T>`")
+                    help="Q4_K shapes: also the rows kernels on two / four weight rows a warp "
+                         "(`dp4a_w2_r<T>`, `dp4a_w4_r<T>`: matvec.ROWS_PAIRS), bit-checked "
+                         "against `dp4a_r<T>`")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
     args = ap.parse_args()
@@ -417,7 +427,7 @@ def main() -> int:
                 r.update(pct=100 * r["gbs"] / roof)
                 one = by.get("dp4a_nib" if r["kernel"].startswith("dp4a_nib") else "dp4a")
                 x_r1 = round(r["us"] / one, 3) if one and r["kernel"].startswith(
-                    ("dp4a_r", "dp4a_nib_r", "dp4a_w2_r")) else None
+                    ("dp4a_r", "dp4a_nib_r", "dp4a_w2_r", "dp4a_w4_r")) else None
                 ok = r["max_rel_err"] <= r["bad_above"]
                 bad |= not ok
                 rec = dict(date=date, gpu=gpu, commit=commit, shape=f"{M}x{K}", M=M, K=K,

@@ -580,8 +580,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # splits on one warp (attn-1warp: decode_attention.ONE_TILE_SPREAD off, before session 26);
 # the verify's rows kernels (T >= 2) under a register cap (rows-cap<N>:
 # matvec.ROWS_MAX_REGISTERS = N; session 29), or on two weight rows a warp (rows-pairs,
-# rows-pairs-cap<N>: matvec.ROWS_PAIRS; session 30), and decode's row-loop launches likewise
-# (decode-pairs: matvec.ONE_ROW_PAIRS; all-pairs: both).
+# rows-pairs-cap<N>: matvec.ROWS_PAIRS; session 30) or four (rows-quads[-cap128]:
+# matvec.PAIR_ROWS_PER_WARP = 4), and decode's row-loop launches likewise (decode-pairs,
+# decode-quads: matvec.ONE_ROW_PAIRS; all-pairs: rows and decode on pairs).
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
@@ -605,7 +606,14 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 **{f"rows-cap{n}": [("bw24nb.kernels.matvec", "ROWS_MAX_REGISTERS", n)]
                    for n in (56, 64, 72, 80, 96)},
                 "rows-pairs": [("bw24nb.kernels.matvec", "ROWS_PAIRS", True)],
+                "rows-quads": [("bw24nb.kernels.matvec", "ROWS_PAIRS", True),
+                               ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4)],
+                "rows-quads-cap128": [("bw24nb.kernels.matvec", "ROWS_PAIRS", True),
+                                      ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4),
+                                      ("bw24nb.kernels.matvec", "ROWS_MAX_REGISTERS", 128)],
                 "decode-pairs": [("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True)],
+                "decode-quads": [("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True),
+                                 ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4)],
                 "all-pairs": [("bw24nb.kernels.matvec", "ROWS_PAIRS", True),
                               ("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True)],
                 **{f"rows-pairs-cap{n}": [("bw24nb.kernels.matvec", "ROWS_PAIRS", True),

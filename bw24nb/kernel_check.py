@@ -552,20 +552,24 @@ def check_matvec_rows(rng, size):
         if path == "q6k_r" or (path == "q8" and qt == QType.Q4_K):
             # two weight rows a warp (matvec.ROWS_PAIRS / ONE_ROW_PAIRS, decision 0036): the row
             # loop's bits, 4 rows and (where the row loop serves one row) one
+            # (and four: PAIR_ROWS_PER_WARP = 4)
             from .kernels import matvec_q4k as q4
-            saved = mv.ROWS_PAIRS, mv.ONE_ROW_PAIRS
-            mv.ROWS_PAIRS = mv.ONE_ROW_PAIRS = True
-            try:
-                pairs, pairs_guard = launch(Out(T * M), 0, T)
-                one_row = path == "q6k_r" or not q4.xreg_serves(M, K, mv.warps_per_row(M, K), 1)
-                pair1, pair1_guard = launch(Out(M), 0, 1) if one_row else (None, True)
-            finally:
-                mv.ROWS_PAIRS, mv.ONE_ROW_PAIRS = saved
-            yield compare(f"{name} pairs4==rows4", qt.name, shape, pairs.reshape(T, M), got,
-                          tol="bit-exact", bits=True, guard_ok=pairs_guard)
-            if one_row:
-                yield compare(f"{name} pairs1==rows1", qt.name, f"{_shape(M, K)}+b+r", pair1,
-                              ones[0], tol="bit-exact", bits=True, guard_ok=pair1_guard)
+            one_row = path == "q6k_r" or not q4.xreg_serves(M, K, mv.warps_per_row(M, K), 1)
+            for R, what in ((2, "pairs"), (4, "quads")):
+                saved = mv.ROWS_PAIRS, mv.ONE_ROW_PAIRS, mv.PAIR_ROWS_PER_WARP
+                mv.ROWS_PAIRS = mv.ONE_ROW_PAIRS = True
+                mv.PAIR_ROWS_PER_WARP = R
+                try:
+                    pairs, pairs_guard = launch(Out(T * M), 0, T)
+                    pair1, pair1_guard = launch(Out(M), 0, 1) if one_row else (None, True)
+                finally:
+                    mv.ROWS_PAIRS, mv.ONE_ROW_PAIRS, mv.PAIR_ROWS_PER_WARP = saved
+                yield compare(f"{name} {what}4==rows4", qt.name, shape, pairs.reshape(T, M), got,
+                              tol="bit-exact", bits=True, guard_ok=pairs_guard)
+                if one_row:
+                    yield compare(f"{name} {what}1==rows1", qt.name, f"{_shape(M, K)}+b+r",
+                                  pair1, ones[0], tol="bit-exact", bits=True,
+                                  guard_ok=pair1_guard)
 
 
 @check("quantize_act", "kernels.quantize_act.launch_quantize_act")

@@ -495,15 +495,18 @@ def test_rows_register_cap_builds_its_own_kernels_with_the_same_bits(rng, monkey
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
 
 
+@pytest.mark.parametrize("R", [2, 4])
 @pytest.mark.parametrize("M,K,T", [(5, 512, 2), (7, 2048, 3), (3, 4096, 4), (5, 512, 1),
                                    (3, 5120, 1)])
-def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, M, K, T):
+def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, M, K, T, R):
     """matvec.ROWS_PAIRS / ONE_ROW_PAIRS (run_bench --launch rows-pairs, decode-pairs): Q4_K
     launches at one warp a row take two weight rows a warp (`rows_pair_kernel_of`: its own
     build, half the warps) and give the row loop's bits -- M odd (the last warp's second row
     past the end), bias and residual; K = 512 / 2048 / 4096: the pair step at 1, 1 and 2 slots
     (half the fitted unroll of 1, 2 and 4); T = 1 at K = 512 and 5120 (rows the persistent
-    kernel does not take: 5120 is 5 chunks a lane, 2 pair steps of 2 slots and one clamped)."""
+    kernel does not take: 5120 is 5 chunks a lane, 2 pair steps of 2 slots and one clamped).
+    R = 4 (matvec.PAIR_ROWS_PER_WARP): four weight rows a warp, one slot a step; M = 3 leaves
+    a warp's fourth row past the end, M = 5 and 7 a second warp with one and three rows."""
     from bw24nb.kernels import matvec, matvec_q4k as q4
     w = random_weight_bytes(rng, QType.Q4_K, M, K)
     x = rng.standard_normal((T, K)).astype(np.float32)
@@ -513,9 +516,10 @@ def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, M
     assert not q4.xreg_serves(M, K, 1, T)
     monkeypatch.setattr(matvec, "ROWS_PAIRS", T > 1)
     monkeypatch.setattr(matvec, "ONE_ROW_PAIRS", T == 1)
-    assert "_w2_p1" in q4.KERNELS(T, 1, K).py_func.__name__
-    assert "_w2" not in q4.KERNELS(T, 2, K).py_func.__name__       # split rows: no pairs
-    assert "_w2" not in q4.KERNELS(3 - min(T, 2), 1, K).py_func.__name__  # the other switch
+    monkeypatch.setattr(matvec, "PAIR_ROWS_PER_WARP", R)
+    assert f"_w{R}_p1" in q4.KERNELS(T, 1, K).py_func.__name__
+    assert "_w" not in q4.KERNELS(T, 2, K).py_func.__name__        # split rows: no pairs
+    assert "_w" not in q4.KERNELS(3 - min(T, 2), 1, K).py_func.__name__  # the other switch
     pairs = _launch_rows(w, QType.Q4_K, M, K, x, True, T, bias, residual, parts=1)
     assert np.all(np.isfinite(plain))
     np.testing.assert_array_equal(pairs.view(np.uint32), plain.view(np.uint32))

@@ -281,12 +281,15 @@ def test_rows_launcher_rejects_bad_rows_and_short_buffers():
                                residual=cuda.to_device(np.zeros(M, np.float32)), rows=2)
 
 
+@pytest.mark.parametrize("R", [2, 4])
 @pytest.mark.parametrize("T,in_place", [(2, False), (3, True), (1, True)])
-def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, T, in_place):
+def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, T, in_place, R):
     """matvec.ROWS_PAIRS / ONE_ROW_PAIRS (run_bench --launch rows-pairs, decode-pairs): a
     launch at one warp a row takes two weight rows a warp (`rows_pair_kernel_of`, its own build
     and a grid of half the warps); every output is the row loop's, bit for bit, M odd (the
-    last warp's second row is past the end), bias and residual (in place too)."""
+    last warp's second row is past the end), bias and residual (in place too); R = 2 or 4
+    weight rows a warp (matvec.PAIR_ROWS_PER_WARP; at 4, M = 5 leaves 3 rows of the second
+    warp past the end)."""
     from bw24nb.kernels import matvec, matvec_q6k
     w = random_weight_bytes(rng, Q6, M, K)
     xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
@@ -295,9 +298,10 @@ def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, T
     plain = _run_rows(w, xq, xd, T, bias, residual, in_place, parts=1)
     monkeypatch.setattr(matvec, "ROWS_PAIRS", T > 1)
     monkeypatch.setattr(matvec, "ONE_ROW_PAIRS", T == 1)
-    assert "_w2_p1" in matvec_q6k.KERNELS(T, 1, K).py_func.__name__
-    assert "_w2" not in matvec_q6k.KERNELS(T, 2, K).py_func.__name__     # split rows: no pairs
-    assert "_w2" not in matvec_q6k.KERNELS(3 - min(T, 2), 1, K).py_func.__name__
+    monkeypatch.setattr(matvec, "PAIR_ROWS_PER_WARP", R)
+    assert f"_w{R}_p1" in matvec_q6k.KERNELS(T, 1, K).py_func.__name__
+    assert "_w" not in matvec_q6k.KERNELS(T, 2, K).py_func.__name__      # split rows: no pairs
+    assert "_w" not in matvec_q6k.KERNELS(3 - min(T, 2), 1, K).py_func.__name__
     pairs = _run_rows(w, xq, xd, T, bias, residual, in_place, parts=1)
     assert np.all(np.isfinite(plain))
     np.testing.assert_array_equal(pairs.view(np.uint32), plain.view(np.uint32))

@@ -254,6 +254,7 @@ class RowPath(NamedTuple):
       values2(w, x, base_a, base_b, u, qa, qb)
                                   (optional) unit u's values of two weight rows, each exactly
                                   `value`'s, from one load of the activations (`pair_rows`)
+      values4(w, x, bases, u, qs) (optional) the same for four rows (bases, qs: 4-tuples)
     `module` is where the path's device functions live: the kernels count as that module's
     for the kernel disk cache (jit.py: its sources decide when a stored kernel is stale).
     """
@@ -269,6 +270,7 @@ class RowPath(NamedTuple):
     x_one: object = _same_x         # x_one(x, K): the one-row kernel's x as `value` takes it
                                     # (x itself; Q4_K's `_x_row` at row 0 adds offsets of 0)
     values2: object = None          # two weight rows' values (`pair_rows`); None: no pairs
+    values4: object = None          # the same for four weight rows (PAIR_ROWS_PER_WARP = 4)
 
 
 _FITTED: dict = {}
@@ -523,24 +525,30 @@ ROWS_PAIRS = False
 # kernel keeps the others): a one-row step visits ~8 lines of weights and 17 of activations
 # per 512 weight bytes, 8 + 8.5 with pairs. Off until timed: run_bench --launch decode-pairs.
 ONE_ROW_PAIRS = False
+# Weight rows a warp when pairs are on: 2, or 4 (paths with `values4`; a quarter of the
+# activation visits, one slot a step). run_bench --launch rows-quads.
+PAIR_ROWS_PER_WARP = 2
 
 
 def pair_rows(p, rows, parts) -> bool:
-    """True when a `rows`-row launch of path p at `parts` warps a row takes two weight rows a
-    warp (`rows_pair_kernel_of`): its grid is then `grid_rows(M, parts, True)`."""
+    """True when a `rows`-row launch of path p at `parts` warps a row takes PAIR_ROWS_PER_WARP
+    weight rows a warp (`rows_pair_kernel_of`): its grid is then `grid_rows(M, parts, True)`."""
     on = ROWS_PAIRS if rows > 1 else ONE_ROW_PAIRS
-    return on and parts == 1 and p.values2 is not None
+    values = p.values2 if PAIR_ROWS_PER_WARP == 2 else p.values4
+    return on and parts == 1 and values is not None
 
 
 def grid_rows(M, parts, pairs=False):
-    """Blocks of a one-row or rows launch: M * parts warps, or ceil(M / 2) with pairs."""
-    return _grid((M + 1) // 2, 1) if pairs else _grid(M, parts)
+    """Blocks of a one-row or rows launch: M * parts warps, or ceil(M / PAIR_ROWS_PER_WARP)."""
+    R = PAIR_ROWS_PER_WARP
+    return _grid((M + R - 1) // R, 1) if pairs else _grid(M, parts)
 
 
 def _pair_step(p, nr):
-    """step(acc, w, x, base_a, base_b, u, stride, last, n, K): `_rows_step` for two weight rows
-    (acc[t]: row a, token t; acc[nr + t]: row b), `unroll` slots of each row's weights loaded
-    once, then every token's activations loaded once and valued against both rows."""
+    """step(acc, w, x, bases, u, stride, last, n, K): `_rows_step` for two weight rows, bases =
+    (row a's, row b's) (acc[t]: row a, token t; acc[nr + t]: row b), `unroll` slots of each
+    row's weights loaded once, then every token's activations loaded once and valued against
+    both rows."""
     weights, values2, x_row = p.weights, p.values2, p.x_row
     if p.unroll == 1:
         @nvvm_inlined
@@ -553,7 +561,8 @@ def _pair_step(p, nr):
         each = unrolled(nr, slots)
 
         @cuda.jit(device=True, inline="always")
-        def step(acc, w, x, ba, bb, u, stride, last, n, K):
+        def step(acc, w, x, bases, u, stride, last, n, K):
+            ba, bb = bases
             each(acc, (w, x, ba, bb, u, weights(w, ba, u), weights(w, bb, u), K))
     elif p.unroll == 2:
         @nvvm_inlined
@@ -574,7 +583,8 @@ def _pair_step(p, nr):
         each = unrolled(nr, slots)
 
         @cuda.jit(device=True, inline="always")
-        def step(acc, w, x, ba, bb, u, stride, last, n, K):
+        def step(acc, w, x, bases, u, stride, last, n, K):
+            ba, bb = bases
             u0 = np.uint32(u)                   # in 32 bits, as `_rows_step`
             e1 = np.uint32(u0 + np.uint32(stride))
             u1 = min(e1, np.uint32(last))
@@ -585,54 +595,100 @@ def _pair_step(p, nr):
     return step
 
 
+def _quad_step(p, nr):
+    """`_pair_step` for four weight rows (acc[r nr + t]: row r of the four, token t), one slot a
+    step: each row's weights loaded once, each token's activations once for all four."""
+    weights, values4, x_row = p.weights, p.values4, p.x_row
+    if p.unroll != 1:
+        raise ValueError(f"{p.name}: a quad step takes 1 slot, not {p.unroll}")
+
+    @nvvm_inlined
+    def slots(t, acc, args):
+        w, x, bases, u, qs, K = args
+        v0, v1, v2, v3 = values4(w, x_row(x, t, K), bases, u, qs)
+        acc[t] = acc[t] + v0
+        acc[nr + t] = acc[nr + t] + v1
+        acc[2 * nr + t] = acc[2 * nr + t] + v2
+        acc[3 * nr + t] = acc[3 * nr + t] + v3
+
+    each = unrolled(nr, slots)
+
+    @cuda.jit(device=True, inline="always")
+    def step(acc, w, x, bases, u, stride, last, n, K):
+        b0, b1, b2, b3 = bases
+        each(acc, (w, x, bases, u, (weights(w, b0, u), weights(w, b1, u), weights(w, b2, u),
+                                    weights(w, b3, u)), K))
+
+    return step
+
+
 @nvvm_inlined
 def _warp_total_only(t, acc, args):
     acc[t] = warp_sum(acc[t])
 
 
-@nvvm_inlined
-def _store_pair(t, acc, args):
-    """Row a's and (when inside M) row b's value for token t: store_row's order."""
-    nr, ra, M, y, bias, residual, has_bias, has_residual = args
-    store_row(y[t * M:], bias, residual[t * M:], has_bias, has_residual, ra, acc[t])
-    if ra + 1 < M:
-        store_row(y[t * M:], bias, residual[t * M:], has_bias, has_residual, ra + 1, acc[nr + t])
+def _store_group(R):
+    """store(t, acc, args): token t's value of each of the warp's R rows inside M (acc[r nr +
+    t] for row ra + r), in store_row's order."""
+    @nvvm_inlined
+    def store(t, acc, args):
+        nr, ra, M, y, bias, residual, has_bias, has_residual = args
+        for r in range(R):
+            if ra + r < M:
+                store_row(y[t * M:], bias, residual[t * M:], has_bias, has_residual, ra + r,
+                          acc[r * nr + t])
+    return store
 
 
-def rows_pair_kernel_of(p, nr):
-    """Path p's kernel for nr >= 1 rows of activations at parts = 1 on two weight rows a warp,
-    named <p.name>_w2_p1[_r<nr>] (a register cap only for nr >= 2, as `rows_kernel_of`): warp w takes rows 2w and 2w + 1 (the second one's loads clamped
-    to the last row when M is odd, its values dropped). Each row's sum is the one-row kernel's:
-    lane l's units l, l + 32, .. ascending, warp_sum, + bias, + residual. The steps take half of
-    the path's unroll (`fit_unroll`'s bits: a step's slots only group the same additions), so
-    a lane holds as many weight words as the one-row-a-warp kernel. The same parameters as
+def _bases_of(row_base, R):
+    """bases(ra, M, K): where the warp's R rows start (`row_base`), a row past M at the last."""
+    if R == 2:
+        @cuda.jit(device=True, inline="always")
+        def bases(ra, M, K):
+            return row_base(ra, K), row_base(min(ra + 1, M - 1), K)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def bases(ra, M, K):
+            return (row_base(ra, K), row_base(min(ra + 1, M - 1), K),
+                    row_base(min(ra + 2, M - 1), K), row_base(min(ra + 3, M - 1), K))
+    return bases
+
+
+def rows_pair_kernel_of(p, nr, R=2):
+    """Path p's kernel for nr >= 1 rows of activations at parts = 1 on R = 2 (or 4) weight rows
+    a warp, named <p.name>_w<R>_p1[_r<nr>] (a register cap only for nr >= 2, as
+    `rows_kernel_of`): warp w takes rows R w .. R w + R - 1 (those past M load the last row and
+    drop their values). Each row's sum is the one-row kernel's: lane l's units l, l + 32, ..
+    ascending, warp_sum, + bias, + residual. The steps take 1 / R of the path's unroll (at least
+    one slot; `fit_unroll`'s bits: a step's slots only group the same additions), so a lane
+    holds about as many weight words as the one-row-a-warp kernel. The same parameters as
     `rows_kernel_of`'s (parts is ignored); grid: `grid_rows(M, 1, pairs=True)`."""
-    q = p._replace(unroll=max(1, p.unroll // 2))
-    step, units, row_base = _pair_step(q, nr), q.units, q.base
+    q = p._replace(unroll=max(1, p.unroll // R))
+    step = _pair_step(q, nr) if R == 2 else _quad_step(q, nr)
+    units, bases = q.units, _bases_of(q.base, R)
     U = q.unroll
-    zero = unrolled(2 * nr, _zero)
-    totals = unrolled(2 * nr, _warp_total_only)
-    stores = unrolled(nr, _store_pair)
-    NACC = 2 * nr                     # a local array's size must be a constant, not an expression
+    zero = unrolled(R * nr, _zero)
+    totals = unrolled(R * nr, _warp_total_only)
+    stores = unrolled(nr, _store_group(R))
+    NACC = R * nr                     # a local array's size must be a constant, not an expression
 
-    def matvec_rows_w2(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
+    def matvec_rows_wr(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
         acc = cuda.local.array(NACC, np.float32)
         lane = cuda.threadIdx.x & 31
-        ra = (cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)) * 2
+        ra = (cuda.blockIdx.x * WARPS_PER_BLOCK + (cuda.threadIdx.x >> 5)) * R
         if ra >= M:                   # the whole warp leaves: warp_sum stays full-warp
             return
         n = units(K)
         last = n - 1
-        ba = row_base(ra, K)
-        bb = row_base(min(ra + 1, M - 1), K)
+        bs = bases(ra, M, K)
         zero(acc, ())
         for u in range(lane, n, 32 * U):
-            step(acc, w, x, ba, bb, u, 32, last, n, K)
+            step(acc, w, x, bs, u, 32, last, n, K)
         totals(acc, ())
         if lane == 0:
             stores(acc, (nr, ra, M, y, bias, residual, has_bias, has_residual))
 
-    return _named(matvec_rows_w2, p, 1, nr, kind="_w2",
+    return _named(matvec_rows_wr, p, 1, nr, kind=f"_w{R}",
                   max_registers=ROWS_MAX_REGISTERS if nr > 1 else None)
 
 
@@ -1097,10 +1153,10 @@ def path_kernels(p, who):
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
         q = p if K is None else fit_unroll(p, K, parts)
-        pairs = pair_rows(p, rows, parts)
-        key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, pairs)
+        R = PAIR_ROWS_PER_WARP if pair_rows(p, rows, parts) else 1
+        key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, R)
         if key not in built:
-            built[key] = (rows_pair_kernel_of(q, rows) if pairs else row_kernel(q, fp)
+            built[key] = (rows_pair_kernel_of(q, rows, R) if R > 1 else row_kernel(q, fp)
                           if rows == 1 else rows_kernel_of(q, rows, fp))
         return built[key]
 

@@ -190,6 +190,15 @@ def _chunk_value2(xq, xd, ow, os, c, wqa, wqb):
 
 
 @cuda.jit(device=True, inline="always")
+def _chunk_value4r(xq, xd, ow, os, c, wqs):
+    """`_chunk_value` for four weight rows, one load of the activations."""
+    p, h = _lane_pos()
+    b = _u32(_u32(c) >> np.uint32(3))
+    xw = np.int64(_u32(b * np.uint32(64) + _u32(16 * p + 4 * h))) + ow
+    return _chunk_dot4r(xq, xd, xw, xw + 8, _x_scale(b, p, os), wqs)
+
+
+@cuda.jit(device=True, inline="always")
 def _chunk_value_nib(xq, xd, ow, os, c, wq):
     """`_chunk_value` for a row in nibble order (quantize_act.nibble_order): sub-block 2p sits
     at slot p of its 256 values, 2p + 1 at slot 4 + p, so the block's 8 lanes read words
@@ -210,12 +219,7 @@ def _x_scale(b, p, os):
 def _chunk_dot(xq, xd, xa, xb, s, wq):
     """The chunk's value from its activation words xq[xa .. xa + 3] (sub-block 2p's 16) and
     xq[xb .. xb + 3] (2p + 1's), the scales xd[s], xd[s + 1] and its decoded weights."""
-    a0, a1, a2, a3 = ld_nc_v4_u32(xq, xa)
-    b0, b1, b2, b3 = ld_nc_v4_u32(xq, xb)
-    sxa = _dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
-    sxb = _dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
-    xda, xdb = ld_nc_v2_f32(xd, s)
-    return _chunk_combine(wq, a0, a1, a2, a3, b0, b1, b2, b3, sxa, sxb, xda, xdb)
+    return _chunk_combine(wq, _chunk_x(xq, xd, xa, xb, s))
 
 
 @cuda.jit(device=True, inline="always")
@@ -223,21 +227,39 @@ def _chunk_dot2(xq, xd, xa, xb, s, wqa, wqb):
     """`_chunk_dot` for two weight rows (matvec.pair_rows): the activation words, their sums
     and scales loaded and formed once, each row's value `_chunk_combine`'s, as in the one-row
     kernel."""
+    ax = _chunk_x(xq, xd, xa, xb, s)
+    return _chunk_combine(wqa, ax), _chunk_combine(wqb, ax)
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_dot4r(xq, xd, xa, xb, s, wqs):
+    """`_chunk_dot2` for four weight rows (matvec.PAIR_ROWS_PER_WARP = 4), wqs their decoded
+    weights."""
+    ax = _chunk_x(xq, xd, xa, xb, s)
+    w0, w1, w2, w3 = wqs
+    return (_chunk_combine(w0, ax), _chunk_combine(w1, ax), _chunk_combine(w2, ax),
+            _chunk_combine(w3, ax))
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_x(xq, xd, xa, xb, s):
+    """A chunk's activation side, whatever the weights: words xq[xa .. xa + 3] (sub-block 2p's
+    16) and xq[xb .. xb + 3] (2p + 1's), their exact sums, their scales xd[s], xd[s + 1]."""
     a0, a1, a2, a3 = ld_nc_v4_u32(xq, xa)
     b0, b1, b2, b3 = ld_nc_v4_u32(xq, xb)
     sxa = _dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3)
     sxb = _dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3)
     xda, xdb = ld_nc_v2_f32(xd, s)
-    return (_chunk_combine(wqa, a0, a1, a2, a3, b0, b1, b2, b3, sxa, sxb, xda, xdb),
-            _chunk_combine(wqb, a0, a1, a2, a3, b0, b1, b2, b3, sxa, sxb, xda, xdb))
+    return a0, a1, a2, a3, b0, b1, b2, b3, sxa, sxb, xda, xdb
 
 
 @cuda.jit(device=True, inline="always")
-def _chunk_combine(wq, a0, a1, a2, a3, b0, b1, b2, b3, sxa, sxb, xda, xdb):
-    """The chunk's value (step 1 of the docstring) from its decoded weights, its activation
-    words, their exact sums and their scales: the one expression every kernel of this module
-    uses, so its FMA contraction is the same everywhere."""
+def _chunk_combine(wq, ax):
+    """The chunk's value (step 1 of the docstring) from its decoded weights and its activation
+    side (`_chunk_x`): the one expression every kernel of this module uses, so its FMA
+    contraction is the same everywhere."""
     dsa, dma, dsb, dmb, l0, l1, l2, l3, h0, h1, h2, h3 = wq
+    a0, a1, a2, a3, b0, b1, b2, b3, sxa, sxb, xda, xdb = ax
     sa = _dot4(l0, l1, l2, l3, a0, a1, a2, a3)
     # 16 sb: the high nibbles in place are unsigned bytes 16 q (dp4a.u32.s32), and
     # (d sc_b / 16) (16 sb) is the real number (d sc_b) sb, both factors exact: the same
@@ -274,6 +296,11 @@ def _values2(w, x, word_a, word_b, c, wqa, wqb):
 
 
 @cuda.jit(device=True, inline="always")
+def _values4(w, x, words, c, wqs):
+    return _chunk_value4r(x[0], x[1], x[2], x[3], c, wqs)
+
+
+@cuda.jit(device=True, inline="always")
 def _value_nib(w, x, row_word, c, wq):
     return _chunk_value_nib(x[0], x[1], x[2], x[3], c, wq)
 
@@ -295,10 +322,11 @@ def _x_one(x, K):
 
 # w = (w32,): the GGUF rows as uint32 words; x = (xq as uint32 words, xd)
 PATH = RowPath("matvec_q8_q4_k_v4", __name__, UNROLL, _units, _base, _weights, _value,
-               _x_row, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, _x_one, _values2)
+               _x_row, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, _x_one, _values2, _values4)
 KERNELS = path_kernels(PATH, "matvec_q4k")      # KERNELS(rows, parts)
 # the same kernels on activations in nibble order (quantize_act.nibble_order, decision 0027)
-PATH_NIB = PATH._replace(name="matvec_q8_q4_k_v4n", value=_value_nib, values2=None)
+PATH_NIB = PATH._replace(name="matvec_q8_q4_k_v4n", value=_value_nib, values2=None,
+                         values4=None)
 KERNELS_NIB = path_kernels(PATH_NIB, "matvec_q4k")
 
 
@@ -316,6 +344,7 @@ matvec_q8_q4_k_v4_u1_r4 = KERNELS(4, 2, 512)
 # verify's rows on two weight rows a warp (matvec.pair_rows; off by default): 4 rows at K =
 # 4096 (2 slots a step) and 12288 (the same build: K is a run-time value)
 matvec_q8_q4_k_v4_w2_p1_r4 = rows_pair_kernel_of(PATH, 4)
+matvec_q8_q4_k_v4_w4_p1_r4 = rows_pair_kernel_of(PATH, 4, 4)
 # the MoE block's per-token / per-expert build of the same loop (matvec.token_kernel)
 matvec_q8_q4_k_v4_tok = token_kernels(PATH)(2)
 # and its expert-major build (matvec.group_kernel: the MoE prefill on the decode kernels)
@@ -482,6 +511,7 @@ PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                   "matvec_q8_q4_k_v4_r4": [_SIG], "matvec_q8_q4_k_v4_u2_p1": [_SIG],
                   "matvec_q8_q4_k_v4n_p1": [_SIG], "matvec_q8_q4_k_v4n_p1_r4": [_SIG],
                   "matvec_q8_q4_k_v4_u1_r4": [_SIG], "matvec_q8_q4_k_v4_w2_p1_r4": [_SIG],
+                  "matvec_q8_q4_k_v4_w4_p1_r4": [_SIG],
                   "matvec_q8_q4_k_v4_tok": [
                       "void(UniTuple(uint32[::1], 1), int32[:, ::1], int32, int32, "
                       "int32, int32, Tuple((uint32[::1], float32[::1])), int32, float32[::1], "

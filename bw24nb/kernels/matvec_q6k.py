@@ -251,10 +251,19 @@ def _chunk_value(xq, xd32, c, wq):
     t = c & 1
     f0, f1, f2, f3 = ld_nc_v4_u32(xd32, 8 * b + 4 * n)              # xd of quarters 0..3
     xw = 64 * b + 32 * n + 4 * t                # word of activation 256b + 128n + 16t
-    v = _quarter(ds0, f0, xq, xw, p0, p1, p2, p3)
-    v += _quarter(ds1, f1, xq, xw + 8, q0, q1, q2, q3)
-    v += _quarter(ds2, f2, xq, xw + 16, r0, r1, r2, r3)
-    v += _quarter(ds3, f3, xq, xw + 24, u0, u1, u2, u3)
+    return _chunk_sum(_quarter(ds0, f0, xq, xw, p0, p1, p2, p3),
+                      _quarter(ds1, f1, xq, xw + 8, q0, q1, q2, q3),
+                      _quarter(ds2, f2, xq, xw + 16, r0, r1, r2, r3),
+                      _quarter(ds3, f3, xq, xw + 24, u0, u1, u2, u3))
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_sum(t0, t1, t2, t3):
+    """v_c = ((t_0 + t_1) + t_2) + t_3 (step 1 of the docstring)."""
+    v = t0
+    v += t1
+    v += t2
+    v += t3
     return v
 
 
@@ -271,15 +280,43 @@ def _chunk_value2(xq, xd32, c, wqa, wqb):
     a1, b1 = _quarter2(wqa[1], wqb[1], f1, xq, xw + 8, wqa[8:12], wqb[8:12])
     a2, b2 = _quarter2(wqa[2], wqb[2], f2, xq, xw + 16, wqa[12:16], wqb[12:16])
     a3, b3 = _quarter2(wqa[3], wqb[3], f3, xq, xw + 24, wqa[16:20], wqb[16:20])
-    va = a0
-    va += a1
-    va += a2
-    va += a3
-    vb = b0
-    vb += b1
-    vb += b2
-    vb += b3
-    return va, vb
+    return _chunk_sum(a0, a1, a2, a3), _chunk_sum(b0, b1, b2, b3)
+
+
+@cuda.jit(device=True, inline="always")
+def _quarter4r(ds, xd_bits, xq, xw, qs):
+    """`_quarter2` for four weight rows: ds their d sc_j, qs their four words of quarter j."""
+    x0, x1, x2, x3 = ld_nc_v4_u32(xq, xw)
+    sx = dp4a(_MINUS32, np.int32(x0), np.int32(0))
+    sx = dp4a(_MINUS32, np.int32(x1), sx)
+    sx = dp4a(_MINUS32, np.int32(x2), sx)
+    sx = dp4a(_MINUS32, np.int32(x3), sx)
+    q0, q1, q2, q3 = qs
+    return (_term(ds[0], xd_bits, _qdot(q0[0], q0[1], q0[2], q0[3], x0, x1, x2, x3, sx)),
+            _term(ds[1], xd_bits, _qdot(q1[0], q1[1], q1[2], q1[3], x0, x1, x2, x3, sx)),
+            _term(ds[2], xd_bits, _qdot(q2[0], q2[1], q2[2], q2[3], x0, x1, x2, x3, sx)),
+            _term(ds[3], xd_bits, _qdot(q3[0], q3[1], q3[2], q3[3], x0, x1, x2, x3, sx)))
+
+
+@cuda.jit(device=True, inline="always")
+def _chunk_value4r(xq, xd32, c, wqs):
+    """`_chunk_value2` for four weight rows (matvec.PAIR_ROWS_PER_WARP = 4)."""
+    b = c >> 2
+    n = (c >> 1) & 1
+    t = c & 1
+    f0, f1, f2, f3 = ld_nc_v4_u32(xd32, 8 * b + 4 * n)
+    xw = 64 * b + 32 * n + 4 * t
+    w0, w1, w2, w3 = wqs
+    t0 = _quarter4r((w0[0], w1[0], w2[0], w3[0]), f0, xq, xw,
+                    (w0[4:8], w1[4:8], w2[4:8], w3[4:8]))
+    t1 = _quarter4r((w0[1], w1[1], w2[1], w3[1]), f1, xq, xw + 8,
+                    (w0[8:12], w1[8:12], w2[8:12], w3[8:12]))
+    t2 = _quarter4r((w0[2], w1[2], w2[2], w3[2]), f2, xq, xw + 16,
+                    (w0[12:16], w1[12:16], w2[12:16], w3[12:16]))
+    t3 = _quarter4r((w0[3], w1[3], w2[3], w3[3]), f3, xq, xw + 24,
+                    (w0[16:20], w1[16:20], w2[16:20], w3[16:20]))
+    return (_chunk_sum(t0[0], t1[0], t2[0], t3[0]), _chunk_sum(t0[1], t1[1], t2[1], t3[1]),
+            _chunk_sum(t0[2], t1[2], t2[2], t3[2]), _chunk_sum(t0[3], t1[3], t2[3], t3[3]))
 
 
 @cuda.jit(device=True, inline="always")
@@ -309,9 +346,15 @@ def _values2(w, x, base_a, base_b, c, wqa, wqb):
     return _chunk_value2(x[0], x[1], c, wqa, wqb)
 
 
+@cuda.jit(device=True, inline="always")
+def _values4(w, x, bases, c, wqs):
+    return _chunk_value4r(x[0], x[1], c, wqs)
+
+
 # w = (body as uint32 words, d float16); x = (xq, xd as uint32 words): matvec.py's row loop
 PATH = RowPath("matvec_q8_q6_k_r", __name__, UNROLL, _units, _base, _weights, _value,
-               x_row_q8, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, values2=_values2)
+               x_row_q8, lambda K: (K >> 8) * CHUNKS_PER_BLOCK, values2=_values2,
+               values4=_values4)
 KERNELS = path_kernels(PATH, "matvec_q6k_r")    # KERNELS(rows, parts)
 
 
@@ -322,12 +365,14 @@ matvec_q8_q6_k_r_p1 = KERNELS(1, 1)
 matvec_q8_q6_k_r_r4 = KERNELS(4, 2)
 # verify's rows on two weight rows a warp (matvec.pair_rows; off by default)
 matvec_q8_q6_k_r_w2_p1_r4 = rows_pair_kernel_of(PATH, 4)
+matvec_q8_q6_k_r_w4_p1_r4 = rows_pair_kernel_of(PATH, 4, 4)
 
 _SIG = ("void(Tuple((uint32[::1], float16[::1])), int32, int32, "
         "Tuple((uint32[::1], uint32[::1])), float32[::1], float32[::1], float32[::1], int32, "
         "int32, int32)")
 PTX_SIGNATURES = {"matvec_q8_q6_k_r": [_SIG], "matvec_q8_q6_k_r_p1": [_SIG],
-                  "matvec_q8_q6_k_r_r4": [_SIG], "matvec_q8_q6_k_r_w2_p1_r4": [_SIG]}
+                  "matvec_q8_q6_k_r_r4": [_SIG], "matvec_q8_q6_k_r_w2_p1_r4": [_SIG],
+                  "matvec_q8_q6_k_r_w4_p1_r4": [_SIG]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 
