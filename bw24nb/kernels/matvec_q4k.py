@@ -42,7 +42,10 @@ the order above, so that each row is bit for bit the one-row kernel's result for
 
 The loop itself -- which warp owns which row and chunks, the clamped slots, the combine -- is
 matvec.py's row loop (`row_kernel`, `rows_kernel_of`); this module gives it the Q4_K path
-(`PATH`): what a chunk is, its weights (`_chunk_weights`) and its value (`_chunk_value`).
+(`PATH`): what a chunk is, its weights (`_chunk_weights`) and its value (`_chunk_value`). With
+matvec.ROWS_PAIRS / ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036, off by
+default): the chunk's activation side (`_chunk_x`: its words, their sums, their scales) is
+loaded once for all of them, and each row's value is `_chunk_combine`'s, as above.
 """
 import numpy as np
 from numba import cuda, float32, uint32

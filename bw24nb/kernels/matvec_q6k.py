@@ -48,7 +48,10 @@ loop above once, loads each chunk's weights once and meets them with each row's 
 that each row is bit for bit the one-row kernel's result for it -- the LM head's 834 MB read
 once for all K + 1 verified tokens. The loop is matvec.py's row loop (`row_kernel`,
 `rows_kernel_of`), given this module's `PATH`: a chunk's four 16-byte weight loads
-(`_chunk_weights`) and its value (`_chunk_value`), two chunks a step.
+(`_chunk_weights`) and its value (`_chunk_value`), two chunks a step. With matvec.ROWS_PAIRS /
+ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036, off by default):
+`_chunk_value2` / `_chunk_value4r` load each quarter's activations and form -32 sum(x) once
+for all of them, each row's value the same expression.
 
 Use (engine): at weight upload `body, d = repack_q6_k(raw, M, K)` and copy both to the device;
 at decode `launch_matvec_q8_q6k_r(body_dev, d_dev, M, K, xq, xd, y, ...)` with xq, xd from
@@ -186,15 +189,21 @@ def _qdot(q0, q1, q2, q3, x0, x1, x2, x3, s):
 
 
 @cuda.jit(device=True, inline="always")
+def _minus32_sum(x0, x1, x2, x3):
+    """-32 sum(x) over 16 activations (four dp4a), exact: the weight-independent part of isum."""
+    sx = dp4a(_MINUS32, np.int32(x0), np.int32(0))
+    sx = dp4a(_MINUS32, np.int32(x1), sx)
+    sx = dp4a(_MINUS32, np.int32(x2), sx)
+    return dp4a(_MINUS32, np.int32(x3), sx)
+
+
+@cuda.jit(device=True, inline="always")
 def _quarter2(dsa, dsb, xd_bits, xq, xw, qa, qb):
     """`_quarter` for two weight rows (matvec.pair_rows): the 16 activations loaded and their
     -32 sum(x) formed once; each row's isum is the same exact integer as `_isum`'s (int32
     addition is associative), its term `_term`'s. qa, qb: the rows' four words of quarter j."""
     x0, x1, x2, x3 = ld_nc_v4_u32(xq, xw)
-    sx = dp4a(_MINUS32, np.int32(x0), np.int32(0))
-    sx = dp4a(_MINUS32, np.int32(x1), sx)
-    sx = dp4a(_MINUS32, np.int32(x2), sx)
-    sx = dp4a(_MINUS32, np.int32(x3), sx)
+    sx = _minus32_sum(x0, x1, x2, x3)
     ia = _qdot(qa[0], qa[1], qa[2], qa[3], x0, x1, x2, x3, sx)
     ib = _qdot(qb[0], qb[1], qb[2], qb[3], x0, x1, x2, x3, sx)
     return _term(dsa, xd_bits, ia), _term(dsb, xd_bits, ib)
@@ -287,10 +296,7 @@ def _chunk_value2(xq, xd32, c, wqa, wqb):
 def _quarter4r(ds, xd_bits, xq, xw, qs):
     """`_quarter2` for four weight rows: ds their d sc_j, qs their four words of quarter j."""
     x0, x1, x2, x3 = ld_nc_v4_u32(xq, xw)
-    sx = dp4a(_MINUS32, np.int32(x0), np.int32(0))
-    sx = dp4a(_MINUS32, np.int32(x1), sx)
-    sx = dp4a(_MINUS32, np.int32(x2), sx)
-    sx = dp4a(_MINUS32, np.int32(x3), sx)
+    sx = _minus32_sum(x0, x1, x2, x3)
     q0, q1, q2, q3 = qs
     return (_term(ds[0], xd_bits, _qdot(q0[0], q0[1], q0[2], q0[3], x0, x1, x2, x3, sx)),
             _term(ds[1], xd_bits, _qdot(q1[0], q1[1], q1[2], q1[3], x0, x1, x2, x3, sx)),
