@@ -195,21 +195,13 @@ def _commit() -> str:
         return "unknown"
 
 
-def _switched(switch, launch, value=False):
-    """launch() with the switch bw24nb.kernels.matvec.<switch> set to `value` (off), restored
-    after (run_bench.switched): FIT_UNROLL (off: the path's full unroll), QX0_V4 (off: Q8_0 /
-    Q5_0 / Q4_0 on the generic group path), ROWS_PAIRS (on: two weight rows a warp)."""
+def _switched(launch, **switches):
+    """launch() with the switches bw24nb.kernels.matvec.<NAME> = value set, restored after
+    (run_bench.switched): FIT_UNROLL=False (the path's full unroll), QX0_V4=False (Q8_0 / Q5_0
+    / Q4_0 on the generic group path), ROWS_PAIRS=True with PAIR_ROWS_PER_WARP=R (the rows
+    kernels on R weight rows a warp)."""
     from run_bench import switched
-    with switched([("bw24nb.kernels.matvec", switch, value)]):
-        launch()
-
-
-def _pairs(R, launch):
-    """launch() with the rows kernels on R weight rows a warp (matvec.ROWS_PAIRS,
-    PAIR_ROWS_PER_WARP = R), restored after."""
-    from run_bench import switched
-    with switched([("bw24nb.kernels.matvec", "ROWS_PAIRS", True),
-                   ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", R)]):
+    with switched([("bw24nb.kernels.matvec", name, value) for name, value in switches.items()]):
         launch()
 
 
@@ -274,14 +266,14 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
                         ref_q8, 10 * REL_ERR_BAD, y, scale))
         if qt in QX0_TYPES:                   # Q8_0 / Q5_0 / Q4_0: the group path before
             y_grp = cuda.device_array(M, np.float32, stream=stream)
-            kernels.append(("dp4a_group", lambda w: _switched("QX0_V4", lambda:
-                launch_matvec_q8(w, qt, M, K, xq, xd, y_grp, stream=stream)), ref_q8,
-                10 * REL_ERR_BAD, y_grp, scale))
+            kernels.append(("dp4a_group", lambda w: _switched(lambda:
+                launch_matvec_q8(w, qt, M, K, xq, xd, y_grp, stream=stream), QX0_V4=False),
+                ref_q8, 10 * REL_ERR_BAD, y_grp, scale))
         if fit_ab:                            # the same kernel with the full 4 slots a step
             y_full = cuda.device_array(M, np.float32, stream=stream)
-            kernels.append(("dp4a_full", lambda w: _switched("FIT_UNROLL", lambda:
-                launch_matvec_q8(w, qt, M, K, xq, xd, y_full, stream=stream)), ref_q8,
-                10 * REL_ERR_BAD, y_full, scale))
+            kernels.append(("dp4a_full", lambda w: _switched(lambda:
+                launch_matvec_q8(w, qt, M, K, xq, xd, y_full, stream=stream), FIT_UNROLL=False),
+                ref_q8, 10 * REL_ERR_BAD, y_full, scale))
         nib = nibble and qt == QType.Q4_K and K % 256 == 0
         if nib:                               # the same values in nibble order: the same bits
             xq_n = cuda.to_device(nibble_order(xq.copy_to_host(stream=stream)), stream=stream)
@@ -315,8 +307,9 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             for R in ((2, 4) if pairs and qt == QType.Q4_K else ()):
                 y_rp = cuda.device_array(nr * M, np.float32, stream=stream)
                 kernels.append((f"dp4a_w{R}_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r,
-                                y_rp=y_rp, R=R: _pairs(R, lambda: launch_matvec_q8(
-                                    w, qt, M, K, xq_r, xd_r, y_rp, stream=stream, rows=nr)),
+                                y_rp=y_rp, R=R: _switched(lambda: launch_matvec_q8(
+                                    w, qt, M, K, xq_r, xd_r, y_rp, stream=stream, rows=nr),
+                                    ROWS_PAIRS=True, PAIR_ROWS_PER_WARP=R),
                                 ref_r, 10 * REL_ERR_BAD, y_rp, scale_r))
 
     rows, outs = [], {}
