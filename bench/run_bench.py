@@ -642,7 +642,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "attn-1warp": [("bw24nb.kernels.decode_attention", "ONE_TILE_SPREAD", False)],
                 "attn-walk4": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 4)],
                 "attn-walk16": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 16)],
-                "gdn-apart": [("bw24nb.engine", "GDN_RULE_NORM", False)]}
+                "gdn-apart": [("bw24nb.engine", "GDN_RULE_NORM", False)],
+                "gu-apart": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 
 

@@ -63,6 +63,13 @@ CONV_PREP_MAX_T = VERIFY_ROWS
 # before session 27 (run_bench --launch gdn-apart). Read at every launch.
 GDN_RULE_NORM = True
 
+# A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode
+# runs them (Engine._stack_decode_weights' "gu"), its [T, 2F] output read by swiglu_fused_q8:
+# one launch a layer fewer (~3 us of fixed cost each, decision 0036), every row's bits the same
+# (the rows kernels sum a row alike whichever launch carries it). False: the two launches, as
+# before session 31 (run_bench / spec_bench --launch gu-apart). Read at every launch.
+STACK_GATE_UP_ROWS = True
+
 # Side streams the rows prefill spreads a chunk's MAX_ROWS-row slices of one matvec over
 # (`Engine._mv`; 0: one chain, as before session 24). The slices read disjoint rows of the
 # input and write disjoint rows of the output, so they may run side by side: parallel graph
@@ -279,8 +286,10 @@ class Workspace:
         self.attn = cuda.device_array((T, Hq, D), f)
         self.g = cuda.device_array((T, F), f)
         self.u = cuda.device_array((T, F), f)
-        # T = 1: the outputs of the stacked decode matvecs (Engine._stack_decode_weights)
-        self.gu = cuda.device_array((1, 2 * F), f) if T == 1 else None
+        # the outputs of the stacked decode matvecs (Engine._stack_decode_weights): T = 1, and
+        # [gate | up] for a verify's rows too (STACK_GATE_UP_ROWS)
+        self.gu = (cuda.device_array((T, 2 * F), f) if self.rowwise and T <= matvec.MAX_ROWS
+                   else None)
         self.att_qkv = cuda.device_array((1, q_width + 2 * Hkv * D), f) if T == 1 else None
         self.qkvz = None
         if c.linear_num_value_heads:            # Gated DeltaNet activations
@@ -987,15 +996,22 @@ class Engine:
         else:
             g, u = ws.g[:T, :F], ws.u[:T, :F]
         L, qx = self._quantize_input(ws, x, T, [wg, wu])
-        gu = self.stacks.get((i, "gu")) if ws.gu is not None and ws.gu.size >= 2 * F else None
-        if gu is not None:      # T = 1: [gate | up] in one matvec, both read as slices of it
-            flat = ws.gu.reshape(ws.gu.size)
-            g, u = flat[:F].reshape(1, F), flat[F:2 * F].reshape(1, F)
-            proj = [("ffn_gate_up", lambda: self._mv(gu, x, flat[:2 * F], T, qx=qx, rowwise=True))]
-        else:
-            proj = [("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
-                    ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise))]
+        gu = (self.stacks.get((i, "gu")) if ws.gu is not None and ws.gu.size >= T * 2 * F
+              and (T == 1 or STACK_GATE_UP_ROWS) else None)
         qL, qg = self._quantize_input(ws, g, T, [wd])
+        if gu is not None:      # [gate | up] rows in one matvec, swiglu reading both halves
+            gu_out = ws.gu.reshape(ws.gu.size)[:T * 2 * F].reshape(T, 2 * F)
+            proj = [("ffn_gate_up", lambda: self._mv(gu, x, gu_out, T, qx=qx, rowwise=True))]
+            if qg is not None and qg.xq is not None:
+                act = [("swiglu_q8", lambda: activation.launch_swiglu_fused_q8(
+                    gu_out, g, qg.xq, qg.xd, s))]
+            else:
+                act = [("swiglu", lambda: activation.launch_swiglu_fused(gu_out, g, s))] + qL
+            return L + proj + act + [
+                ("ffn_down", lambda: self._mv(wd, g, h, T, residual=h, qx=qg, rowwise=True)),
+            ]
+        proj = [("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
+                ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise))]
         if qg is not None and qg.xq is not None and (ws.rowwise or self.fuse_prefill):
             # decode / verify (prefill with fuse_prefill): swiglu writes ffn_down's int8 input
             act = [("swiglu_q8", lambda: activation.launch_swiglu_q8(g, u, g, qg.xq, qg.xd, s))]

@@ -643,6 +643,27 @@ def check_swiglu_q8(rng, size):
                       bits=True, guard_ok=gd)
 
 
+@check("swiglu_fused_q8", "kernels.activation.launch_swiglu_fused_q8")
+def check_swiglu_fused_q8(rng, size):
+    """swiglu + int8 quantizer on the stacked [gate | up] matvec's rows (decode and verify):
+    y, xq and xd bit for bit those of swiglu_q8 (checked above) on the two halves."""
+    from .kernels import activation
+    for T, F in ([(3, 64)] if size == "tiny" else [(1, Q9.ffn), (4, Q9.ffn), (9, Q05.ffn)]):
+        gu = (2 * rng.standard_normal((T, 2 * F))).astype(np.float32)
+        y, xq, xd = Out((T, F)), Out(T * F, np.int8, poison=-128), Out(T * F // 32)
+        activation.launch_swiglu_fused_q8(_dev(gu), y.dev, xq.dev, xd.dev)
+        ry, rq, rd = Out(T * F), Out(T * F, np.int8, poison=-128), Out(T * F // 32)
+        activation.launch_swiglu_q8(_dev(np.ascontiguousarray(gu[:, :F])),
+                                    _dev(np.ascontiguousarray(gu[:, F:])), ry.dev, rq.dev, rd.dev)
+        for what, out, twin, dt in (("y", y, ry, "f32"), ("q", xq, rq, "int8"), ("d", xd, rd, "f32")):
+            got, guard_ok = out.get()
+            ref, _ = twin.get()
+            yield compare(f"swiglu_fused_q8 {what} T={T}", dt, _shape(*got.shape), got,
+                          ref.reshape(got.shape), tol="exact" if dt == "int8" else "bit-exact",
+                          bits=True, guard_ok=guard_ok,
+                          **({"poison": np.int8(-128)} if dt == "int8" else {}))
+
+
 @check("rms_norm_q8", "kernels.norm.launch_rms_norm_q8")
 def check_rms_norm_q8(rng, size):
     """Fused RMSNorm + int8 quantizer (decode): y within the rms_norm bound of the reference,

@@ -40,3 +40,23 @@ def pytest_xdist_auto_num_workers(config):
     psutil's physical cores of the host, which inside a container can be many more than the
     cores it is given -- and every worker holds a numba simulator of ~0.5-1 GB."""
     return max(1, len(os.sched_getaffinity(0)))
+
+
+@pytest.fixture(scope="session")
+def int8_heads_hybrid(tmp_path_factory):
+    """A tiny qwen35 file whose DeltaNet heads are 32 wide (the fixtures' 16 are no int8
+    block): decode then runs the GDN output norm with ssm_out's int8 copy, and the launch
+    that folds it into the delta rule."""
+    import dataclasses
+
+    from bw24nb.factory import model_config, write_gguf_model
+    from bw24nb.formats.config import validate_config
+    cfg = dataclasses.replace(
+        model_config("qwen3.5-0.8b", layers=4, vocab=256), hidden_size=64,
+        intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+        linear_value_head_dim=32)
+    cfg = validate_config(cfg, "tiny int8-head hybrid")
+    path = tmp_path_factory.mktemp("gdn32") / "hybrid32.gguf"
+    write_gguf_model(str(path), cfg, seed=11, threads=1, log=None)
+    return str(path)

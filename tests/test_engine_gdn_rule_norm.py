@@ -1,7 +1,7 @@
 """Decode's gated delta rule with the GDN output norm folded in (engine.GDN_RULE_NORM,
 gated_deltanet.launch_gated_delta_rule_norm_q8; decision 0034), through the engine. The
 fixtures' DeltaNet heads are 16 wide, no int8 block, so their decode takes neither q8 norm:
-these tests generate a tiny hybrid with 32-wide heads. The kernel's bits against the two
+these tests take conftest's tiny hybrid with 32-wide heads (`int8_heads_hybrid`). The kernel's bits against the two
 launches, per shape: tests/test_kernels_gdn.py."""
 import numpy as np
 import pytest
@@ -14,26 +14,6 @@ from bw24nb.quant import QType
 def _decode(eng, ids):
     eng.reset()
     return np.stack([eng.decode(t) for t in ids])
-
-
-@pytest.fixture(scope="module")
-def int8_heads_hybrid(tmp_path_factory):
-    """A tiny qwen35 file whose DeltaNet heads are 32 wide (the fixtures' 16 are no int8
-    block): decode then runs the GDN output norm with ssm_out's int8 copy, and the launch
-    that folds it into the delta rule."""
-    import dataclasses
-
-    from bw24nb.factory import model_config, write_gguf_model
-    from bw24nb.formats.config import validate_config
-    cfg = dataclasses.replace(
-        model_config("qwen3.5-0.8b", layers=4, vocab=256), hidden_size=64,
-        intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-        linear_value_head_dim=32)
-    cfg = validate_config(cfg, "tiny int8-head hybrid")
-    path = tmp_path_factory.mktemp("gdn32") / "hybrid32.gguf"
-    write_gguf_model(str(path), cfg, seed=11, threads=1, log=None)
-    return str(path)
 
 
 def test_gdn_rule_with_the_output_norm_gives_the_bits_of_two_launches(int8_heads_hybrid, rng,

@@ -14,7 +14,9 @@ import pytest
 from numba import cuda
 
 from bw24nb.kernels.activation import (launch_add, launch_sigmoid_mul, launch_swiglu,
-                                       launch_swiglu_fused)
+                                       launch_swiglu_fused, launch_swiglu_fused_q8,
+                                       launch_swiglu_q8)
+from bw24nb.kernels.quantize_act import quantize_act_q8_reference
 from bw24nb.kernels.norm import (NORM_THREADS_MAX, SCRATCH_WARPS, _row_threads, block_sum,
                                  launch_add_rms_norm, launch_gated_rms_norm,
                                  launch_head_rms_norm, launch_rms_norm)
@@ -137,6 +139,29 @@ def test_swiglu_fused(rng):
     launch_swiglu_fused(cuda.to_device(gu), y)
     np.testing.assert_allclose(y.copy_to_host(), ops.swiglu(gu[:, :F], gu[:, F:]),
                                rtol=1e-6, atol=1e-7)
+
+
+def test_swiglu_fused_q8_gives_swiglu_q8s_bits_on_the_two_halves(rng):
+    """The stacked [gate | up] rows (decode and verify): y, int8 codes and scales bit for bit
+    swiglu_q8's on the halves, y near ops.swiglu, codes / scales quantize_act's of that y."""
+    N, F = 3, 96
+    gu = _rand(rng, N, 2 * F, scale=3.0)
+    gu[1, :32] = 0.0                            # an all-zero block: scale 0, codes 0
+    y, xq, xd = _poisoned((N, F)), cuda.to_device(np.full(N * F, -128, np.int8)), \
+        _poisoned(N * F // 32)
+    launch_swiglu_fused_q8(cuda.to_device(gu), y, xq, xd)
+    ry, rq, rd = _poisoned(N * F), cuda.to_device(np.zeros(N * F, np.int8)), _poisoned(N * F // 32)
+    launch_swiglu_q8(cuda.to_device(np.ascontiguousarray(gu[:, :F])),
+                     cuda.to_device(np.ascontiguousarray(gu[:, F:])), ry, rq, rd)
+    got_y, got_q, got_d = y.copy_to_host(), xq.copy_to_host(), xd.copy_to_host()
+    assert got_y.reshape(-1).view(np.uint32).tolist() == ry.copy_to_host().view(np.uint32).tolist()
+    assert np.array_equal(got_q, rq.copy_to_host())
+    assert got_d.view(np.uint32).tolist() == rd.copy_to_host().view(np.uint32).tolist()
+    np.testing.assert_allclose(got_y, ops.swiglu(gu[:, :F], gu[:, F:]), rtol=1e-6, atol=1e-7)
+    q_ref, d_ref = quantize_act_q8_reference(got_y.reshape(-1))
+    assert np.array_equal(got_q, q_ref.reshape(-1)) and np.array_equal(got_d, d_ref.reshape(-1))
+    with pytest.raises(ValueError, match="32-blocks"):
+        launch_swiglu_fused_q8(cuda.to_device(np.ascontiguousarray(gu[:, :80])), _poisoned((N, 40)), xq, xd)
 
 
 def test_sigmoid_mul_in_place(rng):

@@ -69,6 +69,25 @@ def swiglu_fused(gu, y):
 
 
 @kernel
+def swiglu_fused_q8(gu, y, xq, xd):
+    """swiglu_fused and its output quantized as swiglu_q8 does it, value for value (ffn_down's
+    int8 input from the stacked [gate | up] matvec, at any row count: decode and verify).
+    gu[N, 2F], y[N, F] (F % 32 == 0), xq / xd over y's flat order. A warp step's 32 values lie
+    in one row and one 32-value block, so the block's amax is a warp_max."""
+    N, F = y.shape
+    start, step = cuda.grid(1), cuda.gridsize(1)
+    for i in range(start, N * F, step):
+        r = i // F
+        c = i - r * F
+        v = silu(gu[r, c]) * gu[r, F + c]
+        y[r, c] = v
+        q, d = q8_code(v, warp_max(abs(v)))
+        xq[i] = q
+        if (i & 31) == 0:
+            xd[i >> 5] = d
+
+
+@kernel
 def sigmoid_mul(x, gate):
     """x *= sigmoid(gate) in place (1-D): the gated-attention output gate."""
     start, step = cuda.grid(1), cuda.gridsize(1)
@@ -120,6 +139,23 @@ def launch_swiglu_fused(gu, y, stream=0):
     swiglu_fused[_grid(y.size), ELEMWISE_THREADS, stream](gu2, y2)
 
 
+def launch_swiglu_fused_q8(gu, y, xq, xd, stream=0):
+    """launch_swiglu_fused + quantize_act.launch_quantize_act(y, xq, xd) in one launch, the bits
+    of launch_swiglu_q8 on gu's two halves. Reference: ops.swiglu on gu[..., :F] and
+    gu[..., F:], then quantize_act_q8_reference."""
+    F = y.shape[len(y.shape) - 1]
+    n = y.size
+    if gu.shape[len(gu.shape) - 1] != 2 * F or gu.size != 2 * n:
+        raise ValueError(f"swiglu_fused_q8: gate|up buffer {tuple(gu.shape)} does not match "
+                         f"output {tuple(y.shape)}")
+    if F % 32 or xq.size < n or xd.size < n // 32:
+        raise ValueError(f"swiglu_fused_q8: rows of {F} values must be whole 32-blocks with "
+                         f"xq >= {n}, xd >= {n // 32}")
+    y2 = y.reshape(n // F, F)
+    swiglu_fused_q8[_grid(n), ELEMWISE_THREADS, stream](gu.reshape(n // F, 2 * F), y2,
+                                                       _flat(xq)[:n], _flat(xd)[:n // 32])
+
+
 def launch_sigmoid_mul(x, gate, stream=0):
     """x *= sigmoid(gate) in place (same number of elements, e.g. attention output [T, Hq*D]
     and the gate from `launch_split_q_gate`). Reference: x * ops.sigmoid(gate)."""
@@ -137,6 +173,7 @@ PTX_SIGNATURES = {
     "swiglu": [f"void({_A1}, {_A1}, {_A1})"],
     "swiglu_fused": [f"void({_A2}, {_A2})"],
     "swiglu_q8": [f"void({_A1}, {_A1}, {_A1}, int8[::1], {_A1})"],
+    "swiglu_fused_q8": [f"void({_A2}, {_A2}, int8[::1], {_A1})"],
     "sigmoid_mul": [f"void({_A1}, {_A1})"],
     "add": [f"void({_A1}, {_A1}, {_A1})"],
 }
