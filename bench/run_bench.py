@@ -643,7 +643,11 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "attn-walk4": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 4)],
                 "attn-walk16": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 16)],
                 "gdn-apart": [("bw24nb.engine", "GDN_RULE_NORM", False)],
-                "gu-apart": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False)]}
+                "gu-apart": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False)],
+                "norm-shared-warp": [("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP",
+                                      False)],
+                "s30-verify": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False),
+                               ("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP", False)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
 
 

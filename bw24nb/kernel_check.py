@@ -1906,32 +1906,37 @@ def check_gdn_rule_norm_q8(rng, size):
         n = T * d.nv * dv
         ins = [_dev(a) for a in (q, k, v, g, beta)]
         outs = []
-        for fused in (False, True):
+        for fused in (None, True, False):           # the two launches; norm warp own / shared
             state = _dev(s0)
             o = Out((T, d.nv, dv))
             xq, xd = Out(n, np.int8, poison=-128), Out(n // 32)
             steps = Out((T, d.nv, d.dk, dv))
-            if fused:
-                gdn.launch_gated_delta_rule_norm_q8(*ins, key_head, state, o.dev, _dev(z),
-                                                    _dev(w), 1e-6, xq.dev, xd.dev,
-                                                    steps=steps.dev)
+            if fused is not None:
+                own, gdn.RULE_NORM_OWN_WARP = gdn.RULE_NORM_OWN_WARP, fused
+                try:
+                    gdn.launch_gated_delta_rule_norm_q8(*ins, key_head, state, o.dev, _dev(z),
+                                                        _dev(w), 1e-6, xq.dev, xd.dev,
+                                                        steps=steps.dev)
+                finally:
+                    gdn.RULE_NORM_OWN_WARP = own
             else:
                 gdn.launch_gated_delta_rule(*ins, key_head, state, o.dev, steps=steps.dev,
                                             variant="lane")
                 gdn.launch_gdn_output_norm(o.dev, _dev(z), _dev(w), 1e-6, o.dev, xq=xq.dev,
                                            xd=xd.dev)
             outs.append((o.get(), xq.get(), xd.get(), steps.get(), state.copy_to_host()))
-        (o1, q1, d1, st1, s1), (o2, q2, d2, st2, s2) = outs
-        shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{dv}"
-        yield compare("gdn_rule_norm_q8 y", "f32", shape, o2[0], o1[0], tol="bit-exact",
-                      bits=True, guard_ok=o2[1])
-        yield compare("gdn_rule_norm_q8 q", "int8", shape, q2[0], q1[0], tol="exact",
-                      bits=True, guard_ok=q2[1], poison=np.int8(-128))
-        yield compare("gdn_rule_norm_q8 d", "f32", shape, d2[0], d1[0], tol="bit-exact",
-                      bits=True, guard_ok=d2[1])
-        yield compare("gdn_rule_norm_q8 steps", "f32", shape, st2[0], st1[0],
-                      tol="bit-exact", bits=True, guard_ok=st2[1])
-        yield compare("gdn_rule_norm_q8 S", "f32", shape, s2, s1, tol="bit-exact", bits=True)
+        (o1, q1, d1, st1, s1) = outs[0]
+        for form, (o2, q2, d2, st2, s2) in zip(("", " shared warp"), outs[1:]):
+            shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{dv}{form}"
+            yield compare("gdn_rule_norm_q8 y", "f32", shape, o2[0], o1[0], tol="bit-exact",
+                          bits=True, guard_ok=o2[1])
+            yield compare("gdn_rule_norm_q8 q", "int8", shape, q2[0], q1[0], tol="exact",
+                          bits=True, guard_ok=q2[1], poison=np.int8(-128))
+            yield compare("gdn_rule_norm_q8 d", "f32", shape, d2[0], d1[0], tol="bit-exact",
+                          bits=True, guard_ok=d2[1])
+            yield compare("gdn_rule_norm_q8 steps", "f32", shape, st2[0], st1[0],
+                          tol="bit-exact", bits=True, guard_ok=st2[1])
+            yield compare("gdn_rule_norm_q8 S", "f32", shape, s2, s1, tol="bit-exact", bits=True)
 
 
 @check("gdn_output_norm", "kernels.gated_deltanet.launch_gdn_output_norm")

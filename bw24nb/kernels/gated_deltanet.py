@@ -527,11 +527,17 @@ def _lane_rule_kernel(DK):
 # step on 32 threads, the launch it replaces). At most RULE_NORM_DV_MAX values a head: four a
 # lane of that one warp.
 RULE_NORM_DV_MAX = 128
+# Warp 0 of the rule-norm block only norms (the rule's columns on warps 1..): token t's norm
+# then runs beside everyone's step t + 1 instead of ahead of warp 0's, so a verify of T rows
+# waits for one norm, not T (decision 0037). The same bits (the same code on the same values).
+# False: warp 0 takes the first columns and the norms, as in session 27. Read at every launch.
+RULE_NORM_OWN_WARP = True
 
 
-def _lane_rule_norm_kernel(DK):
+def _lane_rule_norm_kernel(DK, OWN_WARP):
     """`gated_delta_rule_lane` then `norm.gated_rms_norm_q8_rows` in one launch
-    ("gated_delta_rule_norm_q8"): grid nv, 32 ceil(dv / 16) threads. Warp y computes the
+    ("gated_delta_rule_norm_q8"): grid nv, 32 ceil(dv / 16) threads (+ 32 with OWN_WARP, whose
+    warp 0 only norms and whose column warps are 1..). Column warp y computes the
     columns 16 y .. 16 y + 15 exactly as the lane kernel's block (h, y) (`_lane_step`), and
     puts token t's outputs in shared memory instead of o; after a barrier warp 0 loads them
     with z[t, h] and the norm weight in the gated q8 norm's slots (element lane + 32 s), sums
@@ -555,12 +561,15 @@ def _lane_rule_norm_kernel(DK):
         warp = tid >> 5
         nv, dv = v.shape[1], v.shape[2]
         r0 = (lane >> 4) * HALF
-        j = warp * LANE_COLS + (lane & 15)
-        col = j < dv
-        jc = min(j, dv - 1)
+        cw = warp - 1 if OWN_WARP else warp     # this warp's columns (-1: the norm warp's none)
+        steps_here = cw >= 0
+        j = cw * LANE_COLS + (lane & 15)
+        col = steps_here and j < dv
+        jc = max(min(j, dv - 1), 0)
         kh = key_head[h]
-        for i in range(HALF):
-            S[i] = state[h, r0 + i, jc]
+        if steps_here:
+            for i in range(HALF):
+                S[i] = state[h, r0 + i, jc]
         sl = norm._slots(32, dv)            # warp 0's norm slots (tid = lane there)
         w0, w1, w2, w3 = norm._vec4(norm_w, sl)
         z0 = z1 = z2 = z3 = float32(0.0)
@@ -568,13 +577,14 @@ def _lane_rule_norm_kernel(DK):
             row = t * nv + h
             if warp == 0:                   # z's loads in flight during the step
                 z0, z1, z2, z3 = norm._row4(z, row, sl)
-            out = lane_step(S, q, k, t, kh, r0, math.exp(g[t, h]), beta[t, h], v[t, h, jc])
-            if col:
-                if lane < 16:
-                    out_sh[t & 1, j] = out
-                if save_steps:
-                    for i in range(HALF):
-                        steps[t, h, r0 + i, j] = S[i]
+            if steps_here:
+                out = lane_step(S, q, k, t, kh, r0, math.exp(g[t, h]), beta[t, h], v[t, h, jc])
+                if col:
+                    if lane < 16:
+                        out_sh[t & 1, j] = out
+                    if save_steps:
+                        for i in range(HALF):
+                            steps[t, h, r0 + i, j] = S[i]
             cuda.syncthreads()
             if warp == 0:
                 x0 = out_sh[t & 1, sl[0]]
@@ -591,7 +601,7 @@ def _lane_rule_norm_kernel(DK):
                 state[h, r0 + i, j] = S[i]
 
     gated_delta_rule_norm_q8.__name__ = gated_delta_rule_norm_q8.__qualname__ = \
-        f"gated_delta_rule_norm_q8_dk{DK}"
+        f"gated_delta_rule_norm_q8_dk{DK}" + ("_w0" if OWN_WARP else "")
     return kernel(gated_delta_rule_norm_q8)
 
 
@@ -832,14 +842,17 @@ gated_delta_rule_pipe = rule_kernel(GDN_DK_MAX, "pipe")
 _RULE_NORM_KERNELS: dict = {}
 
 
-def rule_norm_kernel(dk: int):
-    """The lane kernel with the output norm folded in, for d_k = dk (built on first use)."""
-    if dk not in _RULE_NORM_KERNELS:
-        _RULE_NORM_KERNELS[dk] = _lane_rule_norm_kernel(dk)
-    return _RULE_NORM_KERNELS[dk]
+def rule_norm_kernel(dk: int, own_warp: bool | None = None):
+    """The lane kernel with the output norm folded in, for d_k = dk, its norm on a warp of its
+    own or not (default RULE_NORM_OWN_WARP); built on first use."""
+    key = (dk, RULE_NORM_OWN_WARP if own_warp is None else bool(own_warp))
+    if key not in _RULE_NORM_KERNELS:
+        _RULE_NORM_KERNELS[key] = _lane_rule_norm_kernel(*key)
+    return _RULE_NORM_KERNELS[key]
 
 
-gated_delta_rule_norm_q8 = rule_norm_kernel(GDN_DK_MAX)
+gated_delta_rule_norm_q8 = rule_norm_kernel(GDN_DK_MAX, True)
+gated_delta_rule_norm_q8_shared_warp = rule_norm_kernel(GDN_DK_MAX, False)
 
 
 # ------------------------------------------------------------------ launchers
@@ -1013,7 +1026,8 @@ def launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, nor
     if T == 0:
         return
     flat = (lambda a: a if a.ndim == 1 else a.reshape(a.size))
-    rule_norm_kernel(dk)[nv, 32 * ((dv + LANE_COLS - 1) // LANE_COLS), stream](
+    own = RULE_NORM_OWN_WARP
+    rule_norm_kernel(dk, own)[nv, 32 * ((dv + LANE_COLS - 1) // LANE_COLS + own), stream](
         q, k, v, g, beta, key_head, state, o.reshape(T * nv, dv),
         state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None),
         z.reshape(T * nv, dv), norm_w, np.float32(eps), flat(xq)[:n].reshape(T * nv, dv),
@@ -1049,5 +1063,6 @@ PTX_SIGNATURES = {
 PTX_SIGNATURES["gated_delta_rule_norm_q8"] = [
     f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A2}, float32[:, :, :, ::1], "
     f"int32, {_A2}, float32[::1], float32, int8[:, ::1], {_A2})"]
+PTX_SIGNATURES["gated_delta_rule_norm_q8_shared_warp"] = PTX_SIGNATURES["gated_delta_rule_norm_q8"]
 PTX_SIGNATURES["gated_delta_rule_quad"] = PTX_SIGNATURES["gated_delta_rule_lane"]
 PTX_SIGNATURES["gated_delta_rule_pipe"] = PTX_SIGNATURES["gated_delta_rule_lane"]
