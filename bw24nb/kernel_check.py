@@ -655,7 +655,8 @@ def check_swiglu_fused_q8(rng, size):
         ry, rq, rd = Out(T * F), Out(T * F, np.int8, poison=-128), Out(T * F // 32)
         activation.launch_swiglu_q8(_dev(np.ascontiguousarray(gu[:, :F])),
                                     _dev(np.ascontiguousarray(gu[:, F:])), ry.dev, rq.dev, rd.dev)
-        for what, out, twin, dt in (("y", y, ry, "f32"), ("q", xq, rq, "int8"), ("d", xd, rd, "f32")):
+        for what, out, twin, dt in (("y", y, ry, "f32"), ("q", xq, rq, "int8"),
+                                    ("d", xd, rd, "f32")):
             got, guard_ok = out.get()
             ref, _ = twin.get()
             yield compare(f"swiglu_fused_q8 {what} T={T}", dt, _shape(*got.shape), got,

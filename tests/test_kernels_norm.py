@@ -161,7 +161,8 @@ def test_swiglu_fused_q8_gives_swiglu_q8s_bits_on_the_two_halves(rng):
     q_ref, d_ref = quantize_act_q8_reference(got_y.reshape(-1))
     assert np.array_equal(got_q, q_ref.reshape(-1)) and np.array_equal(got_d, d_ref.reshape(-1))
     with pytest.raises(ValueError, match="32-blocks"):
-        launch_swiglu_fused_q8(cuda.to_device(np.ascontiguousarray(gu[:, :80])), _poisoned((N, 40)), xq, xd)
+        launch_swiglu_fused_q8(cuda.to_device(np.ascontiguousarray(gu[:, :80])),
+                               _poisoned((N, 40)), xq, xd)
 
 
 def test_sigmoid_mul_in_place(rng):
