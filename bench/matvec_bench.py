@@ -295,7 +295,9 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             scale_r = np.concatenate([w_abs @ np.abs(x_r[t].astype(np.float64)) for t in range(nr)])
             rows_x[f"dp4a_r{nr}"] = xq_r, xd_r
             kernels.append((f"dp4a_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_r=y_r:
-                            launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r, stream=stream, rows=nr),
+                            _switched(lambda: launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r,
+                                                               stream=stream, rows=nr),
+                                      ROWS_PAIRS=False),
                             ref_r, 10 * REL_ERR_BAD, y_r, scale_r))
             if nib:
                 xq_rn = cuda.to_device(nibble_order(q_h), stream=stream)

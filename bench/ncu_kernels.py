@@ -8,7 +8,7 @@ inputs of a real shape and launches; ncu picks the launch (``-k regex:NAME --lau
   gemm-q4k   matmul_q8 at Q4_K 12288 x 4096, T = 512 (the 9B's ffn_gate / ffn_up), KERNEL_CHOICE
   gemm-q6k   matmul_q8 at Q6_K 4096 x 12288, T = 512 (the 9B's ffn_down)
   mv-q4k     the decode matvec at Q4_K 12288 x 4096, one row (the default persistent kernel)
-  mv4-q4k    the same with 4 activation rows (verify at K = 3)
+  mv4-q4k    the same with 4 activation rows (verify at K = 3), the one-row-a-warp rows kernel
   mv4w2-q4k  mv4-q4k on two weight rows a warp (matvec.ROWS_PAIRS, decision 0036)
   mvd-q4k    one row at Q4_K 4096 x 12288 (the 9B's ffn_down: the row loop)
   mvdw2-q4k  mvd-q4k on two weight rows a warp (matvec.ONE_ROW_PAIRS)
@@ -49,9 +49,10 @@ def main() -> int:
     ap.add_argument("--launches", type=int, default=3)
     a = ap.parse_args()
     kind, qt, M, K, T = TARGETS[a.target]
-    if "w2" in a.target:
-        from bw24nb.kernels import matvec
-        matvec.ROWS_PAIRS = matvec.ONE_ROW_PAIRS = True
+    from bw24nb.kernels import matvec
+    pairs = "w2" in a.target                # (the rows kernels take quads by default since
+    matvec.ROWS_PAIRS = matvec.ONE_ROW_PAIRS = pairs        # session 31: mv4 is the plain form)
+    matvec.PAIR_ROWS_PER_WARP = 2
     rng = np.random.default_rng(0)
     stream = cuda.stream()
     w = cuda.to_device(random_weight_bytes(rng, qt, M, K), stream=stream)

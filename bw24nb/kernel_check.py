@@ -513,7 +513,12 @@ def check_matvec_rows(rng, size):
                                           y.dev, bias=dev["bias"], residual=y.dev, rows=rows)
             return y.get()
 
-        got, guard_ok = launch(Out(T * M), 0, T)
+        saved = mv.ROWS_PAIRS               # "rows4": the one-row-a-warp rows kernels (the
+        mv.ROWS_PAIRS = False               # default's quads: "quads4==rows4" below)
+        try:
+            got, guard_ok = launch(Out(T * M), 0, T)
+        finally:
+            mv.ROWS_PAIRS = saved
         got = got.reshape(T, M)
         # each row's rounding bound is the one-row launcher's (the chains of check_matvec,
         # check_matvec_q8 and check_matvec_q6k_r): a row is summed in exactly that order

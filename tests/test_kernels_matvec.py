@@ -512,6 +512,9 @@ def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, M
     x = rng.standard_normal((T, K)).astype(np.float32)
     bias = (10 * rng.standard_normal(M)).astype(np.float32)
     residual = (10 * rng.standard_normal((T, M))).astype(np.float32)
+    monkeypatch.setattr(matvec, "ROWS_PAIRS", False)         # (on by default since session 31)
+    monkeypatch.setattr(matvec, "ONE_ROW_PAIRS", False)
+    assert "_w" not in q4.KERNELS(T, 1, K).py_func.__name__
     plain = _launch_rows(w, QType.Q4_K, M, K, x, True, T, bias, residual, parts=1)
     assert not q4.xreg_serves(M, K, 1, T)
     monkeypatch.setattr(matvec, "ROWS_PAIRS", T > 1)

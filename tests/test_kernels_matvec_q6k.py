@@ -295,6 +295,9 @@ def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, T
     xq, xd = quantize_act_q8_reference(rng.standard_normal((T, K)).astype(np.float32))
     bias = rng.standard_normal(M).astype(np.float32)
     residual = (10 * rng.standard_normal((T, M))).astype(np.float32)
+    monkeypatch.setattr(matvec, "ROWS_PAIRS", False)         # (on by default since session 31)
+    monkeypatch.setattr(matvec, "ONE_ROW_PAIRS", False)
+    assert "_w" not in matvec_q6k.KERNELS(T, 1, K).py_func.__name__
     plain = _run_rows(w, xq, xd, T, bias, residual, in_place, parts=1)
     monkeypatch.setattr(matvec, "ROWS_PAIRS", T > 1)
     monkeypatch.setattr(matvec, "ONE_ROW_PAIRS", T == 1)

@@ -518,16 +518,21 @@ def rows_kernel_of(p, nr, fixed_parts=0):
 # each activation chunk once for both (and its weight-independent integer sums), which halves
 # the activation visits per weight byte. Each row keeps its lane's units in the one-row order,
 # the warp tree and the store: the bits do not change. Serves parts = 1 launches of paths with
-# `values2`. Off until timed: run_bench / spec_bench --launch rows-pairs.
-ROWS_PAIRS = False
+# `values2`. On since session 31 with four rows a warp (PAIR_ROWS_PER_WARP): the 9B's verify at
+# K = 3 took 5.38 ms against 6.68 with the one-row-a-warp rows kernels (H200, one process; pairs
+# 5.39), the spec gate K = 1..8 MATCH. False: the rows kernels (run_bench --launch rows-plain).
+ROWS_PAIRS = True
 # The same for the one-row launches the row loop serves (decode's Q4_K rows longer than 4096 --
 # the 9B's ffn_down -- and every Q6_K_R matvec, the LM head among them; the persistent Q4_K
 # kernel keeps the others): a one-row step visits ~8 lines of weights and 17 of activations
-# per 512 weight bytes, 8 + 8.5 with pairs. Off until timed: run_bench --launch decode-pairs.
+# per 512 weight bytes, 8 + 8.5 with pairs. Off: slower on the H200 (session 31, 9B decode 368.1
+# / 356.2 tok/s with pairs / quads against 379.6; run_bench --launch decode-pairs / decode-quads).
 ONE_ROW_PAIRS = False
 # Weight rows a warp when pairs are on: 2, or 4 (paths with `values4`; a quarter of the
-# activation visits, one slot a step). run_bench --launch rows-quads.
-PAIR_ROWS_PER_WARP = 2
+# activation visits, one slot a step). 4 since session 31: Q4_K 12288 x 4096 at T = 4 / 9 16.5 /
+# 27.7 us against 18.8 / 37.0 (pairs) and 23.5 / 47.0 (rows); at T = 2 pairs were best (12.3 /
+# 15.0 / 14.3 us). run_bench --launch rows-pairs (2), rows-plain (off).
+PAIR_ROWS_PER_WARP = 4
 
 
 def pair_rows(p, rows, parts) -> bool:
