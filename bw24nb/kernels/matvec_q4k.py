@@ -43,8 +43,8 @@ the order above, so that each row is bit for bit the one-row kernel's result for
 The loop itself -- which warp owns which row and chunks, the clamped slots, the combine -- is
 matvec.py's row loop (`row_kernel`, `rows_kernel_of`); this module gives it the Q4_K path
 (`PATH`): what a chunk is, its weights (`_chunk_weights`) and its value (`_chunk_value`). With
-matvec.ROWS_PAIRS / ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036, off by
-default): the chunk's activation side (`_chunk_x`: its words, their sums, their scales) is
+matvec.ROWS_PAIRS / ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036; verify's
+rows take four by default since session 31, decode's one row none): the chunk's activation side (`_chunk_x`: its words, their sums, their scales) is
 loaded once for all of them, and each row's value is `_chunk_combine`'s, as above.
 """
 import numpy as np
@@ -344,7 +344,7 @@ matvec_q8_q4_k_v4n_p1_r4 = KERNELS_NIB(4, 1)
 # slots a step), K = 512 four rows (1 slot)
 matvec_q8_q4_k_v4_u2_p1 = KERNELS(1, 1, 2048)
 matvec_q8_q4_k_v4_u1_r4 = KERNELS(4, 2, 512)
-# verify's rows on two weight rows a warp (matvec.pair_rows; off by default): 4 rows at K =
+# verify's rows on two / four weight rows a warp (matvec.pair_rows; four by default): 4 rows at K =
 # 4096 (2 slots a step) and 12288 (the same build: K is a run-time value)
 matvec_q8_q4_k_v4_w2_p1_r4 = rows_pair_kernel_of(PATH, 4)
 matvec_q8_q4_k_v4_w4_p1_r4 = rows_pair_kernel_of(PATH, 4, 4)

@@ -49,7 +49,8 @@ that each row is bit for bit the one-row kernel's result for it -- the LM head's
 once for all K + 1 verified tokens. The loop is matvec.py's row loop (`row_kernel`,
 `rows_kernel_of`), given this module's `PATH`: a chunk's four 16-byte weight loads
 (`_chunk_weights`) and its value (`_chunk_value`), two chunks a step. With matvec.ROWS_PAIRS /
-ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036, off by default):
+ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036; four for verify's rows by
+default, none for decode):
 `_chunk_value2` / `_chunk_value4r` load each quarter's activations and form -32 sum(x) once
 for all of them, each row's value the same expression.
 
@@ -369,7 +370,7 @@ KERNELS = path_kernels(PATH, "matvec_q6k_r")    # KERNELS(rows, parts)
 matvec_q8_q6_k_r = KERNELS(1, 2)
 matvec_q8_q6_k_r_p1 = KERNELS(1, 1)
 matvec_q8_q6_k_r_r4 = KERNELS(4, 2)
-# verify's rows on two weight rows a warp (matvec.pair_rows; off by default)
+# verify's rows on two / four weight rows a warp (matvec.pair_rows; four by default)
 matvec_q8_q6_k_r_w2_p1_r4 = rows_pair_kernel_of(PATH, 4)
 matvec_q8_q6_k_r_w4_p1_r4 = rows_pair_kernel_of(PATH, 4, 4)
 
