@@ -1002,21 +1002,18 @@ class Engine:
         if gu is not None:      # [gate | up] rows in one matvec, swiglu reading both halves
             gu_out = ws.gu.reshape(ws.gu.size)[:T * 2 * F].reshape(T, 2 * F)
             proj = [("ffn_gate_up", lambda: self._mv(gu, x, gu_out, T, qx=qx, rowwise=True))]
-            if qg is not None and qg.xq is not None:
-                act = [("swiglu_q8", lambda: activation.launch_swiglu_fused_q8(
-                    gu_out, g, qg.xq, qg.xd, s))]
-            else:
-                act = [("swiglu", lambda: activation.launch_swiglu_fused(gu_out, g, s))] + qL
-            return L + proj + act + [
-                ("ffn_down", lambda: self._mv(wd, g, h, T, residual=h, qx=qg, rowwise=True)),
-            ]
-        proj = [("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
-                ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise))]
+            swiglu_q8 = lambda: activation.launch_swiglu_fused_q8(gu_out, g, qg.xq, qg.xd, s)
+            swiglu = lambda: activation.launch_swiglu_fused(gu_out, g, s)
+        else:
+            proj = [("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
+                    ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise))]
+            swiglu_q8 = lambda: activation.launch_swiglu_q8(g, u, g, qg.xq, qg.xd, s)
+            swiglu = lambda: activation.launch_swiglu(g, u, g, s)
         if qg is not None and qg.xq is not None and (ws.rowwise or self.fuse_prefill):
             # decode / verify (prefill with fuse_prefill): swiglu writes ffn_down's int8 input
-            act = [("swiglu_q8", lambda: activation.launch_swiglu_q8(g, u, g, qg.xq, qg.xd, s))]
+            act = [("swiglu_q8", swiglu_q8)]
         else:
-            act = [("swiglu", lambda: activation.launch_swiglu(g, u, g, s))] + qL
+            act = [("swiglu", swiglu)] + qL
         return L + proj + act + [
             ("ffn_down", lambda: self._mv(wd, g, h, T, residual=h, qx=qg, rowwise=ws.rowwise)),
         ]
