@@ -12,7 +12,8 @@
 #   ncu     Nsight Compute (--set full) on one launch of each of bench/ncu_kernels.py's targets
 #           ${NCU_TARGETS:-mv4-q4k,mv4w2-q4k}: $OUT/ncu_TARGET.txt and the stall samples by SASS line
 #   q9spec  bench/spec_bench.py on the 9B shape: the verify's cost at K = ${SB_KS:-3}, --launch
-#           ${SB_LAUNCH:-default}
+#           ${SB_LAUNCH:-default}, ${SB_RUNS:-2} runs, per launch at K = ${SB_PK:-3}
+#   m35spec the same on the 35B-A3B shape: K = ${MSB_KS:-3}, --launch ${MSB_LAUNCH:-default}
 #   gate9   bench/spec_gate.py on the 9B shape, K = 1..8, states rollback, --launch
 #           ${G9_LAUNCH:-default} ${G9_ARGS:-}
 #   c05m, q9m, m35
@@ -28,7 +29,7 @@ export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-kc}; . bench/device_env.
 P9=""; P35=""; P05=""
 factory() { python3 -m bw24nb.factory $1 --out $2 --seed 1 --tokenizer none > $L/factory_$1.log 2>&1; }
 { on q9m || on gate9 || on q9spec || on q9 || on q9old; } && [ ! -f /tmp/q9.gguf ] && { factory qwen3.5-9b /tmp/q9.gguf & P9=$!; }
-{ on m35 || on m35p || on m35pold; } && [ ! -f /tmp/m35.gguf ] && { factory qwen3.6-35b-a3b /tmp/m35.gguf & P35=$!; }
+{ on m35 || on m35p || on m35pold || on m35spec; } && [ ! -f /tmp/m35.gguf ] && { factory qwen3.6-35b-a3b /tmp/m35.gguf & P35=$!; }
 { on c05m || on c05 || on c05old; } && [ ! -f /tmp/c05.gguf ] && { factory qwen2.5-coder-0.5b /tmp/c05.gguf & P05=$!; }
 
 on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec_rows}"
@@ -65,11 +66,13 @@ PAIR_S=${C05_S:-120} bench_pair c05 /tmp/c05.gguf qwen2.5-coder-0.5b-random
 [ -n "$P9" ] && wait $P9
 on q9m && rb_stage q9m /tmp/q9.gguf qwen3.5-9b-random ${Q9M_LAUNCH:-default} ${Q9M_S:-330} "ffn_|gdn_qkv|attention"
 PAIR_S=${Q9_S:-250} bench_pair q9 /tmp/q9.gguf qwen3.5-9b-random
-on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${SB_KS:-3} --runs 2 --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
+on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${SB_KS:-3} --runs ${SB_RUNS:-2} --profile-k ${SB_PK:-3} --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
   grep -E "verify|decode_step|Error|Traceback" $L/q9spec.log | head -24; }
 on gate9 && { run ${G9_S:-300} gate9 python3 bench/spec_gate.py /tmp/q9.gguf --commit $C --jsonl /tmp/spec.jsonl --rollback states --launch ${G9_LAUNCH:-default} ${G9_ARGS:-}
   grep -E "MATCH|MISMATCH|gate|Error|Traceback" $L/gate9.log | cut -c1-160 | tail -24; }
 [ -n "$P35" ] && wait $P35
+on m35spec && { run ${MSB_S:-300} m35spec python3 bench/spec_bench.py /tmp/m35.gguf --ks ${MSB_KS:-3} --runs 2 --profile-k ${MSB_PK:-3} --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${MSB_LAUNCH:-default} --name qwen3.6-35b-a3b-random --commit $C --jsonl /tmp/spec.jsonl
+  grep -E "verify|decode_step|Error|Traceback" $L/m35spec.log | head -24; }
 on m35 && rb_stage m35 /tmp/m35.gguf qwen3.6-35b-a3b-random ${M35_LAUNCH:-default} ${M35_S:-240} "moe|gdn_|attention"
 PAIR_S=${M35_S:-240} bench_pair m35p /tmp/m35.gguf qwen3.6-35b-a3b-random
 

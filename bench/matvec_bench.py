@@ -197,10 +197,10 @@ def _commit() -> str:
 
 def _switched(launch, **switches):
     """launch() with the switches bw24nb.kernels.matvec.<NAME> = value set, restored after
-    (run_bench.switched): FIT_UNROLL=False (the path's full unroll), QX0_V4=False (Q8_0 / Q5_0
-    / Q4_0 on the generic group path), ROWS_PAIRS=True with PAIR_ROWS_PER_WARP=R (the rows
-    kernels on R weight rows a warp)."""
-    from run_bench import switched
+    (bw24nb.switches.switched): FIT_UNROLL=False (the path's full unroll), QX0_V4=False (Q8_0
+    / Q5_0 / Q4_0 on the generic group path), ROWS_PAIRS=True with PAIR_ROWS_PER_WARP=R and
+    QUADS_FROM_ROWS=1 (the rows kernels on R weight rows a warp at every T)."""
+    from bw24nb.switches import switched
     with switched([("bw24nb.kernels.matvec", name, value) for name, value in switches.items()]):
         launch()
 
@@ -311,7 +311,7 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
                 kernels.append((f"dp4a_w{R}_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r,
                                 y_rp=y_rp, R=R: _switched(lambda: launch_matvec_q8(
                                     w, qt, M, K, xq_r, xd_r, y_rp, stream=stream, rows=nr),
-                                    ROWS_PAIRS=True, PAIR_ROWS_PER_WARP=R),
+                                    ROWS_PAIRS=True, PAIR_ROWS_PER_WARP=R, QUADS_FROM_ROWS=1),
                                 ref_r, 10 * REL_ERR_BAD, y_rp, scale_r))
 
     rows, outs = [], {}

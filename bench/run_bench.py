@@ -34,7 +34,6 @@ $OUT/bench.jsonl so it comes back. A short table is printed last.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -55,6 +54,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from bw24nb.quant.types import QType  # noqa: E402
+from bw24nb.switches import switched  # noqa: E402
 
 DEFAULT_JSONL = ROOT / "research" / "tune-data" / "bench.jsonl"
 PROMPT = 512              # tg128 "at 512": decode after a 512-token prompt
@@ -581,7 +581,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # the verify's rows kernels (T >= 2) under a register cap (rows-cap<N>:
 # matvec.ROWS_MAX_REGISTERS = N; session 29), or on two weight rows a warp (rows-pairs,
 # rows-pairs-cap<N>: matvec.ROWS_PAIRS; session 30) or four (rows-quads[-cap128]:
-# matvec.PAIR_ROWS_PER_WARP = 4), and decode's row-loop launches likewise (decode-pairs,
+# matvec.PAIR_ROWS_PER_WARP = 4, session 31's default), or four from N activation rows on and
+# two below (quads-from<N>: matvec.QUADS_FROM_ROWS; 3 is session 32's default), and decode's
+# row-loop launches likewise (decode-pairs,
 # decode-quads: matvec.ONE_ROW_PAIRS; all-pairs: rows and decode on pairs).
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
@@ -610,14 +612,21 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "rows-pairs": [("bw24nb.kernels.matvec", "ROWS_PAIRS", True),
                                ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 2)],
                 "rows-quads": [("bw24nb.kernels.matvec", "ROWS_PAIRS", True),
-                               ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4)],
+                               ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4),
+                               ("bw24nb.kernels.matvec", "QUADS_FROM_ROWS", 2)],
                 "rows-quads-cap128": [("bw24nb.kernels.matvec", "ROWS_PAIRS", True),
                                       ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4),
+                                      ("bw24nb.kernels.matvec", "QUADS_FROM_ROWS", 2),
                                       ("bw24nb.kernels.matvec", "ROWS_MAX_REGISTERS", 128)],
+                **{f"quads-from{n}": [("bw24nb.kernels.matvec", "ROWS_PAIRS", True),
+                                      ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4),
+                                      ("bw24nb.kernels.matvec", "QUADS_FROM_ROWS", n)]
+                   for n in (3, 4, 5)},
                 "decode-pairs": [("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True),
                                  ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 2)],
                 "decode-quads": [("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True),
-                                 ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4)],
+                                 ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4),
+                                 ("bw24nb.kernels.matvec", "QUADS_FROM_ROWS", 1)],
                 "all-pairs": [("bw24nb.kernels.matvec", "ROWS_PAIRS", True),
                               ("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True),
                               ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 2)],
@@ -656,23 +665,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                ("bw24nb.kernels.matvec", "ROWS_PAIRS", False),
                                ("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP", False)]}
 LAUNCH_MODES.update({name: {} for name in MODULE_MODES})      # (no Engine arguments)
-
-
-@contextlib.contextmanager
-def switched(settings):
-    """Module attributes set for the block, restored after it (error or not): settings is
-    [(module name, attribute, value)]."""
-    import importlib
-    saved = []
-    try:
-        for mod, attr, value in settings:
-            m = importlib.import_module(mod)
-            saved.append((m, attr, getattr(m, attr)))
-            setattr(m, attr, value)
-        yield
-    finally:
-        for m, attr, value in reversed(saved):
-            setattr(m, attr, value)
 
 
 def module_mode(name):

@@ -42,6 +42,8 @@ from typing import Callable
 
 import numpy as np
 
+from .switches import switched
+
 U = 2.0 ** -24                  # float32 unit roundoff
 MARGIN = 2.0                    # every first-order rounding bound is multiplied by this
 TINY_NORMAL = 2.0 ** -126       # relative bounds hold down to the smallest normal float32
@@ -513,12 +515,9 @@ def check_matvec_rows(rng, size):
                                           y.dev, bias=dev["bias"], residual=y.dev, rows=rows)
             return y.get()
 
-        saved = mv.ROWS_PAIRS               # "rows4": the one-row-a-warp rows kernels (the
-        mv.ROWS_PAIRS = False               # default's quads: "quads4==rows4" below)
-        try:
+        # "rows4": the one-row-a-warp rows kernels (the default's quads: "quads4==rows4" below)
+        with switched([(mv, "ROWS_PAIRS", False)]):
             got, guard_ok = launch(Out(T * M), 0, T)
-        finally:
-            mv.ROWS_PAIRS = saved
         got = got.reshape(T, M)
         # each row's rounding bound is the one-row launcher's (the chains of check_matvec,
         # check_matvec_q8 and check_matvec_q6k_r): a row is summed in exactly that order
@@ -555,20 +554,16 @@ def check_matvec_rows(rng, size):
         yield compare(f"{name} rows4", qt.name, shape, got, np.stack(refs), np.stack(bounds),
                       tol, guard_ok=guard_ok)
         if path == "q6k_r" or (path == "q8" and qt == QType.Q4_K):
-            # two weight rows a warp (matvec.ROWS_PAIRS / ONE_ROW_PAIRS, decision 0036): the row
-            # loop's bits, 4 rows and (where the row loop serves one row) one
-            # (and four: PAIR_ROWS_PER_WARP = 4)
+            # two or four weight rows a warp (matvec.ROWS_PAIRS / ONE_ROW_PAIRS,
+            # PAIR_ROWS_PER_WARP; decision 0036), each at every row count (QUADS_FROM_ROWS =
+            # 1): the row loop's bits, 4 rows and (where the row loop serves one row) one
             from .kernels import matvec_q4k as q4
             one_row = path == "q6k_r" or not q4.xreg_serves(M, K, mv.warps_per_row(M, K), 1)
             for R, what in ((2, "pairs"), (4, "quads")):
-                saved = mv.ROWS_PAIRS, mv.ONE_ROW_PAIRS, mv.PAIR_ROWS_PER_WARP
-                mv.ROWS_PAIRS = mv.ONE_ROW_PAIRS = True
-                mv.PAIR_ROWS_PER_WARP = R
-                try:
+                with switched([(mv, "ROWS_PAIRS", True), (mv, "ONE_ROW_PAIRS", True),
+                               (mv, "PAIR_ROWS_PER_WARP", R), (mv, "QUADS_FROM_ROWS", 1)]):
                     pairs, pairs_guard = launch(Out(T * M), 0, T)
                     pair1, pair1_guard = launch(Out(M), 0, 1) if one_row else (None, True)
-                finally:
-                    mv.ROWS_PAIRS, mv.ONE_ROW_PAIRS, mv.PAIR_ROWS_PER_WARP = saved
                 yield compare(f"{name} {what}4==rows4", qt.name, shape, pairs.reshape(T, M), got,
                               tol="bit-exact", bits=True, guard_ok=pairs_guard)
                 if one_row:
@@ -1918,13 +1913,10 @@ def check_gdn_rule_norm_q8(rng, size):
             xq, xd = Out(n, np.int8, poison=-128), Out(n // 32)
             steps = Out((T, d.nv, d.dk, dv))
             if fused is not None:
-                own, gdn.RULE_NORM_OWN_WARP = gdn.RULE_NORM_OWN_WARP, fused
-                try:
+                with switched([(gdn, "RULE_NORM_OWN_WARP", fused)]):
                     gdn.launch_gated_delta_rule_norm_q8(*ins, key_head, state, o.dev, _dev(z),
                                                         _dev(w), 1e-6, xq.dev, xd.dev,
                                                         steps=steps.dev)
-                finally:
-                    gdn.RULE_NORM_OWN_WARP = own
             else:
                 gdn.launch_gated_delta_rule(*ins, key_head, state, o.dev, steps=steps.dev,
                                             variant="lane")

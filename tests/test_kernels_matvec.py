@@ -520,12 +520,48 @@ def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, M
     monkeypatch.setattr(matvec, "ROWS_PAIRS", T > 1)
     monkeypatch.setattr(matvec, "ONE_ROW_PAIRS", T == 1)
     monkeypatch.setattr(matvec, "PAIR_ROWS_PER_WARP", R)
+    monkeypatch.setattr(matvec, "QUADS_FROM_ROWS", 1)         # R at every T (T = 2 too)
     assert f"_w{R}_p1" in q4.KERNELS(T, 1, K).py_func.__name__
     assert "_w" not in q4.KERNELS(T, 2, K).py_func.__name__        # split rows: no pairs
     assert "_w" not in q4.KERNELS(3 - min(T, 2), 1, K).py_func.__name__  # the other switch
     pairs = _launch_rows(w, QType.Q4_K, M, K, x, True, T, bias, residual, parts=1)
     assert np.all(np.isfinite(plain))
     np.testing.assert_array_equal(pairs.view(np.uint32), plain.view(np.uint32))
+
+
+def test_warp_rows_take_pairs_below_quads_from_rows(rng, monkeypatch):
+    """matvec.warp_rows (session 32): with quads on, launches of fewer than QUADS_FROM_ROWS
+    activation rows take two weight rows a warp, the others four; split rows (parts > 1), one
+    row (ONE_ROW_PAIRS off) and nibble order keep the row loop; the launcher's grid and kernel
+    follow the same choice, so the default launch at T = 2 (pairs) and T = 3 (quads) gives
+    the row loop's bits with M = 5 (the last warp part past the end)."""
+    from bw24nb.kernels import matvec, matvec_q4k as q4, matvec_q6k as q6
+    monkeypatch.setattr(matvec, "ROWS_PAIRS", True)
+    monkeypatch.setattr(matvec, "ONE_ROW_PAIRS", False)
+    monkeypatch.setattr(matvec, "PAIR_ROWS_PER_WARP", 4)
+    monkeypatch.setattr(matvec, "QUADS_FROM_ROWS", 3)
+    for p in (q4.PATH, q6.PATH):
+        assert [matvec.warp_rows(p, T, 1) for T in (1, 2, 3, 9)] == [1, 2, 4, 4]
+        assert matvec.warp_rows(p, 3, 2) == 1
+    assert matvec.warp_rows(q4.PATH_NIB, 3, 1) == 1
+    assert matvec.grid_rows(9, 1, 4) == matvec.grid_rows(3, 1) < matvec.grid_rows(9, 1, 2)
+    M, K = 5, 512
+    assert "_w2_p1" in q4.KERNELS(2, 1, K).py_func.__name__
+    assert "_w4_p1" in q4.KERNELS(3, 1, K).py_func.__name__
+    w = random_weight_bytes(rng, QType.Q4_K, M, K)
+    for T in (2, 3):
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        residual = (10 * rng.standard_normal((T, M))).astype(np.float32)
+        got = _launch_rows(w, QType.Q4_K, M, K, x, True, T, residual=residual, parts=1)
+        with monkeypatch.context() as m:
+            m.setattr(matvec, "ROWS_PAIRS", False)
+            plain = _launch_rows(w, QType.Q4_K, M, K, x, True, T, residual=residual, parts=1)
+        assert np.all(np.isfinite(plain))
+        np.testing.assert_array_equal(got.view(np.uint32), plain.view(np.uint32))
+    monkeypatch.setattr(matvec, "QUADS_FROM_ROWS", 4)
+    assert [matvec.warp_rows(q4.PATH, T, 1) for T in (2, 3, 4)] == [2, 2, 4]
+    monkeypatch.setattr(matvec, "PAIR_ROWS_PER_WARP", 2)
+    assert [matvec.warp_rows(q4.PATH, T, 1) for T in (2, 3, 4)] == [2, 2, 2]
 
 
 def test_fit_unroll_cuts_slots_to_the_units_a_lane_has():

@@ -253,7 +253,7 @@ class RowPath(NamedTuple):
       x_row(x, t, K)              activation row t of x (rows kernels: row t at t * K values)
       values2(w, x, base_a, base_b, u, qa, qb)
                                   (optional) unit u's values of two weight rows, each exactly
-                                  `value`'s, from one load of the activations (`pair_rows`)
+                                  `value`'s, from one load of the activations (`warp_rows`)
       values4(w, x, bases, u, qs) (optional) the same for four rows (bases, qs: 4-tuples)
     `module` is where the path's device functions live: the kernels count as that module's
     for the kernel disk cache (jit.py: its sources decide when a stored kernel is stale).
@@ -269,7 +269,7 @@ class RowPath(NamedTuple):
     units_host: object = None       # units(K) on the host (`fit_unroll`); None: never refit
     x_one: object = _same_x         # x_one(x, K): the one-row kernel's x as `value` takes it
                                     # (x itself; Q4_K's `_x_row` at row 0 adds offsets of 0)
-    values2: object = None          # two weight rows' values (`pair_rows`); None: no pairs
+    values2: object = None          # two weight rows' values (`warp_rows`); None: no pairs
     values4: object = None          # the same for four weight rows (PAIR_ROWS_PER_WARP = 4)
 
 
@@ -533,20 +533,27 @@ ONE_ROW_PAIRS = False
 # 27.7 us against 18.8 / 37.0 (pairs) and 23.5 / 47.0 (rows); at T = 2 pairs were best (12.3 /
 # 15.0 / 14.3 us). run_bench --launch rows-pairs (2), rows-plain (off).
 PAIR_ROWS_PER_WARP = 4
+# With PAIR_ROWS_PER_WARP = 4, launches of fewer activation rows than this take pairs: at T = 2
+# pairs beat quads on every 9B shape of session 31's matvec_bench (4096 x 4096 5.96 against
+# 7.20 us, 12288 x 4096 12.27 / 15.01, 4096 x 12288 13.11 / 17.57), at T = 4 and 9 quads won
+# or tied. run_bench --launch rows-quads (2: every rows launch on quads, session 31's default).
+QUADS_FROM_ROWS = 3
 
 
-def pair_rows(p, rows, parts) -> bool:
-    """True when a `rows`-row launch of path p at `parts` warps a row takes PAIR_ROWS_PER_WARP
-    weight rows a warp (`rows_pair_kernel_of`): its grid is then `grid_rows(M, parts, True)`."""
-    on = ROWS_PAIRS if rows > 1 else ONE_ROW_PAIRS
-    values = p.values2 if PAIR_ROWS_PER_WARP == 2 else p.values4
-    return on and parts == 1 and values is not None
+def warp_rows(p, rows, parts) -> int:
+    """Weight rows a warp of a `rows`-row launch of path p at `parts` warps a row: 1 (the row
+    loop: `row_kernel` / `rows_kernel_of`), or 2 / 4 (`rows_pair_kernel_of`, whose grid is
+    `grid_rows(M, parts, R)`). The choice changes no bit."""
+    if not (ROWS_PAIRS if rows > 1 else ONE_ROW_PAIRS) or parts != 1:
+        return 1
+    R = 2 if PAIR_ROWS_PER_WARP == 2 or rows < QUADS_FROM_ROWS else 4
+    return R if (p.values2 if R == 2 else p.values4) is not None else 1
 
 
-def grid_rows(M, parts, pairs=False):
-    """Blocks of a one-row or rows launch: M * parts warps, or ceil(M / PAIR_ROWS_PER_WARP)."""
-    R = PAIR_ROWS_PER_WARP
-    return _grid((M + R - 1) // R, 1) if pairs else _grid(M, parts)
+def grid_rows(M, parts, R=1):
+    """Blocks of a one-row or rows launch on R weight rows a warp (`warp_rows`): M * parts
+    warps, or ceil(M / R) when R > 1."""
+    return _grid((M + R - 1) // R, 1) if R > 1 else _grid(M, parts)
 
 
 def _pair_step(p, nr):
@@ -667,7 +674,7 @@ def rows_pair_kernel_of(p, nr, R=2):
     ascending, warp_sum, + bias, + residual. The steps take 1 / R of the path's unroll (at least
     one slot; `fit_unroll`'s bits: a step's slots only group the same additions), so a lane
     holds about as many weight words as the one-row-a-warp kernel. The same parameters as
-    `rows_kernel_of`'s (parts is ignored); grid: `grid_rows(M, 1, pairs=True)`."""
+    `rows_kernel_of`'s (parts is ignored); grid: `grid_rows(M, 1, R)`."""
     q = p._replace(unroll=max(1, p.unroll // R))
     step = _pair_step(q, nr) if R == 2 else _quad_step(q, nr)
     units, bases = q.units, _bases_of(q.base, R)
@@ -1158,7 +1165,7 @@ def path_kernels(p, who):
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
         q = p if K is None else fit_unroll(p, K, parts)
-        R = PAIR_ROWS_PER_WARP if pair_rows(p, rows, parts) else 1
+        R = warp_rows(p, rows, parts)
         key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, R)
         if key not in built:
             built[key] = (rows_pair_kernel_of(q, rows, R) if R > 1 else row_kernel(q, fp)

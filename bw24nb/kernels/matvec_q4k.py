@@ -43,9 +43,10 @@ the order above, so that each row is bit for bit the one-row kernel's result for
 The loop itself -- which warp owns which row and chunks, the clamped slots, the combine -- is
 matvec.py's row loop (`row_kernel`, `rows_kernel_of`); this module gives it the Q4_K path
 (`PATH`): what a chunk is, its weights (`_chunk_weights`) and its value (`_chunk_value`). With
-matvec.ROWS_PAIRS / ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036; verify's
-rows take four by default since session 31, decode's one row none): the chunk's activation side (`_chunk_x`: its words, their sums, their scales) is
-loaded once for all of them, and each row's value is `_chunk_combine`'s, as above.
+matvec.ROWS_PAIRS / ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036;
+`matvec.warp_rows` picks: verify's rows take four from three activation rows on, two below, by
+default; decode's one row none): the chunk's activation side (`_chunk_x`: its words, their
+sums, their scales) is loaded once for all of them, and each row's value is `_chunk_combine`'s, as above.
 """
 import numpy as np
 from numba import cuda, float32, uint32
@@ -56,7 +57,7 @@ from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc
                    warp_sum)
 from ..quant.types import QType, type_size
 from .matvec import (WARPS_PER_BLOCK, RowPath, fit_unroll, grid_rows, group_kernels,
-                     pair_rows, path_kernels, rows_pair_kernel_of, store_row, token_kernels)
+                     warp_rows, path_kernels, rows_pair_kernel_of, store_row, token_kernels)
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -185,7 +186,7 @@ def _chunk_value(xq, xd, ow, os, c, wq):
 
 @cuda.jit(device=True, inline="always")
 def _chunk_value2(xq, xd, ow, os, c, wqa, wqb):
-    """`_chunk_value` for two weight rows, one load of the activations (matvec.pair_rows)."""
+    """`_chunk_value` for two weight rows, one load of the activations (matvec.warp_rows)."""
     p, h = _lane_pos()
     b = _u32(_u32(c) >> np.uint32(3))
     xw = np.int64(_u32(b * np.uint32(64) + _u32(16 * p + 4 * h))) + ow
@@ -227,7 +228,7 @@ def _chunk_dot(xq, xd, xa, xb, s, wq):
 
 @cuda.jit(device=True, inline="always")
 def _chunk_dot2(xq, xd, xa, xb, s, wqa, wqb):
-    """`_chunk_dot` for two weight rows (matvec.pair_rows): the activation words, their sums
+    """`_chunk_dot` for two weight rows (matvec.warp_rows): the activation words, their sums
     and scales loaded and formed once, each row's value `_chunk_combine`'s, as in the one-row
     kernel."""
     ax = _chunk_x(xq, xd, xa, xb, s)
@@ -344,8 +345,9 @@ matvec_q8_q4_k_v4n_p1_r4 = KERNELS_NIB(4, 1)
 # slots a step), K = 512 four rows (1 slot)
 matvec_q8_q4_k_v4_u2_p1 = KERNELS(1, 1, 2048)
 matvec_q8_q4_k_v4_u1_r4 = KERNELS(4, 2, 512)
-# verify's rows on two / four weight rows a warp (matvec.pair_rows; four by default): 4 rows at K =
-# 4096 (2 slots a step) and 12288 (the same build: K is a run-time value)
+# verify's rows on two / four weight rows a warp (matvec.warp_rows: four from three activation
+# rows on by default): 4 rows at K = 4096 (2 slots a step) and 12288 (the same build: K is a
+# run-time value)
 matvec_q8_q4_k_v4_w2_p1_r4 = rows_pair_kernel_of(PATH, 4)
 matvec_q8_q4_k_v4_w4_p1_r4 = rows_pair_kernel_of(PATH, 4, 4)
 # the MoE block's per-token / per-expert build of the same loop (matvec.token_kernel)
@@ -546,8 +548,9 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
             np.int32(bias is not None), np.int32(residual is not None))
         return
     kern = (KERNELS_NIB if nibble else KERNELS)(rows, parts, K)
-    if not nibble and pair_rows(PATH, rows, parts):
-        grid = grid_rows(M, parts, pairs=True)
+    R = 1 if nibble else warp_rows(PATH, rows, parts)
+    if R > 1:
+        grid = grid_rows(M, parts, R)
     kern[grid, threads, stream](
         (w32,), np.int32(M), np.int32(K), (xq, xd), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,

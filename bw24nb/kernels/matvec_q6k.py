@@ -49,8 +49,8 @@ that each row is bit for bit the one-row kernel's result for it -- the LM head's
 once for all K + 1 verified tokens. The loop is matvec.py's row loop (`row_kernel`,
 `rows_kernel_of`), given this module's `PATH`: a chunk's four 16-byte weight loads
 (`_chunk_weights`) and its value (`_chunk_value`), two chunks a step. With matvec.ROWS_PAIRS /
-ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036; four for verify's rows by
-default, none for decode):
+ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036, `matvec.warp_rows`: for
+verify's rows four from three activation rows on and two below by default, none for decode):
 `_chunk_value2` / `_chunk_value4r` load each quarter's activations and form -32 sum(x) once
 for all of them, each row's value the same expression.
 
@@ -64,7 +64,7 @@ from numba import cuda
 from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
-from .matvec import (THREADS, RowPath, _flat, at_least, check_rows, grid_rows, pair_rows,
+from .matvec import (THREADS, RowPath, _flat, at_least, check_rows, grid_rows, warp_rows,
                      path_kernels, rows_pair_kernel_of, x_row_q8, warps_per_row)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
@@ -200,7 +200,7 @@ def _minus32_sum(x0, x1, x2, x3):
 
 @cuda.jit(device=True, inline="always")
 def _quarter2(dsa, dsb, xd_bits, xq, xw, qa, qb):
-    """`_quarter` for two weight rows (matvec.pair_rows): the 16 activations loaded and their
+    """`_quarter` for two weight rows (matvec.warp_rows): the 16 activations loaded and their
     -32 sum(x) formed once; each row's isum is the same exact integer as `_isum`'s (int32
     addition is associative), its term `_term`'s. qa, qb: the rows' four words of quarter j."""
     x0, x1, x2, x3 = ld_nc_v4_u32(xq, xw)
@@ -279,7 +279,7 @@ def _chunk_sum(t0, t1, t2, t3):
 
 @cuda.jit(device=True, inline="always")
 def _chunk_value2(xq, xd32, c, wqa, wqb):
-    """`_chunk_value` for two weight rows, each activation load made once (matvec.pair_rows);
+    """`_chunk_value` for two weight rows, each activation load made once (matvec.warp_rows);
     each row's v_c is the one-row kernel's ((t_0 + t_1) + t_2) + t_3."""
     b = c >> 2
     n = (c >> 1) & 1
@@ -370,7 +370,7 @@ KERNELS = path_kernels(PATH, "matvec_q6k_r")    # KERNELS(rows, parts)
 matvec_q8_q6_k_r = KERNELS(1, 2)
 matvec_q8_q6_k_r_p1 = KERNELS(1, 1)
 matvec_q8_q6_k_r_r4 = KERNELS(4, 2)
-# verify's rows on two / four weight rows a warp (matvec.pair_rows; four by default)
+# verify's rows on two / four weight rows a warp (matvec.warp_rows)
 matvec_q8_q6_k_r_w2_p1_r4 = rows_pair_kernel_of(PATH, 4)
 matvec_q8_q6_k_r_w4_p1_r4 = rows_pair_kernel_of(PATH, 4, 4)
 
@@ -430,7 +430,7 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     parts = warps_per_row(M, K) if parts is None else int(parts)
     if parts not in (1, 2, 4):
         raise ValueError(f"matvec_q6k_r: parts (warps per row) must be 1, 2 or 4, not {parts}")
-    grid = grid_rows(M, parts, pair_rows(PATH, rows, parts))
+    grid = grid_rows(M, parts, warp_rows(PATH, rows, parts))
     y = _flat(y)
     kern = KERNELS(rows, parts, K)
     kern[grid, THREADS, stream](
