@@ -564,10 +564,7 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # pp512), or session 23's (gemm-s23: m128t64s4_cvt; the copy_ahead tile capped at 128 registers
 # is the default since session 24, run then as gemm-ahead-r128: 7117 against 7031); the rows
 # prefill's GDN conv and
-# prep as the one fused launch (conv-prep-rows: engine.CONV_PREP_MAX_T, before session 22),
-# and that launch without its next row loaded ahead and its two buffers (conv-prep-s31:
-# gated_deltanet.CONV_PREP_AHEAD off; s31-verify: that and quads at every rows launch, session
-# 31's verify);
+# prep as the one fused launch (conv-prep-rows: engine.CONV_PREP_MAX_T, before session 22);
 # prefill's delta rule on the pipe kernel (pipe-rule: gated_deltanet.PREFILL_RULE; the default
 # since session 23) or the quad kernel (quad-rule, session 22's default); the rows prefill's
 # slices of a matvec as one chain (slice-chain: engine.ROWS_SLICE_SIDES = 0, before session
@@ -643,7 +640,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "gemm-ahead": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_AHEAD)],
                 "gemm-s23": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S23)],
                 "conv-prep-rows": [("bw24nb.engine", "CONV_PREP_MAX_T", 1 << 30)],
-                "conv-prep-s31": [("bw24nb.kernels.gated_deltanet", "CONV_PREP_AHEAD", False)],
                 "pipe-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "pipe")],
                 "quad-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "quad")],
                 "slice-chain": [("bw24nb.engine", "ROWS_SLICE_SIDES", 0)],
@@ -665,8 +661,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "gu-apart": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False)],
                 "norm-shared-warp": [("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP",
                                       False)],
-                "s31-verify": [("bw24nb.kernels.matvec", "QUADS_FROM_ROWS", 2),
-                               ("bw24nb.kernels.gated_deltanet", "CONV_PREP_AHEAD", False)],
                 "s30-verify": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False),
                                ("bw24nb.kernels.matvec", "ROWS_PAIRS", False),
                                ("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP", False)]}

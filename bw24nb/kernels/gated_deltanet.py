@@ -226,120 +226,89 @@ def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
 
 _CONV_PREP_QK = 2 * GDN_DK_MAX      # a key head's q and k after the conv (shared memory)
 
-# gdn_conv_prep's rows, walked one after another by each block, with the next row's input
-# loaded during this row (its latency beside the row's work, as the rule kernels do) and the
-# row's q / k and norms in one of two shared buffers by row parity (two barriers a row, not
-# three: row t + 2 rewrites a buffer only after every thread has passed row t + 1's first
-# barrier). The same arithmetic: the same bits. False: the one-buffer form before session 32
-# (run_bench --launch conv-prep-s31).
-CONV_PREP_AHEAD = True
 
-
-def _conv_prep_kernel(ahead):
-    """gdn_conv_prep, with CONV_PREP_AHEAD's loads and buffers (ahead) or without."""
-    NBUF = 2 if ahead else 1
-
-    def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale, eps,
-                      q, k, v, g, beta):
-        """conv1d_silu and gdn_prep in one launch, for the few rows of decode / verify: block
-        h (key head) owns the conv channels of its q and k head and of the value heads j = h,
-        h + nk, ... (gdn_prep's split of the v copy and the gates), one thread a channel, and
-        walks the T rows in order. Per row: the conv exactly as conv1d_silu (window in
-        registers, `steps` saved alike); q and k to shared memory, v straight out; then warp 0
-        sums q's squares and warp 1 k's in gdn_prep's order (lane l: i = l, l + 32, ...; a
-        one-warp block_sum is warp_sum: its second stage adds +0.0 to a non-negative total),
-        and the channel threads scale them. So every output is the two kernels' value
-        (decode's two launches become one; prefill's T rows keep the separate kernels, whose
-        grid runs the rows in parallel)."""
-        ybuf = cuda.shared.array((NBUF, _CONV_PREP_QK), float32)
-        rs = cuda.shared.array((NBUF, 2), float32)
-        h = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        nk, dk = q.shape[1], q.shape[2]
-        nv, dv = v.shape[1], v.shape[2]
-        key_dim = nk * dk
-        nvh = nv // nk                      # value heads of this block: h, h + nk, ...
-        # this thread's channel: [0, dk) q, [dk, 2dk) k, then the block's value heads' channels
-        c = -1
-        j = 0
-        i = 0
+@kernel
+def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale, eps,
+                  q, k, v, g, beta):
+    """conv1d_silu and gdn_prep in one launch, for the few rows of decode / verify: block h
+    (key head) owns the conv channels of its q and k head and of the value heads j = h, h + nk,
+    ... (gdn_prep's split of the v copy and the gates), one thread a channel, and walks the T
+    rows in order. Per row: the conv exactly as conv1d_silu (window in registers, `steps`
+    saved alike); q and k to shared memory, v straight out; then warp 0 sums q's squares and
+    warp 1 k's in gdn_prep's order (lane l: i = l, l + 32, ...; a one-warp block_sum is
+    warp_sum: its second stage adds +0.0 to a non-negative total), and the channel threads
+    scale them. So every output is the two kernels' value (decode's two launches become one;
+    prefill's T rows keep the separate kernels, whose grid runs the rows in parallel)."""
+    ybuf = cuda.shared.array(_CONV_PREP_QK, float32)
+    rs = cuda.shared.array(2, float32)
+    h = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    nk, dk = q.shape[1], q.shape[2]
+    nv, dv = v.shape[1], v.shape[2]
+    key_dim = nk * dk
+    nvh = nv // nk                          # value heads of this block: h, h + nk, ...
+    # this thread's channel: [0, dk) q, [dk, 2dk) k, then the block's value heads' channels
+    c = -1
+    j = 0
+    i = 0
+    if tid < dk:
+        c = h * dk + tid
+    elif tid < 2 * dk:
+        c = key_dim + h * dk + tid - dk
+    elif tid < 2 * dk + nvh * dv:
+        r = tid - 2 * dk
+        j = h + (r // dv) * nk
+        i = r - (r // dv) * dv
+        c = 2 * key_dim + j * dv + i
+    w0 = float32(0.0)
+    w1 = float32(0.0)
+    w2 = float32(0.0)
+    w3 = float32(0.0)
+    s0 = float32(0.0)
+    s1 = float32(0.0)
+    s2 = float32(0.0)
+    if c >= 0:
+        w0, w1, w2, w3 = w[c, 0], w[c, 1], w[c, 2], w[c, 3]
+        s0, s1, s2 = state[0, c], state[1, c], state[2, c]
+    for t in range(x.shape[0]):
+        if c >= 0:
+            xt = x[t, c]
+            acc = _conv_sum(w0, w1, w2, w3, s0, s1, s2, xt)
+            y = _silu(acc)
+            s0, s1, s2 = s1, s2, xt
+            if save_steps:
+                steps[t, 0, c] = s0
+                steps[t, 1, c] = s1
+                steps[t, 2, c] = s2
+            if tid < 2 * dk:
+                ybuf[tid] = y
+            else:
+                v[t, j, i] = y
+        cuda.syncthreads()                  # this row's q and k are in ybuf
+        wp = tid >> 5
+        if wp < 2:                          # warp 0: q's norm, warp 1: k's
+            sq = float32(0.0)
+            for e in range(lane, dk, 32):
+                val = ybuf[wp * dk + e]
+                sq += val * val
+            tot = warp_sum(sq)
+            if lane == 0:
+                rs[wp] = float32(1.0) / math.sqrt(tot + eps)
+        if tid == 64:                       # the gates of this block's value heads
+            for jj in range(h, nv, nk):
+                g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
+                beta[t, jj] = _sigmoid(b[t, jj])
+        cuda.syncthreads()                  # the two norms are in rs
         if tid < dk:
-            c = h * dk + tid
+            q[t, h, tid] = ybuf[tid] * rs[0] * q_scale
         elif tid < 2 * dk:
-            c = key_dim + h * dk + tid - dk
-        elif tid < 2 * dk + nvh * dv:
-            r = tid - 2 * dk
-            j = h + (r // dv) * nk
-            i = r - (r // dv) * dv
-            c = 2 * key_dim + j * dv + i
-        w0 = float32(0.0)
-        w1 = float32(0.0)
-        w2 = float32(0.0)
-        w3 = float32(0.0)
-        s0 = float32(0.0)
-        s1 = float32(0.0)
-        s2 = float32(0.0)
-        xn = float32(0.0)
-        nT = x.shape[0]
-        if c >= 0:
-            w0, w1, w2, w3 = w[c, 0], w[c, 1], w[c, 2], w[c, 3]
-            s0, s1, s2 = state[0, c], state[1, c], state[2, c]
-            if ahead:
-                xn = x[0, c]
-        for t in range(nT):
-            u = t & 1 if ahead else 0       # this row's buffer
-            if c >= 0:
-                if ahead:
-                    xt = xn
-                    if t + 1 < nT:
-                        xn = x[t + 1, c]
-                else:
-                    xt = x[t, c]
-                acc = _conv_sum(w0, w1, w2, w3, s0, s1, s2, xt)
-                y = _silu(acc)
-                s0, s1, s2 = s1, s2, xt
-                if save_steps:
-                    steps[t, 0, c] = s0
-                    steps[t, 1, c] = s1
-                    steps[t, 2, c] = s2
-                if tid < 2 * dk:
-                    ybuf[u, tid] = y
-                else:
-                    v[t, j, i] = y
-            cuda.syncthreads()              # this row's q and k are in ybuf[u]
-            wp = tid >> 5
-            if wp < 2:                      # warp 0: q's norm, warp 1: k's
-                sq = float32(0.0)
-                for e in range(lane, dk, 32):
-                    val = ybuf[u, wp * dk + e]
-                    sq += val * val
-                tot = warp_sum(sq)
-                if lane == 0:
-                    rs[u, wp] = float32(1.0) / math.sqrt(tot + eps)
-            if tid == 64:                   # the gates of this block's value heads
-                for jj in range(h, nv, nk):
-                    g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
-                    beta[t, jj] = _sigmoid(b[t, jj])
-            cuda.syncthreads()              # the two norms are in rs[u]
-            if tid < dk:
-                q[t, h, tid] = ybuf[u, tid] * rs[u, 0] * q_scale
-            elif tid < 2 * dk:
-                k[t, h, tid - dk] = ybuf[u, tid] * rs[u, 1] * float32(1.0)
-            if not ahead:
-                cuda.syncthreads()          # ybuf and rs are rewritten by the next row
-        if c >= 0:
-            state[0, c] = s0
-            state[1, c] = s1
-            state[2, c] = s2
-
-    if not ahead:
-        gdn_conv_prep.__name__ = gdn_conv_prep.__qualname__ = "gdn_conv_prep_s31"
-    return kernel(gdn_conv_prep)
-
-
-gdn_conv_prep = _conv_prep_kernel(True)
-gdn_conv_prep_s31 = _conv_prep_kernel(False)
+            k[t, h, tid - dk] = ybuf[tid] * rs[1] * float32(1.0)
+        cuda.syncthreads()                  # ybuf and rs are rewritten by the next row
+    if c >= 0:
+        state[0, c] = s0
+        state[1, c] = s1
+        state[2, c] = s2
 
 
 # ------------------------------------------------------------------ (c, d) delta rule
@@ -966,7 +935,7 @@ def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v,
         raise ValueError(f"gdn_conv_prep: steps must be [>= {T}, {CONV_KERNEL - 1}, {C}]")
     if T == 0:
         return
-    (gdn_conv_prep if CONV_PREP_AHEAD else gdn_conv_prep_s31)[nk, threads, stream](
+    gdn_conv_prep[nk, threads, stream](
         qkv, conv_w, conv_state,
         conv_state.reshape(1, *conv_state.shape) if steps is None else steps,
         np.int32(steps is not None), a, b, dt_bias, ssm_a, np.float32(dk ** -0.5),
@@ -1091,7 +1060,6 @@ PTX_SIGNATURES = {
     "gated_delta_rule_lane": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, "
                               f"{_A3}, float32[:, :, :, ::1], int32)"],
 }
-PTX_SIGNATURES["gdn_conv_prep_s31"] = PTX_SIGNATURES["gdn_conv_prep"]
 PTX_SIGNATURES["gated_delta_rule_norm_q8"] = [
     f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A2}, float32[:, :, :, ::1], "
     f"int32, {_A2}, float32[::1], float32, int8[:, ::1], {_A2})"]
