@@ -534,9 +534,12 @@ ONE_ROW_PAIRS = False
 # 15.0 / 14.3 us). run_bench --launch rows-pairs (2), rows-plain (off).
 PAIR_ROWS_PER_WARP = 4
 # With PAIR_ROWS_PER_WARP = 4, launches of fewer activation rows than this take pairs: at T = 2
-# pairs beat quads on every 9B shape of session 31's matvec_bench (4096 x 4096 5.96 against
-# 7.20 us, 12288 x 4096 12.27 / 15.01, 4096 x 12288 13.11 / 17.57), at T = 4 and 9 quads won
-# or tied. run_bench --launch rows-quads (2: every rows launch on quads, session 31's default).
+# pairs beat quads on every 9B shape of session 31's matvec_bench (H200; 4096 x 4096 5.96
+# against 7.20 us, 12288 x 4096 12.27 / 15.01, 4096 x 12288 13.11 / 17.57). Session 32 (H100,
+# decision 0038): the 9B's K = 1 verify 3.92 against 4.04 ms with quads (twice each, A B A B);
+# at T = 3 neither won (K = 2 verify 4.59 / 4.46 against 4.59 / 4.56 ms with pairs: quads won
+# the gate / up stack, pairs ffn_down, gdn_out and the Q6_K LM head). run_bench --launch
+# rows-quads (2: every rows launch on quads, session 31's default), quads-from<N>.
 QUADS_FROM_ROWS = 3
 
 
