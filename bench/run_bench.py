@@ -583,8 +583,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # rows-pairs-cap<N>: matvec.ROWS_PAIRS; session 30) or four (rows-quads[-cap128]:
 # matvec.PAIR_ROWS_PER_WARP = 4, session 31's default), or four from N activation rows on and
 # two below (quads-from<N>: matvec.QUADS_FROM_ROWS; 3 is session 32's default), and decode's
-# row-loop launches likewise (decode-pairs,
-# decode-quads: matvec.ONE_ROW_PAIRS; all-pairs: rows and decode on pairs).
+# row-loop launches likewise (decode-pairs, decode-quads: matvec.ONE_ROW_PAIRS; all-pairs: rows
+# and decode on pairs).
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),

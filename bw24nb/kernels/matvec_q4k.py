@@ -46,7 +46,8 @@ matvec.py's row loop (`row_kernel`, `rows_kernel_of`); this module gives it the 
 matvec.ROWS_PAIRS / ONE_ROW_PAIRS a warp takes two or four weight rows (decision 0036;
 `matvec.warp_rows` picks: verify's rows take four from three activation rows on, two below, by
 default; decode's one row none): the chunk's activation side (`_chunk_x`: its words, their
-sums, their scales) is loaded once for all of them, and each row's value is `_chunk_combine`'s, as above.
+sums, their scales) is loaded once for all of them, and each row's value is
+`_chunk_combine`'s, as above.
 """
 import numpy as np
 from numba import cuda, float32, uint32
@@ -57,7 +58,7 @@ from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc
                    warp_sum)
 from ..quant.types import QType, type_size
 from .matvec import (WARPS_PER_BLOCK, RowPath, fit_unroll, grid_rows, group_kernels,
-                     warp_rows, path_kernels, rows_pair_kernel_of, store_row, token_kernels)
+                     path_kernels, rows_pair_kernel_of, store_row, token_kernels, warp_rows)
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16

@@ -64,8 +64,8 @@ from numba import cuda
 from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
-from .matvec import (THREADS, RowPath, _flat, at_least, check_rows, grid_rows, warp_rows,
-                     path_kernels, rows_pair_kernel_of, x_row_q8, warps_per_row)
+from .matvec import (THREADS, RowPath, _flat, at_least, check_rows, grid_rows, path_kernels,
+                     rows_pair_kernel_of, warp_rows, warps_per_row, x_row_q8)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
 
