@@ -12,7 +12,8 @@
 #   ncu     Nsight Compute (--set full) on one launch of each of bench/ncu_kernels.py's targets
 #           ${NCU_TARGETS:-mv4-q4k,mv4w2-q4k}: $OUT/ncu_TARGET.txt and the stall samples by SASS line
 #   q9spec  bench/spec_bench.py on the 9B shape: the verify's cost at K = ${SB_KS:-3}, --launch
-#           ${SB_LAUNCH:-default}, ${SB_RUNS:-2} runs, per launch at K = ${SB_PK:-3}
+#           ${SB_LAUNCH:-default} ${SB_PASSES:-1} times over (A B A B), ${SB_RUNS:-2} runs,
+#           per launch at K = ${SB_PK:-3}
 #   m35spec the same on the 35B-A3B shape: K = ${MSB_KS:-3}, --launch ${MSB_LAUNCH:-default}
 #   gate9   bench/spec_gate.py on the 9B shape, K = 1..8, states rollback, --launch
 #           ${G9_LAUNCH:-default} ${G9_ARGS:-}
@@ -66,7 +67,7 @@ PAIR_S=${C05_S:-120} bench_pair c05 /tmp/c05.gguf qwen2.5-coder-0.5b-random
 [ -n "$P9" ] && wait $P9
 on q9m && rb_stage q9m /tmp/q9.gguf qwen3.5-9b-random ${Q9M_LAUNCH:-default} ${Q9M_S:-330} "ffn_|gdn_qkv|attention"
 PAIR_S=${Q9_S:-250} bench_pair q9 /tmp/q9.gguf qwen3.5-9b-random
-on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${SB_KS:-3} --runs ${SB_RUNS:-2} --profile-k ${SB_PK:-3} --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
+on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${SB_KS:-3} --runs ${SB_RUNS:-2} --profile-k ${SB_PK:-3} --passes ${SB_PASSES:-1} --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
   grep -E "verify|decode_step|Error|Traceback" $L/q9spec.log | head -24; }
 on gate9 && { run ${G9_S:-300} gate9 python3 bench/spec_gate.py /tmp/q9.gguf --commit $C --jsonl /tmp/spec.jsonl --rollback states --launch ${G9_LAUNCH:-default} ${G9_ARGS:-}
   grep -E "MATCH|MISMATCH|gate|Error|Traceback" $L/gate9.log | cut -c1-160 | tail -24; }

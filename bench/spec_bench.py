@@ -3,7 +3,7 @@
     python3 bench/spec_bench.py MODEL.gguf [--ks 1-8] [--runs 5] [--warmup 1] [--n 128]
         [--prompt-len 512] [--ctx 4096] [--modes mtp,scripted,adversarial]
         [--rollback recompute,states] [--trims 32768,8192] [--confidences 0,0.5]
-        [--jsonl PATH] [--commit SHA]
+        [--launch default,MODE,..] [--passes 2] [--jsonl PATH] [--commit SHA]
 
 e.g. on a 9B-shape random model (`python3 -m bw24nb.factory qwen3.5-9b --out /tmp/q9.gguf`).
 Every time is host wall clock around a call that ends in a device synchronize (each
@@ -223,6 +223,11 @@ def main(argv=None) -> int:
                     help="comma list of run_bench's module launch modes (MODULE_MODES, e.g. "
                          "default,q4k-rowloop), each measured with targets of its own in this "
                          "process: the verify graphs are captured under its switches")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="run the --launch list this many times in order (A B A B for 2): the "
+                         "small launches' times drift between passes in one process (decision "
+                         "0038), so a difference that holds in every pass is the change's; "
+                         "records carry config.npass when > 1")
     ap.add_argument("--name", default=None, help="model label (default: the file name)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL))
     ap.add_argument("--commit", default=None)
@@ -231,6 +236,8 @@ def main(argv=None) -> int:
     launches = [m.strip() for m in a.launch.split(",") if m.strip()]
     if any(m != "default" and m not in MODULE_MODES for m in launches):
         ap.error(f"--launch: modes are default and {sorted(MODULE_MODES)}")
+    if a.passes < 1:
+        ap.error("--passes must be at least 1")
 
     from bw24nb.engine import Engine
     from bw24nb.formats import open_model
@@ -250,26 +257,31 @@ def main(argv=None) -> int:
     rec = Recorder(gpu_name(), git_commit(a.commit), paths)
     model = a.name or os.path.basename(a.model.rstrip("/"))
     try:
-        for launch in launches:
-            with module_mode(launch):
-                for rollback in a.rollback.split(","):
-                    _bench_target(a, ap, rec, model, engine, ks, ctx, rollback, launch)
+        for n in range(1, a.passes + 1):
+            for launch in launches:
+                with module_mode(launch):
+                    for rollback in a.rollback.split(","):
+                        _bench_target(a, ap, rec, model, engine, ks, ctx, rollback, launch,
+                                      n if a.passes > 1 else None)
     finally:
         rec.write()
     print(rec.table())
     return 0
 
 
-def _bench_target(a, ap, rec, model, engine, ks, ctx, rollback, launch) -> None:
-    """Every measurement of one rollback strategy, on a target (and graphs) of its own."""
+def _bench_target(a, ap, rec, model, engine, ks, ctx, rollback, launch, npass=None) -> None:
+    """Every measurement of one rollback strategy, on a target (and graphs) of its own; npass:
+    which pass of --passes this is (None: one pass)."""
     from bw24nb.engine_spec import EngineSpecTarget
     target = EngineSpecTarget(engine, rollback=rollback)
     prompt = prompt_ids(a.prompt_len, target.vocab_size)
     cfg = dict(engine="bw24nb", file=a.model, n_ctx=ctx, runs=a.runs, warmup=a.warmup,
                prompt=a.prompt_len, rollback=rollback, has_mtp=target.has_mtp,
-               **({} if launch == "default" else dict(launch=launch)))
+               **({} if launch == "default" else dict(launch=launch)),
+               **({} if npass is None else dict(npass=npass)))
     print(f"{model}: {engine.name}; K in {ks}; MTP head: {target.has_mtp}; "
-          f"rollback {rollback}; launch {launch}", flush=True)
+          f"rollback {rollback}; launch {launch}" + ("" if npass is None else f"; pass {npass}"),
+          flush=True)
     trims = [int(t) for t in a.trims.split(",") if t.strip()]
     if any(not 0 < t <= target.vocab_size for t in trims):
         ap.error(f"--trims: sizes must be 1 .. {target.vocab_size}")
