@@ -582,7 +582,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # matvec.ROWS_MAX_REGISTERS = N; session 29), or on two weight rows a warp (rows-pairs,
 # rows-pairs-cap<N>: matvec.ROWS_PAIRS; session 30) or four (rows-quads[-cap128]:
 # matvec.PAIR_ROWS_PER_WARP = 4, session 31's default), or four from N activation rows on and
-# two below (quads-from<N>: matvec.QUADS_FROM_ROWS; 3 is session 32's default), and decode's
+# two below (quads-from<N>: matvec.QUADS_FROM_ROWS; 3 is session 32's default), also pairs for
+# outputs of up to 4096 rows at T <= 4 (pairs-m4096: matvec.PAIRS_UP_TO_M), and decode's
 # row-loop launches likewise (decode-pairs, decode-quads: matvec.ONE_ROW_PAIRS; all-pairs: rows
 # and decode on pairs).
 _Q4 = "bw24nb.kernels.matvec_q4k"
@@ -622,6 +623,7 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                       ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4),
                                       ("bw24nb.kernels.matvec", "QUADS_FROM_ROWS", n)]
                    for n in (3, 4, 5)},
+                "pairs-m4096": [("bw24nb.kernels.matvec", "PAIRS_UP_TO_M", 4096)],
                 "decode-pairs": [("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True),
                                  ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 2)],
                 "decode-quads": [("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True),

@@ -564,6 +564,33 @@ def test_warp_rows_take_pairs_below_quads_from_rows(rng, monkeypatch):
     assert [matvec.warp_rows(q4.PATH, T, 1) for T in (2, 3, 4)] == [2, 2, 2]
 
 
+def test_pairs_up_to_m_take_pairs_for_short_outputs(rng, monkeypatch):
+    """matvec.PAIRS_UP_TO_M (run_bench --launch pairs-m4096): launches of at most
+    PAIRS_UP_TO_ROWS activation rows and M <= PAIRS_UP_TO_M output rows take pairs where the
+    T rule gives quads; longer outputs, more rows or an unknown M keep quads; the launcher's
+    kernel and grid agree, the row loop's bits (M = 5, T = 3)."""
+    from bw24nb.kernels import matvec, matvec_q4k as q4, matvec_q6k as q6
+    monkeypatch.setattr(matvec, "ROWS_PAIRS", True)
+    monkeypatch.setattr(matvec, "PAIR_ROWS_PER_WARP", 4)
+    monkeypatch.setattr(matvec, "QUADS_FROM_ROWS", 3)
+    monkeypatch.setattr(matvec, "PAIRS_UP_TO_ROWS", 4)
+    monkeypatch.setattr(matvec, "PAIRS_UP_TO_M", 4096)
+    for p in (q4.PATH, q6.PATH):
+        assert [matvec.warp_rows(p, T, 1, 4096) for T in (2, 3, 4, 5, 9)] == [2, 2, 2, 4, 4]
+        assert [matvec.warp_rows(p, 3, 1, M) for M in (4097, None)] == [4, 4]
+    M, K, T = 5, 512, 3
+    monkeypatch.setattr(matvec, "PAIRS_UP_TO_M", M)
+    assert "_w2_p1" in q4.KERNELS(T, 1, K, M).py_func.__name__
+    assert "_w4_p1" in q4.KERNELS(T, 1, K, M + 1).py_func.__name__
+    w = random_weight_bytes(rng, QType.Q4_K, M, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    got = _launch_rows(w, QType.Q4_K, M, K, x, True, T, parts=1)
+    monkeypatch.setattr(matvec, "ROWS_PAIRS", False)
+    plain = _launch_rows(w, QType.Q4_K, M, K, x, True, T, parts=1)
+    assert np.all(np.isfinite(plain))
+    np.testing.assert_array_equal(got.view(np.uint32), plain.view(np.uint32))
+
+
 def test_fit_unroll_cuts_slots_to_the_units_a_lane_has():
     """matvec.fit_unroll: a lane of a one-warp row of K = 2048 Q4_K values has 2 chunks (2
     slots a step), of K = 512 one (split over 2 warps: still one), of K = 4096 four (the path

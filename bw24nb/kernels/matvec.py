@@ -541,15 +541,23 @@ PAIR_ROWS_PER_WARP = 4
 # the gate / up stack, pairs ffn_down, gdn_out and the Q6_K LM head). run_bench --launch
 # rows-quads (2: every rows launch on quads, session 31's default), quads-from<N>.
 QUADS_FROM_ROWS = 3
+# Not timed yet (0: off; run_bench --launch pairs-m4096): launches of at most PAIRS_UP_TO_ROWS
+# activation rows and at most PAIRS_UP_TO_M output rows take pairs where the rule above gives
+# quads. A quad launch has a quarter of M's warps: the 9B's 4096-row outputs (ffn_down, gdn_out)
+# ran faster on pairs at T = 3 and 4 (decision 0038, "Next"); at T = 9 pairs spill.
+PAIRS_UP_TO_M = 0
+PAIRS_UP_TO_ROWS = 4
 
 
-def warp_rows(p, rows, parts) -> int:
-    """Weight rows a warp of a `rows`-row launch of path p at `parts` warps a row: 1 (the row
-    loop: `row_kernel` / `rows_kernel_of`), or 2 / 4 (`rows_pair_kernel_of`, whose grid is
-    `grid_rows(M, parts, R)`). The choice changes no bit."""
+def warp_rows(p, rows, parts, M=None) -> int:
+    """Weight rows a warp of a `rows`-row launch of path p at `parts` warps a row and M output
+    rows (None: unknown, the T rule alone): 1 (the row loop: `row_kernel` / `rows_kernel_of`),
+    or 2 / 4 (`rows_pair_kernel_of`, whose grid is `grid_rows(M, parts, R)`). The choice
+    changes no bit."""
     if not (ROWS_PAIRS if rows > 1 else ONE_ROW_PAIRS) or parts != 1:
         return 1
-    R = 2 if PAIR_ROWS_PER_WARP == 2 or rows < QUADS_FROM_ROWS else 4
+    short = M is not None and M <= PAIRS_UP_TO_M and rows <= PAIRS_UP_TO_ROWS
+    R = 2 if PAIR_ROWS_PER_WARP == 2 or rows < QUADS_FROM_ROWS or short else 4
     return R if (p.values2 if R == 2 else p.values4) is not None else 1
 
 
@@ -1155,20 +1163,21 @@ def group_kernels(p, lanes=32):
 
 
 def path_kernels(p, who):
-    """kernels(rows, parts): path p's kernel for `rows` = 1 .. MAX_ROWS rows of activations and
-    `parts` warps a row, built (not compiled) on first request. parts = 1 -- every large-M
+    """kernels(rows, parts, K, M): path p's kernel for `rows` = 1 .. MAX_ROWS rows of
+    activations and `parts` warps a row (M output rows, for `warp_rows`), built (not compiled)
+    on first request. parts = 1 -- every large-M
     decode matvec -- gets its own build with the split folded in (`row_kernel`'s fixed_parts);
     2 and 4 share the run-time-parts build. Either build computes the same sums in the same
     order, so which one runs changes no bit. With K given the path runs with its unroll fitted
     to the row (`fit_unroll`: the same bits, no dropped slots computed)."""
     built = {}
 
-    def kernels(rows, parts, K=None):
+    def kernels(rows, parts, K=None, M=None):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
         q = p if K is None else fit_unroll(p, K, parts)
-        R = warp_rows(p, rows, parts)
+        R = warp_rows(p, rows, parts, M)
         key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, R)
         if key not in built:
             built[key] = (rows_pair_kernel_of(q, rows, R) if R > 1 else row_kernel(q, fp)
