@@ -1165,11 +1165,11 @@ def group_kernels(p, lanes=32):
 def path_kernels(p, who):
     """kernels(rows, parts, K, M): path p's kernel for `rows` = 1 .. MAX_ROWS rows of
     activations and `parts` warps a row (M output rows, for `warp_rows`), built (not compiled)
-    on first request. parts = 1 -- every large-M
-    decode matvec -- gets its own build with the split folded in (`row_kernel`'s fixed_parts);
-    2 and 4 share the run-time-parts build. Either build computes the same sums in the same
-    order, so which one runs changes no bit. With K given the path runs with its unroll fitted
-    to the row (`fit_unroll`: the same bits, no dropped slots computed)."""
+    on first request. parts = 1 -- every large-M decode matvec -- gets its own build with the
+    split folded in (`row_kernel`'s fixed_parts); 2 and 4 share the run-time-parts build.
+    Either build computes the same sums in the same order, so which one runs changes no bit.
+    With K given the path runs with its unroll fitted to the row (`fit_unroll`: the same bits,
+    no dropped slots computed)."""
     built = {}
 
     def kernels(rows, parts, K=None, M=None):

@@ -548,8 +548,9 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
             y_dev if bias is None else bias, y_dev if residual is None else residual,
             np.int32(bias is not None), np.int32(residual is not None))
         return
-    kern = (KERNELS_NIB if nibble else KERNELS)(rows, parts, K, M)
-    R = 1 if nibble else warp_rows(PATH, rows, parts, M)
+    path, kernels = (PATH_NIB, KERNELS_NIB) if nibble else (PATH, KERNELS)
+    kern = kernels(rows, parts, K, M)
+    R = warp_rows(path, rows, parts, M)           # (nibble order: no pair path, R = 1)
     if R > 1:
         grid = grid_rows(M, parts, R)
     kern[grid, threads, stream](
