@@ -23,6 +23,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   rulenorm  the two in one launch (gated_deltanet.launch_gated_delta_rule_norm_q8; session
             27 also measured a "last" form: the lane kernel's blocks, the head's last one
             norming -- decision 0034)
+  rulenorm<T>[s]     the same launch on verify's T = 1, 2, 4 tokens (rulenorm1 is rulenorm),
+                     "s" with the per-token state snapshots that states rollback keeps
   attn<S>@<P>        decode attention as the engine launches it (F16 cache, split pass +
                      combine with the output gate and the int8 output) for the head shape S
                      (9b: 16 / 4 heads of 256, 05b: 14 / 2 of 64) at position P of an 8192 cache
@@ -136,27 +138,29 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
             "split/merge": attend("split", direct=False)}
 
 
-def gdn_launches(stream, rng, nk=16, nv=32, d=128):
-    """(rule(i), gnorm(i), rulenorm(i)): one decode token's gated delta rule (the lane
-    kernel), the gated q8 output norm after it, and the two as one launch, on
-    random inputs of the 9B's heads; the state is updated in place, as in decode."""
+def gdn_launches(stream, rng, nk=16, nv=32, d=128, T=1, snapshots=False):
+    """(rule(i), gnorm(i), rulenorm(i)): T tokens' gated delta rule (the lane kernel; one
+    token: decode's), the gated q8 output norm after it, and the two as one launch (with
+    `snapshots`, keeping every token's state as verify's states rollback does), on random
+    inputs of the 9B's heads; the state is updated in place, as in decode."""
     from bw24nb.kernels import gated_deltanet as gdn
     from bw24nb.models.qwen35 import value_to_key_head
 
     def dev(a):
         return cuda.to_device(np.ascontiguousarray(a, np.float32), stream=stream)
-    unit = rng.standard_normal((1, nk, d))
+    unit = rng.standard_normal((T, nk, d))
     q = dev(unit / np.linalg.norm(unit, axis=-1, keepdims=True) * d ** -0.5)
-    unit = rng.standard_normal((1, nk, d))
+    unit = rng.standard_normal((T, nk, d))
     k = dev(unit / np.linalg.norm(unit, axis=-1, keepdims=True))
-    v, z = dev(rng.standard_normal((1, nv, d))), dev(rng.standard_normal((1, nv, d)))
-    g, beta = dev(-rng.uniform(0, 1, (1, nv))), dev(rng.uniform(0, 1, (1, nv)))
+    v, z = dev(rng.standard_normal((T, nv, d))), dev(rng.standard_normal((T, nv, d)))
+    g, beta = dev(-rng.uniform(0, 1, (T, nv))), dev(rng.uniform(0, 1, (T, nv)))
     state = dev(0.1 * rng.standard_normal((nv, d, d)))
+    steps = cuda.device_array((T, nv, d, d), np.float32, stream=stream) if snapshots else None
     key_head = cuda.to_device(value_to_key_head("qwen35", nk, nv).astype(np.int32), stream=stream)
     w = dev(np.ones(d))
-    o = cuda.device_array((1, nv, d), np.float32, stream=stream)
-    xq = cuda.device_array(nv * d, np.int8, stream=stream)
-    xd = cuda.device_array(nv * d // 32, np.float32, stream=stream)
+    o = cuda.device_array((T, nv, d), np.float32, stream=stream)
+    xq = cuda.device_array(T * nv * d, np.int8, stream=stream)
+    xd = cuda.device_array(T * nv * d // 32, np.float32, stream=stream)
     eps = 1e-6
 
     def rule(i):
@@ -168,7 +172,7 @@ def gdn_launches(stream, rng, nk=16, nv=32, d=128):
 
     def rulenorm(i):
         gdn.launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, w, eps,
-                                            xq, xd, stream=stream)
+                                            xq, xd, stream=stream, steps=steps)
     return rule, gnorm, rulenorm
 
 
@@ -239,6 +243,9 @@ def main() -> int:
         "rule": rule,
         "rule+gnorm": lambda i: (rule(i), gnorm(i)),
         "rulenorm": rulenorm,
+        **{f"rulenorm{T}" + ("s" if snap else ""): gdn_launches(stream, rng, T=T,
+                                                               snapshots=snap)[2]
+           for T in (1, 2, 4) for snap in (False, True)},
         "norm": norm,
         "norm1": norm1,
         "gnorm": lambda i: launch_gated_rms_norm_q8(o, z, gw, eps, gy, gq, gd, stream=stream),

@@ -198,10 +198,18 @@ def _commit() -> str:
 def _switched(launch, **switches):
     """launch() with the switches bw24nb.kernels.matvec.<NAME> = value set, restored after
     (bw24nb.switches.switched): FIT_UNROLL=False (the path's full unroll), QX0_V4=False (Q8_0
-    / Q5_0 / Q4_0 on the generic group path), ROWS_PAIRS=True with PAIR_ROWS_PER_WARP=R and
-    QUADS_FROM_ROWS=1 (the rows kernels on R weight rows a warp at every T)."""
+    / Q5_0 / Q4_0 on the generic group path)."""
     from bw24nb.switches import switched
     with switched([("bw24nb.kernels.matvec", name, value) for name, value in switches.items()]):
+        launch()
+
+
+def _everywhere(R, launch):
+    """launch() with every launch of one warp a row on R weight rows a warp, at every T and M
+    (matvec.warp_rows_everywhere)."""
+    from bw24nb.kernels.matvec import warp_rows_everywhere
+    from bw24nb.switches import switched
+    with switched(warp_rows_everywhere(R)):
         launch()
 
 
@@ -309,9 +317,8 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             for R in ((2, 4) if pairs and qt == QType.Q4_K else ()):
                 y_rp = cuda.device_array(nr * M, np.float32, stream=stream)
                 kernels.append((f"dp4a_w{R}_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r,
-                                y_rp=y_rp, R=R: _switched(lambda: launch_matvec_q8(
-                                    w, qt, M, K, xq_r, xd_r, y_rp, stream=stream, rows=nr),
-                                    ROWS_PAIRS=True, PAIR_ROWS_PER_WARP=R, QUADS_FROM_ROWS=1),
+                                y_rp=y_rp, R=R: _everywhere(R, lambda: launch_matvec_q8(
+                                    w, qt, M, K, xq_r, xd_r, y_rp, stream=stream, rows=nr)),
                                 ref_r, 10 * REL_ERR_BAD, y_rp, scale_r))
 
     rows, outs = [], {}

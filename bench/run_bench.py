@@ -582,8 +582,10 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # matvec.ROWS_MAX_REGISTERS = N; session 29), or on two weight rows a warp (rows-pairs,
 # rows-pairs-cap<N>: matvec.ROWS_PAIRS; session 30) or four (rows-quads[-cap128]:
 # matvec.PAIR_ROWS_PER_WARP = 4, session 31's default), or four from N activation rows on and
-# two below (quads-from<N>: matvec.QUADS_FROM_ROWS; 3 is session 32's default), also pairs for
-# outputs of up to 4096 rows at T <= 4 (pairs-m4096: matvec.PAIRS_UP_TO_M), and decode's
+# two below (quads-from<N>: matvec.QUADS_FROM_ROWS; 3 is session 32's default), without pairs
+# for outputs of up to 4096 rows at T <= 4 (pairs-m0: matvec.PAIRS_UP_TO_M = 0, session 32's
+# default; session 33's pairs-m4096), with them also beside other launches on graph branches
+# (pairs-beside: matvec.PAIRS_BESIDE), and decode's
 # row-loop launches likewise (decode-pairs, decode-quads: matvec.ONE_ROW_PAIRS; all-pairs: rows
 # and decode on pairs).
 _Q4 = "bw24nb.kernels.matvec_q4k"
@@ -623,7 +625,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                       ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4),
                                       ("bw24nb.kernels.matvec", "QUADS_FROM_ROWS", n)]
                    for n in (3, 4, 5)},
-                "pairs-m4096": [("bw24nb.kernels.matvec", "PAIRS_UP_TO_M", 4096)],
+                "pairs-m0": [("bw24nb.kernels.matvec", "PAIRS_UP_TO_M", 0)],
+                "pairs-beside": [("bw24nb.kernels.matvec", "PAIRS_BESIDE", True)],
                 "decode-pairs": [("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True),
                                  ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 2)],
                 "decode-quads": [("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True),

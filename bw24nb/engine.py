@@ -705,8 +705,10 @@ class Engine:
         """y = W x (+b) (+r) for T rows: matvec (`rowwise`, default T == 1: each weight read
         once for all rows, every row in the one-row kernel's summation order) or the tiled
         matmul; with `qx` (from `_quantize_input`) integer block weights read the quantized
-        input instead. On `stream` (default: the engine's)."""
-        s = self.stream if stream is None else stream
+        input instead. On `stream` (default: the engine's); a launch given its stream runs
+        beside others on the GPU (`_side_by_side`'s graph branches, the rows prefill's slices),
+        which `matvec.warp_rows` weighs."""
+        s, beside = (self.stream, False) if stream is None else (stream, True)
         rowwise = T == 1 if rowwise is None else rowwise
         if rowwise and T > matvec.MAX_ROWS and ROWS_TILES and qx is not None \
                 and qx.xq is not None and self._dp4a(w):
@@ -733,7 +735,7 @@ class Engine:
                     xq=qx.xq[t0 * K:t1 * K], xd=qx.xd[t0 * K // 32:t1 * K // 32])
                 self._mv(w, x[t0:t1], y[t0:t1], t1 - t0, bias=bias,
                          residual=None if residual is None else residual[t0:t1], qx=qs,
-                         rowwise=True, stream=on[j % (sides + 1)])
+                         rowwise=True, stream=on[j % (sides + 1)] if sides else None)
             for i in range(sides):
                 br.join(s, i)
             return
@@ -745,10 +747,12 @@ class Engine:
                 if w.q6k_r is not None:
                     from .kernels.matvec_q6k import launch_matvec_q8_q6k_r
                     launch_matvec_q8_q6k_r(w.q6k_r[0], w.q6k_r[1], w.rows, w.cols, qx.xq, qx.xd,
-                                           yv, bias=b, residual=r, stream=s, rows=T)
+                                           yv, bias=b, residual=r, stream=s, rows=T,
+                                           beside=beside)
                 else:
                     matvec.launch_matvec_q8(w.buf, w.qtype, w.rows, w.cols, qx.xq, qx.xd, yv,
-                                            bias=b, residual=r, stream=s, rows=T, parts=w.parts)
+                                            bias=b, residual=r, stream=s, rows=T, parts=w.parts,
+                                            beside=beside)
             else:
                 matvec.launch_matvec(w.buf, w.qtype, w.rows, w.cols, x.reshape(x.size), yv,
                                      bias=b, residual=r, stream=s, rows=T, parts=w.parts)
@@ -783,8 +787,8 @@ class Engine:
         prefill GEMMs, large enough to fill the GPU alone) one entry each, in order. The same
         kernels read the same input either way, so every bit is the chain's."""
         s, br = self.stream, self._proj_branches
-        if br is None or not ws.rowwise or len(projections) == 1:
-            return [(name, (lambda fn=fn: fn(s))) for name, fn in projections]
+        if br is None or not ws.rowwise or len(projections) == 1:     # alone: the engine's stream
+            return [(name, (lambda fn=fn: fn(None))) for name, fn in projections]
         (_, first), rest = projections[0], projections[1:]
 
         def launch():

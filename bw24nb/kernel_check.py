@@ -555,13 +555,13 @@ def check_matvec_rows(rng, size):
                       tol, guard_ok=guard_ok)
         if path == "q6k_r" or (path == "q8" and qt == QType.Q4_K):
             # two or four weight rows a warp (matvec.ROWS_PAIRS / ONE_ROW_PAIRS,
-            # PAIR_ROWS_PER_WARP; decision 0036), each at every row count (QUADS_FROM_ROWS =
-            # 1): the row loop's bits, 4 rows and (where the row loop serves one row) one
+            # PAIR_ROWS_PER_WARP; decision 0036), each at every row count and M
+            # (warp_rows_everywhere): the row loop's bits, 4 rows and (where the row loop
+            # serves one row) one
             from .kernels import matvec_q4k as q4
             one_row = path == "q6k_r" or not q4.xreg_serves(M, K, mv.warps_per_row(M, K), 1)
             for R, what in ((2, "pairs"), (4, "quads")):
-                with switched([(mv, "ROWS_PAIRS", True), (mv, "ONE_ROW_PAIRS", True),
-                               (mv, "PAIR_ROWS_PER_WARP", R), (mv, "QUADS_FROM_ROWS", 1)]):
+                with switched(mv.warp_rows_everywhere(R)):
                     pairs, pairs_guard = launch(Out(T * M), 0, T)
                     pair1, pair1_guard = launch(Out(M), 0, 1) if one_row else (None, True)
                 yield compare(f"{name} {what}4==rows4", qt.name, shape, pairs.reshape(T, M), got,

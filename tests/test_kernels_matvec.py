@@ -344,9 +344,11 @@ def test_warps_per_row_policy():
 # ---------------------------------------------------------------- several rows (rows = T)
 
 
-def _launch_rows(w, qt, M, K, x, q8, T, bias=None, residual=None, in_place=False, parts=None):
+def _launch_rows(w, qt, M, K, x, q8, T, bias=None, residual=None, in_place=False, parts=None,
+                 **q8_kw):
     """One launch with `rows=T` (x: float32[T, K]; residual: float32[T, M]) on the float path, or
-    with x quantized as the engine does on the dp4a path; returns y[T, M] (guard checked)."""
+    with x quantized as the engine does on the dp4a path (with q8_kw: `beside`); returns y[T, M]
+    (guard checked)."""
     y_full = _guarded(T * M)
     y = y_full[:T * M]
     if in_place:
@@ -357,7 +359,7 @@ def _launch_rows(w, qt, M, K, x, q8, T, bias=None, residual=None, in_place=False
     if q8:
         xq, xd = quantize_act_q8_reference(x)
         launch_matvec_q8(cuda.to_device(w), qt, M, K, cuda.to_device(xq), cuda.to_device(xd), y,
-                         **kw)
+                         **kw, **q8_kw)
     else:
         launch_matvec(cuda.to_device(w), qt, M, K, cuda.to_device(x), y, **kw)
     out = y_full.copy_to_host()
@@ -521,6 +523,7 @@ def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, M
     monkeypatch.setattr(matvec, "ONE_ROW_PAIRS", T == 1)
     monkeypatch.setattr(matvec, "PAIR_ROWS_PER_WARP", R)
     monkeypatch.setattr(matvec, "QUADS_FROM_ROWS", 1)         # R at every T (T = 2 too)
+    monkeypatch.setattr(matvec, "PAIRS_UP_TO_M", 0)           # and every M
     assert f"_w{R}_p1" in q4.KERNELS(T, 1, K).py_func.__name__
     assert "_w" not in q4.KERNELS(T, 2, K).py_func.__name__        # split rows: no pairs
     assert "_w" not in q4.KERNELS(3 - min(T, 2), 1, K).py_func.__name__  # the other switch
@@ -540,6 +543,7 @@ def test_warp_rows_take_pairs_below_quads_from_rows(rng, monkeypatch):
     monkeypatch.setattr(matvec, "ONE_ROW_PAIRS", False)
     monkeypatch.setattr(matvec, "PAIR_ROWS_PER_WARP", 4)
     monkeypatch.setattr(matvec, "QUADS_FROM_ROWS", 3)
+    monkeypatch.setattr(matvec, "PAIRS_UP_TO_M", 0)           # the T rule alone
     for p in (q4.PATH, q6.PATH):
         assert [matvec.warp_rows(p, T, 1) for T in (1, 2, 3, 9)] == [1, 2, 4, 4]
         assert matvec.warp_rows(p, 3, 2) == 1
@@ -565,30 +569,38 @@ def test_warp_rows_take_pairs_below_quads_from_rows(rng, monkeypatch):
 
 
 def test_pairs_up_to_m_take_pairs_for_short_outputs(rng, monkeypatch):
-    """matvec.PAIRS_UP_TO_M (run_bench --launch pairs-m4096): launches of at most
-    PAIRS_UP_TO_ROWS activation rows and M <= PAIRS_UP_TO_M output rows take pairs where the
-    T rule gives quads; longer outputs, more rows or an unknown M keep quads; the launcher's
-    kernel and grid agree, the row loop's bits (M = 5, T = 3)."""
+    """matvec.PAIRS_UP_TO_M (4096 since session 33; run_bench --launch pairs-m0 turns it off):
+    launches of at most PAIRS_UP_TO_ROWS activation rows and M <= PAIRS_UP_TO_M output rows
+    take pairs where the T rule gives quads; longer outputs, more rows, an unknown M and
+    launches beside others (unless PAIRS_BESIDE) keep quads; the launcher's kernel and grid
+    agree, the row loop's bits (M = 5, T = 3), alone and beside."""
     from bw24nb.kernels import matvec, matvec_q4k as q4, matvec_q6k as q6
+    assert (matvec.PAIRS_UP_TO_M, matvec.PAIRS_UP_TO_ROWS, matvec.PAIRS_BESIDE) == (4096, 4, False)
     monkeypatch.setattr(matvec, "ROWS_PAIRS", True)
     monkeypatch.setattr(matvec, "PAIR_ROWS_PER_WARP", 4)
     monkeypatch.setattr(matvec, "QUADS_FROM_ROWS", 3)
-    monkeypatch.setattr(matvec, "PAIRS_UP_TO_ROWS", 4)
-    monkeypatch.setattr(matvec, "PAIRS_UP_TO_M", 4096)
     for p in (q4.PATH, q6.PATH):
         assert [matvec.warp_rows(p, T, 1, 4096) for T in (2, 3, 4, 5, 9)] == [2, 2, 2, 4, 4]
         assert [matvec.warp_rows(p, 3, 1, M) for M in (4097, None)] == [4, 4]
+        assert [matvec.warp_rows(p, T, 1, 4096, beside=True) for T in (2, 3, 4)] == [2, 4, 4]
+        with monkeypatch.context() as m:
+            m.setattr(matvec, "PAIRS_BESIDE", True)
+            assert matvec.warp_rows(p, 3, 1, 4096, beside=True) == 2
     M, K, T = 5, 512, 3
     monkeypatch.setattr(matvec, "PAIRS_UP_TO_M", M)
     assert "_w2_p1" in q4.KERNELS(T, 1, K, M).py_func.__name__
+    assert "_w4_p1" in q4.KERNELS(T, 1, K, M, beside=True).py_func.__name__
     assert "_w4_p1" in q4.KERNELS(T, 1, K, M + 1).py_func.__name__
+    assert "_w4_p1" in q6.KERNELS(T, 1, K, M, True).py_func.__name__
     w = random_weight_bytes(rng, QType.Q4_K, M, K)
     x = rng.standard_normal((T, K)).astype(np.float32)
     got = _launch_rows(w, QType.Q4_K, M, K, x, True, T, parts=1)
+    beside = _launch_rows(w, QType.Q4_K, M, K, x, True, T, parts=1, beside=True)
     monkeypatch.setattr(matvec, "ROWS_PAIRS", False)
     plain = _launch_rows(w, QType.Q4_K, M, K, x, True, T, parts=1)
     assert np.all(np.isfinite(plain))
     np.testing.assert_array_equal(got.view(np.uint32), plain.view(np.uint32))
+    np.testing.assert_array_equal(beside.view(np.uint32), plain.view(np.uint32))
 
 
 def test_fit_unroll_cuts_slots_to_the_units_a_lane_has():

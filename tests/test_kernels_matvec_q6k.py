@@ -303,6 +303,7 @@ def test_rows_on_weight_row_pairs_give_the_rows_kernels_bits(rng, monkeypatch, T
     monkeypatch.setattr(matvec, "ONE_ROW_PAIRS", T == 1)
     monkeypatch.setattr(matvec, "PAIR_ROWS_PER_WARP", R)
     monkeypatch.setattr(matvec, "QUADS_FROM_ROWS", 1)         # R at every T (T = 2 too)
+    monkeypatch.setattr(matvec, "PAIRS_UP_TO_M", 0)           # and every M
     assert f"_w{R}_p1" in matvec_q6k.KERNELS(T, 1, K).py_func.__name__
     assert "_w" not in matvec_q6k.KERNELS(T, 2, K).py_func.__name__      # split rows: no pairs
     assert "_w" not in matvec_q6k.KERNELS(3 - min(T, 2), 1, K).py_func.__name__

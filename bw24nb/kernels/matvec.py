@@ -541,24 +541,38 @@ PAIR_ROWS_PER_WARP = 4
 # the gate / up stack, pairs ffn_down, gdn_out and the Q6_K LM head). run_bench --launch
 # rows-quads (2: every rows launch on quads, session 31's default), quads-from<N>.
 QUADS_FROM_ROWS = 3
-# Not timed yet (0: off; run_bench --launch pairs-m4096): launches of at most PAIRS_UP_TO_ROWS
-# activation rows and at most PAIRS_UP_TO_M output rows take pairs where the rule above gives
-# quads. A quad launch has a quarter of M's warps: the 9B's 4096-row outputs (ffn_down, gdn_out)
-# ran faster on pairs at T = 3 and 4 (decision 0038, "Next"); at T = 9 pairs spill.
-PAIRS_UP_TO_M = 0
+# Launches of at most PAIRS_UP_TO_ROWS activation rows and at most PAIRS_UP_TO_M output rows
+# take pairs where the rule above gives quads (0: off; run_bench --launch pairs-m0): a quad
+# launch has a quarter of M's warps, too few for a 4096-row output. Session 33 (H100, the 9B's
+# K = 3 verify, per launch, twice each): ffn_down 0.85 against 0.98 ms, gdn_out 0.21 / 0.25,
+# attn_output 0.071 / 0.086; but the GDN projections, gdn_z (4096 rows) beside gdn_qkv on graph
+# branches, 0.58 against 0.54. So launches beside others (`beside`, engine._side_by_side) keep
+# the T rule unless PAIRS_BESIDE (run_bench --launch pairs-beside). At T = 9 pairs spill.
+PAIRS_UP_TO_M = 4096
 PAIRS_UP_TO_ROWS = 4
+PAIRS_BESIDE = False
 
 
-def warp_rows(p, rows, parts, M=None) -> int:
+def warp_rows(p, rows, parts, M=None, beside=False) -> int:
     """Weight rows a warp of a `rows`-row launch of path p at `parts` warps a row and M output
-    rows (None: unknown, the T rule alone): 1 (the row loop: `row_kernel` / `rows_kernel_of`),
-    or 2 / 4 (`rows_pair_kernel_of`, whose grid is `grid_rows(M, parts, R)`). The choice
-    changes no bit."""
+    rows (None: unknown, the T rule alone), `beside` other launches on the GPU (graph branches):
+    1 (the row loop: `row_kernel` / `rows_kernel_of`), or 2 / 4 (`rows_pair_kernel_of`, whose
+    grid is `grid_rows(M, parts, R)`). The choice changes no bit."""
     if not (ROWS_PAIRS if rows > 1 else ONE_ROW_PAIRS) or parts != 1:
         return 1
-    short = M is not None and M <= PAIRS_UP_TO_M and rows <= PAIRS_UP_TO_ROWS
+    short = M is not None and M <= PAIRS_UP_TO_M and rows <= PAIRS_UP_TO_ROWS \
+        and (PAIRS_BESIDE or not beside)
     R = 2 if PAIR_ROWS_PER_WARP == 2 or rows < QUADS_FROM_ROWS or short else 4
     return R if (p.values2 if R == 2 else p.values4) is not None else 1
+
+
+def warp_rows_everywhere(R):
+    """`bw24nb.switches.switched` settings under which every launch of one warp a row takes R
+    weight rows a warp at every T and M: the twins that check (kernel-check) and time
+    (bench/matvec_bench.py) each form."""
+    return [(__name__, "ROWS_PAIRS", True), (__name__, "ONE_ROW_PAIRS", True),
+            (__name__, "PAIR_ROWS_PER_WARP", R), (__name__, "QUADS_FROM_ROWS", 1),
+            (__name__, "PAIRS_UP_TO_M", 0)]
 
 
 def grid_rows(M, parts, R=1):
@@ -1163,21 +1177,21 @@ def group_kernels(p, lanes=32):
 
 
 def path_kernels(p, who):
-    """kernels(rows, parts, K, M): path p's kernel for `rows` = 1 .. MAX_ROWS rows of
-    activations and `parts` warps a row (M output rows, for `warp_rows`), built (not compiled)
-    on first request. parts = 1 -- every large-M decode matvec -- gets its own build with the
-    split folded in (`row_kernel`'s fixed_parts); 2 and 4 share the run-time-parts build.
-    Either build computes the same sums in the same order, so which one runs changes no bit.
-    With K given the path runs with its unroll fitted to the row (`fit_unroll`: the same bits,
-    no dropped slots computed)."""
+    """kernels(rows, parts, K, M, beside): path p's kernel for `rows` = 1 .. MAX_ROWS rows of
+    activations and `parts` warps a row (M output rows and `beside`, for `warp_rows`), built
+    (not compiled) on first request. parts = 1 -- every large-M decode matvec -- gets its own
+    build with the split folded in (`row_kernel`'s fixed_parts); 2 and 4 share the
+    run-time-parts build. Either build computes the same sums in the same order, so which one
+    runs changes no bit. With K given the path runs with its unroll fitted to the row
+    (`fit_unroll`: the same bits, no dropped slots computed)."""
     built = {}
 
-    def kernels(rows, parts, K=None, M=None):
+    def kernels(rows, parts, K=None, M=None, beside=False):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
         q = p if K is None else fit_unroll(p, K, parts)
-        R = warp_rows(p, rows, parts, M)
+        R = warp_rows(p, rows, parts, M, beside)
         key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, R)
         if key not in built:
             built[key] = (rows_pair_kernel_of(q, rows, R) if R > 1 else row_kernel(q, fp)
@@ -1433,7 +1447,7 @@ def _parts(M, K, parts):
 
 
 def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, residual=None,
-                     stream=0, parts=None, rows=1, nibble=False):
+                     stream=0, parts=None, rows=1, nibble=False, beside=False):
     """y = W @ dequant(xq, xd) (+ bias) (+ residual) with dp4a, for Q8_0, Q4_0, Q5_0, Q4_K,
     Q5_K, Q6_K weights (Q4_K on matvec_q4k.py's kernel; Q8_0 / Q5_0 / Q4_0 on matvec_qx0.py's
     when the buffer allows it, `matvec_qx0.serves`). xq_dev int8[K] and xd_dev float32[K / 32] come from
@@ -1441,7 +1455,8 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
     rows: T = 1 .. MAX_ROWS rows of activations (as `launch_matvec`): xq_dev int8[T * K] and
     xd_dev float32[T * K / 32] (row t's at t * K and t * K / 32: quantize_act's [T, K]
     output), y_dev and residual float32[T * M], bias float32[M].
-    nibble: xq is in nibble order (quantize_act.nibble_order; Q4_K only, K % 256 == 0)."""
+    nibble: xq is in nibble order (quantize_act.nibble_order; Q4_K only, K % 256 == 0).
+    beside: the launch runs beside others on the GPU (graph branches; `warp_rows`)."""
     rows = check_rows(rows)
     lay = _check_common(w_dev, qtype, M, K, y_dev, bias, residual, rows)
     if lay.qtype not in MATVEC_Q8:
@@ -1461,7 +1476,7 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
     if lay.qtype == QType.Q4_K:               # 16-byte loads straight from the GGUF blocks
         from . import matvec_q4k
         matvec_q4k.launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts,
-                          _grid(M, parts), THREADS, stream, rows, nibble)
+                          _grid(M, parts), THREADS, stream, rows, nibble, beside)
         return
     from . import matvec_qx0
     if matvec_qx0.serves(lay.qtype, w8):

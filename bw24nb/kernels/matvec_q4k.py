@@ -536,9 +536,10 @@ EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b3
 
 
 def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads, stream,
-           rows=1, nibble=False):
+           rows=1, nibble=False, beside=False):
     """Called by matvec.launch_matvec_q8 for Q4_K (its checks already done, y and residual
-    flat); nibble: the activations are in nibble order (quantize_act.nibble_order)."""
+    flat); nibble: the activations are in nibble order (quantize_act.nibble_order); beside:
+    the launch runs beside others (`matvec.warp_rows`)."""
     w32 = w8.view(np.uint32)
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
@@ -549,8 +550,8 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
             np.int32(bias is not None), np.int32(residual is not None))
         return
     path, kernels = (PATH_NIB, KERNELS_NIB) if nibble else (PATH, KERNELS)
-    kern = kernels(rows, parts, K, M)
-    R = warp_rows(path, rows, parts, M)           # (nibble order: no pair path, R = 1)
+    kern = kernels(rows, parts, K, M, beside)
+    R = warp_rows(path, rows, parts, M, beside)   # (nibble order: no pair path, R = 1)
     if R > 1:
         grid = grid_rows(M, parts, R)
     kern[grid, threads, stream](

@@ -394,7 +394,7 @@ def _misaligned(a):
 
 
 def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, stream=0,
-                           parts=None, rows=1):
+                           parts=None, rows=1, beside=False):
     """y = W @ dequant(xq, xd) (+ bias) (+ residual) for a Q6_K matrix W in the Q6_K_R layout.
 
     body: device uint8, M * K / 256 * 208 bytes (any shape, C-contiguous, 16-byte aligned: a
@@ -406,6 +406,7 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     int8[T * K], xd float32[T * K / 32], y and residual float32[T * M] (row t at t * K,
     t * K / 32, t * M; any C-contiguous shape), bias float32[M]; row t of y is bit for bit a
     rows = 1 launch on row t's inputs.
+    beside: the launch runs beside others on the GPU (graph branches; `matvec.warp_rows`).
     Reference: `matvec_q8_q6k_r_reference` (= `matvec.matvec_q8_reference` on the GGUF rows)."""
     nblk = _blocks_per_row(K)
     rows = check_rows(rows, "matvec_q6k_r")
@@ -430,9 +431,9 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     parts = warps_per_row(M, K) if parts is None else int(parts)
     if parts not in (1, 2, 4):
         raise ValueError(f"matvec_q6k_r: parts (warps per row) must be 1, 2 or 4, not {parts}")
-    grid = grid_rows(M, parts, warp_rows(PATH, rows, parts, M))
+    grid = grid_rows(M, parts, warp_rows(PATH, rows, parts, M, beside))
     y = _flat(y)
-    kern = KERNELS(rows, parts, K, M)
+    kern = KERNELS(rows, parts, K, M, beside)
     kern[grid, THREADS, stream](
         (_flat(body).view(np.uint32), _flat(d)), np.int32(M), np.int32(K),
         (_flat(xq)[:rows * K].view(np.uint32), _flat(xd)[:rows * K // 32].view(np.uint32)), y,
