@@ -23,8 +23,10 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   rulenorm  the two in one launch (gated_deltanet.launch_gated_delta_rule_norm_q8; session
             27 also measured a "last" form: the lane kernel's blocks, the head's last one
             norming -- decision 0034)
-  rulenorm<T>[s]     the same launch on verify's T = 1, 2, 4 tokens (rulenorm1 is rulenorm),
-                     "s" with the per-token state snapshots that states rollback keeps
+  rulenorm<T>[s][/np]  the same launch on verify's T = 1, 2, 4 tokens (rulenorm1 is
+                     rulenorm), "s" with the per-token state snapshots that states rollback
+                     keeps, "/np" with each token's inputs read in its step (not preloaded:
+                     gated_deltanet.RULE_NORM_PRELOAD off, session 32's form)
   attn<S>@<P>        decode attention as the engine launches it (F16 cache, split pass +
                      combine with the output gate and the int8 output) for the head shape S
                      (9b: 16 / 4 heads of 256, 05b: 14 / 2 of 64) at position P of an 8192 cache
@@ -176,6 +178,19 @@ def gdn_launches(stream, rng, nk=16, nv=32, d=128, T=1, snapshots=False):
     return rule, gnorm, rulenorm
 
 
+def no_preload(body, form):
+    """body, or with form "/np" body under gated_deltanet.RULE_NORM_PRELOAD = False."""
+    if form != "/np":
+        return body
+
+    def off(i):
+        from bw24nb.kernels import gated_deltanet as gdn
+        from bw24nb.switches import switched
+        with switched([(gdn, "RULE_NORM_PRELOAD", False)]):
+            body(i)
+    return off
+
+
 def per_rep_us(stream, n, body) -> float:
     """Capture body(i) for i < n into one programmatic graph; us per repetition."""
     body(0)                                   # compiled and loaded before capture
@@ -243,9 +258,9 @@ def main() -> int:
         "rule": rule,
         "rule+gnorm": lambda i: (rule(i), gnorm(i)),
         "rulenorm": rulenorm,
-        **{f"rulenorm{T}" + ("s" if snap else ""): gdn_launches(stream, rng, T=T,
-                                                               snapshots=snap)[2]
-           for T in (1, 2, 4) for snap in (False, True)},
+        **{f"rulenorm{T}" + ("s" if snap else "") + form: no_preload(
+            gdn_launches(stream, rng, T=T, snapshots=snap)[2], form)
+           for T in (1, 2, 4) for snap in (False, True) for form in ("", "/np")},
         "norm": norm,
         "norm1": norm1,
         "gnorm": lambda i: launch_gated_rms_norm_q8(o, z, gw, eps, gy, gq, gd, stream=stream),

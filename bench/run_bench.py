@@ -587,7 +587,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # default; session 33's pairs-m4096), with them also beside other launches on graph branches
 # (pairs-beside: matvec.PAIRS_BESIDE), and decode's
 # row-loop launches likewise (decode-pairs, decode-quads: matvec.ONE_ROW_PAIRS; all-pairs: rows
-# and decode on pairs).
+# and decode on pairs); the verify's rule-norm launch reading each token's inputs in its step
+# (rule-no-preload: gated_deltanet.RULE_NORM_PRELOAD off, session 32's form).
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
@@ -625,6 +626,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                       ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 4),
                                       ("bw24nb.kernels.matvec", "QUADS_FROM_ROWS", n)]
                    for n in (3, 4, 5)},
+                "rule-no-preload": [("bw24nb.kernels.gated_deltanet", "RULE_NORM_PRELOAD",
+                                     False)],
                 "pairs-m0": [("bw24nb.kernels.matvec", "PAIRS_UP_TO_M", 0)],
                 "pairs-beside": [("bw24nb.kernels.matvec", "PAIRS_BESIDE", True)],
                 "decode-pairs": [("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True),

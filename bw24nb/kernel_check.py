@@ -1907,13 +1907,15 @@ def check_gdn_rule_norm_q8(rng, size):
         n = T * d.nv * dv
         ins = [_dev(a) for a in (q, k, v, g, beta)]
         outs = []
-        for fused in (None, True, False):           # the two launches; norm warp own / shared
+        # the two launches; the norm warp own / shared; verify's inputs preloaded or not
+        for fused in (None, (True, True), (False, True), (True, False)):
             state = _dev(s0)
             o = Out((T, d.nv, dv))
             xq, xd = Out(n, np.int8, poison=-128), Out(n // 32)
             steps = Out((T, d.nv, d.dk, dv))
             if fused is not None:
-                with switched([(gdn, "RULE_NORM_OWN_WARP", fused)]):
+                with switched([(gdn, "RULE_NORM_OWN_WARP", fused[0]),
+                               (gdn, "RULE_NORM_PRELOAD", fused[1])]):
                     gdn.launch_gated_delta_rule_norm_q8(*ins, key_head, state, o.dev, _dev(z),
                                                         _dev(w), 1e-6, xq.dev, xd.dev,
                                                         steps=steps.dev)
@@ -1924,7 +1926,7 @@ def check_gdn_rule_norm_q8(rng, size):
                                            xd=xd.dev)
             outs.append((o.get(), xq.get(), xd.get(), steps.get(), state.copy_to_host()))
         (o1, q1, d1, st1, s1) = outs[0]
-        for form, (o2, q2, d2, st2, s2) in zip(("", " shared warp"), outs[1:]):
+        for form, (o2, q2, d2, st2, s2) in zip(("", " shared warp", " no preload"), outs[1:]):
             shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{dv}{form}"
             yield compare("gdn_rule_norm_q8 y", "f32", shape, o2[0], o1[0], tol="bit-exact",
                           bits=True, guard_ok=o2[1])

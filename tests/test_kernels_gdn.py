@@ -554,18 +554,21 @@ def test_delta_rule_quad_gives_the_lane_kernels_bits(rng, dv, T):
             np.testing.assert_array_equal(other, lane)
 
 
-@pytest.mark.parametrize("own_warp", [True, False])
+@pytest.mark.parametrize("own_warp, preload", [(True, True), (False, True), (True, False)])
 @pytest.mark.parametrize("dv, T, save", [(32, 1, False), (64, 3, True), (128, 2, False),
                                          (96, 5, True)])
-def test_rule_with_the_output_norm_is_the_two_launches(rng, dv, T, save, own_warp, monkeypatch):
+def test_rule_with_the_output_norm_is_the_two_launches(rng, dv, T, save, own_warp, preload,
+                                                       monkeypatch):
     """launch_gated_delta_rule_norm_q8 (decode / verify: the lane kernel's columns on one block
-    a value head, warp 0 norming each token's head -- on its own, or beside the first columns)
-    leaves, bit for bit, what the lane rule and
-    then the gated q8 output norm leave: the normed o, its int8 codes and scales, the saved
-    steps and the final state (d_v = 96: a head of 6 column warps, slots past the row clamped;
-    T > 1: the two shared rows used in turn)."""
+    a value head, warp 0 norming each token's head -- on its own, or beside the first columns;
+    verify's tokens' inputs preloaded into shared memory or read in each step) leaves, bit for
+    bit, what the lane rule and then the gated q8 output norm leave: the normed o, its int8
+    codes and scales, the saved steps and the final state (d_v = 96: a head of 6 column warps,
+    slots past the row clamped; T > 1: the two shared rows used in turn)."""
     from bw24nb.kernels import gated_deltanet
     monkeypatch.setattr(gated_deltanet, "RULE_NORM_OWN_WARP", own_warp)
+    monkeypatch.setattr(gated_deltanet, "RULE_NORM_PRELOAD", preload)
+    monkeypatch.setattr(gated_deltanet, "RULE_NORM_PRELOAD_T", 3)   # T = 5: read in the steps
     assert rule_norm_serves(DK, dv) and not rule_norm_serves(DK, 16)
     key_head = cuda.to_device(value_to_key_head("qwen35", NK, NV).astype(np.int32))
     q, k, v, g, beta, s0 = _rule_inputs(rng, T, dv)

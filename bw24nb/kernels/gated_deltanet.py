@@ -532,9 +532,17 @@ RULE_NORM_DV_MAX = 128
 # waits for one norm, not T (decision 0037). The same bits (the same code on the same values).
 # False: warp 0 takes the first columns and the norms, as in session 27. Read at every launch.
 RULE_NORM_OWN_WARP = True
+# Verify's tokens (2 .. RULE_NORM_PRELOAD_T) have their q, k, v, exp(g) and beta loaded into
+# shared memory by the whole block before the first step, so a token's step waits on no global
+# load: launch_chain measured the launch at 5.5 / 7.7 / 12.0 us for T = 1 / 2 / 4 on the H100
+# (session 33), ~2.1 us a token, some ten times a step's arithmetic. The same values, so the
+# same bits. False: every token's inputs loaded from global memory in its step (session 32).
+# Read at every launch.
+RULE_NORM_PRELOAD = True
+RULE_NORM_PRELOAD_T = 16
 
 
-def _lane_rule_norm_kernel(DK, OWN_WARP):
+def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0):
     """`gated_delta_rule_lane` then `norm.gated_rms_norm_q8_rows` in one launch
     ("gated_delta_rule_norm_q8"): grid nv, 32 ceil(dv / 16) threads (+ 32 with OWN_WARP, whose
     warp 0 only norms and whose column warps are 1..). Column warp y computes the
@@ -545,21 +553,32 @@ def _lane_rule_norm_kernel(DK, OWN_WARP):
     on one warp is warp_sum: the second stage adds +0.0 to a non-negative total), and stores
     y = o * rstd * w * silu(z) into o with its int8 codes and scales (`norm.gated_q8_slots`):
     the bits of the two launches. The outputs alternate between two shared rows by token, so
-    one barrier a token keeps warp 0's reads of token t apart from the writes of t + 1."""
+    one barrier a token keeps warp 0's reads of token t apart from the writes of t + 1.
+    PRELOAD_T > 0 (launches of 2 .. PRELOAD_T tokens): the block first copies every token's q
+    and k rows of its key head (the two halves one word apart, so a warp's two broadcast reads
+    fall in two banks), v row, exp(g) and beta into shared memory; the steps read them there."""
     HALF = DK // 2
     lane_step = _lane_step(HALF)
+    PRELOAD = PRELOAD_T > 0
+    PT = max(PRELOAD_T, 1)
+    DP = DK + 1                             # a preloaded row: half 1 one word after half 0
 
     def gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, steps, save_steps,
                                  z, norm_w, eps, xq, xd):
         """o, z as [T * nv, dv] rows (o receives the normed output); xq [T * nv, dv] int8,
         xd [T * nv, dv / 32]; the rest as `gated_delta_rule_lane`'s."""
         out_sh = cuda.shared.array((2, RULE_NORM_DV_MAX), float32)
+        q_sh = cuda.shared.array((PT, 1, DP), float32)
+        k_sh = cuda.shared.array((PT, 1, DP), float32)
+        v_sh = cuda.shared.array((PT, RULE_NORM_DV_MAX), float32)
+        gb_sh = cuda.shared.array((PT, 2), float32)
         S = cuda.local.array(HALF, float32)
         h = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
         nv, dv = v.shape[1], v.shape[2]
+        T = q.shape[0]
         r0 = (lane >> 4) * HALF
         cw = warp - 1 if OWN_WARP else warp     # this warp's columns (-1: the norm warp's none)
         steps_here = cw >= 0
@@ -570,6 +589,22 @@ def _lane_rule_norm_kernel(DK, OWN_WARP):
         if steps_here:
             for i in range(HALF):
                 S[i] = state[h, r0 + i, jc]
+        if PRELOAD:
+            nt = cuda.blockDim.x
+            for e in range(tid, T * DK, nt):
+                t = e // DK
+                r = e - t * DK
+                rp = r + (1 if r >= HALF else 0)
+                q_sh[t, 0, rp] = q[t, kh, r]
+                k_sh[t, 0, rp] = k[t, kh, r]
+            for e in range(tid, T * dv, nt):
+                t = e // dv
+                v_sh[t, e - t * dv] = v[t, h, e - t * dv]
+            if tid < T:
+                gb_sh[tid, 0] = math.exp(g[tid, h])
+                gb_sh[tid, 1] = beta[tid, h]
+            cuda.syncthreads()
+        rp0 = r0 + (lane >> 4)                  # this lane's first row in a preloaded row
         sl = norm._slots(32, dv)            # warp 0's norm slots (tid = lane there)
         w0, w1, w2, w3 = norm._vec4(norm_w, sl)
         z0 = z1 = z2 = z3 = float32(0.0)
@@ -578,7 +613,12 @@ def _lane_rule_norm_kernel(DK, OWN_WARP):
             if warp == 0:                   # z's loads in flight during the step
                 z0, z1, z2, z3 = norm._row4(z, row, sl)
             if steps_here:
-                out = lane_step(S, q, k, t, kh, r0, math.exp(g[t, h]), beta[t, h], v[t, h, jc])
+                if PRELOAD:
+                    out = lane_step(S, q_sh, k_sh, t, 0, rp0, gb_sh[t, 0], gb_sh[t, 1],
+                                    v_sh[t, jc])
+                else:
+                    out = lane_step(S, q, k, t, kh, r0, math.exp(g[t, h]), beta[t, h],
+                                    v[t, h, jc])
                 if col:
                     if lane < 16:
                         out_sh[t & 1, j] = out
@@ -601,7 +641,8 @@ def _lane_rule_norm_kernel(DK, OWN_WARP):
                 state[h, r0 + i, j] = S[i]
 
     gated_delta_rule_norm_q8.__name__ = gated_delta_rule_norm_q8.__qualname__ = \
-        f"gated_delta_rule_norm_q8_dk{DK}" + ("_w0" if OWN_WARP else "")
+        f"gated_delta_rule_norm_q8_dk{DK}" + ("_w0" if OWN_WARP else "") \
+        + ("_pre" if PRELOAD else "")
     return kernel(gated_delta_rule_norm_q8)
 
 
@@ -842,10 +883,11 @@ gated_delta_rule_pipe = rule_kernel(GDN_DK_MAX, "pipe")
 _RULE_NORM_KERNELS: dict = {}
 
 
-def rule_norm_kernel(dk: int, own_warp: bool | None = None):
+def rule_norm_kernel(dk: int, own_warp: bool | None = None, preload_t: int = 0):
     """The lane kernel with the output norm folded in, for d_k = dk, its norm on a warp of its
-    own or not (default RULE_NORM_OWN_WARP); built on first use."""
-    key = (dk, RULE_NORM_OWN_WARP if own_warp is None else bool(own_warp))
+    own or not (default RULE_NORM_OWN_WARP), up to preload_t tokens' inputs preloaded into
+    shared memory (0: none); built on first use."""
+    key = (dk, RULE_NORM_OWN_WARP if own_warp is None else bool(own_warp), int(preload_t))
     if key not in _RULE_NORM_KERNELS:
         _RULE_NORM_KERNELS[key] = _lane_rule_norm_kernel(*key)
     return _RULE_NORM_KERNELS[key]
@@ -853,6 +895,7 @@ def rule_norm_kernel(dk: int, own_warp: bool | None = None):
 
 gated_delta_rule_norm_q8 = rule_norm_kernel(GDN_DK_MAX, True)
 gated_delta_rule_norm_q8_shared_warp = rule_norm_kernel(GDN_DK_MAX, False)
+gated_delta_rule_norm_q8_preload = rule_norm_kernel(GDN_DK_MAX, True, RULE_NORM_PRELOAD_T)
 
 
 # ------------------------------------------------------------------ launchers
@@ -1027,7 +1070,8 @@ def launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, nor
         return
     flat = (lambda a: a if a.ndim == 1 else a.reshape(a.size))
     own = RULE_NORM_OWN_WARP
-    rule_norm_kernel(dk, own)[nv, 32 * ((dv + LANE_COLS - 1) // LANE_COLS + own), stream](
+    pre = RULE_NORM_PRELOAD_T if RULE_NORM_PRELOAD and 1 < T <= RULE_NORM_PRELOAD_T else 0
+    rule_norm_kernel(dk, own, pre)[nv, 32 * ((dv + LANE_COLS - 1) // LANE_COLS + own), stream](
         q, k, v, g, beta, key_head, state, o.reshape(T * nv, dv),
         state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None),
         z.reshape(T * nv, dv), norm_w, np.float32(eps), flat(xq)[:n].reshape(T * nv, dv),
@@ -1064,5 +1108,6 @@ PTX_SIGNATURES["gated_delta_rule_norm_q8"] = [
     f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A2}, float32[:, :, :, ::1], "
     f"int32, {_A2}, float32[::1], float32, int8[:, ::1], {_A2})"]
 PTX_SIGNATURES["gated_delta_rule_norm_q8_shared_warp"] = PTX_SIGNATURES["gated_delta_rule_norm_q8"]
+PTX_SIGNATURES["gated_delta_rule_norm_q8_preload"] = PTX_SIGNATURES["gated_delta_rule_norm_q8"]
 PTX_SIGNATURES["gated_delta_rule_quad"] = PTX_SIGNATURES["gated_delta_rule_lane"]
 PTX_SIGNATURES["gated_delta_rule_pipe"] = PTX_SIGNATURES["gated_delta_rule_lane"]
