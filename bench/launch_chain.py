@@ -27,6 +27,9 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
                      rulenorm), "s" with the per-token state snapshots that states rollback
                      keeps, "/np" with each token's inputs read in its step (not preloaded:
                      gated_deltanet.RULE_NORM_PRELOAD off, session 32's form)
+  rule<T>[s][+gnorm] the lane rule of T tokens alone (its grid nv x dv / 16 one-warp blocks
+                     spreads a head over several SMs; the fused launch keeps it on one), then
+                     the gated q8 norm as a second launch: the verify's launches apart
   attn<S>@<P>        decode attention as the engine launches it (F16 cache, split pass +
                      combine with the output gate and the int8 output) for the head shape S
                      (9b: 16 / 4 heads of 256, 05b: 14 / 2 of 64) at position P of an 8192 cache
@@ -167,7 +170,7 @@ def gdn_launches(stream, rng, nk=16, nv=32, d=128, T=1, snapshots=False):
 
     def rule(i):
         gdn.launch_gated_delta_rule(q, k, v, g, beta, key_head, state, o, stream=stream,
-                                    variant="lane")
+                                    variant="lane", steps=steps)
 
     def gnorm(i):
         gdn.launch_gdn_output_norm(o, z, w, eps, o, stream=stream, xq=xq, xd=xd)
@@ -176,6 +179,12 @@ def gdn_launches(stream, rng, nk=16, nv=32, d=128, T=1, snapshots=False):
         gdn.launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, w, eps,
                                             xq, xd, stream=stream, steps=steps)
     return rule, gnorm, rulenorm
+
+
+def apart(launches, then_norm):
+    """gdn_launches' rule alone, or the rule then the gated q8 norm (two launches)."""
+    rule, gnorm, _ = launches
+    return (lambda i: (rule(i), gnorm(i))) if then_norm else rule
 
 
 def no_preload(body, form):
@@ -261,6 +270,9 @@ def main() -> int:
         **{f"rulenorm{T}" + ("s" if snap else "") + form: no_preload(
             gdn_launches(stream, rng, T=T, snapshots=snap)[2], form)
            for T in (1, 2, 4) for snap in (False, True) for form in ("", "/np")},
+        **{f"rule{T}" + ("s" if snap else "") + ("+gnorm" if then else ""): apart(
+            gdn_launches(stream, rng, T=T, snapshots=snap), then)
+           for T in (1, 2, 4) for snap in (False, True) for then in (False, True)},
         "norm": norm,
         "norm1": norm1,
         "gnorm": lambda i: launch_gated_rms_norm_q8(o, z, gw, eps, gy, gq, gd, stream=stream),

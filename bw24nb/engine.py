@@ -62,6 +62,10 @@ CONV_PREP_MAX_T = VERIFY_ROWS
 # same bits as the lane kernel then norm.gated_rms_norm_q8_rows); False: the two launches, as
 # before session 27 (run_bench --launch gdn-apart). Read at every launch.
 GDN_RULE_NORM = True
+# ... for launches of at most this many tokens (verify's K + 1 rows above it run the two
+# launches: the fused launch keeps a head on one SM, whose issue a token's step fills, while
+# the lane kernel's one-warp blocks spread it; run_bench --launch rule-norm-t1 sets 1).
+GDN_RULE_NORM_MAX_T = VERIFY_ROWS
 
 # A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode
 # runs them (Engine._stack_decode_weights' "gu"), its [T, 2F] output read by swiglu_fused_q8:
@@ -974,7 +978,8 @@ class Engine:
         rule = [("gdn_rule", lambda: gated_deltanet.launch_gated_delta_rule(
             gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, s, steps=ssm_steps,
             variant=self.gdn_rule))]
-        if GDN_RULE_NORM and norm_q[0][0] == "gdn_norm_q8" and ws.rowwise \
+        if GDN_RULE_NORM and T <= GDN_RULE_NORM_MAX_T and norm_q[0][0] == "gdn_norm_q8" \
+                and ws.rowwise \
                 and T < gated_deltanet.QUAD_MIN_T and self.gdn_rule in ("auto", "lane") \
                 and gated_deltanet.rule_norm_serves(c.linear_key_head_dim, dv):
             # decode / verify (the lane kernel's token counts): the rule and the output norm
