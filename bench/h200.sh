@@ -10,7 +10,8 @@
 #   pa      bench/prefill_attention_bench.py --grids ${PA_GRIDS:-4,8,16,32} ${PA_ARGS:-}
 #   moe     bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-}
 #   ncu     Nsight Compute (--set full) on one launch of each of bench/ncu_kernels.py's targets
-#           ${NCU_TARGETS:-mv4-q4k,mv4w2-q4k}: $OUT/ncu_TARGET.txt and the stall samples by SASS line
+#           ${NCU_TARGETS:-mv4-q4k,mv4w2-q4k} (rulenorm4s, rule4s: the GDN rule of a K = 3 verify):
+#           $OUT/ncu_TARGET.txt and the stall samples by SASS line
 #   q9spec  bench/spec_bench.py on the 9B shape: the verify's cost at K = ${SB_KS:-3}, --launch
 #           ${SB_LAUNCH:-default} ${SB_PASSES:-1} times over (A B A B), ${SB_RUNS:-2} runs,
 #           per launch at K = ${SB_PK:-3}
@@ -51,7 +52,7 @@ if on ncu; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "ncu: $NCU"
   for tgt in $(echo ${NCU_TARGETS:-mv4-q4k,mv4w2-q4k} | tr , ' '); do
-    case $tgt in gemm*) re=matmul_q8;; *) re=matvec;; esac
+    case $tgt in gemm*) re=matmul_q8;; rulenorm*) re=gated_delta_rule_norm;; rule*) re=gated_delta_rule_lane;; *) re=matvec;; esac
     run ${NCU_S:-120} ncu_$tgt $NCU --clock-control none --set full -k regex:$re --launch-skip 1 --launch-count 1 -f -o /tmp/ncu_$tgt python3 bench/ncu_kernels.py $tgt
     tail -3 $L/ncu_$tgt.log | cut -c1-200
     $NCU -i /tmp/ncu_$tgt.ncu-rep --page details > $OUT/ncu_$tgt.txt 2>&1

@@ -12,6 +12,9 @@ inputs of a real shape and launches; ncu picks the launch (``-k regex:NAME --lau
   mv4w2-q4k  mv4-q4k on two weight rows a warp (matvec.ROWS_PAIRS, decision 0036)
   mvd-q4k    one row at Q4_K 4096 x 12288 (the 9B's ffn_down: the row loop)
   mvdw2-q4k  mvd-q4k on two weight rows a warp (matvec.ONE_ROW_PAIRS)
+  rulenorm4s the GDN rule with the output norm (gated_delta_rule_norm_q8) of a K = 3 verify:
+             4 tokens of the 9B's heads, every token's state kept (states rollback)
+  rule4s     the lane rule alone on the same inputs (its one-warp blocks: decision 0039)
 
 Usage: python3 bench/ncu_kernels.py TARGET [--launches N]
 """
@@ -40,7 +43,23 @@ TARGETS = {
     "mv4w2-q4k": ("mv", QType.Q4_K, 12288, 4096, 4),
     "mvd-q4k": ("mv", QType.Q4_K, 4096, 12288, 1),
     "mvdw2-q4k": ("mv", QType.Q4_K, 4096, 12288, 1),
+    "rulenorm4s": ("rulenorm", None, 0, 0, 4),
+    "rule4s": ("rule", None, 0, 0, 4),
 }
+
+
+def gdn_target(kind, T, launches) -> int:
+    """launch_chain's GDN launches of T tokens with the states kept: the fused rule-norm
+    (kind "rulenorm") or the lane rule alone ("rule")."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from launch_chain import gdn_launches
+    stream = cuda.stream()
+    rule, _, rulenorm = gdn_launches(stream, np.random.default_rng(0), T=T, snapshots=True)
+    for i in range(launches):
+        (rulenorm if kind == "rulenorm" else rule)(i)
+    stream.synchronize()
+    print(f"{kind}: {launches} launches, T = {T}, states kept")
+    return 0
 
 
 def main() -> int:
@@ -49,6 +68,8 @@ def main() -> int:
     ap.add_argument("--launches", type=int, default=3)
     a = ap.parse_args()
     kind, qt, M, K, T = TARGETS[a.target]
+    if kind in ("rule", "rulenorm"):
+        return gdn_target(kind, T, a.launches)
     from bw24nb.kernels import matvec
     pairs = "w2" in a.target                # (the rows kernels take quads by default since
     matvec.ROWS_PAIRS = matvec.ONE_ROW_PAIRS = pairs        # session 31: mv4 is the plain form)
