@@ -13,6 +13,11 @@ EngineSpecTarget call reads its result back), median of `--runs` after `--warmup
     spec_verify_ms@K          one verify of K+1 tokens (a captured graph of the decode kernels
                               at T = K+1 rows, LM head rows, argmax per row, hidden rows read back)
     spec_verify_rel_decode@K  the above / decode_step_ms: the round's cost in decode steps
+    decode_step_dev_ms, spec_verify_dev_ms@K, spec_verify_dev_rel_decode@K
+                              the same by device time: each graph replayed --dev-replays times
+                              back to back between CUDA events, median of max(--runs, 3) such
+                              runs (Engine.time_decode_steps, EngineSpecTarget.time_verify):
+                              no host work, steadier than one timed call (decision 0039)
     spec_rollback_ms@K        commit(1) after that verify: "recompute": state restore + a
                               1-token forward; "states": one copy of the kept step's state
     spec_draft_ms_per_token@K one round's drafting (mtp_draft: the feed graph + K-1 chain
@@ -92,7 +97,7 @@ def timed(fn, runs: int, warmup: int, before=None, after=None) -> list[float]:
 
 
 def bench_rounds(rec: Recorder, model: str, target, prompt: list[int], ks, runs: int, warmup: int,
-                 cfg: dict, trims=()) -> None:
+                 cfg: dict, trims=(), dev_replays: int = 20) -> None:
     """decode / verify / rollback / draft costs, each from the state after the prompt."""
     target.reset()
     rows = target.prefill(prompt)
@@ -106,6 +111,12 @@ def bench_rounds(rec: Recorder, model: str, target, prompt: list[int], ks, runs:
     dec_ms = 1e3 * median(dec)
     rec.add(model, "decode_step_ms", dec_ms, "ms", samples=[1e3 * s for s in dec], **cfg)
 
+    reps = max(runs, 3)
+    dev = target.engine.time_decode_steps(x, dev_replays, reps)
+    restore()
+    dev_ms = median(dev)
+    rec.add(model, "decode_step_dev_ms", dev_ms, "ms", samples=dev, replays=dev_replays, **cfg)
+
     rng = np.random.default_rng(0)
     for k in ks:
         ids = [x] + [int(t) for t in rng.integers(0, target.vocab_size, k)]
@@ -115,6 +126,11 @@ def bench_rounds(rec: Recorder, model: str, target, prompt: list[int], ks, runs:
         rec.add(model, f"spec_verify_ms@{k}", v_ms, "ms", samples=[1e3 * s for s in ver],
                 **cfg)["k"] = k
         rec.add(model, f"spec_verify_rel_decode@{k}", v_ms / dec_ms, "x", **cfg)["k"] = k
+        vdev = target.time_verify(ids, dev_replays, reps)
+        rec.add(model, f"spec_verify_dev_ms@{k}", median(vdev), "ms", samples=vdev,
+                replays=dev_replays, **cfg)["k"] = k
+        rec.add(model, f"spec_verify_dev_rel_decode@{k}", median(vdev) / dev_ms, "x",
+                **cfg)["k"] = k
         rb = timed(lambda: target.commit(1), runs, warmup, before=lambda: target.verify(ids),
                    after=restore)
         rec.add(model, f"spec_rollback_ms@{k}", 1e3 * median(rb), "ms",
@@ -204,6 +220,9 @@ def main(argv=None) -> int:
     ap.add_argument("model")
     ap.add_argument("--ks", default="1-8", help="draft depths, e.g. 1-8 or 1,3,8")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--dev-replays", type=int, default=20,
+                    help="graph replays a device-time run (decode_step_dev_ms, "
+                         "spec_verify_dev_ms@K)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--n", type=int, default=128, help="tokens per end-to-end run")
     ap.add_argument("--prompt-len", type=int, default=512)
@@ -285,7 +304,7 @@ def _bench_target(a, ap, rec, model, engine, ks, ctx, rollback, launch, npass=No
     trims = [int(t) for t in a.trims.split(",") if t.strip()]
     if any(not 0 < t <= target.vocab_size for t in trims):
         ap.error(f"--trims: sizes must be 1 .. {target.vocab_size}")
-    bench_rounds(rec, model, target, prompt, ks, a.runs, a.warmup, cfg, trims)
+    bench_rounds(rec, model, target, prompt, ks, a.runs, a.warmup, cfg, trims, a.dev_replays)
     if a.profile_k:
         profile_verify(rec, model, target, prompt, a.profile_k, cfg)
     confs = [float(c) for c in a.confidences.split(",") if c.strip()]

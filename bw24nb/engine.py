@@ -1238,6 +1238,46 @@ class Engine:
         self.reset()
         return rows
 
+    def replay_ms(self, fn, replays: int = 20) -> float:
+        """Device time (ms) per call of `fn()`, work it queues on the engine's stream (a graph
+        replay), called `replays` times back to back between two CUDA events: the host's work
+        between calls overlaps the device's, so only the device time counts. Wall clock under
+        the simulator, which has no event timing."""
+        if not hasattr(cuda, "event_elapsed_time"):
+            self.stream.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(replays):
+                fn()
+            self.stream.synchronize()
+            return 1e3 * (time.perf_counter() - t0) / replays
+        a, b = cuda.event(), cuda.event()
+        a.record(self.stream)
+        for _ in range(replays):
+            fn()
+        b.record(self.stream)
+        b.synchronize()
+        return cuda.event_elapsed_time(a, b) / replays
+
+    def time_decode_steps(self, token: int, replays: int = 20, reps: int = 5) -> list[float]:
+        """Device time (ms) of one decode step of `token`, `reps` times: the step's graph
+        replayed `replays` times back to back (`replay_ms`; each replay advances the device
+        position and feeds its own argmax on, so they write `replays` KV rows past the current
+        one). The sequence is left as it was."""
+        if self.position + replays > self.n_ctx:
+            raise ContextOverflow(f"timing {replays} decode steps from position "
+                                  f"{self.position} needs a context above {self.n_ctx}")
+        saved = self._save_step_state()
+        first = np.array([token], np.int32)
+        out = []
+        for rep in range(reps + 1):                  # rep 0 captures (and compiles) the step
+            self.ws1.ids.copy_to_device(first, stream=self.stream)
+            if rep:
+                out.append(self.replay_ms(self._replay_decode, replays))
+            else:
+                self._replay_decode()
+            self._restore_step_state(saved)
+        return out
+
     def time_launches(self, launches, replays: int = 20, restore=None,
                       chain: int = 1) -> list[tuple[str, float]]:
         """(name, ms) per launch: every launch is captured alone into a CUDA graph and replayed
@@ -1254,13 +1294,7 @@ class Engine:
             with CudaGraph.capture(self.stream, programmatic=chain > 1 and self.programmatic) as g:
                 for _ in range(chain):
                     fn()
-            a, b = cuda.event(), cuda.event()
-            a.record(self.stream)
-            for _ in range(replays):
-                g.replay(self.stream)
-            b.record(self.stream)
-            b.synchronize()
-            rows.append((name, cuda.event_elapsed_time(a, b) / (replays * chain)))
+            rows.append((name, self.replay_ms(lambda: g.replay(self.stream), replays) / chain))
             g.close()
             if restore is not None:
                 restore()

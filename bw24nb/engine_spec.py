@@ -514,6 +514,27 @@ class EngineSpecTarget:
         self.restore(snap)
         return rows
 
+    def time_verify(self, ids, replays: int = 20, reps: int = 5) -> list[float]:
+        """Device time (ms) of one verify over `ids` at the current position, `reps` times:
+        its captured graph replayed `replays` times back to back (Engine.replay_ms), without
+        the ids' upload or the rows' read-back (`verify` has both). The replays rewrite the
+        same KV rows; the sequence is left as it was."""
+        e = self.engine
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        T = ids.size
+        snap = self.snapshot()
+        self.verify(ids)                           # compiles, loads and captures every kernel
+        self.restore(snap)
+        self._put_rows(ids)
+        key, build = ("rows", T, True), (lambda: self._rows_launches(T, True))
+        out = []
+        for _ in range(reps):
+            out.append(e.replay_ms(lambda: self.graphs.run(key, build), replays))
+            self.restore(snap)
+            self._put_rows(ids)
+        self.restore(snap)
+        return out
+
     def _verify_rows(self, ids: np.ndarray, want_logits: bool) -> Rows:
         """Rows of a verify; their `hidden` is a device array (the loop only slices it and
         hands it to mtp_draft / mtp_feed), valid until the next verify."""
