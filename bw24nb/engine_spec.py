@@ -121,19 +121,19 @@ class _HeadRows:
         V = weight.rows
         self.logits = cuda.device_array((LOGIT_ROWS, V), np.float32)
         self.tokens = cuda.device_array(LOGIT_ROWS, np.int32)
-        self.sample_ws = sampling.SampleWorkspace(V)
+        self.sample_ws = sampling.SampleWorkspace(V, rows=LOGIT_ROWS)
 
     def launches(self, engine: Engine, ws: Workspace, T: int) -> list:
         """logits[:T] = weight @ ws.x[:T] on the decode kernels (int8 rows of `ws`, a rowwise
-        workspace; one weight read for all rows) + one argmax per row: row t bit-identical to
-        the decode step's head on that row. Starts with "quant_act", so `Engine._norm_then`
+        workspace; one weight read for all rows) + every row's argmax (one grid): row t
+        bit-identical to the decode step's head on that row. Starts with "quant_act", so `Engine._norm_then`
         fuses it into the output norm exactly as the decode step does."""
         s, x = engine.stream, ws.x[:T]
         qL, qx = engine._quantize_input(ws, x, T, [self.weight])
         return qL + [
             ("lm_head", lambda: engine._mv(self.weight, x, self.logits[:T], T, qx=qx, rowwise=True)),
-        ] + [("argmax", lambda r=r: sampling.launch_argmax(self.logits[r], self.tokens[r:r + 1],
-                                                           self.sample_ws, s)) for r in range(T)]
+            ("argmax", lambda: sampling.launch_argmax(self.logits[:T], self.tokens, self.sample_ws, s)),
+        ]
 
     def launch(self, engine: Engine, x, n: int) -> None:
         """logits[:n] = weight @ x[:n] (matvec for one row, matmul for more), then the device
@@ -144,8 +144,7 @@ class _HeadRows:
         quantize, qx = engine._quantize_input(engine.wsp, x, n, [self.weight])
         engine._run(quantize)
         engine._mv(self.weight, x, self.logits[:n], n, qx=qx)
-        for r in range(n):
-            sampling.launch_argmax(self.logits[r], self.tokens[r:r + 1], self.sample_ws, s)
+        sampling.launch_argmax(self.logits[:n], self.tokens, self.sample_ws, s)
 
     def rows(self, engine: Engine, n: int, hidden: np.ndarray, want_logits: bool) -> Rows:
         """Read back the n rows' argmax (and logits): the `Rows` of one call. Synchronizes."""

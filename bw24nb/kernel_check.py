@@ -1558,6 +1558,18 @@ def check_argmax(rng, size):
     ref = np.array([np.nanargmax(logits)], np.int32)
     yield compare("argmax", "f32", f"V{V} {work.n_blocks}blk", got, ref, tol="exact",
                   guard_ok=guard_ok, poison=_poison_value(np.int32))
+    # a verify's rows in one launch pair: each row's own argmax, ties in different rows
+    T = 4
+    work = sm.SampleWorkspace(V, threads, rows=T)
+    rows = rng.standard_normal((T, V)).astype(np.float32)
+    for r in range(T):
+        rows[r, np.sort(rng.choice(V, 2 + r, replace=False))] = np.float32(rows[r].max() + 1.0)
+    out = Out(T, np.int32)
+    sm.launch_argmax(_dev(rows), out.dev, work)
+    got, guard_ok = out.get()
+    yield compare("argmax rows", "f32", f"{T}x V{V} {work.n_blocks}blk", got,
+                  rows.argmax(axis=1).astype(np.int32), tol="exact", guard_ok=guard_ok,
+                  poison=_poison_value(np.int32))
 
 
 @check("top_prob", "kernels.sampling.launch_top_prob")

@@ -151,11 +151,15 @@ def test_gdn_prep_matches_reference(rng, T):
 
 @pytest.mark.parametrize("T,dims,steps", [(1, (NK, NV, DK, DV), False),
                                            (3, (2, 4, 32, 16), True),
-                                           (2, (1, 3, 16, 32), True)],
-                         ids=["decode", "verify3-steps", "one-key-head-3-values"])
+                                           (2, (1, 3, 16, 32), True),
+                                           (16, (1, 4, 40, 8), True)],
+                         ids=["decode", "verify3-steps", "one-key-head-3-values",
+                              "most-rows-strided-norms-and-gates"])
 def test_conv_prep_is_conv_then_prep(rng, T, dims, steps):
     """The fused decode launch writes what conv1d_silu then gdn_prep write -- q, k, v, g,
-    beta, the conv window and its per-row copies -- bit for bit, and leaves qkv as it was."""
+    beta, the conv window and its per-row copies -- bit for bit, and leaves qkv as it was.
+    The last case has CONV_PREP_T_MAX rows: 2T norms over 4 warps and 64 gates over 48
+    value threads, each taking several."""
     nk, nv, dk, dv = dims
     C = 2 * nk * dk + nv * dv
     qkv = _rand(rng, T, C, scale=1.5)
@@ -188,6 +192,17 @@ def test_conv_prep_is_conv_then_prep(rng, T, dims, steps):
     np.testing.assert_array_equal(x2.copy_to_host(), qkv)
     if steps:
         np.testing.assert_array_equal(steps_got.copy_to_host(), steps_ref.copy_to_host())
+
+
+def test_conv_prep_rejects_more_rows_than_it_holds():
+    from bw24nb.kernels.gated_deltanet import CONV_PREP_T_MAX
+    T, nk, nv, dk, dv = CONV_PREP_T_MAX + 1, 1, 1, 16, 16
+    C = 2 * nk * dk + nv * dv
+    z = lambda *sh: cuda.to_device(np.zeros(sh, np.float32))     # noqa: E731
+    with pytest.raises(ValueError, match="at most"):
+        launch_gdn_conv_prep(z(T, C), z(C, CONV_KERNEL), z(CONV_KERNEL - 1, C), z(T, nv),
+                             z(T, nv), z(nv), z(nv), z(T, nk, dk), z(T, nk, dk), z(T, nv, dv),
+                             z(T, nv), z(T, nv))
 
 
 # ------------------------------------------------------------------ (c, d) delta rule

@@ -40,6 +40,35 @@ def test_argmax_ties_go_to_lowest_id(rng, V, threads):
         assert n_blocks > 1
 
 
+@pytest.mark.parametrize("T,rows", [(1, 1), (3, 4), (4, 4)])
+def test_argmax_of_rows_is_each_rows_argmax(rng, T, rows):
+    """One launch pair for T rows of a [rows, V] workspace: row r's token is np.nanargmax of
+    row r (ties across blocks to the lowest id, NaN never ranks, an all-NaN row gives -1);
+    out_token past T keeps its poison."""
+    V = 3000
+    logits = rng.standard_normal((T, V)).astype(np.float32)
+    for r in range(T):
+        top = np.float32(logits[r].max() + 1.0)
+        logits[r, np.sort(rng.choice(V, 2 + r, replace=False))] = top
+        logits[r, rng.integers(0, V)] = np.nan
+    if T > 1:
+        logits[T - 1] = np.nan
+    work = SampleWorkspace(V, 32, rows=rows)
+    out = cuda.to_device(np.full(rows + 1, -7, np.int32))
+    launch_argmax(cuda.to_device(logits), out, work)
+    got = out.copy_to_host()
+    want = [int(np.nanargmax(row)) if not np.isnan(row).all() else -1 for row in logits]
+    assert got[:T].tolist() == want
+    assert (got[T:] == -7).all()
+
+
+def test_argmax_rejects_more_rows_than_its_workspace():
+    work = SampleWorkspace(700, 32, rows=2)
+    out = cuda.to_device(np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="3 rows"):
+        launch_argmax(cuda.to_device(np.zeros((3, 700), np.float32)), out, work)
+
+
 @pytest.mark.parametrize("scale,first", [(1.0, True), (8.0, False), (0.01, False)])
 def test_top_prob_is_the_largest_softmax_probability(rng, scale, first):
     """launch_top_prob after launch_argmax: 1 / sum(exp(l - max)) in float32 against float64

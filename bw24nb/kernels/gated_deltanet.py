@@ -225,25 +225,37 @@ def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
 # ------------------------------------------------------------------ (a + b) fused, decode
 
 _CONV_PREP_QK = 2 * GDN_DK_MAX      # a key head's q and k after the conv (shared memory)
+# Most rows of one gdn_conv_prep launch (decode's 1, verify's K + 1): every row's q and k wait
+# in shared memory (16 x 256 floats, 16 KiB) for the norms, and a thread's inputs are loaded
+# by a loop of this constant trip count, unrolled, so the loads issue back to back.
+CONV_PREP_T_MAX = 16
 
 
 @kernel
 def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale, eps,
                   q, k, v, g, beta):
-    """conv1d_silu and gdn_prep in one launch, for the few rows of decode / verify: block h
-    (key head) owns the conv channels of its q and k head and of the value heads j = h, h + nk,
-    ... (gdn_prep's split of the v copy and the gates), one thread a channel, and walks the T
-    rows in order. Per row: the conv exactly as conv1d_silu (window in registers, `steps`
-    saved alike); q and k to shared memory, v straight out; then warp 0 sums q's squares and
-    warp 1 k's in gdn_prep's order (lane l: i = l, l + 32, ...; a one-warp block_sum is
-    warp_sum: its second stage adds +0.0 to a non-negative total), and the channel threads
-    scale them. So every output is the two kernels' value (decode's two launches become one;
-    prefill's T rows keep the separate kernels, whose grid runs the rows in parallel)."""
-    ybuf = cuda.shared.array(_CONV_PREP_QK, float32)
-    rs = cuda.shared.array(2, float32)
+    """conv1d_silu and gdn_prep in one launch, for the few rows of decode / verify (T <=
+    CONV_PREP_T_MAX): block h (key head) owns the conv channels of its q and k head and of the
+    value heads j = h, h + nk, ... (gdn_prep's split of the v copy and the gates), one thread
+    a channel. Three phases, two barriers whatever T:
+      1. each thread loads its channel's T inputs, then runs the conv over them in row order
+         exactly as conv1d_silu (window in registers, `steps` saved alike): q and k to shared
+         memory, v straight out;
+      2. warp w sums the squares of item w, w + warps, ... (item 2t: row t's q, 2t + 1: its
+         k) in gdn_prep's order (lane l: i = l, l + 32, ...; a one-warp block_sum is
+         warp_sum: its second stage adds +0.0 to a non-negative total);
+      3. the q and k threads scale their rows; the value threads compute the gates (T x nv/nk
+         of them, no barrier waits on them).
+    So every output is the two kernels' value. Until session 34 the block walked the rows one
+    after another (three barriers a row, the gates on one thread between two of them): 10.8
+    us a launch at T = 4 against 5.7 at T = 1 on the H200 (9B, session 33)."""
+    ybuf = cuda.shared.array((CONV_PREP_T_MAX, _CONV_PREP_QK), float32)
+    rs = cuda.shared.array(2 * CONV_PREP_T_MAX, float32)
+    xs = cuda.local.array(CONV_PREP_T_MAX, float32)
     h = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     lane = tid & 31
+    T = x.shape[0]
     nk, dk = q.shape[1], q.shape[2]
     nv, dv = v.shape[1], v.shape[2]
     key_dim = nk * dk
@@ -261,54 +273,52 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
         j = h + (r // dv) * nk
         i = r - (r // dv) * dv
         c = 2 * key_dim + j * dv + i
-    w0 = float32(0.0)
-    w1 = float32(0.0)
-    w2 = float32(0.0)
-    w3 = float32(0.0)
-    s0 = float32(0.0)
-    s1 = float32(0.0)
-    s2 = float32(0.0)
-    if c >= 0:
+    if c >= 0:                              # 1. the conv of every row
+        for t in range(CONV_PREP_T_MAX):    # constant trip count: unrolled, xs in registers
+            if t < T:
+                xs[t] = x[t, c]
         w0, w1, w2, w3 = w[c, 0], w[c, 1], w[c, 2], w[c, 3]
         s0, s1, s2 = state[0, c], state[1, c], state[2, c]
-    for t in range(x.shape[0]):
-        if c >= 0:
-            xt = x[t, c]
-            acc = _conv_sum(w0, w1, w2, w3, s0, s1, s2, xt)
-            y = _silu(acc)
-            s0, s1, s2 = s1, s2, xt
-            if save_steps:
-                steps[t, 0, c] = s0
-                steps[t, 1, c] = s1
-                steps[t, 2, c] = s2
-            if tid < 2 * dk:
-                ybuf[tid] = y
-            else:
-                v[t, j, i] = y
-        cuda.syncthreads()                  # this row's q and k are in ybuf
-        wp = tid >> 5
-        if wp < 2:                          # warp 0: q's norm, warp 1: k's
-            sq = float32(0.0)
-            for e in range(lane, dk, 32):
-                val = ybuf[wp * dk + e]
-                sq += val * val
-            tot = warp_sum(sq)
-            if lane == 0:
-                rs[wp] = float32(1.0) / math.sqrt(tot + eps)
-        if tid == 64:                       # the gates of this block's value heads
-            for jj in range(h, nv, nk):
-                g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
-                beta[t, jj] = _sigmoid(b[t, jj])
-        cuda.syncthreads()                  # the two norms are in rs
-        if tid < dk:
-            q[t, h, tid] = ybuf[tid] * rs[0] * q_scale
-        elif tid < 2 * dk:
-            k[t, h, tid - dk] = ybuf[tid] * rs[1] * float32(1.0)
-        cuda.syncthreads()                  # ybuf and rs are rewritten by the next row
-    if c >= 0:
+        for t in range(CONV_PREP_T_MAX):
+            if t < T:
+                xt = xs[t]
+                y = _silu(_conv_sum(w0, w1, w2, w3, s0, s1, s2, xt))
+                s0, s1, s2 = s1, s2, xt
+                if save_steps:
+                    steps[t, 0, c] = s0
+                    steps[t, 1, c] = s1
+                    steps[t, 2, c] = s2
+                if tid < 2 * dk:
+                    ybuf[t, tid] = y
+                else:
+                    v[t, j, i] = y
         state[0, c] = s0
         state[1, c] = s1
         state[2, c] = s2
+    cuda.syncthreads()                      # every row's q and k are in ybuf
+    for item in range(tid >> 5, 2 * T, cuda.blockDim.x >> 5):     # 2. the norms
+        t = item >> 1
+        off = (item & 1) * dk
+        sq = float32(0.0)
+        for e in range(lane, dk, 32):
+            val = ybuf[t, off + e]
+            sq += val * val
+        tot = warp_sum(sq)
+        if lane == 0:
+            rs[item] = float32(1.0) / math.sqrt(tot + eps)
+    cuda.syncthreads()                      # the norms are in rs
+    if tid < dk:                            # 3. scale q and k; the gates
+        for t in range(T):
+            q[t, h, tid] = ybuf[t, tid] * rs[2 * t] * q_scale
+    elif tid < 2 * dk:
+        for t in range(T):
+            k[t, h, tid - dk] = ybuf[t, tid] * rs[2 * t + 1] * float32(1.0)
+    else:
+        for item in range(tid - 2 * dk, T * nvh, cuda.blockDim.x - 2 * dk):
+            t = item // nvh
+            jj = h + (item - t * nvh) * nk
+            g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
+            beta[t, jj] = _sigmoid(b[t, jj])
 
 
 # ------------------------------------------------------------------ (c, d) delta rule
@@ -976,6 +986,9 @@ def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v,
                          f"not fit one block: use launch_conv1d_silu + launch_gdn_prep")
     if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (CONV_KERNEL - 1, C)):
         raise ValueError(f"gdn_conv_prep: steps must be [>= {T}, {CONV_KERNEL - 1}, {C}]")
+    if T > CONV_PREP_T_MAX:
+        raise ValueError(f"gdn_conv_prep: {T} rows, at most {CONV_PREP_T_MAX}: use "
+                         f"launch_conv1d_silu + launch_gdn_prep")
     if T == 0:
         return
     gdn_conv_prep[nk, threads, stream](

@@ -278,16 +278,18 @@ def _rank_in(list_v, list_i, row, k, v, i, ties_before):
 
 @kernel
 def argmax_partial(logits, part_val, part_idx):
-    """Block b: best (logit, id) of its vocabulary chunk -> part_val[b], part_idx[b]."""
+    """Block (b, r): best (logit, id) of row r's vocabulary chunk b -> part_val[r, b],
+    part_idx[r, b]. Every row of a verify in one grid: T launches became one (session 34)."""
     sv = cuda.shared.array(SAMPLE_THREADS, float32)
     si = cuda.shared.array(SAMPLE_THREADS, int32)
     b = cuda.blockIdx.x
-    lo, hi = _chunk(logits.shape[0], cuda.gridDim.x, b)
-    v, i = _best_in_chunk(logits, lo, hi)
+    r = cuda.blockIdx.y
+    lo, hi = _chunk(logits.shape[1], cuda.gridDim.x, b)
+    v, i = _best_in_chunk(logits[r], lo, hi)
     bv, bi = _block_best(sv, si, v, i)
     if cuda.threadIdx.x == 0:
-        part_val[b] = bv
-        part_idx[b] = bi
+        part_val[r, b] = bv
+        part_idx[r, b] = bi
 
 
 @cuda.jit(device=True)
@@ -303,12 +305,14 @@ def _reduce_partials(sv, si, part_val, part_idx):
 
 @kernel
 def argmax_final(part_val, part_idx, out_token):
-    """One block: the best of the per-block pairs -> out_token[0] (-1 if all logits are NaN)."""
+    """Block r: the best of row r's per-block pairs -> out_token[r] (-1 if all its logits are
+    NaN)."""
     sv = cuda.shared.array(SAMPLE_THREADS, float32)
     si = cuda.shared.array(SAMPLE_THREADS, int32)
-    bv, bi = _reduce_partials(sv, si, part_val, part_idx)
+    r = cuda.blockIdx.x
+    bv, bi = _reduce_partials(sv, si, part_val[r], part_idx[r])
     if cuda.threadIdx.x == 0:
-        out_token[0] = -1 if bi == _NO_TOKEN else bi
+        out_token[r] = -1 if bi == _NO_TOKEN else bi
 
 
 @kernel
@@ -536,17 +540,23 @@ def sample_blocks(vocab_size: int, threads: int = SAMPLE_THREADS) -> int:
 class SampleWorkspace:
     """Device scratch for `launch_argmax` / `launch_sample` at one vocabulary size (allocate
     before graph capture). `threads` (a power of two <= SAMPLE_THREADS) fixes the per-block
-    split, hence the summation order: keep it fixed for reproducible sampling."""
+    split, hence the summation order: keep it fixed for reproducible sampling. `rows`: the
+    most logit rows one `launch_argmax` takes (a verify's T)."""
 
-    def __init__(self, vocab_size: int, threads: int = SAMPLE_THREADS):
+    def __init__(self, vocab_size: int, threads: int = SAMPLE_THREADS, rows: int = 1):
         if threads & (threads - 1) or not 1 <= threads <= SAMPLE_THREADS:
             raise ValueError(f"threads must be a power of two <= {SAMPLE_THREADS}, got {threads}")
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
         self.vocab_size = vocab_size
         self.threads = threads
+        self.rows = rows
         self.n_blocks = nb = sample_blocks(vocab_size, threads)
         self.part_val = cuda.device_array(nb, np.float32)
         self.part_idx = cuda.device_array(nb, np.int32)
         self.part_sum = cuda.device_array(nb, np.float32)
+        self.row_val = cuda.device_array((rows, nb), np.float32)       # argmax, per row
+        self.row_idx = cuda.device_array((rows, nb), np.int32)
         self.cand_val = cuda.device_array((nb, TOPK_MAX), np.float32)
         self.cand_idx = cuda.device_array((nb, TOPK_MAX), np.int32)
         self.cand2_val = cuda.device_array((nb, TOPK_MAX), np.float32)
@@ -554,11 +564,19 @@ class SampleWorkspace:
 
 
 def launch_argmax(logits, out_token, work: SampleWorkspace, stream=0):
-    """out_token[0] = argmax(logits) (lowest id among equal maxima). Reference: np.argmax."""
-    if logits.shape[0] != work.vocab_size:
-        raise ValueError(f"logits {logits.shape[0]} != workspace vocab {work.vocab_size}")
-    argmax_partial[work.n_blocks, work.threads, stream](logits, work.part_val, work.part_idx)
-    argmax_final[1, work.threads, stream](work.part_val, work.part_idx, out_token)
+    """out_token[r] = argmax(logits[r]) (lowest id among equal maxima) for each row of logits
+    [T, V] (T <= work.rows; a 1-D [V] is one row). Two launches whatever T. Reference:
+    np.argmax per row."""
+    if logits.ndim == 1:
+        logits = logits.reshape(1, logits.shape[0])
+    T, V = logits.shape
+    if V != work.vocab_size:
+        raise ValueError(f"logits {V} != workspace vocab {work.vocab_size}")
+    if not 1 <= T <= work.rows or out_token.shape[0] < T:
+        raise ValueError(f"argmax of {T} rows: the workspace takes 1..{work.rows}, "
+                         f"out_token holds {out_token.shape[0]}")
+    argmax_partial[(work.n_blocks, T), work.threads, stream](logits, work.row_val, work.row_idx)
+    argmax_final[T, work.threads, stream](work.row_val, work.row_idx, out_token)
 
 
 def launch_sample(logits, params, rng_state, out_token, out_u, work: SampleWorkspace, stream=0):
@@ -664,9 +682,11 @@ def reference_sample(logits, temperature: float, top_k: int, top_p: float, u: fl
 
 _F1 = "float32[::1]"
 _I1 = "int32[::1]"
+_F2 = "float32[:, ::1]"
+_I2 = "int32[:, ::1]"
 PTX_SIGNATURES = {
-    "argmax_partial": [f"void({_F1}, {_F1}, {_I1})"],
-    "argmax_final": [f"void({_F1}, {_I1}, {_I1})"],
+    "argmax_partial": [f"void({_F2}, {_F2}, {_I2})"],
+    "argmax_final": [f"void({_F2}, {_I2}, {_I1})"],
     "exp_sum_partial": [f"void({_F1}, {_I1}, {_F1})"],
     "top_prob_final": [f"void({_F1}, {_F1}, {_I1}, int32)"],
     "sample_partial": [f"void({_F1}, {_F1}, {_F1}, {_I1}, {_F1}, float32[:, ::1], int32[:, ::1])"],
