@@ -122,12 +122,12 @@ def rule_twins(rng) -> bool:
 
 def conv_prep_twins(rng, dims=(16, 32, 128, 128)) -> bool:
     """Decode's fused conv + prep (gdn_conv_prep) against prefill's two launches (conv1d_silu,
-    gdn_prep), 9B channels, 1 and 9 rows: the same q, k, v, g, beta and window. Before
-    session 22 the compiler contracted the two convs' sums differently (decision 0028)."""
+    gdn_prep), 9B channels, 1, 4, 9 and 16 rows, both forms (CONV_PREP_WALK: the launch
+    before session 34): the same q, k, v, g, beta and window. Before session 22 the compiler contracted the two convs' sums differently (decision 0028)."""
     nk, nv, dk, dv = dims
     C = 2 * nk * dk + nv * dv
     ok = True
-    for T in (1, 9):
+    for T in (1, 4, 9, 16):
         qkv = (1.5 * rng.standard_normal((T, C))).astype(np.float32)
         w = cuda.to_device((0.5 * rng.standard_normal((C, gdn.CONV_KERNEL))).astype(np.float32))
         window = rng.standard_normal((gdn.CONV_KERNEL - 1, C)).astype(np.float32)
@@ -144,14 +144,18 @@ def conv_prep_twins(rng, dims=(16, 32, 128, 128)) -> bool:
         gdn.launch_conv1d_silu(x, w, st, x)
         want = outputs()
         gdn.launch_gdn_prep(x, *gates, *want)
-        st2 = cuda.to_device(window)
-        got = outputs()
-        gdn.launch_gdn_conv_prep(cuda.to_device(qkv), w, st2, *gates, *got)
-        for name, a, b in zip(("q", "k", "v", "g", "beta"), got, want):
-            ok &= _report(f"conv_prep vs conv + prep, 9B channels, T {T}: {name}",
-                          a.copy_to_host(), b.copy_to_host())
-        ok &= _report(f"conv_prep vs conv + prep, 9B channels, T {T}: window",
-                      st2.copy_to_host(), st.copy_to_host())
+        for walk in (False, True):
+            gdn.CONV_PREP_WALK = walk
+            st2 = cuda.to_device(window)
+            got = outputs()
+            gdn.launch_gdn_conv_prep(cuda.to_device(qkv), w, st2, *gates, *got)
+            form = "walk" if walk else "phases"
+            for name, a, b in zip(("q", "k", "v", "g", "beta"), got, want):
+                ok &= _report(f"conv_prep ({form}) vs conv + prep, 9B channels, T {T}: {name}",
+                              a.copy_to_host(), b.copy_to_host())
+            ok &= _report(f"conv_prep ({form}) vs conv + prep, 9B channels, T {T}: window",
+                          st2.copy_to_host(), st.copy_to_host())
+    gdn.CONV_PREP_WALK = False
     return ok
 
 

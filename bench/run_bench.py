@@ -565,7 +565,10 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # is the default since session 24, run then as gemm-ahead-r128: 7117 against 7031); the rows
 # prefill's GDN conv and
 # prep as the one fused launch (conv-prep-rows: engine.CONV_PREP_MAX_T, before session 22);
-# (gone in session 34: the fused launch takes at most gated_deltanet.CONV_PREP_T_MAX rows);
+# (gone in session 34: the fused launch takes at most gated_deltanet.CONV_PREP_T_MAX rows); the
+# fused launch walking its rows one after another (conv-prep-walk: gated_deltanet.CONV_PREP_WALK,
+# before session 34); a verify's argmax a launch pair a row (argmax-per-row:
+# engine_spec.ARGMAX_ROWS off, before session 34);
 # prefill's delta rule on the pipe kernel (pipe-rule: gated_deltanet.PREFILL_RULE; the default
 # since session 23) or the quad kernel (quad-rule, session 22's default); the rows prefill's
 # slices of a matvec as one chain (slice-chain: engine.ROWS_SLICE_SIDES = 0, before session
@@ -650,6 +653,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],
                 "gemm-ahead": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_AHEAD)],
                 "gemm-s23": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S23)],
+                "argmax-per-row": [("bw24nb.engine_spec", "ARGMAX_ROWS", False)],
+                "conv-prep-walk": [("bw24nb.kernels.gated_deltanet", "CONV_PREP_WALK", True)],
                 "pipe-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "pipe")],
                 "quad-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "quad")],
                 "slice-chain": [("bw24nb.engine", "ROWS_SLICE_SIDES", 0)],

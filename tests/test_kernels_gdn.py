@@ -155,11 +155,15 @@ def test_gdn_prep_matches_reference(rng, T):
                                            (16, (1, 4, 40, 8), True)],
                          ids=["decode", "verify3-steps", "one-key-head-3-values",
                               "most-rows-strided-norms-and-gates"])
-def test_conv_prep_is_conv_then_prep(rng, T, dims, steps):
+@pytest.mark.parametrize("walk", [False, True], ids=["phases", "walk"])
+def test_conv_prep_is_conv_then_prep(rng, T, dims, steps, walk, monkeypatch):
     """The fused decode launch writes what conv1d_silu then gdn_prep write -- q, k, v, g,
     beta, the conv window and its per-row copies -- bit for bit, and leaves qkv as it was.
     The last case has CONV_PREP_T_MAX rows: 2T norms over 4 warps and 64 gates over 48
-    value threads, each taking several."""
+    value threads, each taking several. `walk`: the launch before session 34
+    (CONV_PREP_WALK), one row after another."""
+    from bw24nb.kernels import gated_deltanet
+    monkeypatch.setattr(gated_deltanet, "CONV_PREP_WALK", walk)
     nk, nv, dk, dv = dims
     C = 2 * nk * dk + nv * dv
     qkv = _rand(rng, T, C, scale=1.5)

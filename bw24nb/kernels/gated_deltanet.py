@@ -229,6 +229,8 @@ _CONV_PREP_QK = 2 * GDN_DK_MAX      # a key head's q and k after the conv (share
 # in shared memory (16 x 256 floats, 16 KiB) for the norms, and a thread's inputs are loaded
 # by a loop of this constant trip count, unrolled, so the loads issue back to back.
 CONV_PREP_T_MAX = 16
+# True: gdn_conv_prep_walk, the launch of sessions 19-33 (one row after another).
+CONV_PREP_WALK = False
 
 
 @kernel
@@ -319,6 +321,84 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
             jj = h + (item - t * nvh) * nk
             g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
             beta[t, jj] = _sigmoid(b[t, jj])
+
+
+@kernel
+def gdn_conv_prep_walk(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale, eps,
+                  q, k, v, g, beta):
+    """gdn_conv_prep as it was until session 34 (CONV_PREP_WALK; run_bench --launch
+    conv-prep-walk): the block walks the T rows one after another, three barriers a row, the
+    gates on thread 64 between two of them. The same bits."""
+    ybuf = cuda.shared.array(_CONV_PREP_QK, float32)
+    rs = cuda.shared.array(2, float32)
+    h = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    nk, dk = q.shape[1], q.shape[2]
+    nv, dv = v.shape[1], v.shape[2]
+    key_dim = nk * dk
+    nvh = nv // nk                          # value heads of this block: h, h + nk, ...
+    # this thread's channel: [0, dk) q, [dk, 2dk) k, then the block's value heads' channels
+    c = -1
+    j = 0
+    i = 0
+    if tid < dk:
+        c = h * dk + tid
+    elif tid < 2 * dk:
+        c = key_dim + h * dk + tid - dk
+    elif tid < 2 * dk + nvh * dv:
+        r = tid - 2 * dk
+        j = h + (r // dv) * nk
+        i = r - (r // dv) * dv
+        c = 2 * key_dim + j * dv + i
+    w0 = float32(0.0)
+    w1 = float32(0.0)
+    w2 = float32(0.0)
+    w3 = float32(0.0)
+    s0 = float32(0.0)
+    s1 = float32(0.0)
+    s2 = float32(0.0)
+    if c >= 0:
+        w0, w1, w2, w3 = w[c, 0], w[c, 1], w[c, 2], w[c, 3]
+        s0, s1, s2 = state[0, c], state[1, c], state[2, c]
+    for t in range(x.shape[0]):
+        if c >= 0:
+            xt = x[t, c]
+            acc = _conv_sum(w0, w1, w2, w3, s0, s1, s2, xt)
+            y = _silu(acc)
+            s0, s1, s2 = s1, s2, xt
+            if save_steps:
+                steps[t, 0, c] = s0
+                steps[t, 1, c] = s1
+                steps[t, 2, c] = s2
+            if tid < 2 * dk:
+                ybuf[tid] = y
+            else:
+                v[t, j, i] = y
+        cuda.syncthreads()                  # this row's q and k are in ybuf
+        wp = tid >> 5
+        if wp < 2:                          # warp 0: q's norm, warp 1: k's
+            sq = float32(0.0)
+            for e in range(lane, dk, 32):
+                val = ybuf[wp * dk + e]
+                sq += val * val
+            tot = warp_sum(sq)
+            if lane == 0:
+                rs[wp] = float32(1.0) / math.sqrt(tot + eps)
+        if tid == 64:                       # the gates of this block's value heads
+            for jj in range(h, nv, nk):
+                g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
+                beta[t, jj] = _sigmoid(b[t, jj])
+        cuda.syncthreads()                  # the two norms are in rs
+        if tid < dk:
+            q[t, h, tid] = ybuf[tid] * rs[0] * q_scale
+        elif tid < 2 * dk:
+            k[t, h, tid - dk] = ybuf[tid] * rs[1] * float32(1.0)
+        cuda.syncthreads()                  # ybuf and rs are rewritten by the next row
+    if c >= 0:
+        state[0, c] = s0
+        state[1, c] = s1
+        state[2, c] = s2
 
 
 # ------------------------------------------------------------------ (c, d) delta rule
@@ -991,7 +1071,7 @@ def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v,
                          f"launch_conv1d_silu + launch_gdn_prep")
     if T == 0:
         return
-    gdn_conv_prep[nk, threads, stream](
+    (gdn_conv_prep_walk if CONV_PREP_WALK else gdn_conv_prep)[nk, threads, stream](
         qkv, conv_w, conv_state,
         conv_state.reshape(1, *conv_state.shape) if steps is None else steps,
         np.int32(steps is not None), a, b, dt_bias, ssm_a, np.float32(dk ** -0.5),
@@ -1112,6 +1192,9 @@ PTX_SIGNATURES = {
     "gdn_conv_prep": [f"void({_A2}, {_A2}, {_A2}, float32[:, :, ::1], int32, {_A2}, {_A2}, "
                       f"float32[::1], float32[::1], float32, float32, {_A3}, {_A3}, {_A3}, "
                       f"{_A2}, {_A2})"],
+    "gdn_conv_prep_walk": [f"void({_A2}, {_A2}, {_A2}, float32[:, :, ::1], int32, {_A2}, {_A2}, "
+                           f"float32[::1], float32[::1], float32, float32, {_A3}, {_A3}, {_A3}, "
+                           f"{_A2}, {_A2})"],
     "gated_delta_rule": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A3}, "
                          f"float32[:, :, :, ::1], int32)"],
     "gated_delta_rule_lane": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, "
