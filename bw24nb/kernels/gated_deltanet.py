@@ -229,6 +229,7 @@ _CONV_PREP_QK = 2 * GDN_DK_MAX      # a key head's q and k after the conv (share
 # in shared memory (16 x 256 floats, 16 KiB) for the norms, and a thread's inputs are loaded
 # by a loop of this constant trip count, unrolled, so the loads issue back to back.
 CONV_PREP_T_MAX = 16
+_CONV_PREP_NORMS = 2 * CONV_PREP_T_MAX          # (shared.array wants a global constant)
 # True: gdn_conv_prep_walk, the launch of sessions 19-33 (one row after another).
 CONV_PREP_WALK = False
 
@@ -252,7 +253,7 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
     after another (three barriers a row, the gates on one thread between two of them): 10.8
     us a launch at T = 4 against 5.7 at T = 1 on the H200 (9B, session 33)."""
     ybuf = cuda.shared.array((CONV_PREP_T_MAX, _CONV_PREP_QK), float32)
-    rs = cuda.shared.array(2 * CONV_PREP_T_MAX, float32)
+    rs = cuda.shared.array(_CONV_PREP_NORMS, float32)
     xs = cuda.local.array(CONV_PREP_T_MAX, float32)
     h = cuda.blockIdx.x
     tid = cuda.threadIdx.x
