@@ -12,6 +12,8 @@ inputs of a real shape and launches; ncu picks the launch (``-k regex:NAME --lau
   mv4w2-q4k  mv4-q4k on two weight rows a warp (matvec.ROWS_PAIRS, decision 0036)
   mvd-q4k    one row at Q4_K 4096 x 12288 (the 9B's ffn_down: the row loop)
   mvdw2-q4k  mvd-q4k on two weight rows a warp (matvec.ONE_ROW_PAIRS)
+  gateup4    the verify's ffn_gate + ffn_up stack at K = 3 as the engine launches it: Q4_K
+             24576 x 4096, 4 rows, matvec's default settings (quads: decision 0038)
   rulenorm4s the GDN rule with the output norm (gated_delta_rule_norm_q8) of a K = 3 verify:
              4 tokens of the 9B's heads, every token's state kept (states rollback)
   rule4s     the lane rule alone on the same inputs (its one-warp blocks: decision 0039)
@@ -43,6 +45,7 @@ TARGETS = {
     "mv4w2-q4k": ("mv", QType.Q4_K, 12288, 4096, 4),
     "mvd-q4k": ("mv", QType.Q4_K, 4096, 12288, 1),
     "mvdw2-q4k": ("mv", QType.Q4_K, 4096, 12288, 1),
+    "gateup4": ("mv", QType.Q4_K, 24576, 4096, 4),
     "rulenorm4s": ("rulenorm", None, 0, 0, 4),
     "rule4s": ("rule", None, 0, 0, 4),
 }
@@ -71,9 +74,10 @@ def main() -> int:
     if kind in ("rule", "rulenorm"):
         return gdn_target(kind, T, a.launches)
     from bw24nb.kernels import matvec
-    pairs = "w2" in a.target                # (the rows kernels take quads by default since
-    matvec.ROWS_PAIRS = matvec.ONE_ROW_PAIRS = pairs        # session 31: mv4 is the plain form)
-    matvec.PAIR_ROWS_PER_WARP = 2
+    if a.target.startswith("mv"):           # (the rows kernels take quads by default since
+        pairs = "w2" in a.target            # session 31: mv4 is the plain form)
+        matvec.ROWS_PAIRS = matvec.ONE_ROW_PAIRS = pairs
+        matvec.PAIR_ROWS_PER_WARP = 2
     rng = np.random.default_rng(0)
     stream = cuda.stream()
     w = cuda.to_device(random_weight_bytes(rng, qt, M, K), stream=stream)
