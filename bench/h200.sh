@@ -5,7 +5,7 @@
 #   kc      bw24nb kernel-check --size real --only ${KC_ONLY:-matvec_rows}
 #   mvb     bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --no-old ${MVB_ARGS:-}
 #   mm      bench/matmul_q8_bench.py --shapes 9b --T 512 ${MM_ARGS:-}: the prefill GEMM alone
-#   sb      bench/gpu_same_bits.py: kernels against their twins, bit for bit, on the GPU
+#   sb      bench/gpu_same_bits.py: kernels against their twins, bit for bit, on the GPU (${SAME_S})
 #   lc      bench/launch_chain.py --only ${LC_ONLY:-rule}
 #   pa      bench/prefill_attention_bench.py --grids ${PA_GRIDS:-4,8,16,32} ${PA_ARGS:-}
 #   moe     bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-}
@@ -41,7 +41,7 @@ on mvb && { run ${MVB_S:-200} mvb python3 bench/matvec_bench.py --shapes 9b --ac
   grep -E "dp4a|BAD|Error|Traceback" $L/mvb.log | cut -c1-150 | head -40; }
 on mm && { run ${MM_S:-300} mm python3 bench/matmul_q8_bench.py --shapes 9b --T 512 ${MM_ARGS:-} --commit $C --jsonl /tmp/matmul_q8.jsonl
   grep -E "Q4_K|Q6_K|Q8_0|BAD|Error|Traceback" $L/mm.log | cut -c1-200 | head -60; }
-on sb && { run ${SB_S:-150} sb python3 bench/gpu_same_bits.py
+on sb && { run ${SAME_S:-150} sb python3 bench/gpu_same_bits.py
   grep -E "SAME|DIFF|Error|Traceback" $L/sb.log; }
 on lc && { run ${LC_S:-90} lc python3 bench/launch_chain.py --only "${LC_ONLY:-rule}" --positions "" --commit $C --out /tmp/launch_chain.jsonl
   grep -vE "^\s*$|Warning|warn\(" $L/lc.log | cut -c1-160 | tail -20; }
