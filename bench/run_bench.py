@@ -593,8 +593,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # row-loop launches likewise (decode-pairs, decode-quads: matvec.ONE_ROW_PAIRS; all-pairs: rows
 # and decode on pairs); the verify's rule-norm launch reading each token's inputs in its step
 # (rule-no-preload: gated_deltanet.RULE_NORM_PRELOAD off, session 32's form), or run as the
-# lane rule then the norm at T > 1 (rule-norm-t1: engine.GDN_RULE_NORM_MAX_T = 1; gdn-apart:
-# at every T).
+# lane rule then the norm at T > 1 (rule-norm-t1: engine.GDN_RULE_NORM_MAX_T = 1, the default
+# since session 34; rule-norm-fused: the fused launch at every verify T, as before; gdn-apart:
+# at every T). rule-no-preload only tells under rule-norm-fused.
 _Q4 = "bw24nb.kernels.matvec_q4k"
 # the Q4_K GEMM on the copy_ahead tile (cp.async double buffers; session 23)
 _GEMM_AHEAD = {QType.Q4_K: (("m128t64s4a", False), ("m64t128s4", False)),
@@ -674,6 +675,7 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "attn-walk16": [("bw24nb.engine", "ROWS_ATTENTION_GRID", 16)],
                 "gdn-apart": [("bw24nb.engine", "GDN_RULE_NORM", False)],
                 "rule-norm-t1": [("bw24nb.engine", "GDN_RULE_NORM_MAX_T", 1)],
+                "rule-norm-fused": [("bw24nb.engine", "GDN_RULE_NORM_MAX_T", 64)],
                 "gu-apart": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False)],
                 "norm-shared-warp": [("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP",
                                       False)],

@@ -63,10 +63,12 @@ CONV_PREP_MAX_T = min(VERIFY_ROWS, gated_deltanet.CONV_PREP_T_MAX)
 # same bits as the lane kernel then norm.gated_rms_norm_q8_rows); False: the two launches, as
 # before session 27 (run_bench --launch gdn-apart). Read at every launch.
 GDN_RULE_NORM = True
-# ... for launches of at most this many tokens (verify's K + 1 rows above it run the two
+# ... for launches of at most this many tokens: decode's one. Verify's K + 1 rows run the two
 # launches: the fused launch keeps a head on one SM, whose issue a token's step fills, while
-# the lane kernel's one-warp blocks spread it; run_bench --launch rule-norm-t1 sets 1).
-GDN_RULE_NORM_MAX_T = VERIFY_ROWS
+# the lane kernel's one-warp blocks spread it over several. Session 34 (H100, 9B, K = 3, per
+# verify): rule 0.233 + norm 0.106 = 0.339 ms against the fused launch's 0.399 / 0.397
+# (run_bench --launch rule-norm-fused sets VERIFY_ROWS, sessions 27-33's rule).
+GDN_RULE_NORM_MAX_T = 1
 
 # A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode
 # runs them (Engine._stack_decode_weights' "gu"), its [T, 2F] output read by swiglu_fused_q8:

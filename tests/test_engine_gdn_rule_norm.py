@@ -41,18 +41,29 @@ def test_gdn_rule_with_the_output_norm_gives_the_bits_of_two_launches(int8_heads
     np.testing.assert_array_equal(fused.view(np.uint32), apart.view(np.uint32))
 
 
-def test_speculative_verify_through_the_fused_launch_is_token_identical(int8_heads_hybrid):
-    """Verify runs the fused launch over K + 1 rows, saving every row's state for the
-    rollback: speculative decoding reproduces plain greedy decoding token for token, with
-    drafts that are all kept (scripted "mixed" drafts on this model: the verify's last state
-    carries on) and with drafts that are all rejected ("adversarial": every round rolls the
-    DeltaNet states back to the saved first row)."""
+@pytest.mark.parametrize("fused_verify", [False, True], ids=["verify-apart", "verify-fused"])
+def test_speculative_verify_through_the_fused_launch_is_token_identical(int8_heads_hybrid,
+                                                                       fused_verify,
+                                                                       monkeypatch):
+    """Decode runs the fused launch; verify runs the lane rule then the norm over its K + 1
+    rows (engine.GDN_RULE_NORM_MAX_T = 1, the default since session 34) or the fused launch
+    (`fused_verify`, as before), saving every row's state for the rollback: speculative
+    decoding reproduces plain greedy decoding token for token, with drafts that are all kept
+    (scripted "mixed" drafts on this model: the verify's last state carries on) and with
+    drafts that are all rejected ("adversarial": every round rolls the DeltaNet states back
+    to the saved first row)."""
+    from bw24nb import engine as engine_mod
     from bw24nb.engine_spec import EngineSpecTarget
     from bw24nb.spec import plain_greedy, spec_check
+    if fused_verify:
+        monkeypatch.setattr(engine_mod, "GDN_RULE_NORM_MAX_T", engine_mod.VERIFY_ROWS)
     eng = Engine(open_model(int8_heads_hybrid), n_ctx=24, k_type=QType.F16, v_type=QType.F16,
                  log=lambda m: None)
     assert "gdn_rule_norm_q8" in [n for n, _ in eng._decode_step()]
     target = EngineSpecTarget(eng)
+    verify_names = [n for n, _ in target._rows_launches(3, head=True)]
+    assert ("gdn_rule_norm_q8" in verify_names) == fused_verify
+    assert ("gdn_rule" in verify_names) != fused_verify
     prompt, n = [3, 17, 101], 5
     ref = plain_greedy(target, prompt, n)
     kept = {}

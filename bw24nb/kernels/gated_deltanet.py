@@ -247,11 +247,14 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
       2. warp w sums the squares of item w, w + warps, ... (item 2t: row t's q, 2t + 1: its
          k) in gdn_prep's order (lane l: i = l, l + 32, ...; a one-warp block_sum is
          warp_sum: its second stage adds +0.0 to a non-negative total);
-      3. the q and k threads scale their rows; the value threads compute the gates (T x nv/nk
-         of them, no barrier waits on them).
-    So every output is the two kernels' value. Until session 34 the block walked the rows one
-    after another (three barriers a row, the gates on one thread between two of them): 10.8
-    us a launch at T = 4 against 5.7 at T = 1 on the H200 (9B, session 33)."""
+      3. the q and k threads scale their rows.
+    The gates (T x nv/nk of them) are the value threads' (thread 2dk + i: item i, i + the
+    value threads, ...): each loads its first item's inputs before its conv and computes it
+    after, so their latency hides behind the conv's instead of trailing the norms (session 34:
+    in phase 3 they cost the one-row launch ~0.5 us, H100). So every output is the two
+    kernels' value. Until session 34 the block walked the rows one after another (three
+    barriers a row, the gates on one thread between two of them): 10.8 us a launch at T = 4
+    against 5.7 at T = 1 on the H200 (9B, session 33)."""
     ybuf = cuda.shared.array((CONV_PREP_T_MAX, _CONV_PREP_QK), float32)
     rs = cuda.shared.array(_CONV_PREP_NORMS, float32)
     xs = cuda.local.array(CONV_PREP_T_MAX, float32)
@@ -276,6 +279,15 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
         j = h + (r // dv) * nk
         i = r - (r // dv) * dv
         c = 2 * key_dim + j * dv + i
+    gi = tid - 2 * dk                       # this thread's first gate item (if >= 0)
+    gn = cuda.blockDim.x - 2 * dk           # value threads: the items' stride
+    has_gate = gi >= 0 and gi < T * nvh
+    ga = gb = gdt = gsa = float32(0.0)
+    gt = gj = 0
+    if has_gate:                            # its inputs' loads in flight during the conv
+        gt = gi // nvh
+        gj = h + (gi - gt * nvh) * nk
+        ga, gb, gdt, gsa = a[gt, gj], b[gt, gj], dt_bias[gj], ssm_a[gj]
     if c >= 0:                              # 1. the conv of every row
         for t in range(CONV_PREP_T_MAX):    # constant trip count: unrolled, xs in registers
             if t < T:
@@ -298,6 +310,14 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
         state[0, c] = s0
         state[1, c] = s1
         state[2, c] = s2
+    if has_gate:
+        g[gt, gj] = gsa * _softplus(ga + gdt)
+        beta[gt, gj] = _sigmoid(gb)
+        for item in range(gi + gn, T * nvh, gn):        # (more items than value threads)
+            t = item // nvh
+            jj = h + (item - t * nvh) * nk
+            g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
+            beta[t, jj] = _sigmoid(b[t, jj])
     cuda.syncthreads()                      # every row's q and k are in ybuf
     for item in range(tid >> 5, 2 * T, cuda.blockDim.x >> 5):     # 2. the norms
         t = item >> 1
@@ -310,18 +330,12 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
         if lane == 0:
             rs[item] = float32(1.0) / math.sqrt(tot + eps)
     cuda.syncthreads()                      # the norms are in rs
-    if tid < dk:                            # 3. scale q and k; the gates
+    if tid < dk:                            # 3. scale q and k
         for t in range(T):
             q[t, h, tid] = ybuf[t, tid] * rs[2 * t] * q_scale
     elif tid < 2 * dk:
         for t in range(T):
             k[t, h, tid - dk] = ybuf[t, tid] * rs[2 * t + 1] * float32(1.0)
-    else:
-        for item in range(tid - 2 * dk, T * nvh, cuda.blockDim.x - 2 * dk):
-            t = item // nvh
-            jj = h + (item - t * nvh) * nk
-            g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
-            beta[t, jj] = _sigmoid(b[t, jj])
 
 
 @kernel
