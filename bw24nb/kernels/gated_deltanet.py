@@ -234,6 +234,27 @@ _CONV_PREP_NORMS = 2 * CONV_PREP_T_MAX          # (shared.array wants a global c
 CONV_PREP_WALK = False
 
 
+@cuda.jit(device=True, inline="always")
+def _conv_prep_channel(h, tid, nk, dk, nv, dv):
+    """(c, j, i): thread tid's conv channel in block h of gdn_conv_prep -- [0, dk) q, [dk, 2dk)
+    k, then the block's value heads' channels, value head j's element i (c = -1: none)."""
+    key_dim = nk * dk
+    nvh = nv // nk
+    c = -1
+    j = 0
+    i = 0
+    if tid < dk:
+        c = h * dk + tid
+    elif tid < 2 * dk:
+        c = key_dim + h * dk + tid - dk
+    elif tid < 2 * dk + nvh * dv:
+        r = tid - 2 * dk
+        j = h + (r // dv) * nk
+        i = r - (r // dv) * dv
+        c = 2 * key_dim + j * dv + i
+    return c, j, i
+
+
 @kernel
 def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale, eps,
                   q, k, v, g, beta):
@@ -264,21 +285,8 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
     T = x.shape[0]
     nk, dk = q.shape[1], q.shape[2]
     nv, dv = v.shape[1], v.shape[2]
-    key_dim = nk * dk
     nvh = nv // nk                          # value heads of this block: h, h + nk, ...
-    # this thread's channel: [0, dk) q, [dk, 2dk) k, then the block's value heads' channels
-    c = -1
-    j = 0
-    i = 0
-    if tid < dk:
-        c = h * dk + tid
-    elif tid < 2 * dk:
-        c = key_dim + h * dk + tid - dk
-    elif tid < 2 * dk + nvh * dv:
-        r = tid - 2 * dk
-        j = h + (r // dv) * nk
-        i = r - (r // dv) * dv
-        c = 2 * key_dim + j * dv + i
+    c, j, i = _conv_prep_channel(h, tid, nk, dk, nv, dv)
     gi = tid - 2 * dk                       # this thread's first gate item (if >= 0)
     gn = cuda.blockDim.x - 2 * dk           # value threads: the items' stride
     has_gate = gi >= 0 and gi < T * nvh
@@ -351,21 +359,8 @@ def gdn_conv_prep_walk(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_s
     lane = tid & 31
     nk, dk = q.shape[1], q.shape[2]
     nv, dv = v.shape[1], v.shape[2]
-    key_dim = nk * dk
     nvh = nv // nk                          # value heads of this block: h, h + nk, ...
-    # this thread's channel: [0, dk) q, [dk, 2dk) k, then the block's value heads' channels
-    c = -1
-    j = 0
-    i = 0
-    if tid < dk:
-        c = h * dk + tid
-    elif tid < 2 * dk:
-        c = key_dim + h * dk + tid - dk
-    elif tid < 2 * dk + nvh * dv:
-        r = tid - 2 * dk
-        j = h + (r // dv) * nk
-        i = r - (r // dv) * dv
-        c = 2 * key_dim + j * dv + i
+    c, j, i = _conv_prep_channel(h, tid, nk, dk, nv, dv)
     w0 = float32(0.0)
     w1 = float32(0.0)
     w2 = float32(0.0)
