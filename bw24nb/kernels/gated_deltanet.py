@@ -348,7 +348,7 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
 
 @kernel
 def gdn_conv_prep_walk(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale, eps,
-                  q, k, v, g, beta):
+                       q, k, v, g, beta):
     """gdn_conv_prep as it was until session 34 (CONV_PREP_WALK; run_bench --launch
     conv-prep-walk): the block walks the T rows one after another, three barriers a row, the
     gates on thread 64 between two of them. The same bits."""
