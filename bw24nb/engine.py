@@ -54,8 +54,9 @@ ROWS_PREFILL_CHUNK = 128
 # prefill (30 layers, session 20). Longer chunks take prefill's two launches (conv1d_silu in
 # runs, gdn_prep a block per token and head), which give the same bits:
 # tests/test_kernels_gdn.py and, on the H200, bench/gpu_same_bits.py (session 22). Session 23:
-# 35B-A3B pp512 1278 with the two launches against 1206 with the fused one. Since session 34 the fused launch takes at most
-# gated_deltanet.CONV_PREP_T_MAX rows (its rows' q and k wait in shared memory).
+# 35B-A3B pp512 1278 with the two launches against 1206 with the fused one. Since session 34
+# the fused launch takes at most gated_deltanet.CONV_PREP_T_MAX rows (its rows' q and k wait
+# in shared memory).
 CONV_PREP_MAX_T = min(VERIFY_ROWS, gated_deltanet.CONV_PREP_T_MAX)
 
 # Decode and verify run the gated delta rule and the GDN output norm (+ ssm_out's int8 copy)

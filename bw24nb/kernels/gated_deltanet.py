@@ -123,6 +123,13 @@ def _softplus(x):
     return max(x, float32(0.0)) + math.log1p(math.exp(-abs(x)))
 
 
+@cuda.jit(device=True, inline="always")
+def _gates(a, b, dt_bias, ssm_a):
+    """A value head's gates for one token: (g, beta) = (ssm_a softplus(a + dt_bias),
+    sigmoid(b)), the one expression gdn_prep and both conv_prep launches use."""
+    return ssm_a * _softplus(a + dt_bias), _sigmoid(b)
+
+
 # ------------------------------------------------------------------ (a) conv
 
 
@@ -137,6 +144,20 @@ def _conv_sum(w0, w1, w2, w3, s0, s1, s2, xt):
     acc = fma_f32(w1, s1, acc)
     acc = fma_f32(w2, s2, acc)
     return fma_f32(w3, xt, acc)
+
+
+@cuda.jit(device=True, inline="always")
+def _conv_advance(w0, w1, w2, w3, s0, s1, s2, xt):
+    """One token of a channel's conv: (silu(_conv_sum(...)), the window moved on by xt)."""
+    return _silu(_conv_sum(w0, w1, w2, w3, s0, s1, s2, xt)), s1, s2, xt
+
+
+@cuda.jit(device=True, inline="always")
+def _save_window(steps, t, c, s0, s1, s2):
+    """steps[t, :, c] <- channel c's window after token t (the states rollback's copy)."""
+    steps[t, 0, c] = s0
+    steps[t, 1, c] = s1
+    steps[t, 2, c] = s2
 
 
 @kernel
@@ -169,15 +190,11 @@ def conv1d_silu(x, w, state, y, steps, save_steps):
     w0, w1, w2, w3 = w[cc, 0], w[cc, 1], w[cc, 2], w[cc, 3]
     cuda.syncthreads()                   # every run's window is read before any y is written
     for t in range(t0, t1):
-        xt = x[t, cc]
-        acc = _conv_sum(w0, w1, w2, w3, s0, s1, s2, xt)
-        s0, s1, s2 = s1, s2, xt
+        yt, s0, s1, s2 = _conv_advance(w0, w1, w2, w3, s0, s1, s2, x[t, cc])
         if ok:
-            y[t, c] = _silu(acc)
+            y[t, c] = yt
             if save_steps:
-                steps[t, 0, c] = s0
-                steps[t, 1, c] = s1
-                steps[t, 2, c] = s2
+                _save_window(steps, t, c, s0, s1, s2)
     if ok and t0 < T and t1 == T:        # the run holding token T - 1 keeps the last inputs
         state[0, c] = s0
         state[1, c] = s1
@@ -218,8 +235,7 @@ def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
         for i in range(cuda.threadIdx.x, dv, cuda.blockDim.x):
             v[t, j, i] = qkv[t, src + i]
         if cuda.threadIdx.x == 0:
-            g[t, j] = ssm_a[j] * _softplus(a[t, j] + dt_bias[j])
-            beta[t, j] = _sigmoid(b[t, j])
+            g[t, j], beta[t, j] = _gates(a[t, j], b[t, j], dt_bias[j], ssm_a[j])
 
 
 # ------------------------------------------------------------------ (a + b) fused, decode
@@ -304,13 +320,9 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
         s0, s1, s2 = state[0, c], state[1, c], state[2, c]
         for t in range(CONV_PREP_T_MAX):
             if t < T:
-                xt = xs[t]
-                y = _silu(_conv_sum(w0, w1, w2, w3, s0, s1, s2, xt))
-                s0, s1, s2 = s1, s2, xt
+                y, s0, s1, s2 = _conv_advance(w0, w1, w2, w3, s0, s1, s2, xs[t])
                 if save_steps:
-                    steps[t, 0, c] = s0
-                    steps[t, 1, c] = s1
-                    steps[t, 2, c] = s2
+                    _save_window(steps, t, c, s0, s1, s2)
                 if tid < 2 * dk:
                     ybuf[t, tid] = y
                 else:
@@ -319,13 +331,11 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
         state[1, c] = s1
         state[2, c] = s2
     if has_gate:
-        g[gt, gj] = gsa * _softplus(ga + gdt)
-        beta[gt, gj] = _sigmoid(gb)
+        g[gt, gj], beta[gt, gj] = _gates(ga, gb, gdt, gsa)
         for item in range(gi + gn, T * nvh, gn):        # (more items than value threads)
             t = item // nvh
             jj = h + (item - t * nvh) * nk
-            g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
-            beta[t, jj] = _sigmoid(b[t, jj])
+            g[t, jj], beta[t, jj] = _gates(a[t, jj], b[t, jj], dt_bias[jj], ssm_a[jj])
     cuda.syncthreads()                      # every row's q and k are in ybuf
     for item in range(tid >> 5, 2 * T, cuda.blockDim.x >> 5):     # 2. the norms
         t = item >> 1
@@ -373,14 +383,9 @@ def gdn_conv_prep_walk(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_s
         s0, s1, s2 = state[0, c], state[1, c], state[2, c]
     for t in range(x.shape[0]):
         if c >= 0:
-            xt = x[t, c]
-            acc = _conv_sum(w0, w1, w2, w3, s0, s1, s2, xt)
-            y = _silu(acc)
-            s0, s1, s2 = s1, s2, xt
+            y, s0, s1, s2 = _conv_advance(w0, w1, w2, w3, s0, s1, s2, x[t, c])
             if save_steps:
-                steps[t, 0, c] = s0
-                steps[t, 1, c] = s1
-                steps[t, 2, c] = s2
+                _save_window(steps, t, c, s0, s1, s2)
             if tid < 2 * dk:
                 ybuf[tid] = y
             else:
@@ -397,8 +402,7 @@ def gdn_conv_prep_walk(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_s
                 rs[wp] = float32(1.0) / math.sqrt(tot + eps)
         if tid == 64:                       # the gates of this block's value heads
             for jj in range(h, nv, nk):
-                g[t, jj] = ssm_a[jj] * _softplus(a[t, jj] + dt_bias[jj])
-                beta[t, jj] = _sigmoid(b[t, jj])
+                g[t, jj], beta[t, jj] = _gates(a[t, jj], b[t, jj], dt_bias[jj], ssm_a[jj])
         cuda.syncthreads()                  # the two norms are in rs
         if tid < dk:
             q[t, h, tid] = ybuf[tid] * rs[0] * q_scale
