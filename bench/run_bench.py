@@ -562,13 +562,11 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # m64t128s4_cvt, not m128t64s4_cvt; matmul_q8.KERNEL_CHOICE) or its Q4_K on the copy_ahead tile
 # (gemm-ahead: cp.async double buffers, uncapped; session 24: 6947 against 7004 tok/s at 9B
 # pp512), or session 23's (gemm-s23: m128t64s4_cvt; the copy_ahead tile capped at 128 registers
-# is the default since session 24, run then as gemm-ahead-r128: 7117 against 7031); the rows
-# prefill's GDN conv and
-# prep as the one fused launch (conv-prep-rows: engine.CONV_PREP_MAX_T, before session 22);
-# (gone in session 34: the fused launch takes at most gated_deltanet.CONV_PREP_T_MAX rows); the
-# fused launch walking its rows one after another (conv-prep-walk: gated_deltanet.CONV_PREP_WALK,
-# before session 34); a verify's argmax a launch pair a row (argmax-per-row:
-# engine_spec.ARGMAX_ROWS off, before session 34);
+# is the default since session 24, run then as gemm-ahead-r128: 7117 against 7031); decode's
+# and verify's fused GDN conv + prep walking its rows one after another (conv-prep-walk:
+# gated_deltanet.CONV_PREP_WALK, before session 34; session 34 also retired conv-prep-rows,
+# decision 0040); a verify's argmax a launch pair a row (argmax-per-row: engine_spec.ARGMAX_ROWS
+# off, before session 34);
 # prefill's delta rule on the pipe kernel (pipe-rule: gated_deltanet.PREFILL_RULE; the default
 # since session 23) or the quad kernel (quad-rule, session 22's default); the rows prefill's
 # slices of a matvec as one chain (slice-chain: engine.ROWS_SLICE_SIDES = 0, before session
