@@ -19,7 +19,8 @@ export BW24_KERNEL_CACHE=/tmp/bw24-kernels
 C=${BW24_COMMIT:-unknown}
 on() { case ,$stages, in *,$1,*) return 0;; esac; return 1; }
 run() { local t=$1 name=$2; shift 2; local s=$(date +%s); timeout $t "$@" > "$L/$name.log" 2>&1; local rc=$?
-        echo "== $name rc=$rc $(( $(date +%s) - s ))s"; }
+        echo "== $name rc=$rc $(( $(date +%s) - s ))s"
+        cp /tmp/*.jsonl $OUT/ 2>/dev/null; }  # after every stage: a call cut off at its limit keeps its rows
 rb_stage() { local name=$1 file=$2 model=$3 launch=$4 secs=$5 pat=$6
   run $secs $name python3 bench/run_bench.py $file --name $model --runs 3 --torch none --act-quant q8 --launch $launch --commit $C --jsonl /tmp/bench.jsonl
   grep -E "gate:|decode_tok_s@|prefill_tok_s|Error|Traceback" $L/$name.log | grep -v "^  qwen" | cut -c1-170
