@@ -53,7 +53,7 @@ if on ncu; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "ncu: $NCU"
   for tgt in $(echo ${NCU_TARGETS:-mv4-q4k,mv4w2-q4k} | tr , ' '); do
-    case $tgt in gemm*) re=matmul_q8;; rulenorm*) re=gated_delta_rule_norm;; rule*) re=gated_delta_rule_lane;; *) re=matvec;; esac
+    case $tgt in gemm*) re=matmul_q8;; mvd-q6k) re=q6_k_r;; rulenorm*) re=gated_delta_rule_norm;; rule*) re=gated_delta_rule_lane;; *) re=matvec;; esac
     run ${NCU_S:-120} ncu_$tgt $NCU --clock-control none --set full -k regex:$re --launch-skip 1 --launch-count 1 -f -o /tmp/ncu_$tgt python3 bench/ncu_kernels.py $tgt
     tail -3 $L/ncu_$tgt.log | cut -c1-200
     $NCU -i /tmp/ncu_$tgt.ncu-rep --page details > $OUT/ncu_$tgt.txt 2>&1

@@ -1,6 +1,6 @@
 """Decode matvec on a real GPU: how close to the read roofline is each real shape?
 
-    python3 bench/matvec_bench.py [--shapes all|small|9b|35b|big] [--launches 50] [--no-old] [--out PATH]
+    python3 bench/matvec_bench.py [--shapes all|small|9b|35b|big|q6k] [--launches 50] [--no-old] [--out PATH]
                                   [--act-rows 4,9] [--fit-ab] [--nibble] [--pairs]
                                   [--commit SHA]
 
@@ -26,6 +26,11 @@ quantized once beforehand):
   * --nibble: Q4_K shapes also get `dp4a_nib` (and `dp4a_nib_r<T>`): the same kernels on the
     activations in nibble order (quantize_act.nibble_order, decision 0027), which must give the
     natural order's bits (checked: a differing bit is BAD);
+  * Q6_K shapes: also `q6kr`, the engine's Q6_K kernel (kernels/matvec_q6k.py on the repacked
+    Q6_K_R copy: the LM head of every Q4_K_M file and the 9B's Q6_K ffn_down layers; `dp4a` is
+    the generic path, which the engine does not run for Q6_K), with --q6kr-parts P,..: also
+    `q6kr_p<P>` at P warps a row (the default is `matvec.warps_per_row`), and `q6kr_r<T>` for
+    every --act-rows T (checked like `dp4a_r<T>`: each row bit for bit the one-row `q6kr`);
   * --pairs: Q4_K shapes also get `dp4a_w2_r<T>` and `dp4a_w4_r<T>` for every --act-rows T:
     the rows kernels on two / four weight rows a warp (matvec.ROWS_PAIRS, PAIR_ROWS_PER_WARP,
     decision 0036), which must give `dp4a_r<T>`'s bits (checked: a differing bit is BAD);
@@ -66,6 +71,7 @@ from bw24nb.kernels.matvec import (  # noqa: E402
     matvec_q8_reference,
     matvec_reference,
 )
+from bw24nb.kernels.matvec_q6k import launch_matvec_q8_q6k_r, repack_q6_k  # noqa: E402
 from bw24nb.kernels.quantize_act import launch_quantize_act, nibble_order  # noqa: E402
 from bw24nb.quant import QType, dequantize  # noqa: E402
 from bw24nb.quant.types import row_bytes  # noqa: E402
@@ -95,6 +101,7 @@ SHAPES = [
     (12288, 4096, QType.Q4_K, "9B ffn_gate / ffn_up"),
     (4096, 12288, QType.Q4_K, "9B ffn_down"),
     (4096, 12288, QType.Q6_K, "9B ffn_down (Q6_K layers)"),
+    (248320, 4096, QType.Q6_K, "9B lm_head"),
     (8192, 2048, QType.Q4_K, "35B-A3B gdn_qkv"),
     (2048, 4096, QType.Q4_K, "35B-A3B gdn_out"),
 ]
@@ -226,13 +233,12 @@ def _bits_twin(name):
     return None
 
 
-def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
+def _rows_match_one_row(one_row, M, K, xq_r, xd_r, out, stream) -> bool:
     """True when every row t of a rows kernel's output `out` equals, bit for bit, the one-row
-    kernel run on row t's activations alone."""
+    launch `one_row(xq, xd, y)` run on row t's activations alone."""
     y1 = cuda.device_array(M, np.float32, stream=stream)
     for t in range(out.size // M):
-        launch_matvec_q8(w, qt, M, K, xq_r[t * K:(t + 1) * K],
-                         xd_r[t * K // 32:(t + 1) * K // 32], y1, stream=stream)
+        one_row(xq_r[t * K:(t + 1) * K], xd_r[t * K // 32:(t + 1) * K // 32], y1)
         one = y1.copy_to_host(stream=stream)
         stream.synchronize()
         if not np.array_equal(one.view(np.uint32), out[t * M:(t + 1) * M].view(np.uint32)):
@@ -241,13 +247,17 @@ def _rows_match_one_row(w, qt, M, K, xq_r, xd_r, out, stream) -> bool:
 
 
 def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=False,
-                nibble=False, pairs=False):
+                nibble=False, pairs=False, q6kr_parts=()):
     nbytes = M * row_bytes(qt, K)
     n = min(MAX_LAUNCHES, max(launches, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes)))
     copies = min(n, math.ceil(STREAM_FACTOR * L2_BYTES / nbytes) + 1)
     w_host = random_weight_bytes(rng, qt, M, K)
     x_host = rng.standard_normal(K).astype(np.float32)
     ws = [cuda.to_device(w_host, stream=stream) for _ in range(copies)]
+    # Q6_K: the engine's Q6_K_R copy of each weight copy, found from the copy a launch is given
+    rep = {} if qt != QType.Q6_K else {id(w): tuple(cuda.to_device(a, stream=stream)
+                                                    for a in repack_q6_k(w_host, M, K))
+                                       for w in ws}
     x = cuda.to_device(x_host, stream=stream)
     y = cuda.device_array(M, np.float32, stream=stream)
 
@@ -282,6 +292,12 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             kernels.append(("dp4a_full", lambda w: _switched(lambda:
                 launch_matvec_q8(w, qt, M, K, xq, xd, y_full, stream=stream), FIT_UNROLL=False),
                 ref_q8, 10 * REL_ERR_BAD, y_full, scale))
+        for P in ((None,) + tuple(q6kr_parts) if rep else ()):   # the engine's Q6_K kernel
+            y_q = cuda.device_array(M, np.float32, stream=stream)
+            kernels.append(("q6kr" if P is None else f"q6kr_p{P}", lambda w, P=P, y_q=y_q:
+                            launch_matvec_q8_q6k_r(*rep[id(w)], M, K, xq, xd, y_q,
+                                                   stream=stream, parts=P),
+                            ref_q8, 10 * REL_ERR_BAD, y_q, scale))
         nib = nibble and qt == QType.Q4_K and K % 256 == 0
         if nib:                               # the same values in nibble order: the same bits
             xq_n = cuda.to_device(nibble_order(xq.copy_to_host(stream=stream)), stream=stream)
@@ -301,7 +317,16 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
                                                         d_h[t * K // 32:(t + 1) * K // 32])
                                     for t in range(nr)])
             scale_r = np.concatenate([w_abs @ np.abs(x_r[t].astype(np.float64)) for t in range(nr)])
-            rows_x[f"dp4a_r{nr}"] = xq_r, xd_r
+            rows_x[f"dp4a_r{nr}"] = xq_r, xd_r, lambda q, d, y1: launch_matvec_q8(
+                ws[0], qt, M, K, q, d, y1, stream=stream)
+            if rep:                           # the engine's Q6_K kernel over the same rows
+                y_q = cuda.device_array(nr * M, np.float32, stream=stream)
+                rows_x[f"q6kr_r{nr}"] = xq_r, xd_r, lambda q, d, y1: launch_matvec_q8_q6k_r(
+                    *rep[id(ws[0])], M, K, q, d, y1, stream=stream)
+                kernels.append((f"q6kr_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_q=y_q:
+                                launch_matvec_q8_q6k_r(*rep[id(w)], M, K, xq_r, xd_r, y_q,
+                                                       stream=stream, rows=nr),
+                                ref_r, 10 * REL_ERR_BAD, y_q, scale_r))
             kernels.append((f"dp4a_r{nr}", lambda w, nr=nr, xq_r=xq_r, xd_r=xd_r, y_r=y_r:
                             _switched(lambda: launch_matvec_q8(w, qt, M, K, xq_r, xd_r, y_r,
                                                                stream=stream, rows=nr),
@@ -348,10 +373,11 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
                 rows[-1][key] = same
             if not same:
                 rows[-1]["max_rel_err"] = float("inf")  # a changed bit is BAD
-        if name.startswith("dp4a_r"):                   # verify's contract: row t of the rows
-            rows[-1]["rows_bits"] = same = _rows_match_one_row(    # kernel is the one-row
-                ws[0], qt, M, K, *rows_x[name], out, stream)
-            if not same:                                 # kernel's result on row t, bit for bit
+        if name in rows_x:                              # verify's contract: row t of the rows
+            xq_r, xd_r, one_row = rows_x[name]          # kernel is the one-row kernel's result
+            rows[-1]["rows_bits"] = same = _rows_match_one_row(    # on row t, bit for bit
+                one_row, M, K, xq_r, xd_r, out, stream)
+            if not same:
                 rows[-1]["max_rel_err"] = float("inf")
     del ws
     return rows
@@ -359,11 +385,12 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", choices=["all", "small", "0.5b", "9b", "35b", "big"],
+    ap.add_argument("--shapes", choices=["all", "small", "0.5b", "9b", "35b", "big", "q6k"],
                     default="all",
                     help="small: skip the lm_head and the 9B / 35B-A3B shapes; 0.5b: the 0.5B "
-                         "shapes with the lm_head; 9b: only the 9B "
-                         "shapes; 35b: only the 35B-A3B shapes; big: the 9B and 35B-A3B shapes")
+                         "shapes with the lm_head; 9b: only the 9B shapes but its lm_head; "
+                         "35b: only the 35B-A3B shapes; big: the 9B (no lm_head) and 35B-A3B "
+                         "shapes; q6k: every Q6_K shape (the 9B's lm_head among them)")
     ap.add_argument("--launches", type=int, default=50)
     ap.add_argument("--no-old", action="store_true", help="skip the old kernel's rows")
     ap.add_argument("--out", default=None)
@@ -383,11 +410,17 @@ def main() -> int:
                     help="Q4_K shapes: also the rows kernels on two / four weight rows a warp "
                          "(`dp4a_w2_r<T>`, `dp4a_w4_r<T>`: matvec.ROWS_PAIRS), bit-checked "
                          "against `dp4a_r<T>`")
+    ap.add_argument("--q6kr-parts", default="",
+                    help="Q6_K shapes: also the engine's Q6_K_R kernel at these warps a row "
+                         "(`q6kr_p<P>`, P in 1, 2, 4), beside `q6kr` at the default")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke-test this script in numba's CUDA simulator (tiny shapes, no timing value)")
     args = ap.parse_args()
     out_path = Path(args.out) if args.out else Path(os.environ.get("OUT", ".")) / "matvec_bench.jsonl"
     act_rows = [int(n) for n in args.act_rows.split(",") if n]
+    q6kr_parts = [int(n) for n in args.q6kr_parts.split(",") if n]
+    if any(p not in (1, 2, 4) for p in q6kr_parts):
+        ap.error("--q6kr-parts: warps a row, each 1, 2 or 4")
     if any(not 2 <= n <= 9 for n in act_rows):
         ap.error("--act-rows: numbers of rows from 2 to 9 (matvec.MAX_ROWS)")
 
@@ -404,9 +437,10 @@ def main() -> int:
     roof = 1.0 if args.tiny else read_roofline_gbs(stream)
     print(f"# {gpu}: read roofline (16-byte ld.global.nc, 1 GiB) {roof:.0f} GB/s", flush=True)
 
-    shapes = SHAPES if args.shapes == "all" else \
-        [s for s in SHAPES if s[3].startswith("9B")] if args.shapes == "9b" else \
-        [s for s in SHAPES if s[3].startswith(("9B", "35B"))] if args.shapes == "big" else \
+    big9 = [s for s in SHAPES if s[3].startswith("9B") and s[3] != "9B lm_head"]
+    shapes = SHAPES if args.shapes == "all" else big9 if args.shapes == "9b" else \
+        [s for s in SHAPES if s[2] == QType.Q6_K] if args.shapes == "q6k" else \
+        big9 + [s for s in SHAPES if s[3].startswith("35B")] if args.shapes == "big" else \
         [s for s in SHAPES if s[3].startswith("35B")] if args.shapes == "35b" else \
         [s for s in SHAPES if s[3].startswith("0.5B")] if args.shapes == "0.5b" else \
         [s for s in SHAPES if s[0] * s[1] < 2e7 and s[3].startswith("0.5B")]
@@ -419,7 +453,7 @@ def main() -> int:
         for M, K, qt, what in shapes:
             try:
                 rows = bench_shape(M, K, qt, args.launches, not args.no_old, stream, rng,
-                                   act_rows, args.fit_ab, args.nibble, args.pairs)
+                                   act_rows, args.fit_ab, args.nibble, args.pairs, q6kr_parts)
             except Exception as e:                      # report and go on with the next shape
                 print(f"# {M}x{K} {qt.name}: FAILED {type(e).__name__}: {e}", flush=True)
                 bad = True
@@ -427,9 +461,10 @@ def main() -> int:
             by = {r["kernel"]: r["us"] for r in rows}
             for r in rows:
                 r.update(pct=100 * r["gbs"] / roof)
-                one = by.get("dp4a_nib" if r["kernel"].startswith("dp4a_nib") else "dp4a")
+                one = by.get("dp4a_nib" if r["kernel"].startswith("dp4a_nib") else
+                             "q6kr" if r["kernel"].startswith("q6kr") else "dp4a")
                 x_r1 = round(r["us"] / one, 3) if one and r["kernel"].startswith(
-                    ("dp4a_r", "dp4a_nib_r", "dp4a_w2_r", "dp4a_w4_r")) else None
+                    ("dp4a_r", "dp4a_nib_r", "dp4a_w2_r", "dp4a_w4_r", "q6kr_r")) else None
                 ok = r["max_rel_err"] <= r["bad_above"]
                 bad |= not ok
                 rec = dict(date=date, gpu=gpu, commit=commit, shape=f"{M}x{K}", M=M, K=K,

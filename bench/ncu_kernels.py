@@ -12,6 +12,8 @@ inputs of a real shape and launches; ncu picks the launch (``-k regex:NAME --lau
   mv4w2-q4k  mv4-q4k on two weight rows a warp (matvec.ROWS_PAIRS, decision 0036)
   mvd-q4k    one row at Q4_K 4096 x 12288 (the 9B's ffn_down: the row loop)
   mvdw2-q4k  mvd-q4k on two weight rows a warp (matvec.ONE_ROW_PAIRS)
+  mvd-q6k    one row at Q6_K 4096 x 12288 on the engine's Q6_K_R kernel (the 9B's Q6_K ffn_down
+             layers; kernels/matvec_q6k.py)
   gateup4    the verify's ffn_gate + ffn_up stack at K = 3 as the engine launches it: Q4_K
              24576 x 4096, 4 rows, matvec's default settings (quads: decision 0038)
   rulenorm4s the GDN rule with the output norm (gated_delta_rule_norm_q8) of a K = 3 verify:
@@ -34,6 +36,7 @@ from numba import cuda  # noqa: E402
 from bw24nb.kernels.dequant import random_weight_bytes  # noqa: E402
 from bw24nb.kernels.matmul_q8 import launch_matmul_q8  # noqa: E402
 from bw24nb.kernels.matvec import launch_matvec_q8  # noqa: E402
+from bw24nb.kernels.matvec_q6k import launch_matvec_q8_q6k_r, repack_q6_k  # noqa: E402
 from bw24nb.kernels.quantize_act import launch_quantize_act  # noqa: E402
 from bw24nb.quant import QType  # noqa: E402
 
@@ -45,6 +48,7 @@ TARGETS = {
     "mv4w2-q4k": ("mv", QType.Q4_K, 12288, 4096, 4),
     "mvd-q4k": ("mv", QType.Q4_K, 4096, 12288, 1),
     "mvdw2-q4k": ("mv", QType.Q4_K, 4096, 12288, 1),
+    "mvd-q6k": ("mv", QType.Q6_K, 4096, 12288, 1),
     "gateup4": ("mv", QType.Q4_K, 24576, 4096, 4),
     "rulenorm4s": ("rulenorm", None, 0, 0, 4),
     "rule4s": ("rule", None, 0, 0, 4),
@@ -80,15 +84,21 @@ def main() -> int:
         matvec.PAIR_ROWS_PER_WARP = 2
     rng = np.random.default_rng(0)
     stream = cuda.stream()
-    w = cuda.to_device(random_weight_bytes(rng, qt, M, K), stream=stream)
+    w_host = random_weight_bytes(rng, qt, M, K)
+    w = cuda.to_device(w_host, stream=stream)
     x = cuda.to_device(rng.standard_normal((T, K)).astype(np.float32), stream=stream)
     xq = cuda.device_array((T, K), np.int8, stream=stream)
     xd = cuda.device_array((T, K // 32), np.float32, stream=stream)
     y = cuda.device_array((T, M), np.float32, stream=stream)
     launch_quantize_act(x, xq, xd, stream=stream)
+    q6k_r = None if kind == "gemm" or qt != QType.Q6_K else tuple(
+        cuda.to_device(a, stream=stream) for a in repack_q6_k(w_host, M, K))
     for _ in range(a.launches):
         if kind == "gemm":
             launch_matmul_q8(w, qt, M, K, xq, xd, y, stream=stream)
+        elif qt == QType.Q6_K:              # the engine's Q6_K decode: the Q6_K_R copy
+            launch_matvec_q8_q6k_r(*q6k_r, M, K, xq.reshape(-1), xd.reshape(-1), y.reshape(-1),
+                                   stream=stream, rows=T)
         else:
             launch_matvec_q8(w, qt, M, K, xq.reshape(-1), xd.reshape(-1), y.reshape(-1),
                              stream=stream, rows=T)
