@@ -68,11 +68,13 @@ from bw24nb.kernels.matvec import (  # noqa: E402
     MATVEC_Q8,
     launch_matvec,
     launch_matvec_q8,
-    matvec_q8_reference,
-    matvec_reference,
 )
 from bw24nb.kernels.matvec_q6k import launch_matvec_q8_q6k_r, repack_q6_k  # noqa: E402
-from bw24nb.kernels.quantize_act import launch_quantize_act, nibble_order  # noqa: E402
+from bw24nb.kernels.quantize_act import (  # noqa: E402
+    dequantize_act_q8,
+    launch_quantize_act,
+    nibble_order,
+)
 from bw24nb.quant import QType, dequantize  # noqa: E402
 from bw24nb.quant.types import row_bytes  # noqa: E402
 
@@ -261,9 +263,12 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
     x = cuda.to_device(x_host, stream=stream)
     y = cuda.device_array(M, np.float32, stream=stream)
 
-    ref = matvec_reference(w_host, qt, M, K, x_host)
+    # W dequantized once (matvec_reference's float64 W; the 9B's LM head is 8 GB of it): the
+    # references below are W @ x, and matvec_q8_reference's W @ (x as quantized)
+    w64 = dequantize(w_host.reshape(-1), qt, (M, K)).astype(np.float64)
+    ref = w64 @ x_host.astype(np.float64)
     # what the rounding error is proportional to: |W| @ |x| per row (float64)
-    w_abs = np.abs(dequantize(w_host.reshape(-1), qt, (M, K)).astype(np.float64))
+    w_abs = np.abs(w64)
     scale = w_abs @ np.abs(x_host.astype(np.float64))
 
     # (name, launch, reference, error flagged above, output, its |W| @ |x| per row)
@@ -278,8 +283,8 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
         launch_quantize_act(x.reshape(1, K), xq, xd, stream=stream)
         # the dp4a path is checked against its own reference (x as quantized); for K-quants its
         # rounding scales with |w| + 2 |dmin m| (tests/test_kernels_matvec.py), hence 10x looser
-        ref_q8 = matvec_q8_reference(w_host, qt, M, K, xq.copy_to_host(stream=stream),
-                                     xd.copy_to_host(stream=stream))
+        ref_q8 = w64 @ dequantize_act_q8(xq.copy_to_host(stream=stream),
+                                         xd.copy_to_host(stream=stream)).astype(np.float64)
         kernels.append(("dp4a", lambda w: launch_matvec_q8(w, qt, M, K, xq, xd, y, stream=stream),
                         ref_q8, 10 * REL_ERR_BAD, y, scale))
         if qt in QX0_TYPES:                   # Q8_0 / Q5_0 / Q4_0: the group path before
@@ -313,9 +318,9 @@ def bench_shape(M, K, qt, launches, with_old, stream, rng, act_rows=(), fit_ab=F
             y_r = cuda.device_array(nr * M, np.float32, stream=stream)
             launch_quantize_act(cuda.to_device(x_r, stream=stream), xq_r, xd_r, stream=stream)
             q_h, d_h = xq_r.copy_to_host(stream=stream), xd_r.copy_to_host(stream=stream)
-            ref_r = np.concatenate([matvec_q8_reference(w_host, qt, M, K, q_h[t * K:(t + 1) * K],
-                                                        d_h[t * K // 32:(t + 1) * K // 32])
-                                    for t in range(nr)])
+            ref_r = np.concatenate([w64 @ dequantize_act_q8(
+                q_h[t * K:(t + 1) * K], d_h[t * K // 32:(t + 1) * K // 32]).astype(np.float64)
+                for t in range(nr)])
             scale_r = np.concatenate([w_abs @ np.abs(x_r[t].astype(np.float64)) for t in range(nr)])
             rows_x[f"dp4a_r{nr}"] = xq_r, xd_r, lambda q, d, y1: launch_matvec_q8(
                 ws[0], qt, M, K, q, d, y1, stream=stream)
