@@ -38,7 +38,7 @@ factory() { python3 -m bw24nb.factory $1 --out $2 --seed 1 --tokenizer none > $L
 on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec_rows}"
   grep -E "PASS|FAIL|passed|Error|Traceback" $L/kc.log | cut -c1-150 | tail -30; }
 on mvb && { run ${MVB_S:-200} mvb python3 bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --no-old ${MVB_ARGS:-} --commit $C --out /tmp/matvec_bench.jsonl
-  grep -E "dp4a|BAD|Error|Traceback" $L/mvb.log | cut -c1-150 | head -40; }
+  grep -E "dp4a|q6kr|BAD|Error|Traceback" $L/mvb.log | cut -c1-150 | head -40; }
 on mm && { run ${MM_S:-300} mm python3 bench/matmul_q8_bench.py --shapes 9b --T 512 ${MM_ARGS:-} --commit $C --jsonl /tmp/matmul_q8.jsonl
   grep -E "Q4_K|Q6_K|Q8_0|BAD|Error|Traceback" $L/mm.log | cut -c1-200 | head -60; }
 on sb && { run ${SAME_S:-150} sb python3 bench/gpu_same_bits.py
