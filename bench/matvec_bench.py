@@ -30,7 +30,8 @@ quantized once beforehand):
     Q6_K_R copy: the LM head of every Q4_K_M file and the 9B's Q6_K ffn_down layers; `dp4a` is
     the generic path, which the engine does not run for Q6_K), with --q6kr-parts P,..: also
     `q6kr_p<P>` at P warps a row (the default is `matvec.warps_per_row`), and `q6kr_r<T>` for
-    every --act-rows T (checked like `dp4a_r<T>`: each row bit for bit the one-row `q6kr`);
+    every --act-rows T (checked like `dp4a_r<T>`: each row bit for bit the one-row `q6kr`).
+    This replaced bench/matvec_q6k_bench.py (session 35), which timed the one-row kernel only;
   * --pairs: Q4_K shapes also get `dp4a_w2_r<T>` and `dp4a_w4_r<T>` for every --act-rows T:
     the rows kernels on two / four weight rows a warp (matvec.ROWS_PAIRS, PAIR_ROWS_PER_WARP,
     decision 0036), which must give `dp4a_r<T>`'s bits (checked: a differing bit is BAD);
