@@ -1177,8 +1177,9 @@ def group_kernels(p, lanes=32):
 
 
 def path_kernels(p, who):
-    """kernels(rows, parts, K, M, beside): path p's kernel for `rows` = 1 .. MAX_ROWS rows of
-    activations and `parts` warps a row (M output rows and `beside`, for `warp_rows`), built
+    """kernels(rows, parts, K, M, beside, R): path p's kernel for `rows` = 1 .. MAX_ROWS rows of
+    activations and `parts` warps a row on R weight rows a warp (None: `warp_rows` of M output
+    rows and `beside`; a launcher that sizes its grid with R passes the R it used), built
     (not compiled) on first request. parts = 1 -- every large-M decode matvec -- gets its own
     build with the split folded in (`row_kernel`'s fixed_parts); 2 and 4 share the
     run-time-parts build. Either build computes the same sums in the same order, so which one
@@ -1186,12 +1187,13 @@ def path_kernels(p, who):
     (`fit_unroll`: the same bits, no dropped slots computed)."""
     built = {}
 
-    def kernels(rows, parts, K=None, M=None, beside=False):
+    def kernels(rows, parts, K=None, M=None, beside=False, R=None):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
         q = p if K is None else fit_unroll(p, K, parts)
-        R = warp_rows(p, rows, parts, M, beside)
+        if R is None:
+            R = warp_rows(p, rows, parts, M, beside)
         key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, R)
         if key not in built:
             built[key] = (rows_pair_kernel_of(q, rows, R) if R > 1 else row_kernel(q, fp)

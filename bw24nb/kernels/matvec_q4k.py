@@ -550,8 +550,8 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
             np.int32(bias is not None), np.int32(residual is not None))
         return
     path, kernels = (PATH_NIB, KERNELS_NIB) if nibble else (PATH, KERNELS)
-    kern = kernels(rows, parts, K, M, beside)
     R = warp_rows(path, rows, parts, M, beside)   # (nibble order: no pair path, R = 1)
+    kern = kernels(rows, parts, K, R=R)
     if R > 1:
         grid = grid_rows(M, parts, R)
     kern[grid, threads, stream](

@@ -431,9 +431,10 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     parts = warps_per_row(M, K) if parts is None else int(parts)
     if parts not in (1, 2, 4):
         raise ValueError(f"matvec_q6k_r: parts (warps per row) must be 1, 2 or 4, not {parts}")
-    grid = grid_rows(M, parts, warp_rows(PATH, rows, parts, M, beside))
+    R = warp_rows(PATH, rows, parts, M, beside)
+    grid = grid_rows(M, parts, R)
     y = _flat(y)
-    kern = KERNELS(rows, parts, K, M, beside)
+    kern = KERNELS(rows, parts, K, R=R)
     kern[grid, THREADS, stream](
         (_flat(body).view(np.uint32), _flat(d)), np.int32(M), np.int32(K),
         (_flat(xq)[:rows * K].view(np.uint32), _flat(xd)[:rows * K // 32].view(np.uint32)), y,
