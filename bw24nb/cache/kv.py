@@ -48,6 +48,7 @@ from numba import cuda, float32, int32
 
 from ..jit import kernel
 from ..formats.config import FULL_ATTENTION
+from ..kernels.quantize_act import round_half_away
 from ..kernels.rope import rotate_pair
 from ..quant.types import QType, row_bytes
 
@@ -155,19 +156,6 @@ def _group(qtype):
     return QK
 
 
-@cuda.jit(device=True)
-def _round_half_away(v):
-    """C's roundf for |v| < 2^23: floor, then up if the fraction is >= 1/2 (v - floor(v) is
-    exact in float32, so no `+ 0.5` rounding trap)."""
-    a = abs(v)
-    t = float32(math.floor(a))
-    if a - t >= float32(0.5):
-        t += float32(1.0)
-    if v < float32(0.0):
-        t = -t
-    return t
-
-
 @cuda.jit(device=True, inline="always")
 def _encode_row(vals, qs, e, D, h, pos, qtype, rows_u8, rows_f16):
     """Thread e's part of encoding the row vals[0:D] (shared) at (h, pos). Every thread of the
@@ -192,7 +180,7 @@ def _encode_row(vals, qs, e, D, h, pos, qtype, rows_u8, rows_f16):
                 inv = float32(1.0) / d
             if j == 0:
                 rows_f16[h, pos, blk * 17] = d        # cvt.rn.f16.f32, as numpy's astype(f16)
-            q = int32(_round_half_away(vals[e] * inv))
+            q = int32(round_half_away(vals[e] * inv))
             rows_u8[h, pos, blk * 34 + 2 + j] = q & 255
     elif qtype == _Q5_1:
         if live:
