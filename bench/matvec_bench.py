@@ -50,7 +50,6 @@ import datetime as _dt
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -64,6 +63,7 @@ import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
+from device_smoke import event_ms as _event_ms  # noqa: E402
 from bw24nb.kernels.dequant import layout, random_weight_bytes, weight_views  # noqa: E402
 from bw24nb.kernels.matvec import (  # noqa: E402
     MATVEC_Q8,
@@ -174,25 +174,10 @@ def read_roofline_gbs(stream) -> float:
     return best
 
 
-def event_ms(fn, stream, replays=REPLAYS, warmup=WARMUP) -> float:
-    for _ in range(warmup):
-        fn()
-    stream.synchronize()
-    times = []
-    if not hasattr(cuda, "event_elapsed_time"):       # the simulator (--tiny): wall clock
-        for _ in range(replays):
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(times)
-    for _ in range(replays):
-        a, b = cuda.event(), cuda.event()
-        a.record(stream)
-        fn()
-        b.record(stream)
-        b.synchronize()
-        times.append(cuda.event_elapsed_time(a, b))
-    return statistics.median(times)
+def event_ms(fn, stream) -> float:
+    """device_smoke.event_ms with this script's REPLAYS and WARMUP (read at the call: --tiny
+    lowers them)."""
+    return _event_ms(fn, stream, REPLAYS, WARMUP)
 
 
 # --- one shape ------------------------------------------------------------------------------------
