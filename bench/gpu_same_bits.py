@@ -26,7 +26,6 @@ import numpy as np
 from numba import cuda
 
 from bw24nb.kernels import gated_deltanet as gdn
-from bw24nb.switches import switched
 
 
 def _report(name, a, b):
@@ -123,8 +122,7 @@ def rule_twins(rng) -> bool:
 
 def conv_prep_twins(rng, dims=(16, 32, 128, 128)) -> bool:
     """Decode's fused conv + prep (gdn_conv_prep) against prefill's two launches (conv1d_silu,
-    gdn_prep), 9B channels, 1, 4, 9 and 16 rows, both forms (CONV_PREP_WALK: the launch
-    before session 34): the same q, k, v, g, beta and window. Before session 22 the compiler
+    gdn_prep), 9B channels, 1, 4, 9 and 16 rows: the same q, k, v, g, beta and window. Before session 22 the compiler
     contracted the two convs' sums differently (decision 0028)."""
     nk, nv, dk, dv = dims
     C = 2 * nk * dk + nv * dv
@@ -146,17 +144,14 @@ def conv_prep_twins(rng, dims=(16, 32, 128, 128)) -> bool:
         gdn.launch_conv1d_silu(x, w, st, x)
         want = outputs()
         gdn.launch_gdn_prep(x, *gates, *want)
-        for walk in (False, True):
-            st2 = cuda.to_device(window)
-            got = outputs()
-            with switched([(gdn, "CONV_PREP_WALK", walk)]):
-                gdn.launch_gdn_conv_prep(cuda.to_device(qkv), w, st2, *gates, *got)
-            form = "walk" if walk else "phases"
-            for name, a, b in zip(("q", "k", "v", "g", "beta"), got, want):
-                ok &= _report(f"conv_prep ({form}) vs conv + prep, 9B channels, T {T}: {name}",
-                              a.copy_to_host(), b.copy_to_host())
-            ok &= _report(f"conv_prep ({form}) vs conv + prep, 9B channels, T {T}: window",
-                          st2.copy_to_host(), st.copy_to_host())
+        st2 = cuda.to_device(window)
+        got = outputs()
+        gdn.launch_gdn_conv_prep(cuda.to_device(qkv), w, st2, *gates, *got)
+        for name, a, b in zip(("q", "k", "v", "g", "beta"), got, want):
+            ok &= _report(f"conv_prep vs conv + prep, 9B channels, T {T}: {name}",
+                          a.copy_to_host(), b.copy_to_host())
+        ok &= _report(f"conv_prep vs conv + prep, 9B channels, T {T}: window",
+                      st2.copy_to_host(), st.copy_to_host())
     return ok
 
 

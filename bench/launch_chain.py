@@ -30,10 +30,9 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   rule<T>[s][+gnorm] the lane rule of T tokens alone (its grid nv x dv / 16 one-warp blocks
                      spreads a head over several SMs; the fused launch keeps it on one), then
                      the gated q8 norm as a second launch: the verify's launches apart
-  convprep1, convprep4s[/walk]
+  convprep1, convprep4s
                      gdn_conv_prep on the 9B's channels: decode's one row, verify's four with
-                     every row's window kept; "/walk" the launch before session 34 (its rows
-                     one after another: gated_deltanet.CONV_PREP_WALK)
+                     every row's window kept
   attn<S>@<P>        decode attention as the engine launches it (F16 cache, split pass +
                      combine with the output gate and the int8 output) for the head shape S
                      (9b: 16 / 4 heads of 256, 05b: 14 / 2 of 64) at position P of an 8192 cache
@@ -185,12 +184,10 @@ def gdn_launches(stream, rng, nk=16, nv=32, d=128, T=1, snapshots=False):
     return rule, gnorm, rulenorm
 
 
-def conv_prep_launch(stream, rng, nk=16, nv=32, d=128, T=1, steps=False, walk=False):
+def conv_prep_launch(stream, rng, nk=16, nv=32, d=128, T=1, steps=False):
     """T rows of gdn_conv_prep on the 9B's channels (with `steps`, every row's window kept, as
-    verify's states rollback does), as the phases launch or (`walk`) the launch before
-    session 34 (gated_deltanet.CONV_PREP_WALK); the window is updated in place."""
+    verify's states rollback does); the window is updated in place."""
     from bw24nb.kernels import gated_deltanet as gdn
-    from bw24nb.switches import switched
 
     def dev(a):
         return cuda.to_device(np.ascontiguousarray(a, np.float32), stream=stream)
@@ -206,9 +203,8 @@ def conv_prep_launch(stream, rng, nk=16, nv=32, d=128, T=1, steps=False, walk=Fa
           if steps else None)
 
     def run(i):
-        with switched([(gdn, "CONV_PREP_WALK", walk)]):
-            gdn.launch_gdn_conv_prep(qkv, w, window, a, b, dt_bias, ssm_a, q, k, v, g, beta,
-                                     stream=stream, steps=st)
+        gdn.launch_gdn_conv_prep(qkv, w, window, a, b, dt_bias, ssm_a, q, k, v, g, beta,
+                                 stream=stream, steps=st)
     return run
 
 
@@ -304,8 +300,8 @@ def main() -> int:
         **{f"rule{T}" + ("s" if snap else "") + ("+gnorm" if then else ""): apart(
             gdn_launches(stream, rng, T=T, snapshots=snap), then)
            for T in (1, 2, 4) for snap in (False, True) for then in (False, True)},
-        **{f"convprep{T}" + ("s" if T > 1 else "") + ("/walk" if walk else ""): conv_prep_launch(
-            stream, rng, T=T, steps=T > 1, walk=walk) for T in (1, 4) for walk in (False, True)},
+        **{f"convprep{T}" + ("s" if T > 1 else ""): conv_prep_launch(stream, rng, T=T, steps=T > 1)
+           for T in (1, 4)},
         "norm": norm,
         "norm1": norm1,
         "gnorm": lambda i: launch_gated_rms_norm_q8(o, z, gw, eps, gy, gq, gd, stream=stream),

@@ -49,15 +49,13 @@ VERIFY_ROWS = 9
 ROWS_PREFILL_CHUNK = 128
 
 # Rows up to which a rowwise workspace runs Gated DeltaNet's conv and prep as one launch
-# (gated_deltanet.gdn_conv_prep: decode, verify). Its block walked the T rows one after
-# another until session 34, ~2 us a row: 8.2 ms of a 128-token chunk of the 35B-A3B's rows
-# prefill (30 layers, session 20). Longer chunks take prefill's two launches (conv1d_silu in
-# runs, gdn_prep a block per token and head), which give the same bits:
-# tests/test_kernels_gdn.py and, on the H200, bench/gpu_same_bits.py (session 22). Session 23:
-# 35B-A3B pp512 1278 with the two launches against 1206 with the fused one. Since session 34
-# the fused launch takes at most gated_deltanet.CONV_PREP_T_MAX rows (its rows' q and k wait
-# in shared memory).
-CONV_PREP_MAX_T = min(VERIFY_ROWS, gated_deltanet.CONV_PREP_T_MAX)
+# (gated_deltanet.gdn_conv_prep: decode, verify). Its block walks the T rows one after
+# another, ~2 us a row: 8.2 ms of a 128-token chunk of the 35B-A3B's rows prefill (30 layers,
+# session 20). Longer chunks take prefill's two launches (conv1d_silu in runs, gdn_prep a
+# block per token and head), which give the same bits: tests/test_kernels_gdn.py and, on the
+# H200, bench/gpu_same_bits.py (session 22). Session 23: 35B-A3B pp512 1278 with the two
+# launches against 1206 with the fused one.
+CONV_PREP_MAX_T = VERIFY_ROWS
 
 # Decode and verify run the gated delta rule and the GDN output norm (+ ssm_out's int8 copy)
 # as one launch (gated_deltanet.launch_gated_delta_rule_norm_q8: a block a value head, the

@@ -241,13 +241,6 @@ def gdn_prep(qkv, a, b, dt_bias, ssm_a, q_scale, eps, q, k, v, g, beta):
 # ------------------------------------------------------------------ (a + b) fused, decode
 
 _CONV_PREP_QK = 2 * GDN_DK_MAX      # a key head's q and k after the conv (shared memory)
-# Most rows of one gdn_conv_prep launch (decode's 1, verify's K + 1): every row's q and k wait
-# in shared memory (16 x 256 floats, 16 KiB) for the norms, and a thread's inputs are loaded
-# by a loop of this constant trip count, unrolled, so the loads issue back to back.
-CONV_PREP_T_MAX = 16
-_CONV_PREP_NORMS = 2 * CONV_PREP_T_MAX          # (shared.array wants a global constant)
-# True: gdn_conv_prep_walk, the launch of sessions 19-33 (one row after another).
-CONV_PREP_WALK = False
 
 
 @cuda.jit(device=True, inline="always")
@@ -274,94 +267,19 @@ def _conv_prep_channel(h, tid, nk, dk, nv, dv):
 @kernel
 def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale, eps,
                   q, k, v, g, beta):
-    """conv1d_silu and gdn_prep in one launch, for the few rows of decode / verify (T <=
-    CONV_PREP_T_MAX): block h (key head) owns the conv channels of its q and k head and of the
-    value heads j = h, h + nk, ... (gdn_prep's split of the v copy and the gates), one thread
-    a channel. Three phases, two barriers whatever T:
-      1. each thread loads its channel's T inputs, then runs the conv over them in row order
-         exactly as conv1d_silu (window in registers, `steps` saved alike): q and k to shared
-         memory, v straight out;
-      2. warp w sums the squares of item w, w + warps, ... (item 2t: row t's q, 2t + 1: its
-         k) in gdn_prep's order (lane l: i = l, l + 32, ...; a one-warp block_sum is
-         warp_sum: its second stage adds +0.0 to a non-negative total);
-      3. the q and k threads scale their rows.
-    The gates (T x nv/nk of them) are the value threads' (thread 2dk + i: item i, i + the
-    value threads, ...): each loads its first item's inputs before its conv and computes it
-    after, so their latency hides behind the conv's instead of trailing the norms (session 34:
-    in phase 3 they cost the one-row launch ~0.5 us, H100). So every output is the two
-    kernels' value. Until session 34 the block walked the rows one after another (three
-    barriers a row, the gates on one thread between two of them): 10.8 us a launch at T = 4
-    against 5.7 at T = 1 on the H200 (9B, session 33)."""
-    ybuf = cuda.shared.array((CONV_PREP_T_MAX, _CONV_PREP_QK), float32)
-    rs = cuda.shared.array(_CONV_PREP_NORMS, float32)
-    xs = cuda.local.array(CONV_PREP_T_MAX, float32)
-    h = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    T = x.shape[0]
-    nk, dk = q.shape[1], q.shape[2]
-    nv, dv = v.shape[1], v.shape[2]
-    nvh = nv // nk                          # value heads of this block: h, h + nk, ...
-    c, j, i = _conv_prep_channel(h, tid, nk, dk, nv, dv)
-    gi = tid - 2 * dk                       # this thread's first gate item (if >= 0)
-    gn = cuda.blockDim.x - 2 * dk           # value threads: the items' stride
-    has_gate = gi >= 0 and gi < T * nvh
-    ga = gb = gdt = gsa = float32(0.0)
-    gt = gj = 0
-    if has_gate:                            # its inputs' loads in flight during the conv
-        gt = gi // nvh
-        gj = h + (gi - gt * nvh) * nk
-        ga, gb, gdt, gsa = a[gt, gj], b[gt, gj], dt_bias[gj], ssm_a[gj]
-    if c >= 0:                              # 1. the conv of every row
-        for t in range(CONV_PREP_T_MAX):    # constant trip count: unrolled, xs in registers
-            if t < T:
-                xs[t] = x[t, c]
-        w0, w1, w2, w3 = w[c, 0], w[c, 1], w[c, 2], w[c, 3]
-        s0, s1, s2 = state[0, c], state[1, c], state[2, c]
-        for t in range(CONV_PREP_T_MAX):
-            if t < T:
-                y, s0, s1, s2 = _conv_advance(w0, w1, w2, w3, s0, s1, s2, xs[t])
-                if save_steps:
-                    _save_window(steps, t, c, s0, s1, s2)
-                if tid < 2 * dk:
-                    ybuf[t, tid] = y
-                else:
-                    v[t, j, i] = y
-        state[0, c] = s0
-        state[1, c] = s1
-        state[2, c] = s2
-    if has_gate:
-        g[gt, gj], beta[gt, gj] = _gates(ga, gb, gdt, gsa)
-        for item in range(gi + gn, T * nvh, gn):        # (more items than value threads)
-            t = item // nvh
-            jj = h + (item - t * nvh) * nk
-            g[t, jj], beta[t, jj] = _gates(a[t, jj], b[t, jj], dt_bias[jj], ssm_a[jj])
-    cuda.syncthreads()                      # every row's q and k are in ybuf
-    for item in range(tid >> 5, 2 * T, cuda.blockDim.x >> 5):     # 2. the norms
-        t = item >> 1
-        off = (item & 1) * dk
-        sq = float32(0.0)
-        for e in range(lane, dk, 32):
-            val = ybuf[t, off + e]
-            sq += val * val
-        tot = warp_sum(sq)
-        if lane == 0:
-            rs[item] = float32(1.0) / math.sqrt(tot + eps)
-    cuda.syncthreads()                      # the norms are in rs
-    if tid < dk:                            # 3. scale q and k
-        for t in range(T):
-            q[t, h, tid] = ybuf[t, tid] * rs[2 * t] * q_scale
-    elif tid < 2 * dk:
-        for t in range(T):
-            k[t, h, tid - dk] = ybuf[t, tid] * rs[2 * t + 1] * float32(1.0)
-
-
-@kernel
-def gdn_conv_prep_walk(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale, eps,
-                       q, k, v, g, beta):
-    """gdn_conv_prep as it was until session 34 (CONV_PREP_WALK; run_bench --launch
-    conv-prep-walk): the block walks the T rows one after another, three barriers a row, the
-    gates on thread 64 between two of them. The same bits."""
+    """conv1d_silu and gdn_prep in one launch, for the few rows of decode / verify: block h
+    (key head) owns the conv channels of its q and k head and of the value heads j = h,
+    h + nk, ... (gdn_prep's split of the v copy and the gates), one thread a channel. The
+    block walks the T rows one after another: each row's conv exactly as conv1d_silu (window
+    in registers, `steps` saved alike), its q and k through shared memory, a barrier, the two
+    norms (warp 0: q, warp 1: k, in gdn_prep's order) and the row's gates (thread 64), a
+    barrier, the scaling, a barrier. So every output is the two kernels' value.
+    Session 34 tried three phases instead (every row's conv, then every norm, then the
+    scaling: two barriers whatever T, the rows' q and k in 16 KiB of shared memory). Alone it
+    was faster (launch_chain at T = 4 on the H100: 5.0 against 9.0 us), but in the engine's
+    graph it lost at both row counts (session 35, H100, decision 0041): 9B decode 327.2 /
+    327.5 against 339.9 / 339.7 tok/s, verify at K = 3 4.807 / 4.777 against 4.719 / 4.726 ms.
+    It was removed."""
     ybuf = cuda.shared.array(_CONV_PREP_QK, float32)
     rs = cuda.shared.array(2, float32)
     h = cuda.blockIdx.x
@@ -1080,12 +998,9 @@ def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v,
                          f"not fit one block: use launch_conv1d_silu + launch_gdn_prep")
     if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (CONV_KERNEL - 1, C)):
         raise ValueError(f"gdn_conv_prep: steps must be [>= {T}, {CONV_KERNEL - 1}, {C}]")
-    if T > CONV_PREP_T_MAX:
-        raise ValueError(f"gdn_conv_prep: {T} rows, at most {CONV_PREP_T_MAX}: use "
-                         f"launch_conv1d_silu + launch_gdn_prep")
     if T == 0:
         return
-    (gdn_conv_prep_walk if CONV_PREP_WALK else gdn_conv_prep)[nk, threads, stream](
+    gdn_conv_prep[nk, threads, stream](
         qkv, conv_w, conv_state,
         conv_state.reshape(1, *conv_state.shape) if steps is None else steps,
         np.int32(steps is not None), a, b, dt_bias, ssm_a, np.float32(dk ** -0.5),
@@ -1206,9 +1121,6 @@ PTX_SIGNATURES = {
     "gdn_conv_prep": [f"void({_A2}, {_A2}, {_A2}, float32[:, :, ::1], int32, {_A2}, {_A2}, "
                       f"float32[::1], float32[::1], float32, float32, {_A3}, {_A3}, {_A3}, "
                       f"{_A2}, {_A2})"],
-    "gdn_conv_prep_walk": [f"void({_A2}, {_A2}, {_A2}, float32[:, :, ::1], int32, {_A2}, {_A2}, "
-                           f"float32[::1], float32[::1], float32, float32, {_A3}, {_A3}, {_A3}, "
-                           f"{_A2}, {_A2})"],
     "gated_delta_rule": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, {_A3}, "
                          f"float32[:, :, :, ::1], int32)"],
     "gated_delta_rule_lane": [f"void({_A3}, {_A3}, {_A3}, {_A2}, {_A2}, int32[::1], {_A3}, "
