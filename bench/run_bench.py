@@ -563,9 +563,8 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
 # (gemm-ahead: cp.async double buffers, uncapped; session 24: 6947 against 7004 tok/s at 9B
 # pp512), or session 23's (gemm-s23: m128t64s4_cvt; the copy_ahead tile capped at 128 registers
 # is the default since session 24, run then as gemm-ahead-r128: 7117 against 7031); (session
-# 34's conv-prep-rows and session 35's conv-prep-walk are gone with the kernels they chose
-# between, decisions 0040 and 0041); a verify's argmax a launch pair a row (argmax-per-row: engine_spec.ARGMAX_ROWS
-# off, before session 34);
+# 34's conv-prep-rows, session 35's conv-prep-walk and argmax-per-row are gone with the forms
+# they chose between, decisions 0040 and 0041);
 # prefill's delta rule on the pipe kernel (pipe-rule: gated_deltanet.PREFILL_RULE; the default
 # since session 23) or the quad kernel (quad-rule, session 22's default); the rows prefill's
 # slices of a matvec as one chain (slice-chain: engine.ROWS_SLICE_SIDES = 0, before session
@@ -651,7 +650,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],
                 "gemm-ahead": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_AHEAD)],
                 "gemm-s23": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S23)],
-                "argmax-per-row": [("bw24nb.engine_spec", "ARGMAX_ROWS", False)],
                 "pipe-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "pipe")],
                 "quad-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "quad")],
                 "slice-chain": [("bw24nb.engine", "ROWS_SLICE_SIDES", 0)],

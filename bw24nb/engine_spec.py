@@ -112,11 +112,6 @@ class _Graphs:
             self.graphs.pop(key).close()
 
 
-# True: a verify's argmaxes as one launch pair over every row (session 34); False: a pair a
-# row, as before (run_bench --launch argmax-per-row).
-ARGMAX_ROWS = True
-
-
 class _HeadRows:
     """An LM head (full or FR-Spec trimmed) with its [LOGIT_ROWS, V] logits and argmax buffers."""
 
@@ -130,17 +125,17 @@ class _HeadRows:
 
     def launches(self, engine: Engine, ws: Workspace, T: int) -> list:
         """logits[:T] = weight @ ws.x[:T] on the decode kernels (int8 rows of `ws`, a rowwise
-        workspace; one weight read for all rows) + every row's argmax (one grid): row t
-        bit-identical to the decode step's head on that row. Starts with "quant_act", so
+        workspace; one weight read for all rows) + every row's argmax (one launch pair for all
+        rows: 0.011 against 0.037 ms a verify at K = 3 with a pair a row, H100, decision 0040):
+        row t bit-identical to the decode step's head on that row. Starts with "quant_act", so
         `Engine._norm_then` fuses it into the output norm exactly as the decode step does."""
         s, x = engine.stream, ws.x[:T]
         qL, qx = engine._quantize_input(ws, x, T, [self.weight])
         return qL + [
             ("lm_head", lambda: engine._mv(self.weight, x, self.logits[:T], T, qx=qx, rowwise=True)),
-        ] + ([("argmax", lambda: sampling.launch_argmax(self.logits[:T], self.tokens,
-                                                     self.sample_ws, s))] if ARGMAX_ROWS else
-             [("argmax", lambda r=r: sampling.launch_argmax(self.logits[r], self.tokens[r:r + 1],
-                                                            self.sample_ws, s)) for r in range(T)])
+            ("argmax", lambda: sampling.launch_argmax(self.logits[:T], self.tokens,
+                                                      self.sample_ws, s)),
+        ]
 
     def launch(self, engine: Engine, x, n: int) -> None:
         """logits[:n] = weight @ x[:n] (matvec for one row, matmul for more), then the device
