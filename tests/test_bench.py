@@ -337,3 +337,22 @@ def test_prefill_attention_bench_compares_every_form_bit_for_bit(tmp_path, monke
             "walk2+combine S=8 one warp"} <= variants
     assert all(r["same"] for r in recs if "same" in r)
     assert recs[0]["max_rel_err"] < 2e-3
+
+
+def test_matvec_bench_times_the_engines_q6k_kernel(tmp_path, monkeypatch):
+    """bench/matvec_bench.py --tiny in the simulator (launched, not timed: no timing is
+    asserted): a Q6_K shape gets the engine's Q6_K_R kernel beside the generic path -- at the
+    default and the asked warps a row, and over T rows, each row bit for bit the one-row
+    launch -- every output within its reference bound (outputs are NaN-poisoned first), and
+    the records reach the jsonl."""
+    import bench.matvec_bench as matvec_bench     # (it puts bench/ on sys.path itself)
+    out = tmp_path / "mv.jsonl"
+    monkeypatch.setattr(sys, "argv", ["matvec_bench.py", "--tiny", "--no-old", "--act-rows", "2",
+                                      "--q6kr-parts", "1", "--out", str(out)])
+    assert matvec_bench.main() == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    q6 = {r["kernel"]: r for r in recs if r["qtype"] == "Q6_K"}
+    assert {"dp4a", "q6kr", "q6kr_p1", "q6kr_r2", "dp4a_r2"} <= set(q6)
+    assert all(r["ok"] for r in recs)
+    assert q6["q6kr_r2"]["rows_bits"] and q6["dp4a_r2"]["rows_bits"]
+    assert "x_r1" in q6["q6kr_r2"]
