@@ -677,9 +677,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 # while the launches before it run (engine.PREFETCH_AHEAD_MB, decision 0042)
                 **{f"prefetch{n}": [("bw24nb.engine", "PREFETCH_AHEAD_MB", float(n))]
                    for n in (4, 8, 16, 32)},
-                # the same graph (its prefetch nodes, forks and joins) naming 1 KiB a matvec:
-                # what the nodes cost without what the prefetch brings
-                "prefetch-nodes": [("bw24nb.engine", "PREFETCH_AHEAD_MB", 1 / 1024)],
                 "s30-verify": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False),
                                ("bw24nb.kernels.matvec", "ROWS_PAIRS", False),
                                ("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP", False)]}
