@@ -673,10 +673,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "gu-apart": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False)],
                 "norm-shared-warp": [("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP",
                                       False)],
-                # each matvec's first N MiB of weights named to L2 on a graph side branch
-                # while the launches before it run (engine.PREFETCH_AHEAD_MB, decision 0042)
-                **{f"prefetch{n}": [("bw24nb.engine", "PREFETCH_AHEAD_MB", float(n))]
-                   for n in (4, 8, 16, 32)},
                 "s30-verify": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False),
                                ("bw24nb.kernels.matvec", "ROWS_PAIRS", False),
                                ("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP", False)]}

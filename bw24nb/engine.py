@@ -19,7 +19,6 @@ Every buffer is allocated in `__init__` (graph capture forbids allocation).
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -32,7 +31,7 @@ from .errors import ContextOverflow, OutOfDeviceMemory
 from .formats.config import LINEAR_ATTENTION
 from .graph import Branches, CudaGraph, CudaGraphError
 from .kernels import (activation, attention, embedding, gated_deltanet, matmul, matmul_q8, matvec,
-                      moe, norm, prefetch, quantize_act, rope, sampling, step)
+                      moe, norm, quantize_act, rope, sampling, step)
 from .quant import QType, quantize
 
 # Prompt tokens per prefill launch sequence: bounds the prefill workspace (T x FFN floats).
@@ -109,15 +108,6 @@ ROWS_ATTENTION_GRID = 8
 # tile's K and V rows for a quarter of the rows lost (253 / 656 us one warp against 316 / 807
 # spread, on the walking kernel, whose spread build takes 255 registers and spills).
 ROWS_ATTENTION_SPREAD = False
-
-# Decode and verify (the decode kernels' forwards): the first PREFETCH_AHEAD_MB MiB of each
-# matvec's weights (split over the weights of side-by-side projections by size) are named to
-# L2 by a small kernel (kernels/prefetch.launch_prefetch_l2) on a side branch of the graph,
-# forked right after the matvec before it and joined right before this one. So the bytes
-# stream in while the small launches between the two (norms, the GDN conv and rule,
-# attention, swiglu) leave DRAM idle, and the matvec finds its first rows in L2. Prefetching
-# changes no value. 0: none (the form before session 36). Read when launches are built.
-PREFETCH_AHEAD_MB = 0.0
 
 # 2-D tensors a kernel reads as plain float32 arrays (not through a matvec): the depthwise conv.
 FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
@@ -439,12 +429,6 @@ class Engine:
         # the same bits; False = one block a row, the form before session 15: --launch
         # norm-whole)
         self._norm_split = norm_split
-        # launch entry -> the weights it streams (`_reading`): where PREFETCH_AHEAD_MB's
-        # prefetches go; their side stream, made on first use; whether one is forked and not
-        # yet joined (`_prefetch_ahead`, `time_launches`)
-        self._launch_reads = weakref.WeakKeyDictionary()
-        self._prefetch_side = None
-        self._prefetch_open = False
         self.inv_freq = cuda.to_device(rope.rope_inv_freq(c.rope_theta, c.rotary_dim))
         n_splits = attention.decode_splits(n_ctx, c.num_key_value_heads)
         self.ws1 = Workspace(c, 1, n_splits)
@@ -810,8 +794,7 @@ class Engine:
         kernels read the same input either way, so every bit is the chain's."""
         s, br = self.stream, self._proj_branches
         if br is None or not ws.rowwise or len(projections) == 1:     # alone: the engine's stream
-            return [(name, self._reading((lambda fn=fn: fn(None)), *self._launch_reads.get(fn, ())))
-                    for name, fn in projections]
+            return [(name, (lambda fn=fn: fn(None))) for name, fn in projections]
         (_, first), rest = projections[0], projections[1:]
 
         def launch():
@@ -820,63 +803,7 @@ class Engine:
             first(s)
             for j in range(len(rest)):
                 br.join(s, j)
-        return [("+".join(n for n, _ in projections),
-                 self._reading(launch, *(w for _, fn in projections
-                                         for w in self._launch_reads.get(fn, ()))))]
-
-    def _reading(self, fn, *weights):
-        """`fn`, a launch entry's function, noted as one that streams `weights` (a matvec; none:
-        a launch as heavy that has nothing to prefetch, the MoE block): `_prefetch_ahead`
-        names their first bytes to L2 while the launches before it run."""
-        self._launch_reads[fn] = weights
-        return fn
-
-    def _prefetch_ahead(self, launches: list) -> list:
-        """`launches` with PREFETCH_AHEAD_MB's prefetches: before each entry `_reading` noted,
-        right after the noted entry before it (the step's start for the first), an entry that
-        forks a side stream and names the first bytes of its weights to L2 there; the noted
-        entry joins the side stream first. Unchanged when PREFETCH_AHEAD_MB is 0."""
-        budget = int(PREFETCH_AHEAD_MB * 2 ** 20)
-        if budget <= 0:
-            return launches
-        if self._prefetch_side is None:
-            self._prefetch_side = Branches(1)
-        out, after = [], 0          # `after`: where the next prefetch entry goes in `out`
-        for name, fn in launches:
-            reads = self._launch_reads.get(fn)
-            if reads is None:
-                out.append((name, fn))
-                continue
-            bufs = [w.q6k_r[0] if w.q6k_r is not None else w.buf for w in reads]
-            total = sum(b.size * b.dtype.itemsize for b in bufs)
-            if total:
-                take = min(budget, total)
-                sizes = [b.size * b.dtype.itemsize * take // total for b in bufs]
-                out.insert(after, ("l2_prefetch", self._prefetch_entry(bufs, sizes)))
-                fn = self._joining(fn)
-            out.append((name, fn))
-            after = len(out)
-        return out
-
-    def _prefetch_entry(self, bufs, sizes):
-        def launch():
-            side = self._prefetch_side.fork(self.stream, 0)
-            for b, n in zip(bufs, sizes):
-                prefetch.launch_prefetch_l2(b, n, side)
-            self._prefetch_open = True
-        return launch
-
-    def _joining(self, fn):
-        """`fn` after the prefetch side stream is joined back (when a prefetch is open)."""
-        def launch():
-            self._join_prefetch()
-            fn()
-        return launch
-
-    def _join_prefetch(self) -> None:
-        if self._prefetch_open:
-            self._prefetch_side.join(self.stream, 0)
-            self._prefetch_open = False
+        return [("+".join(n for n, _ in projections), launch)]
 
     def _layer_launches(self, i: int, ws: Workspace, T: int) -> list:
         """The launches of decoder block i for the first T rows of `ws`, as named closures:
@@ -929,21 +856,19 @@ class Engine:
                 q = flat[:nq].reshape(1, Hq, D)
             k, v = flat[nq:nq + nk].reshape(1, Hkv, D), flat[nq + nk:nq + 2 * nk].reshape(1, Hkv, D)
             bias = self.stacks.get((i, "qkv_bias"))
-            add(("attn_qkv", self._reading(
-                lambda: self._mv(stack, x, flat, T, bias=bias, qx=qx, rowwise=True), stack)))
+            add(("attn_qkv", lambda: self._mv(stack, x, flat, T, bias=bias, qx=qx, rowwise=True)))
         else:                   # q (+gate), k and v side by side
             q_out, q_bias = ((qg, None) if c.attn_output_gate else
                              (q.reshape(T, Hq * D), w.blk_opt(i, "attn_q.bias")))
-            mq, mk, mv = (w.blk(i, f"attn_{n}.weight") for n in "qkv")
             L += self._side_by_side(ws, [
-                ("attn_q", self._reading(lambda st: self._mv(
-                    mq, x, q_out, T, bias=q_bias, qx=qx, rowwise=ws.rowwise, stream=st), mq)),
-                ("attn_k", self._reading(lambda st: self._mv(
-                    mk, x, k.reshape(T, Hkv * D), T, bias=w.blk_opt(i, "attn_k.bias"), qx=qx,
-                    rowwise=ws.rowwise, stream=st), mk)),
-                ("attn_v", self._reading(lambda st: self._mv(
-                    mv, x, v.reshape(T, Hkv * D), T, bias=w.blk_opt(i, "attn_v.bias"), qx=qx,
-                    rowwise=ws.rowwise, stream=st), mv))])
+                ("attn_q", lambda st: self._mv(w.blk(i, "attn_q.weight"), x, q_out, T,
+                                               bias=q_bias, qx=qx, rowwise=ws.rowwise, stream=st)),
+                ("attn_k", lambda st: self._mv(w.blk(i, "attn_k.weight"), x, k.reshape(T, Hkv * D),
+                                               T, bias=w.blk_opt(i, "attn_k.bias"), qx=qx,
+                                               rowwise=ws.rowwise, stream=st)),
+                ("attn_v", lambda st: self._mv(w.blk(i, "attn_v.weight"), x, v.reshape(T, Hkv * D),
+                                               T, bias=w.blk_opt(i, "attn_v.bias"), qx=qx,
+                                               rowwise=ws.rowwise, stream=st))])
         if c.attn_output_gate and not c.qk_norm:
             add(("split_q_gate", lambda: rope.launch_split_q_gate(qg, q, ws.gate[:T], s)))
         if c.qk_norm:           # q_norm + k_norm (+ the query / gate split): one launch
@@ -989,9 +914,8 @@ class Engine:
         if qo is None:
             qL, qo = self._quantize_input(ws, attn2, T, [wo])
             L += qL
-        add(("attn_output", self._reading(lambda: self._mv(
-            wo, attn2, h, T, bias=w.blk_opt(i, "attn_output.bias"), residual=h, qx=qo,
-            rowwise=ws.rowwise), wo)))
+        add(("attn_output", lambda: self._mv(wo, attn2, h, T, bias=w.blk_opt(i, "attn_output.bias"),
+                                             residual=h, qx=qo, rowwise=ws.rowwise)))
         return L
 
     def _gdn_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -1009,15 +933,14 @@ class Engine:
             C = qkv.shape[1]
             flat = ws.qkvz.reshape(ws.qkvz.size)
             qkv, z = flat[:C].reshape(1, C), flat[C:].reshape(1, nv, dv)
-            proj = [("gdn_qkvz", self._reading(lambda st: self._mv(
-                qkvz, x, ws.qkvz, T, qx=qx, rowwise=True, stream=st), qkvz))]
+            proj = [("gdn_qkvz", lambda st: self._mv(qkvz, x, ws.qkvz, T, qx=qx, rowwise=True,
+                                                     stream=st))]
         else:
-            wqkv, wz = w.blk(i, "attn_qkv.weight"), w.blk(i, "attn_gate.weight")
             proj = [
-                ("gdn_qkv", self._reading(lambda st: self._mv(
-                    wqkv, x, qkv, T, qx=qx, rowwise=ws.rowwise, stream=st), wqkv)),
-                ("gdn_z", self._reading(lambda st: self._mv(
-                    wz, x, z.reshape(T, nv * dv), T, qx=qx, rowwise=ws.rowwise, stream=st), wz))]
+                ("gdn_qkv", lambda st: self._mv(w.blk(i, "attn_qkv.weight"), x, qkv, T, qx=qx,
+                    rowwise=ws.rowwise, stream=st)),
+                ("gdn_z", lambda st: self._mv(w.blk(i, "attn_gate.weight"), x,
+                    z.reshape(T, nv * dv), T, qx=qx, rowwise=ws.rowwise, stream=st))]
         o2, wout = o.reshape(T, nv * dv), w.blk(i, "ssm_out.weight")
         conv_steps, ssm_steps = (None, None) if ws.step_states is None else ws.step_states.layer(i)
         qL, qo = self._quantize_input(ws, o2, T, [wout])
@@ -1025,14 +948,13 @@ class Engine:
         if ba is not None:      # beta and alpha rows in one matvec (see _stack_decode_weights)
             ab = ws.ab[:T]
             b, a = ab[:, :nv], ab[:, nv:]        # row-strided views (gdn_prep reads [:, ::1])
-            gates = [("gdn_ba", self._reading(lambda st: self._mv(
-                ba, x, ab, T, qx=qx, rowwise=ws.rowwise, stream=st), ba))]
+            gates = [("gdn_ba", lambda st: self._mv(ba, x, ab, T, qx=qx, rowwise=ws.rowwise,
+                                                    stream=st))]
         else:
-            wb, wa = w.blk(i, "ssm_beta.weight"), w.blk(i, "ssm_alpha.weight")
-            gates = [("gdn_beta", self._reading(lambda st: self._mv(
-                wb, x, b, T, qx=qx, rowwise=ws.rowwise, stream=st), wb)),
-                     ("gdn_alpha", self._reading(lambda st: self._mv(
-                         wa, x, a, T, qx=qx, rowwise=ws.rowwise, stream=st), wa))]
+            gates = [("gdn_beta", lambda st: self._mv(w.blk(i, "ssm_beta.weight"), x, b, T,
+                qx=qx, rowwise=ws.rowwise, stream=st)),
+                     ("gdn_alpha", lambda st: self._mv(w.blk(i, "ssm_alpha.weight"), x, a, T,
+                         qx=qx, rowwise=ws.rowwise, stream=st))]
         norm_w, eps = w.blk(i, "ssm_norm.weight").buf, c.rms_norm_eps
         if qo is not None and qo.xq is not None and dv % 32 == 0 \
                 and (ws.rowwise or T == 1 or self.fuse_prefill):
@@ -1071,8 +993,7 @@ class Engine:
         # the projections of x side by side (conv_prep waits for them all; only the output
         # norm reads z)
         return L + self._side_by_side(ws, proj + gates) + mix + rule + norm_q + [
-            ("gdn_out", self._reading(lambda: self._mv(wout, o2, h, T, residual=h, qx=qo,
-                                                       rowwise=ws.rowwise), wout)),
+            ("gdn_out", lambda: self._mv(wout, o2, h, T, residual=h, qx=qo, rowwise=ws.rowwise)),
         ]
 
     def _mlp_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -1091,15 +1012,12 @@ class Engine:
         qL, qg = self._quantize_input(ws, g, T, [wd])
         if gu is not None:      # [gate | up] rows in one matvec, swiglu reading both halves
             gu_out = ws.gu.reshape(ws.gu.size)[:T * 2 * F].reshape(T, 2 * F)
-            proj = [("ffn_gate_up", self._reading(
-                lambda: self._mv(gu, x, gu_out, T, qx=qx, rowwise=True), gu))]
+            proj = [("ffn_gate_up", lambda: self._mv(gu, x, gu_out, T, qx=qx, rowwise=True))]
             swiglu_q8 = lambda: activation.launch_swiglu_fused_q8(gu_out, g, qg.xq, qg.xd, s)
             swiglu = lambda: activation.launch_swiglu_fused(gu_out, g, s)
         else:
-            proj = [("ffn_gate", self._reading(
-                        lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise), wg)),
-                    ("ffn_up", self._reading(
-                        lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise), wu))]
+            proj = [("ffn_gate", lambda: self._mv(wg, x, g, T, qx=qx, rowwise=ws.rowwise)),
+                    ("ffn_up", lambda: self._mv(wu, x, u, T, qx=qx, rowwise=ws.rowwise))]
             swiglu_q8 = lambda: activation.launch_swiglu_q8(g, u, g, qg.xq, qg.xd, s)
             swiglu = lambda: activation.launch_swiglu(g, u, g, s)
         if qg is not None and qg.xq is not None and (ws.rowwise or self.fuse_prefill):
@@ -1108,8 +1026,7 @@ class Engine:
         else:
             act = [("swiglu", swiglu)] + qL
         return L + proj + act + [
-            ("ffn_down", self._reading(
-                lambda: self._mv(wd, g, h, T, residual=h, qx=qg, rowwise=ws.rowwise), wd)),
+            ("ffn_down", lambda: self._mv(wd, g, h, T, residual=h, qx=qg, rowwise=ws.rowwise)),
         ]
 
     def _moe_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -1127,11 +1044,10 @@ class Engine:
             xq, xd, xv = ws.xq[:T * H], ws.xd[:T * H // 32], x.reshape(x.size)
             return [("quant_act", lambda: quantize_act.launch_quantize_act(xv, xq, xd, n=T * H,
                                                                            stream=s)),
-                    ("moe", self._reading(lambda: block(
-                        x, xq, xd, self.experts[i], self.moe_q8[i], scratch, h, residual=h,
-                        stream=s)))]
-        return [("moe", self._reading(lambda: moe.launch_moe_block(
-            x, self.experts[i], scratch, h, residual=h, stream=s)))]
+                    ("moe", lambda: block(x, xq, xd, self.experts[i], self.moe_q8[i], scratch,
+                                          h, residual=h, stream=s))]
+        return [("moe", lambda: moe.launch_moe_block(x, self.experts[i], scratch, h, residual=h,
+                                                     stream=s))]
 
     def _head_launches(self, ws: Workspace, row: int) -> list:
         """Final norm of one row + LM head into self.logits + argmax into self.next_token."""
@@ -1140,7 +1056,7 @@ class Engine:
         out = self.output
         qL, qx = self._quantize_input(ws, xr, 1, [out])     # one row: the decode path's head
         return self._norm_then(("output_norm", self.w["output_norm.weight"]), hr, xr, ws, 1, qL + [
-            ("lm_head", self._reading(lambda: self._mv(out, xr, self.logits, 1, qx=qx), out)),
+            ("lm_head", lambda: self._mv(out, xr, self.logits, 1, qx=qx)),
             ("argmax", lambda: sampling.launch_argmax(self.logits, self.next_token, self.sample_ws, s)),
         ])
 
@@ -1150,8 +1066,7 @@ class Engine:
             tok.buf, tok.qtype, tok.rows, tok.cols, ws.ids[:T], ws.h[:T], self.stream))]
         for i in range(self.config.num_hidden_layers):
             L += self._layer_launches(i, ws, T)
-        L += self._head_launches(ws, T - 1)
-        return self._prefetch_ahead(L) if ws.rowwise and T <= VERIFY_ROWS else L
+        return L + self._head_launches(ws, T - 1)
 
     def _decode_step(self) -> list:
         ws = self.ws1
@@ -1381,7 +1296,6 @@ class Engine:
             with CudaGraph.capture(self.stream, programmatic=chain > 1 and self.programmatic) as g:
                 for _ in range(chain):
                     fn()
-                self._join_prefetch()   # an l2_prefetch entry's side stream, captured alone
             rows.append((name, self.replay_ms(lambda: g.replay(self.stream), replays) / chain))
             g.close()
             if restore is not None:

@@ -480,7 +480,7 @@ class EngineSpecTarget:
         if head:
             L += e._norm_then(("output_norm", e.w["output_norm.weight"]), ws.h[:T], ws.x[:T],
                               ws, T, self.head.launches(e, ws, T))
-        return e._prefetch_ahead(L) if T <= VERIFY_ROWS else L
+        return L
 
     def _put_rows(self, ids: np.ndarray) -> None:
         """The verify workspace's inputs: ids at the positions after the current one."""
