@@ -11,8 +11,7 @@ a restructured kernel can differ from its twin there by an ulp. Checked:
     a token) and as decode does (one token at 511), on the 9B's and the 0.5B's heads;
   * the quad and pipe delta rules against the lane kernel (session 22), 9B heads, 512 tokens
     and a 9-token verify with saved steps;
-  * decode's fused conv + prep against prefill's conv and prep (9B channels, 1 and 9 rows);
-  * the KV store with attention's head norms folded in against the two launches (9B heads).
+  * decode's fused conv + prep against prefill's conv and prep (9B channels, 1 and 9 rows).
 Prints one line each: SAME, or DIFF with the count of differing outputs and the largest
 relative difference. A twin checked here only shows that two kernels of one tree agree; to
 compare two trees, see bench/prefill_hashes.py.
@@ -156,42 +155,6 @@ def conv_prep_twins(rng, dims=(16, 32, 128, 128)) -> bool:
     return ok
 
 
-def qk_norm_fold_twins(rng) -> bool:
-    """The KV store with attention's head norms folded in (cache/kv.py's
-    kv_store_rope_qk_norm, engine.FOLD_QK_NORM) against the head-norm launch then the store:
-    the 9B's heads (16 query heads with their gates / 4 KV heads of 256, rotary 64, F16
-    cache), 1 and 4 rows: the same q, k, gate and cache bytes."""
-    from bw24nb.cache.kv import kv_row_bytes, launch_kv_store_rope
-    from bw24nb.kernels.norm import launch_qk_head_norm
-    from bw24nb.kernels.rope import rope_inv_freq
-    from bw24nb.quant import QType
-    Hq, H, D, ctx, ok = 16, 4, 256, 64, True
-    inv_freq = cuda.to_device(rope_inv_freq(1e7, 32))
-    for T in (1, 4):
-        qsrc = (3 * rng.standard_normal((T, Hq * 2 * D))).astype(np.float32)
-        k, v = ((2 * rng.standard_normal((T, H, D))).astype(np.float32) for _ in range(2))
-        wq, wk = (cuda.to_device(rng.standard_normal(D).astype(np.float32)) for _ in range(2))
-        pos = cuda.to_device(np.arange(40, 40 + T, dtype=np.int32))
-
-        def run(fold):
-            rows = [cuda.to_device(np.zeros((H, ctx, kv_row_bytes(QType.F16, D)), np.uint8))
-                    for _ in range(2)]
-            src, kd = cuda.to_device(qsrc), cuda.to_device(k)
-            q, gate = (cuda.device_array((T, Hq, D), np.float32) for _ in range(2))
-            norms = (src, wq, wk, np.float32(1e-6), gate)
-            if not fold:
-                launch_qk_head_norm(src, q, wq, kd, wk, np.float32(1e-6), gate=gate)
-            launch_kv_store_rope(kd, cuda.to_device(v), pos, inv_freq, QType.F16, rows[0],
-                                 rows[0].view(np.float16), QType.F16, rows[1],
-                                 rows[1].view(np.float16), q=q, qk_norm=norms if fold else None)
-            return [a.copy_to_host() for a in (q, kd, gate, rows[0])]
-        for name, a, b in zip(("q", "k", "gate", "K cache"), run(True), run(False)):
-            ok &= _report(f"qk-norm fold vs norm + store, 9B heads, T {T}: {name}",
-                          a.view(np.uint32) if name == "K cache" else a,
-                          b.view(np.uint32) if name == "K cache" else b)
-    return ok
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--T", type=int, default=64)
@@ -219,7 +182,6 @@ def main() -> int:
     ok &= attention_twins(rng)
     ok &= rule_twins(rng)
     ok &= conv_prep_twins(rng)
-    ok &= qk_norm_fold_twins(rng)
     return 0 if ok else 1
 
 

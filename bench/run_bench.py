@@ -673,9 +673,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "gu-apart": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False)],
                 "norm-shared-warp": [("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP",
                                       False)],
-                # attention's head norms as their own launch before the rope + KV store (the
-                # decode before session 36's fold, decision 0042)
-                "qk-norm-apart": [("bw24nb.engine", "FOLD_QK_NORM", False)],
                 "s30-verify": [("bw24nb.engine", "STACK_GATE_UP_ROWS", False),
                                ("bw24nb.kernels.matvec", "ROWS_PAIRS", False),
                                ("bw24nb.kernels.gated_deltanet", "RULE_NORM_OWN_WARP", False)]}

@@ -25,7 +25,7 @@ import numpy as np
 from numba import cuda
 
 from . import device
-from .cache.kv import K_TYPE_DEFAULT, V_TYPE_DEFAULT, KVCache, qk_norm_folds
+from .cache.kv import K_TYPE_DEFAULT, V_TYPE_DEFAULT, KVCache
 from .cache.recurrent import RecurrentState
 from .errors import ContextOverflow, OutOfDeviceMemory
 from .formats.config import LINEAR_ATTENTION
@@ -56,13 +56,6 @@ ROWS_PREFILL_CHUNK = 128
 # H200, bench/gpu_same_bits.py (session 22). Session 23: 35B-A3B pp512 1278 with the two
 # launches against 1206 with the fused one.
 CONV_PREP_MAX_T = VERIFY_ROWS
-
-# Decode and verify (T <= VERIFY_ROWS) apply attention's q_norm / k_norm (+ the query / gate
-# split) in the launch that ropes q and k and stores K and V (cache/kv.py's
-# kv_store_rope_qk_norm: the norms on the block's first threads as qk_head_norm_rows runs them,
-# the same bits): a launch fewer an attention layer. False: the two launches, as before
-# session 36 (run_bench --launch qk-norm-apart). Read when launches are built.
-FOLD_QK_NORM = True
 
 # Decode and verify run the gated delta rule and the GDN output norm (+ ssm_out's int8 copy)
 # as one launch (gated_deltanet.launch_gated_delta_rule_norm_q8: a block a value head, the
@@ -878,20 +871,14 @@ class Engine:
                                                rowwise=ws.rowwise, stream=st))])
         if c.attn_output_gate and not c.qk_norm:
             add(("split_q_gate", lambda: rope.launch_split_q_gate(qg, q, ws.gate[:T], s)))
-        qk_norm = None
-        if c.qk_norm:           # q_norm + k_norm (+ the query / gate split)
+        if c.qk_norm:           # q_norm + k_norm (+ the query / gate split): one launch
             wq, wk = w.blk(i, "attn_q_norm.weight").buf, w.blk(i, "attn_k_norm.weight").buf
             gate = ws.gate[:T] if c.attn_output_gate else None
-            qsrc = qg if c.attn_output_gate else q
-            if FOLD_QK_NORM and ws.rowwise and T <= VERIFY_ROWS and qk_norm_folds(D):
-                qk_norm = (qsrc, wq, wk, eps, gate)     # into the store's launch, below
-            else:
-                add(("qk_norm", lambda: norm.launch_qk_head_norm(qsrc, q, wq, k, wk, eps,
-                                                                 gate=gate, stream=s)))
+            add(("qk_norm", lambda: norm.launch_qk_head_norm(
+                qg if c.attn_output_gate else q, q, wq, k, wk, eps, gate=gate, stream=s)))
         # RoPE: q in place, k on its way into the cache, and the store of K and V: one launch
-        # (decode / verify: the head norms first, in the same launch)
-        add(("qk_norm_rope_kv_store" if qk_norm else "rope_kv_store", lambda: self.kv.store(
-            slot, k, v, pos, inv_freq=self.inv_freq, stream=s, q=q, qk_norm=qk_norm)))
+        add(("rope_kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq,
+                                                    stream=s, q=q)))
         wo, attn2 = w.blk(i, "attn_output.weight"), attn.reshape(T, Hq * D)
         # decode / verify: split-K attention, planned per token, whose combine also gates the
         # output and writes the int8 copy the attn_output matvec reads (when it takes one);

@@ -160,55 +160,6 @@ def test_store_rope_also_rotates_q_like_rope_neox(rng, qtype):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("qtype", [QType.F16, QType.Q8_0])
-@pytest.mark.parametrize("D,T,gated", [(64, 1, True), (128, 3, False), (256, 2, True)])
-def test_store_with_the_head_norms_is_the_two_launches(rng, qtype, D, T, gated):
-    """launch_kv_store_rope(q=, qk_norm=) = norm.launch_qk_head_norm then
-    launch_kv_store_rope(q=), bit for bit: q (from the gated [query | gate] source, the gate
-    split off) and k normalized and rotated, the cache's bytes. Fresh inputs, outputs
-    poisoned with NaN; more query heads than KV heads, partial rotary, positions out of
-    order, head dims whose norm block is narrower than the store's."""
-    from bw24nb.cache.kv import qk_norm_folds
-    from bw24nb.kernels.norm import launch_qk_head_norm
-    Hq, H, ctx, eps = 4, 2, 8, np.float32(1e-6)
-    assert qk_norm_folds(D)
-    S = 2 * D if gated else D
-    qsrc = rng.standard_normal((T, Hq * S)).astype(np.float32) * 3
-    k, v = (rng.standard_normal((T, H, D)).astype(np.float32) for _ in range(2))
-    wq, wk = (rng.standard_normal(D).astype(np.float32) for _ in range(2))
-    pos = cuda.to_device(np.array([5, 2, 7][:T], np.int32))
-    inv_freq = cuda.to_device(rope_inv_freq(1e4, D // 8))
-
-    def run(fused):
-        rows = [cuda.to_device(np.zeros((H, ctx, kv_row_bytes(qtype, D)), np.uint8))
-                for _ in range(2)]
-        src = cuda.to_device(qsrc)
-        q = cuda.to_device(np.full((T, Hq, D), np.nan, np.float32))
-        if not gated:
-            q = src.reshape(T, Hq, D)   # the ungated q_norm reads q itself, in place
-        gate = cuda.to_device(np.full((T, Hq, D), np.nan, np.float32)) if gated else None
-        kd = cuda.to_device(k)
-        w_q, w_k = cuda.to_device(wq), cuda.to_device(wk)
-        if fused:
-            norms = (src, w_q, w_k, eps, gate)
-        else:
-            launch_qk_head_norm(src, q, w_q, kd, w_k, eps, gate=gate)
-            norms = None
-        launch_kv_store_rope(kd, cuda.to_device(v), pos, inv_freq, qtype, rows[0],
-                             rows[0].view(np.float16), qtype, rows[1], rows[1].view(np.float16),
-                             q=q, qk_norm=norms)
-        out = [q.copy_to_host(), kd.copy_to_host()] + [r.copy_to_host() for r in rows]
-        return out + ([gate.copy_to_host()] if gated else [])
-
-    fused, apart = run(True), run(False)
-    assert np.isfinite(fused[0]).all() and np.isfinite(fused[1]).all()
-    assert not np.array_equal(fused[1], k)               # k was normalized in place
-    for a, b in zip(fused, apart):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-    if gated:
-        np.testing.assert_array_equal(fused[-1], qsrc.reshape(T, Hq, 2, D)[:, :, 1])
-
-
 def test_cli_kv_cache_names_are_the_cache_kinds():
     """`--kv-cache` lists cache.kv.KV_CACHE_KINDS' names (written out in cli.py so that the CLI
     starts without numba), the first of them the engine's default."""

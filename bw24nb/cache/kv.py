@@ -48,7 +48,6 @@ from numba import cuda, float32, int32
 
 from ..jit import kernel
 from ..formats.config import FULL_ATTENTION
-from ..kernels.norm import SCRATCH_WARPS, _norm_row_one_step
 from ..kernels.quantize_act import round_half_away
 from ..kernels.rope import rotate_pair
 from ..quant.types import QType, row_bytes
@@ -290,55 +289,6 @@ def kv_store_rope(k, v, q, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u
         _encode_row(vals, qs, e, D, h, pos, k_type, k_u8, k_f16)
 
 
-@kernel
-def kv_store_rope_qk_norm(k, k2, v, qsrc, q, q2, g2, positions, inv_freq, wq, wk, eps, B,
-                          split, k_type, k_u8, k_f16, v_type, v_u8, v_f16):
-    """`kv_store_rope` after norm.qk_head_norm_rows in one launch (Qwen3.5's attention: a
-    launch fewer a layer): grid (T * HB, 3) as kv_store_rope's. y = 0: K head h normalized
-    in place with wk, then rotated and stored; y = 2: query head h normalized from qsrc into q
-    with wq (with `split`, its gate half copied to gate), then rotated in place; y = 1: V as
-    before. k2, q2, g2 are [T * heads, D] views of k, q and gate; qsrc [T * Hq, D or 2D]. The norms run on the block's first B threads exactly as qk_head_norm_rows' blocks
-    of B threads do (norm._norm_row_one_step: the same bits), a barrier, then the rotation
-    and the store read the normalized rows back as the second launch did."""
-    vals = cuda.shared.array(HEAD_DIM_MAX, float32)
-    qs = cuda.shared.array(HEAD_DIM_MAX, int32)
-    scratch = cuda.shared.array(SCRATCH_WARPS, float32)
-    T, H, D = k.shape
-    HB = cuda.gridDim.x // T
-    t = cuda.blockIdx.x // HB
-    h = cuda.blockIdx.x - t * HB
-    e = cuda.threadIdx.x
-    if cuda.blockIdx.y == 2:
-        Hq = q.shape[1]
-        if h >= Hq:
-            return
-        r = t * Hq + h
-        if split:
-            for i in range(e, D, cuda.blockDim.x):
-                g2[r, i] = qsrc[r, D + i]
-        _norm_row_one_step(scratch, qsrc, r, q2, r, wq, D, B, eps)
-        cuda.syncthreads()
-        half = inv_freq.shape[0]
-        if e < half:
-            rotate_pair(q, t, h, e, half, float32(positions[t]) * inv_freq[e])
-        return
-    pos = positions[t]
-    if h >= H or pos < 0 or pos >= k_u8.shape[1]:
-        return
-    if cuda.blockIdx.y == 1:
-        if e < D:
-            vals[e] = v[t, h, e]
-        cuda.syncthreads()
-        _encode_row(vals, qs, e, D, h, pos, v_type, v_u8, v_f16)
-    else:
-        _norm_row_one_step(scratch, k2, t * H + h, k2, t * H + h, wk, D, B, eps)
-        cuda.syncthreads()
-        if e < D:
-            vals[e] = _roped_value(k, t, h, e, inv_freq.shape[0], float32(pos), inv_freq)
-        cuda.syncthreads()
-        _encode_row(vals, qs, e, D, h, pos, k_type, k_u8, k_f16)
-
-
 def _store_threads(D: int) -> int:
     """One thread per value, rounded up to whole warps."""
     return 32 * ((D + 31) // 32)
@@ -367,15 +317,11 @@ def launch_kv_store(x, positions, qtype, rows_u8, rows_f16, stream=0):
 
 
 def launch_kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8, v_f16,
-                         stream=0, q=None, qk_norm=None):
+                         stream=0, q=None):
     """Fused `launch_rope(k) + launch_kv_store(k) + launch_kv_store(v)` in one launch; k is
     left unrotated in memory. `inv_freq` from bw24nb.kernels.rope.rope_inv_freq (on device),
     or a zero-length float32 device array for no RoPE. With q ([T, Hq, D]) the same launch
-    also does `launch_rope(q)` (in place). With q and qk_norm = (qsrc, wq, wk, eps[, gate])
-    it first does norm.launch_qk_head_norm(qsrc, q, wq, k, wk, eps, gate) (k normalized in
-    place; see `kv_store_rope_qk_norm`, `qk_norm_folds`): the bits of the two launches."""
-    if qk_norm is not None and q is None:
-        raise ValueError("kv_store_rope: the head norms fold in with q only")
+    also does `launch_rope(q)` (in place)."""
     _check_rows(k, k_type, k_u8)
     _check_rows(v, v_type, v_u8)
     if tuple(k.shape) != tuple(v.shape) or v_u8.shape[1] != k_u8.shape[1]:
@@ -386,41 +332,8 @@ def launch_kv_store_rope(k, v, positions, inv_freq, k_type, k_u8, k_f16, v_type,
     if q is not None and (q.shape[0] != T or q.shape[2] != D):
         raise ValueError(f"q {tuple(q.shape)} does not match k {tuple(k.shape)}")
     HB = H if q is None else max(H, q.shape[1])
-    if qk_norm is not None:
-        _launch_with_qk_norm(k, v, q, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8,
-                             v_f16, stream, *qk_norm)
-        return
     kv_store_rope[(T * HB, 2 if q is None else 3), _store_threads(D), stream](
         k, v, k if q is None else q, positions, inv_freq, np.int32(k_type), k_u8, k_f16,
-        np.int32(v_type), v_u8, v_f16)
-
-
-def qk_norm_folds(D: int) -> bool:
-    """Whether `launch_kv_store_rope(qk_norm=)` takes heads of D: the head norm's one-step
-    form (norm.ONE_STEP_ROWS, D <= 4 threads' worth of its block), whose bits a wider block
-    keeps."""
-    from ..kernels import norm
-    return norm.ONE_STEP_ROWS and D <= 4 * norm._row_threads(D) and D <= HEAD_DIM_MAX
-
-
-def _launch_with_qk_norm(k, v, q, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u8,
-                         v_f16, stream, qsrc, wq, wk, eps, gate=None):
-    from ..kernels import norm
-    T, H, D = k.shape
-    Hq = q.shape[1]
-    if not qk_norm_folds(D) or wq.shape[0] != D or wk.shape[0] != D:
-        raise ValueError(f"kv_store_rope: the head norms fold in for head_dim <= 4 x its norm "
-                         f"block (and weights of head_dim), not D {D}, weights {wq.shape[0]} / "
-                         f"{wk.shape[0]}")
-    S = D if gate is None else 2 * D
-    if qsrc.size != T * Hq * S:
-        raise ValueError(f"kv_store_rope: q source of {qsrc.size} values is not [{T}, {Hq}, {S}]")
-    B = norm._row_threads(D)
-    q2 = q.reshape(T * Hq, D)
-    kv_store_rope_qk_norm[(T * max(H, Hq), 3), max(_store_threads(D), B), stream](
-        k, k.reshape(T * H, D), v, qsrc.reshape(T * Hq, S), q, q2,
-        q2 if gate is None else gate.reshape(T * Hq, D), positions, inv_freq, wq, wk,
-        np.float32(eps), np.int32(B), np.int32(gate is not None), np.int32(k_type), k_u8, k_f16,
         np.int32(v_type), v_u8, v_f16)
 
 
@@ -468,20 +381,18 @@ class KVCache:
     def layer(self, slot: int):
         return self.k[slot], self.k_f16[slot], self.v[slot], self.v_f16[slot]
 
-    def store(self, slot: int, k, v, positions, inv_freq=None, stream=0, q=None,
-              qk_norm=None) -> None:
+    def store(self, slot: int, k, v, positions, inv_freq=None, stream=0, q=None) -> None:
         """Encode fresh `k`, `v` (float32 device arrays `[T, n_kv_heads, head_dim]`) into the
         cache at `positions` (int32 device array [T]), in one launch. With `inv_freq` (the
         device RoPE table) K is rotated on the way in; without, K must already be rotated.
-        With `q` ([T, n_heads, head_dim]) and `inv_freq`, the launch also rotates q in place;
-        with `qk_norm` too, it first applies the head norms (`launch_kv_store_rope`)."""
+        With `q` ([T, n_heads, head_dim]) and `inv_freq`, the launch also rotates q in place."""
         if inv_freq is None:
             if self._no_rope is None:
                 self._no_rope = cuda.device_array(0, np.float32)
             inv_freq = self._no_rope
         k_u8, k_f16, v_u8, v_f16 = self.layer(slot)
         launch_kv_store_rope(k, v, positions, inv_freq, self.k_type, k_u8, k_f16,
-                             self.v_type, v_u8, v_f16, stream, q=q, qk_norm=qk_norm)
+                             self.v_type, v_u8, v_f16, stream, q=q)
 
     def read(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copy of positions [0, n) of one slot, dequantized: (k, v) float32
@@ -496,12 +407,8 @@ class KVCache:
 
 
 _A3 = "float32[:, :, ::1]"
-_A2 = "float32[:, ::1]"
 _ROWS = "int32, uint8[:, :, ::1], float16[:, :, ::1]"
 PTX_SIGNATURES = {
     "kv_store": [f"void({_A3}, int32[::1], {_ROWS})"],
     "kv_store_rope": [f"void({_A3}, {_A3}, {_A3}, int32[::1], float32[::1], {_ROWS}, {_ROWS})"],
-    "kv_store_rope_qk_norm": [f"void({_A3}, {_A2}, {_A3}, {_A2}, {_A3}, {_A2}, {_A2}, int32[::1], "
-                              f"float32[::1], float32[::1], float32[::1], float32, int32, int32, "
-                              f"{_ROWS}, {_ROWS})"],
 }

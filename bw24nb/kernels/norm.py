@@ -212,17 +212,13 @@ def _norm_row_one_step(scratch, src, srow, dst, drow, w, C, B, eps):
     """dst[drow, :C] = rms_norm(src[srow, :C]) * w for C <= 4B (dst may be src): thread j's
     elements j, j + B, j + 2B, j + 3B and their weights loaded at once, squares added in
     `_sum_squares`' order, each value x * rstd * w -- rms_norm_rows' bits, one memory round
-    trip (the loop form loaded w after the reduction). A block wider than B (cache/kv.py's
-    store with the head norms folded in) gives the same bits: its threads past B add exact
-    zeros to the block sum, after the B threads' terms, and store nothing."""
+    trip (the loop form loaded w after the reduction)."""
     i = cuda.threadIdx.x
     sl = _slots(B, C)
     x0, x1, x2, x3 = _row4(src, srow, sl)
     w0, w1, w2, w3 = _vec4(w, sl)
-    acc = _squares4(B, C, x0, x1, x2, x3) if i < B else float32(0.0)
+    acc = _squares4(B, C, x0, x1, x2, x3)
     rstd = _row_rstd(scratch, acc, C, eps)
-    if i >= B:
-        return
     if i < C:
         dst[drow, i] = x0 * rstd * w0
     if i + B < C:
