@@ -21,7 +21,9 @@
 #           ${G9_LAUNCH:-default} ${G9_ARGS:-}
 #   c05m, q9m, m35
 #           run_bench on the 0.5B / 9B / 35B-A3B shape, --launch ${C05M_LAUNCH:-default} (etc.):
-#           several launch modes in one process give side-by-side numbers on the same tokens
+#           several launch modes in one process give side-by-side numbers on the same tokens;
+#           the first mode of a process reads ~2 % low on decode (decision 0042's A/A/A), so
+#           lead with a throwaway one: Q9M_LAUNCH=pdl,default,X,default (pdl = default on sm_90)
 #   c05, q9, m35p (each with its "old" twin: c05old, q9old, m35pold)
 #           run_bench on this tree beside the tree in $OLD_TREE (default .old, commit
 #           $OLD_COMMIT), same machine. Carry .old:

@@ -806,7 +806,9 @@ def main(argv=None) -> int:
                          "plain-attn (the decode attention split plan before session 7), "
                          "moe-chain / proj-chain / chain (the MoE blocks' / the projections' / "
                          "both's launches as one chain, before session 13's side streams); "
-                         "LAUNCH_MODES has them all")
+                         "LAUNCH_MODES has them all. The first mode of a process reads ~2 %% "
+                         "low on decode (A/A/A, decision 0042): lead an A/B with a throwaway "
+                         "mode (pdl is the default on sm_90)")
     ap.add_argument("--bw-gib", type=float, default=4.0, help="read-bandwidth buffer (GiB)")
     ap.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="append records here ('' = nowhere)")
     ap.add_argument("--commit", help="commit id to record (default: $BW24_COMMIT, else git)")
