@@ -19,6 +19,11 @@
 #   gate35  gate9 on the 35B-A3B shape, --launch ${G35_LAUNCH:-default} ${G35_ARGS:-}
 #   gate9   bench/spec_gate.py on the 9B shape, K = 1..8, states rollback, --launch
 #           ${G9_LAUNCH:-default} ${G9_ARGS:-}
+#   tl, tlv, tl05
+#           bench/graph_timeline.py: every kernel's start and end in the 9B's decode graph (tl),
+#           its verify graph at K = ${TLV_K:-3} (tlv), the 0.5B's decode graph (tl05); launch
+#           modes ${TL_LAUNCH:-pdl,default}, ${TL_STEPS:-8} steps at context ${TL_CTX:-512};
+#           the kernels as CSV in $OUT
 #   c05m, q9m, m35
 #           run_bench on the 0.5B / 9B / 35B-A3B shape, --launch ${C05M_LAUNCH:-default} (etc.):
 #           several launch modes in one process give side-by-side numbers on the same tokens;
@@ -33,9 +38,9 @@
 export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-kc}; . bench/device_env.sh
 P9=""; P35=""; P05=""
 factory() { python3 -m bw24nb.factory $1 --out $2 --seed 1 --tokenizer none > $L/factory_$1.log 2>&1; }
-{ on q9m || on gate9 || on q9spec || on q9 || on q9old; } && [ ! -f /tmp/q9.gguf ] && { factory qwen3.5-9b /tmp/q9.gguf & P9=$!; }
+{ on q9m || on tl || on tlv || on gate9 || on q9spec || on q9 || on q9old; } && [ ! -f /tmp/q9.gguf ] && { factory qwen3.5-9b /tmp/q9.gguf & P9=$!; }
 { on m35 || on m35p || on m35pold || on m35spec || on gate35; } && [ ! -f /tmp/m35.gguf ] && { factory qwen3.6-35b-a3b /tmp/m35.gguf & P35=$!; }
-{ on c05m || on c05 || on c05old; } && [ ! -f /tmp/c05.gguf ] && { factory qwen2.5-coder-0.5b /tmp/c05.gguf & P05=$!; }
+{ on c05m || on tl05 || on c05 || on c05old; } && [ ! -f /tmp/c05.gguf ] && { factory qwen2.5-coder-0.5b /tmp/c05.gguf & P05=$!; }
 
 on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec_rows}"
   grep -E "PASS|FAIL|passed|Error|Traceback" $L/kc.log | cut -c1-150 | tail -30; }
@@ -66,9 +71,14 @@ if on ncu; then
 fi
 
 [ -n "$P05" ] && wait $P05
+tl() { run $1 $2 python3 bench/graph_timeline.py $3 --name $4 --launch ${TL_LAUNCH:-pdl,default} --steps ${TL_STEPS:-8} --context ${TL_CTX:-512} --verify $5 --csv-dir $OUT --jsonl "" --commit $C
+  grep -E "^== |span|Error|Traceback" $L/$2.log | cut -c1-160; grep -A12 "inc us" $L/$2.log | head -26 | cut -c1-100; }
+on tl05 && tl ${TL05_S:-150} tl05 /tmp/c05.gguf qwen2.5-coder-0.5b-random 0
 on c05m && rb_stage c05m /tmp/c05.gguf qwen2.5-coder-0.5b-random ${C05M_LAUNCH:-default} ${C05M_S:-200} "attention"
 PAIR_S=${C05_S:-120} bench_pair c05 /tmp/c05.gguf qwen2.5-coder-0.5b-random
 [ -n "$P9" ] && wait $P9
+on tl && tl ${TL_S:-200} tl /tmp/q9.gguf qwen3.5-9b-random 0
+on tlv && tl ${TLV_S:-200} tlv /tmp/q9.gguf qwen3.5-9b-random ${TLV_K:-3}
 on q9m && rb_stage q9m /tmp/q9.gguf qwen3.5-9b-random ${Q9M_LAUNCH:-default} ${Q9M_S:-330} "ffn_|gdn_qkv|attention"
 PAIR_S=${Q9_S:-250} bench_pair q9 /tmp/q9.gguf qwen3.5-9b-random
 on q9spec && { run ${SB_S:-150} q9spec python3 bench/spec_bench.py /tmp/q9.gguf --ks ${SB_KS:-3} --runs ${SB_RUNS:-2} --profile-k ${SB_PK:-3} --passes ${SB_PASSES:-1} --warmup 1 --n 32 --prompt-len 64 --ctx 1024 --modes scripted --rollback states --launch ${SB_LAUNCH:-default} --name qwen3.5-9b-random --commit $C --jsonl /tmp/spec.jsonl
