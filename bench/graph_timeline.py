@@ -250,6 +250,10 @@ def main(argv=None) -> int:
                     plain = statistics.median(eng.time_decode_steps(tok, replays=10, reps=3))
                 run()                                  # warm: the same calls, unprofiled
                 steps = split_steps(profiled_kernels(run))
+                if len(steps) != a.steps:
+                    # e.g. CUPTI recorded nothing, or a pause shorter than a gap in a step
+                    raise RuntimeError(f"{mode}: the trace split into {len(steps)} steps, not "
+                                       f"{a.steps} ({sum(map(len, steps))} kernels)")
                 counts = sorted({len(s) for s in steps})
                 totals, per_name = summarize(steps)
                 base = dict(engine="bw24nb", launch=mode, context=a.context, what=what,
