@@ -135,7 +135,8 @@ def summarize(steps) -> tuple[dict, dict[str, dict]]:
 
 
 def profiled_kernels(run_steps) -> list[tuple[str, float, float]]:
-    """(name, start_us, end_us) of every kernel CUPTI saw while run_steps() ran."""
+    """(name, start_us, end_us) of every kernel (and device copy / memset) CUPTI saw while
+    run_steps() ran."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.init()
@@ -149,7 +150,8 @@ def profiled_kernels(run_steps) -> list[tuple[str, float, float]]:
             trace = json.load(f)
     out = []
     for ev in trace.get("traceEvents", []):
-        if ev.get("cat") == "kernel" and "ts" in ev and "dur" in ev:
+        # kernels, and the copies and memsets a graph may hold among them
+        if ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "ts" in ev and "dur" in ev:
             ts = float(ev["ts"])
             out.append((kernel_name(ev.get("name", "?")), ts, ts + float(ev["dur"])))
     return out
@@ -189,6 +191,8 @@ def _verify_steps(target, ids, steps: int):
             target.graphs.run(key, lambda: target._rows_launches(T, True))
             e.stream.synchronize()
             target.restore(snap)
+            e.stream.synchronize()
+            time.sleep(STEP_PAUSE_S)                   # the restore's work apart from both steps
     return run
 
 
