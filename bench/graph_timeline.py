@@ -14,7 +14,8 @@ How: CUPTI's kernel activity records, read through PyTorch's profiler (the devic
 torch; Nsight Systems cannot make a report there, /work/.library/device/KINDS.md). CUPTI records
 every kernel of the process, whoever launched it, with the GPU's start and end timestamps, so
 the engine's own graph replay (driver API, no torch involved) is what is recorded. The steps
-are separated by a host sleep, and split on it afterwards.
+are separated by a host sleep, and split on it afterwards (the host's copies and restores
+between steps fall into groups of their own, which are dropped).
 
 Per step, with the kernels in start order (`step_rows`):
     gap   start - the latest end before it (negative: it started while an earlier kernel ran,
@@ -167,6 +168,7 @@ def _decode_steps(engine, token: int, steps: int):
             time.sleep(STEP_PAUSE_S)
             engine._replay_decode()
             engine.stream.synchronize()
+        time.sleep(STEP_PAUSE_S)
         engine._restore_step_state(saved)
     return run
 
@@ -253,11 +255,15 @@ def main(argv=None) -> int:
                     run = _decode_steps(eng, tok, a.steps)
                     plain = statistics.median(eng.time_decode_steps(tok, replays=10, reps=3))
                 run()                                  # warm: the same calls, unprofiled
-                steps = split_steps(profiled_kernels(run))
+                groups = split_steps(profiled_kernels(run))
+                # the steps, without the host's copies and restores between them (groups of
+                # their own: the pauses are on both sides)
+                most = max(map(len, groups), default=0)
+                steps = [g for g in groups if len(g) >= most / 2]
                 if len(steps) != a.steps:
                     # e.g. CUPTI recorded nothing, or a pause shorter than a gap in a step
                     raise RuntimeError(f"{mode}: the trace split into {len(steps)} steps, not "
-                                       f"{a.steps} ({sum(map(len, steps))} kernels)")
+                                       f"{a.steps} ({[len(g) for g in groups]} kernels a group)")
                 counts = sorted({len(s) for s in steps})
                 totals, per_name = summarize(steps)
                 base = dict(engine="bw24nb", launch=mode, context=a.context, what=what,
