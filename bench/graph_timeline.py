@@ -192,6 +192,7 @@ def _verify_steps(target, ids, steps: int):
             time.sleep(STEP_PAUSE_S)
             target.graphs.run(key, lambda: target._rows_launches(T, True))
             e.stream.synchronize()
+            time.sleep(STEP_PAUSE_S)
             target.restore(snap)
             e.stream.synchronize()
             time.sleep(STEP_PAUSE_S)                   # the restore's work apart from both steps

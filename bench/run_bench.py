@@ -645,7 +645,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                           ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 2),
                                           ("bw24nb.kernels.matvec", "ROWS_MAX_REGISTERS", n)]
                    for n in (80, 96, 128)},
-                "xreg-late": [(_Q4, "XREG_EARLY", False)],
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)],
                 "attn-merge": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", False)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],

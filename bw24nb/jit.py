@@ -41,10 +41,6 @@ memory before the predecessor has completed. One place, so no kernel can forget 
 body is a device-function call, which numba compiles by asking for the current device:
 compile_ptx on a machine without a GPU needs tests/test_compile_ptx.py's stand-in device.)
 
-``kernel(fn, own_wait=True)``: fn calls ``grid_dependency_wait()`` itself, after work that
-reads only memory no kernel writes (a matvec's first weight words: decision 0043), and touches
-nothing else before it. Kernels with that option are the exceptions; each says why.
-
 Under numba's CUDA simulator ``@kernel`` is plain ``cuda.jit`` (nothing is compiled, and
 launches run one after another anyway).
 """
@@ -91,11 +87,10 @@ def kernel(fn=None, **options):
         return lambda f: kernel(f, **options)
     if options.get("device"):
         raise TypeError("@kernel is for kernels; keep device functions @cuda.jit(device=True)")
-    own_wait = bool(options.pop("own_wait", False))
     if simulator_enabled():
         # options only the GPU compiler knows (the simulator's jit refuses them)
         return cuda.jit(fn, **{k: v for k, v in options.items() if k not in _GPU_ONLY})
-    dispatcher = cuda.jit(fn if own_wait else waiting_kernel(fn), **options)
+    dispatcher = cuda.jit(waiting_kernel(fn), **options)
     KERNELS.append(dispatcher)
     root = cache_dir()
     if root is not None:

@@ -703,16 +703,14 @@ def test_q4k_matvec_is_its_documented_order_bit_for_bit(rng, parts, nibble):
                                           np.array(want, np.float32).view(np.uint32))
 
 
-@pytest.mark.parametrize("K,db,early", [(1024, False, True), (2048, True, True),
-                                        (3072, False, True), (4096, False, False),
-                                        (4096, True, True), (4096, True, False)])
-def test_q4k_persistent_kernel_gives_the_row_loops_bits(rng, monkeypatch, K, db, early):
+@pytest.mark.parametrize("K,db", [(1024, False), (2048, True), (3072, False), (4096, False),
+                                  (4096, True)])
+def test_q4k_persistent_kernel_gives_the_row_loops_bits(rng, monkeypatch, K, db):
     """matvec_q4k's persistent kernel (activations in registers, warps looping over rows;
-    db: the next row's weights loaded a row ahead; early: the first row's before the
-    grid-dependency wait) sums each row in the row loop's order at one warp a row:
-    launch_matvec_q8 with it (XREG on) and without it must agree bit for bit, bias and
-    residual included -- on a grid of one block, so that each warp takes several rows, and
-    with M not a multiple of the warps."""
+    db: the next row's weights loaded a row ahead) sums each row in the row loop's order at
+    one warp a row: launch_matvec_q8 with it (XREG on) and without it must agree bit for bit,
+    bias and residual included -- on a grid of one block, so that each warp takes several
+    rows, and with M not a multiple of the warps."""
     from bw24nb.kernels import matvec_q4k as q4
     M = 11
     w = cuda.to_device(random_weight_bytes(rng, QType.Q4_K, M, K))
@@ -725,9 +723,6 @@ def test_q4k_persistent_kernel_gives_the_row_loops_bits(rng, monkeypatch, K, db,
     monkeypatch.setattr(q4, "sm_count", lambda: 1)
     monkeypatch.setattr(q4, "XREG", True)
     monkeypatch.setattr(q4, "XREG_DB", db)
-    monkeypatch.setattr(q4, "XREG_EARLY", early)
-    if db:
-        assert q4.xreg_kernel(K // 1024).__name__.endswith("_early") == early
     assert q4.xreg_serves(M, K, 1, 1) and q4.persistent_grid(M, q4.XREG_BLOCKS_PER_SM) == 1
     assert not q4.xreg_serves(M, K, 2, 1) and not q4.xreg_serves(M, K, 1, 2)
     assert not q4.xreg_serves(M, 5120, 1, 1) and not q4.xreg_serves(M, 1536, 1, 1)

@@ -54,8 +54,8 @@ from numba import cuda, float32, uint32
 
 from ..device import sm_count
 from ..jit import kernel
-from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, grid_dependency_wait, ld_nc_v2_f32,
-                   ld_nc_v4_u32, warp_sum)
+from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32,
+                   warp_sum)
 from ..quant.types import QType, type_size
 from .matvec import (WARPS_PER_BLOCK, RowPath, fit_unroll, grid_rows, group_kernels,
                      path_kernels, rows_pair_kernel_of, store_row, token_kernels, warp_rows)
@@ -381,13 +381,6 @@ XREG = True                 # True: one-row K <= 4096 launches on this kernel (t
 XREG_MAX_J = 4              # K <= 4096: 8 J activation words + 4 J floats stay in registers
 XREG_BLOCKS_PER_SM = 4      # one wave: 16 warps an SM at the double buffer's 128 registers
 XREG_DB = True              # the next row's weight words loaded a row ahead
-# The first row's weight words (db) loaded before the grid-dependency wait: the weights are no
-# kernel's output, and in the decode graph this kernel's warps are resident while the launch
-# before it (a norm, swiglu, the GDN rule) still runs (bench/graph_timeline.py: they start
-# 3-6 us early), so the first DRAM round trip overlaps that launch instead of following it.
-# The activations, and every store, still follow the wait. Decision 0043. False: load after
-# the wait, as before (run_bench --launch xreg-late).
-XREG_EARLY = True
 
 
 # Rows longer than 4096 (the 9B's ffn_down, K = 12288) stay on the row loop. A streaming
@@ -413,22 +406,14 @@ def _persistent_warp():
             cuda.gridDim.x * WARPS_PER_BLOCK)
 
 
-def _make_xreg(J, db, early=False):
+def _make_xreg(J, db):
     XW = 4 * J              # (local array sizes must be constants, not expressions)
     RW = 8 * J              # one row's weight words a lane (the double buffer's half)
-    early = bool(early and db)          # (only the double buffer has words to load first)
 
     def matvec(w32, M, K, xq, xd, y, bias, residual, has_bias, has_residual):
         lane, warp, nwarps = _persistent_warp()
         if warp >= M:
             return
-        row_words = np.int64((K >> 8) * Q4_K_WORDS)
-        nxt = cuda.local.array(RW, uint32)          # db: the next row's, in flight
-        if early:
-            # the weights are no kernel's output: the first row's words before the wait
-            for j in range(J):
-                _put8(nxt, 8 * j, _chunk_words(w32, warp * row_words, lane + 32 * j))
-            grid_dependency_wait()
         p, h = _lane_pos()
         xa = cuda.local.array(XW, uint32)       # chunk j's activation words (sub-block 2p)
         xb = cuda.local.array(XW, uint32)       # (sub-block 2p + 1)
@@ -452,8 +437,10 @@ def _make_xreg(J, db, early=False):
             sxa[j] = _f32(_dot4(_ONES, _ONES, _ONES, _ONES, a0, a1, a2, a3))
             sxb[j] = _f32(_dot4(_ONES, _ONES, _ONES, _ONES, b0, b1, b2, b3))
             xda[j], xdb[j] = ld_nc_v2_f32(xd, _u32(b * np.uint32(8) + _u32(2 * p)))
+        row_words = np.int64((K >> 8) * Q4_K_WORDS)
         cur = cuda.local.array(RW, uint32)          # db: this row's words, loaded a row ahead
-        if db and not early:
+        nxt = cuda.local.array(RW, uint32)          # db: the next row's, in flight
+        if db:
             for j in range(J):
                 _put8(nxt, 8 * j, _chunk_words(w32, warp * row_words, lane + 32 * j))
         for row in range(warp, M, nwarps):
@@ -485,9 +472,8 @@ def _make_xreg(J, db, early=False):
             if lane == 0:
                 store_row(y, bias, residual, has_bias, has_residual, row, total)
 
-    matvec.__name__ = matvec.__qualname__ = f"matvec_q8_q4_k_xreg{J}" + ("_db" if db else "") \
-        + ("_early" if early else "")
-    return kernel(matvec, own_wait=early)
+    matvec.__name__ = matvec.__qualname__ = f"matvec_q8_q4_k_xreg{J}" + ("_db" if db else "")
+    return kernel(matvec)
 
 
 @cuda.jit(device=True, inline="always")
@@ -509,7 +495,7 @@ _XREG: dict = {}
 def xreg_kernel(J, db=None):
     """The persistent kernel for J = K / 1024 chunks a lane (db: with the next row's words
     loaded a row ahead; default XREG_DB), built on first request."""
-    key = (J, XREG_DB if db is None else bool(db), XREG_EARLY)
+    key = (J, XREG_DB if db is None else bool(db))
     if key not in _XREG:
         _XREG[key] = _make_xreg(*key)
     return _XREG[key]
@@ -522,9 +508,7 @@ def persistent_grid(M, per_sm) -> int:
 
 
 matvec_q8_q4_k_xreg4 = xreg_kernel(4, False)
-# both forms of the double buffer by name, whichever XREG_EARLY serves (the PTX check builds both)
-matvec_q8_q4_k_xreg4_db = _XREG.setdefault((4, True, False), _make_xreg(4, True, False))
-matvec_q8_q4_k_xreg4_db_early = _XREG.setdefault((4, True, True), _make_xreg(4, True, True))
+matvec_q8_q4_k_xreg4_db = xreg_kernel(4, True)
 
 _SIG = ("void(UniTuple(uint32[::1], 1), int32, int32, "
         "Tuple((uint32[::1], float32[::1])), float32[::1], float32[::1], float32[::1], int32, "
@@ -545,7 +529,6 @@ PTX_SIGNATURES = {"matvec_q8_q4_k_v4": [_SIG], "matvec_q8_q4_k_v4_p1": [_SIG],
                       "void(uint32[::1], int32, int32, uint32[::1], float32[::1], float32[::1], "
                       "float32[::1], float32[::1], int32, int32)"]}
 PTX_SIGNATURES["matvec_q8_q4_k_xreg4_db"] = PTX_SIGNATURES["matvec_q8_q4_k_xreg4"]
-PTX_SIGNATURES["matvec_q8_q4_k_xreg4_db_early"] = PTX_SIGNATURES["matvec_q8_q4_k_xreg4"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_tok_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_tok"]
 PTX_SIGNATURES["matvec_q8_q4_k_v4_u1_grp_l16"] = PTX_SIGNATURES["matvec_q8_q4_k_v4_grp"]
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b32"]
