@@ -2,6 +2,7 @@
 
     python3 bench/graph_timeline.py MODEL.gguf [--launch default,pdl] [--steps 8]
         [--context 512] [--verify K] [--csv-dir DIR] [--jsonl PATH] [--commit SHA]
+    python3 bench/graph_timeline.py --report DIR/timeline_*.csv     (offline, no GPU)
 
 Why: decisions 0041 and 0042 found three launches that are faster alone (chained in a graph of
 their own) and slower in the engine's graph, and a 9B decode step of ~2.94 ms of which the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import os
 import re
@@ -76,6 +78,13 @@ def kernel_name(mangled: str) -> str:
             parts.append(s[j:j + n])
         i = j + n
     return parts[-1] if parts else mangled
+
+
+def short_name(name: str) -> str:
+    """A trace's kernel name without the demangler's ABI tags, argument list and the
+    `bw24nb::kernels::` prefix: `matvec_q4k::matvec_q8_q4_k_xreg4_db`."""
+    name = re.sub(r"\[abi:[^\]]*\]", "", name).split("(")[0]
+    return name.replace("bw24nb::kernels::", "").replace("bw24nb::", "")
 
 
 def split_steps(kernels, gap_us: float = SPLIT_GAP_US) -> list[list[tuple[str, float, float]]]:
@@ -133,6 +142,37 @@ def summarize(steps) -> tuple[dict, dict[str, dict]]:
     per_name = {n: {f: statistics.median(d.get(n, zero)[f] for d in names) for f in zero}
                 for n in keys}
     return totals, dict(sorted(per_name.items(), key=lambda kv: -kv[1]["inc"]))
+
+
+def read_csv(path) -> dict[str, list[list[tuple[str, float, float]]]]:
+    """A --csv-dir file (.csv, or .csv.gz) -> {mode: [step's kernels (short name, start,
+    end), ...]}."""
+    modes: dict[str, dict[int, list]] = {}
+    with (gzip.open(path, "rt", newline="") if str(path).endswith(".gz")
+          else open(path, newline="")) as f:
+        for r in csv.DictReader(f):
+            modes.setdefault(r["mode"], {}).setdefault(int(r["step"]), []).append(
+                (short_name(r["name"]), float(r["start_us"]), float(r["end_us"])))
+    return {m: [steps[k] for k in sorted(steps)] for m, steps in modes.items()}
+
+
+def report(paths, top: int = 40) -> None:
+    """Per file and mode: the step totals and, per kernel name, launches and the medians of
+    its inc / dur / gap sums (what the device run printed), then the matvecs' share."""
+    for path in paths:
+        for mode, steps in read_csv(path).items():
+            totals, per_name = summarize(steps)
+            print(f"== {Path(path).name} [{mode}]: {len(steps)} steps; span {totals['span']:.1f} "
+                  f"us, busy {totals['busy']:.1f}, idle {totals['idle']:.1f}")
+            print(f"  {'kernel':<58} {'n':>4} {'inc us':>8} {'us/launch':>9} {'dur us':>8}")
+            for i, (name, d) in enumerate(per_name.items()):
+                if i < top:
+                    each = d["inc"] / d["launches"] if d["launches"] else 0.0
+                    print(f"  {name[:58]:<58} {d['launches']:>4.0f} {d['inc']:>8.1f} "
+                          f"{each:>9.2f} {d['dur']:>8.1f}")
+            mv = sum(d["inc"] for n, d in per_name.items() if "matvec" in n)
+            print(f"  matvecs: {mv:.1f} us of the busy {totals['busy']:.1f} "
+                  f"({100 * mv / max(totals['busy'], 1e-9):.1f} %)\n")
 
 
 def profiled_kernels(run_steps) -> list[tuple[str, float, float]]:
@@ -202,7 +242,9 @@ def _verify_steps(target, ids, steps: int):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bench/graph_timeline.py",
                                  description=__doc__.split("\n")[0])
-    ap.add_argument("model")
+    ap.add_argument("model", nargs="?", help="the GGUF (not with --report)")
+    ap.add_argument("--report", nargs="+", metavar="CSV",
+                    help="no GPU: read --csv-dir files and print their tables")
     ap.add_argument("--launch", default="default", help="run_bench launch modes, comma list")
     ap.add_argument("--steps", type=int, default=8, help="profiled steps per mode")
     ap.add_argument("--context", type=int, default=512, help="prompt tokens before the steps")
@@ -215,6 +257,11 @@ def main(argv=None) -> int:
     ap.add_argument("--jsonl", default="research/tune-data/bench.jsonl")
     ap.add_argument("--commit", default=None)
     a = ap.parse_args(argv)
+    if a.report:
+        report(a.report, a.top)
+        return 0
+    if not a.model:
+        ap.error("a model file, or --report CSV")
     if a.steps < 1 or a.context < 1:
         ap.error("--steps and --context must be at least 1")
 
@@ -285,7 +332,8 @@ def main(argv=None) -> int:
                             gap_us=round(d["gap"], 3))
                 for n, s in enumerate(steps):
                     rows, _ = step_rows(s)
-                    csv_rows += [(mode, n, i, r["name"], round(r["start"], 3), round(r["end"], 3))
+                    csv_rows += [(mode, n, i, short_name(r["name"]), round(r["start"], 3),
+                                  round(r["end"], 3))
                                  for i, r in enumerate(rows)]
                 del eng
     finally:

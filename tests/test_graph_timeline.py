@@ -88,3 +88,23 @@ def test_summarize_takes_medians_per_name():
     assert per["B"]["inc"] == 7 and per["B"]["gap"] == 1       # median of 8, 7, 0 / 2, 1, 0
     assert per["C"]["launches"] == 0
     assert list(per)[0] == "A"                                  # the largest inc first
+
+
+def test_short_name_and_the_offline_report(tmp_path, capsys):
+    from bench.graph_timeline import read_csv, report, short_name
+    assert short_name("bw24nb::kernels::norm::rms_norm_q8_rows[abi:v7][abi:cw51c](Array<float, 1>)") \
+        == "norm::rms_norm_q8_rows"
+    assert short_name("bw24nb::cache::kv::kv_store_rope[abi:v298]") == "cache::kv::kv_store_rope"
+    import gzip
+    path = tmp_path / "t.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("mode,step,i,name,start_us,end_us\n")
+        for step, (a, b) in enumerate([(10.0, 4.0), (12.0, 6.0), (11.0, 5.0)]):
+            f.write(f"m,{step},0,mv::matvec_x,0,{a}\n")
+            f.write(f"m,{step},1,norm::n,{a - 1},{a + b}\n")
+    steps = read_csv(path)["m"]
+    assert [len(s) for s in steps] == [2, 2, 2] and steps[1][0] == ("mv::matvec_x", 0.0, 12.0)
+    report([path])
+    out = capsys.readouterr().out
+    assert "span 16.0 us, busy 16.0, idle 0.0" in out              # medians of 14, 18, 16
+    assert "matvecs: 11.0 us of the busy 16.0 (68.8 %)" in out
