@@ -632,6 +632,10 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "rule-no-preload": [("bw24nb.kernels.gated_deltanet", "RULE_NORM_PRELOAD",
                                      False)],
                 "pairs-m0": [("bw24nb.kernels.matvec", "PAIRS_UP_TO_M", 0)],
+                # every rows launch of <= PAIRS_UP_TO_ROWS rows not beside others on pairs,
+                # the gate / up stack and the LM head included (session 32: pairs won the
+                # Q6_K LM head at T = 3)
+                "pairs-m-all": [("bw24nb.kernels.matvec", "PAIRS_UP_TO_M", 1 << 30)],
                 "pairs-beside": [("bw24nb.kernels.matvec", "PAIRS_BESIDE", True)],
                 "decode-pairs": [("bw24nb.kernels.matvec", "ONE_ROW_PAIRS", True),
                                  ("bw24nb.kernels.matvec", "PAIR_ROWS_PER_WARP", 2)],
