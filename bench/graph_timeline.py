@@ -146,12 +146,19 @@ def summarize(steps) -> tuple[dict, dict[str, dict]]:
 
 def read_csv(path) -> dict[str, list[list[tuple[str, float, float]]]]:
     """A --csv-dir file (.csv, or .csv.gz) -> {mode: [step's kernels (short name, start,
-    end), ...]}."""
+    end), ...]}; a mode that comes back after another (--launch A,B,A) is "A#2"."""
     modes: dict[str, dict[int, list]] = {}
+    runs: dict[str, int] = {}
+    prev = None
     with (gzip.open(path, "rt", newline="") if str(path).endswith(".gz")
           else open(path, newline="")) as f:
         for r in csv.DictReader(f):
-            modes.setdefault(r["mode"], {}).setdefault(int(r["step"]), []).append(
+            mode = r["mode"]
+            if mode != prev:        # a mode run again later in the file (A B A B): run #2, ..
+                runs[mode] = runs.get(mode, 0) + 1
+                prev = mode
+            key = mode if runs[mode] == 1 else f"{mode}#{runs[mode]}"
+            modes.setdefault(key, {}).setdefault(int(r["step"]), []).append(
                 (short_name(r["name"]), float(r["start_us"]), float(r["end_us"])))
     return {m: [steps[k] for k in sorted(steps)] for m, steps in modes.items()}
 

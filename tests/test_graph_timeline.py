@@ -108,3 +108,15 @@ def test_short_name_and_the_offline_report(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "span 16.0 us, busy 16.0, idle 0.0" in out              # medians of 14, 18, 16
     assert "matvecs: 11.0 us of the busy 16.0 (68.8 %)" in out
+
+
+def test_read_csv_keeps_a_repeated_mode_apart(tmp_path):
+    from bench.graph_timeline import read_csv
+    path = tmp_path / "t.csv"
+    lines = ["mode,step,i,name,start_us,end_us"]
+    for mode, end in (("a", 5), ("b", 6), ("a", 7)):
+        lines += [f"{mode},0,0,k,0,{end}", f"{mode},1,0,k,0,{end}"]
+    path.write_text("\n".join(lines) + "\n")
+    got = read_csv(path)
+    assert sorted(got) == ["a", "a#2", "b"]
+    assert [len(s) for s in got["a"]] == [1, 1] and got["a#2"][0] == [("k", 0.0, 7.0)]
