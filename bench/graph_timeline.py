@@ -257,7 +257,8 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=512, help="prompt tokens before the steps")
     ap.add_argument("--verify", type=int, default=0,
                     help="K > 0: time the verify of K + 1 tokens instead of a decode step")
-    ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--n-ctx", type=int, default=0,
+                    help="engine context (0: room for --context, the steps and the verify)")
     ap.add_argument("--top", type=int, default=25, help="kernel names printed per mode")
     ap.add_argument("--csv-dir", default=None, help="write every step's kernels here")
     ap.add_argument("--name", default=None)
@@ -269,6 +270,11 @@ def main(argv=None) -> int:
         return 0
     if not a.model:
         ap.error("a model file, or --report CSV")
+    # the unprofiled timing replays 10 steps past the context (the verify K + 1 rows)
+    need = a.context + max(a.steps, 10) + a.verify + 2
+    n_ctx = a.n_ctx or max(2048, need + 64)
+    if n_ctx < need:
+        ap.error(f"--n-ctx {n_ctx} leaves no room for --context {a.context} and the steps")
     if a.steps < 1 or a.context < 1:
         ap.error("--steps and --context must be at least 1")
 
@@ -294,7 +300,7 @@ def main(argv=None) -> int:
     try:
         for mode in modes:
             with module_mode(mode):
-                eng = Engine(source, n_ctx=a.n_ctx, log=lambda *x: None, **LAUNCH_MODES[mode])
+                eng = Engine(source, n_ctx=n_ctx, log=lambda *x: None, **LAUNCH_MODES[mode])
                 ids = prompt_ids(a.context, source.config.vocab_size)
                 eng.reset()
                 tok = int(np.asarray(eng.prefill(ids)).argmax())

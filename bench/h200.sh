@@ -19,9 +19,9 @@
 #   gate35  gate9 on the 35B-A3B shape, --launch ${G35_LAUNCH:-default} ${G35_ARGS:-}
 #   gate9   bench/spec_gate.py on the 9B shape, K = 1..8, states rollback, --launch
 #           ${G9_LAUNCH:-default} ${G9_ARGS:-}
-#   tl, tlv, tl05
-#           bench/graph_timeline.py: every kernel's start and end in the 9B's decode graph (tl),
-#           its verify graph at K = ${TLV_K:-3} (tlv), the 0.5B's decode graph (tl05); launch
+#   tl, tlv, tl05,
+#   tl35    bench/graph_timeline.py: every kernel's start and end in the 9B's decode graph (tl),
+#           its verify graph at K = ${TLV_K:-3} (tlv), the 0.5B's (tl05), the 35B-A3B's (tl35); launch
 #           modes ${TL_LAUNCH:-pdl,default}, ${TL_STEPS:-8} steps at context ${TL_CTX:-512};
 #           the kernels as CSV in $OUT
 #   c05m, q9m, m35
@@ -39,7 +39,7 @@ export BW24_COMMIT=${BW24_COMMIT:-unknown}; stages=${1:-kc}; . bench/device_env.
 P9=""; P35=""; P05=""
 factory() { python3 -m bw24nb.factory $1 --out $2 --seed 1 --tokenizer none > $L/factory_$1.log 2>&1; }
 { on q9m || on tl || on tlv || on gate9 || on q9spec || on q9 || on q9old; } && [ ! -f /tmp/q9.gguf ] && { factory qwen3.5-9b /tmp/q9.gguf & P9=$!; }
-{ on m35 || on m35p || on m35pold || on m35spec || on gate35; } && [ ! -f /tmp/m35.gguf ] && { factory qwen3.6-35b-a3b /tmp/m35.gguf & P35=$!; }
+{ on m35 || on tl35 || on m35p || on m35pold || on m35spec || on gate35; } && [ ! -f /tmp/m35.gguf ] && { factory qwen3.6-35b-a3b /tmp/m35.gguf & P35=$!; }
 { on c05m || on tl05 || on c05 || on c05old; } && [ ! -f /tmp/c05.gguf ] && { factory qwen2.5-coder-0.5b /tmp/c05.gguf & P05=$!; }
 
 on kc && { run ${KC_S:-200} kc python3 -m bw24nb.cli kernel-check --size real --only "${KC_ONLY:-matvec_rows}"
@@ -90,6 +90,7 @@ on m35spec && { run ${MSB_S:-300} m35spec python3 bench/spec_bench.py /tmp/m35.g
   grep -E "verify|decode_step|Error|Traceback" $L/m35spec.log | head -24; }
 on gate35 && { run ${G35_S:-300} gate35 python3 bench/spec_gate.py /tmp/m35.gguf --commit $C --jsonl /tmp/spec.jsonl --rollback states --launch ${G35_LAUNCH:-default} ${G35_ARGS:-}
   grep -E "MATCH|MISMATCH|gate|Error|Traceback" $L/gate35.log | cut -c1-160 | tail -24; }
+on tl35 && tl ${TL35_S:-300} tl35 /tmp/m35.gguf qwen3.6-35b-a3b-random 0
 on m35 && rb_stage m35 /tmp/m35.gguf qwen3.6-35b-a3b-random ${M35_LAUNCH:-default} ${M35_S:-240} "moe|gdn_|attention"
 PAIR_S=${M35_S:-240} bench_pair m35p /tmp/m35.gguf qwen3.6-35b-a3b-random
 
