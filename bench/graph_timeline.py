@@ -32,7 +32,8 @@ the profiler's own cost on the timeline is on record beside it.
 
 Writes jsonl rows (research/tune-data/bench.jsonl by default; $OUT/bench.jsonl on the device)
 and, with --csv-dir, every profiled step's kernels as CSV (mode, step, i, name, start_us,
-end_us) for reading offline. Needs torch with CUDA (the device image), not the engine's tests.
+end_us) for reading offline (`--report`). Needs torch with CUDA (the device image) to
+profile; the report and the arithmetic need neither. First results: decision 0043.
 """
 from __future__ import annotations
 
@@ -53,9 +54,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # a host pause between profiled steps longer than any gap inside one (splits the steps)
 STEP_PAUSE_S = 0.004
 SPLIT_GAP_US = 1500.0
-
-_MANGLED = re.compile(r"_ZN(.*?)E")
-
 
 def kernel_name(mangled: str) -> str:
     """The Python function name inside a Numba kernel's mangled name (`_ZN` then length-
