@@ -612,6 +612,10 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                 (_Q4, "XREG_BLOCKS_PER_SM", 4)],
                 "q4k-xreg-db-b8": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
                                    (_Q4, "XREG_BLOCKS_PER_SM", 8)],
+                # 3 blocks an SM: a quarter of the register file left to the launches before
+                # and after the persistent kernel (decision 0043's residency hypothesis)
+                "q4k-xreg-db-b3": [(_Q4, "XREG", True), (_Q4, "XREG_DB", True),
+                                   (_Q4, "XREG_BLOCKS_PER_SM", 3)],
                 **{f"rows-cap{n}": [("bw24nb.kernels.matvec", "ROWS_PAIRS", False),
                                     ("bw24nb.kernels.matvec", "ROWS_MAX_REGISTERS", n)]
                    for n in (56, 64, 72, 80, 96)},
