@@ -30,8 +30,8 @@ from .cache.recurrent import RecurrentState
 from .errors import ContextOverflow, OutOfDeviceMemory
 from .formats.config import LINEAR_ATTENTION
 from .graph import Branches, CudaGraph, CudaGraphError
-from .kernels import (activation, attention, embedding, gated_deltanet, matmul, matmul_q8, matvec,
-                      moe, norm, quantize_act, rope, sampling, step)
+from .kernels import (activation, attention, decode_attention, embedding, gated_deltanet, matmul,
+                      matmul_q8, matvec, moe, norm, quantize_act, rope, sampling, step)
 from .quant import QType, quantize
 
 # Prompt tokens per prefill launch sequence: bounds the prefill workspace (T x FFN floats).
@@ -325,6 +325,9 @@ class Workspace:
         self.positions = cuda.device_array(T, np.int32)
         # split-K attention partials (decode, verify; prefill with n_splits = PREFILL_SPLITS)
         self.part_ml, self.part_acc = attention.alloc_decode_partials(T, Hq, D, n_splits)
+        # the split pass's combine counters (decode_attention.COMBINE_IN_SPLIT), rowwise only
+        self.counters = (decode_attention.alloc_combine_counters(T, Hkv) if self.rowwise
+                         else None)
 
 
 class Engine:
@@ -905,7 +908,7 @@ class Engine:
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,
                 xq=None if fused is None else fused.xq, xd=None if fused is None else fused.xd,
-                **plan)))
+                counters=ws.counters if T <= VERIFY_ROWS else None, **plan)))
         else:
             add(("attention", lambda: attention.launch_flash_attn_cache(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))

@@ -559,3 +559,70 @@ def test_one_tile_rows_spread_over_the_warps_give_the_same_bits(rng, Hq, Hkv, D,
     from bw24nb.kernels import decode_attention as da
     assert da.ONE_TILE_SPREAD is True and da.ONE_TILE_SPREAD_MAX_D == 64
     _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, spread=True)
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits,gated", [
+    (14, 2, 64, (15, 33, 60), 4, False),        # the 0.5B heads (R = 7): one-tile, spread
+    (4, 2, 32, (3, 20, 39), 4, True),           # R = 2, gated; tokens on 1, 2 and 3 splits
+    (8, 1, 128, (40, 130), 3, True),            # merged splits (more than a tile each)
+    (16, 4, 256, (20, 47), 2, True)])           # the 9B heads: D = 256, the combine's 4 slices
+def test_combine_in_the_split_pass_gives_the_combine_kernels_bits(rng, Hq, Hkv, D, positions,
+                                                                  n_splits, gated):
+    """decode_attention.COMBINE_IN_SPLIT: the last split block of each (token, KV head) runs
+    the combine, gate and int8 copy included, and writes what the combine kernel writes, bit
+    for bit -- twice in a row on the same counters, which the last block puts back to zero."""
+    from bw24nb.kernels import decode_attention as da
+    n_ctx = max(positions) + 1
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    T = len(positions)
+    n = T * Hq * D
+    q = cuda.to_device(rng.standard_normal((T, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.array(positions, np.int32))
+    gate = cuda.to_device((rng.standard_normal(n) * 3).astype(np.float32)) if gated else None
+    counters = da.alloc_combine_counters(T, Hkv)
+    got = []
+    for fused in (False, True, True):
+        part_ml = cuda.to_device(np.full((T, Hq, n_splits, 2), np.nan, np.float32))
+        part_acc = cuda.to_device(np.full((T, Hq, n_splits, D), np.nan, np.float32))
+        out = _poisoned((T, Hq, D))
+        xq = cuda.to_device(np.full(n + 8, 99, np.int8))
+        xd = cuda.to_device(np.full(n // 32 + 2, np.nan, np.float32))
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, gate=gate, xq=xq, xd=xd,
+                            counters=counters, fused=fused)
+        got.append([a.copy_to_host() for a in (out, xq, xd)])
+        assert np.all(counters.copy_to_host() == 0)
+    out0, q0, d0 = got[0]
+    assert np.isfinite(out0).all() and np.any(q0[:n] != 0) and np.all(q0[n:] == 99)
+    for o, qq, dd in got[1:]:
+        np.testing.assert_array_equal(o.view(np.uint32), out0.view(np.uint32))
+        np.testing.assert_array_equal(qq, q0)
+        np.testing.assert_array_equal(dd[:n // 32].view(np.uint32), d0[:n // 32].view(np.uint32))
+        assert np.all(np.isnan(dd[n // 32:]))
+    if not gated:
+        kd, vd = cache.read(0, n_ctx)
+        qh = q.copy_to_host()
+        for t, p in enumerate(positions):
+            want = ops.attention(qh[t:t + 1], kd[:p + 1], vd[:p + 1], causal_offset=p)
+            np.testing.assert_allclose(got[1][0][t:t + 1], want, rtol=RTOL, atol=ATOL)
+
+
+def test_combine_in_the_split_pass_is_off_without_counters_and_for_walking_grids(rng):
+    """The switch alone changes nothing where the split pass cannot count its blocks: no
+    counters (the prefill form), or a walking grid; and the counters must be int32."""
+    from bw24nb.kernels import decode_attention as da
+    assert da.COMBINE_IN_SPLIT is False
+    with pytest.raises(ValueError, match="counters must be int32"):
+        da.launch_split(cuda.to_device(np.zeros((1, 2, 32), np.float32)),
+                        cuda.to_device(np.zeros(1, np.int32)),
+                        cuda.to_device(np.zeros((1, 8, 64), np.uint8)),
+                        cuda.to_device(np.zeros((1, 8, 64), np.uint8)), 1.0, 16, 128,
+                        cuda.to_device(np.zeros((1, 2, 1, 2), np.float32)),
+                        cuda.to_device(np.zeros((1, 2, 1, 32), np.float32)),
+                        combine=(None, None, None, None, False, False,
+                                 cuda.to_device(np.zeros(1, np.float32)), 1))
+    Hq, Hkv, D, positions, n_splits = 4, 2, 32, (20, 39), 4
+    _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, fused=True)
+    _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, fused=True,
+                                 counters=da.alloc_combine_counters(2, Hkv), split_grid=2)

@@ -711,7 +711,8 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
                         part_ml, part_acc, scale=None, stream=0, min_chunk=None, gate=None,
                         xq=None, xd=None, chunk_align=None, combine_threads=None, only=None,
                         slices=None, prefetch=None, combine_batch=None, trace=None,
-                        interleave=None, direct=None, split_grid=None, spread=None):
+                        interleave=None, direct=None, split_grid=None, spread=None,
+                        counters=None, fused=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
@@ -739,7 +740,10 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     on this many blocks a (token, KV head), each walking its splits (decode_attention.walks;
     no effect on results: the plan is the partials' split count either way); spread: its
     direct one-tile splits on all four warps (default: decode_attention.ONE_TILE_SPREAD up to
-    its ONE_TILE_SPREAD_MAX_D; no effect on results)."""
+    its ONE_TILE_SPREAD_MAX_D; no effect on results); fused: the combine in the F16 split
+    pass's last block of each (token, KV head) (default decode_attention.COMBINE_IN_SPLIT where
+    `counters` -- decode_attention.alloc_combine_counters -- are given, the split pass is the F16
+    one, and it does not walk; the combine's bits: decode_attention.combine_tail)."""
     if only not in (None, "split", "combine"):
         raise ValueError(f"only must be None, 'split' or 'combine', not {only!r}")
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
@@ -774,9 +778,25 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
         raise ValueError(f"slices must divide head_dim {D} (into multiples of 32 with the int8 "
                          f"output), not {slices}")
     from . import decode_attention
+    f16 = decode_attention.supports(Hq // Hkv, D, k_type, v_type)
+    walk = decode_attention.walks(split_grid) and split_grid < n_splits
+    fused = (decode_attention.COMBINE_IN_SPLIT if fused is None else bool(fused)) \
+        and counters is not None and f16 and not walk and trace is None and only is None
+    flat_ml = part_ml.reshape(part_ml.size)
+    if fused:
+        # absent outputs get stand-ins of the right type that the kernel never touches
+        decode_attention.launch_split(
+            q, positions, k_u8, v_u8, _scale(scale, D), min_chunk, chunk_align, part_ml,
+            part_acc, stream, prefetch, trace, interleave, direct, split_grid, spread,
+            combine=(out, flat_ml if gate is None else gate.reshape(gate.size),
+                     flat_ml.view(np.int8) if xq is None else xq.reshape(xq.size),
+                     flat_ml if xd is None else xd.reshape(xd.size),
+                     gate is not None, xq is not None, counters,
+                     decode_attention.combine_order(D, combine_threads, slices)))
+        return
     if only == "combine":
         pass                        # the partials the last split pass left
-    elif decode_attention.supports(Hq // Hkv, D, k_type, v_type):   # F16 cache: 16-byte loads
+    elif f16:                       # F16 cache: 16-byte loads
         decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
                                       chunk_align, part_ml, part_acc, stream, prefetch, trace,
                                       interleave, direct, split_grid, spread)
@@ -788,7 +808,6 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     if only == "split":
         return
     # absent outputs get stand-ins of the right type that the kernel never touches
-    flat_ml = part_ml.reshape(part_ml.size)
     combine[T * Hq * slices, combine_threads, stream](
         positions, np.int32(k_u8.shape[1]), np.int32(min_chunk), np.int32(chunk_align), part_ml,
         part_acc, out,

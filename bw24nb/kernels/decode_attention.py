@@ -40,10 +40,13 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..jit import kernel
-from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max_rows, warp_sum,
-                   warp_sum_rows, warp_sync)
+from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max, warp_max_rows,
+                   warp_sum, warp_sum_rows, warp_sync)
+from .activation import sigmoid
 # the plan the combine derives again, and the softmax step of every split pass: one definition
-from .attention import _split_plan, online_softmax_step
+from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, combine_slices,
+                        online_softmax_step)
+from .quantize_act import q8_code
 from .prefetch import prefetch_bytes
 
 WARPS = 4
@@ -58,6 +61,8 @@ _RD_MAX = ROWS_MAX * 256    # q rows of one block / one warp's accumulators in s
 _ACC_SH = WARPS * _RD_MAX   # the merge buffer (q_sh aliases its start; q is dead by then)
 _P_SH = WARPS * ROWS_MAX * TILE
 _ML_SH = WARPS * ROWS_MAX
+_W_MAX = 256                # COMBINE_IN_SPLIT: a head's split weights in buf (<= 256 splits)
+_ACC_W_MAX = _W_MAX // 32   # its L sums: one a combine warp of 32 splits
 _NEG_INF = np.float32(-np.inf)
 # A split's K and V rows are named to L2 (one bulk prefetch a cache, kernels/prefetch.py) as
 # soon as its range is known, so V's round trip overlaps q's load and the scores instead of
@@ -103,6 +108,13 @@ ONE_TILE_DIRECT = True
 # layer), 9B 19.8 against 18.6 us a layer. So it applies up to ONE_TILE_SPREAD_MAX_D.
 ONE_TILE_SPREAD = True
 ONE_TILE_SPREAD_MAX_D = 64
+# The combine in the split pass: the last block of a (token, KV head) to store its partial
+# (a counter per pair, `alloc_combine_counters`) merges the group's partials itself, with the
+# combine kernel's arithmetic in its order (`combine_order`): the same bits, one launch and
+# its boundary fewer. Bench/graph_timeline (decision 0043): the 0.5B's combine costs 7.3 us
+# of its 17.3-us attention a layer. Off until measured in the graph (run_bench --launch
+# attn-fused); not for walking grids.
+COMBINE_IN_SPLIT = False
 
 
 def supports(n_rep: int, D: int, k_type, v_type) -> bool:
@@ -111,8 +123,27 @@ def supports(n_rep: int, D: int, k_type, v_type) -> bool:
             and 1 <= n_rep <= ROWS_MAX and D in HEAD_DIMS)
 
 
+def combine_order(D: int, combine_threads: int = COMBINE_THREADS, slices=None) -> int:
+    """G, the groups the combine kernel sums a head's splits in (attention._make_combine, step
+    3): its blocks of `combine_threads` threads over slices of DS = D / slices dims give
+    blockDim / Dp groups, Dp = DS rounded up to a power of two >= 32. The split pass's combine
+    (COMBINE_IN_SPLIT) sums in the same G groups, so its bits are the kernel's."""
+    slices = combine_slices(D) if slices is None else int(slices)
+    DS = D // slices
+    Dp = 32
+    while Dp < DS:
+        Dp *= 2
+    return combine_threads // Dp
+
+
+def alloc_combine_counters(T: int, n_kv_heads: int):
+    """The split pass's combine counters (COMBINE_IN_SPLIT): one int32 a (token, KV head), zero;
+    the last block of each pair puts its counter back to zero (allocate once, before capture)."""
+    return cuda.to_device(np.zeros(T * n_kv_heads, np.int32))
+
+
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
-          direct: bool = False, walk: bool = False, spread: bool = False):
+          direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
@@ -506,9 +537,134 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             split_body(first, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk,
                        kvh, tok, n_splits, part_ml, part_acc, trace)
 
+    @cuda.jit(device=True, inline="always")
+    def combine_tail(tok, kvh, used, part_ml, part_acc, out, gate, xq, xd, has_gate, has_q8,
+                     counters, G, w_sh, flag_sh, red_sh):
+        """After the block's partial is stored: the last of the (token, KV head)'s `used`
+        blocks merges the group's R heads, the combine kernel's steps in its order --
+          1. M = max m_s over the visible splits (l_s > 0, s < used): exact in any order;
+          2. w_s = exp(m_s - M); L = the combine's warps of 32 splits each summed by warp_sum,
+             then those sums in warp order (here warp w of the block takes the combine's warps
+             w, w + WARPS, ..; the trailing ones past `used`, all +0.0, are left out);
+          3. output d: G groups (`combine_order`), group g summing splits g, g + G, ..
+             ascending, the groups' sums added in group order, / L; then the gate and the int8
+             copy (a warp here is 32 consecutive dims of one head: the combine's q8 block).
+        So each output has the combine kernel's bits."""
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        Hkv = cuda.gridDim.y
+        cuda.threadfence()                  # this block's partial, visible before it counts
+        cuda.syncthreads()
+        if tid == 0:
+            done = cuda.atomic.add(counters, tok * Hkv + kvh, 1)
+            flag_sh[0] = 1 if done == used - 1 else 0
+        cuda.syncthreads()
+        if flag_sh[0] == 0:
+            return
+        cuda.threadfence()                  # the other blocks' partials, seen after the count
+        if tid == 0:
+            counters[tok * Hkv + kvh] = 0   # the next launch starts from zero
+        nv = (used + 31) // 32              # the combine's warps that hold a used split
+        for r in range(R):
+            h = kvh * R + r
+            m = _NEG_INF
+            for s0 in range(tid, used, THREADS):
+                if part_ml[tok, h, s0, 1] > float32(0.0):
+                    m = max(m, part_ml[tok, h, s0, 0])
+            m = warp_max(m)
+            if lane == 0:
+                red_sh[warp] = m
+            cuda.syncthreads()
+            M = red_sh[0]
+            for w in range(1, WARPS):
+                M = max(M, red_sh[w])
+            cuda.syncthreads()              # red_sh read before it holds the L sums
+            for v in range(warp, nv, WARPS):
+                s0 = 32 * v + lane
+                wv = float32(0.0)
+                ls = float32(0.0)
+                if s0 < used:
+                    l_s = part_ml[tok, h, s0, 1]
+                    if l_s > float32(0.0):
+                        wv = float32(math.exp(part_ml[tok, h, s0, 0] - M))
+                    ls = l_s * wv
+                    w_sh[r * _W_MAX + s0] = wv
+                ls = warp_sum(ls)
+                if lane == 0:
+                    red_sh[WARPS + v] = ls
+            cuda.syncthreads()
+            if tid == 0:
+                L = red_sh[WARPS]
+                for v in range(1, nv):
+                    L += red_sh[WARPS + v]
+                red_sh[2 * WARPS + _ACC_W_MAX + r] = L
+            cuda.syncthreads()
+        xs = cuda.local.array(COMBINE_BATCH, float32)
+        for i in range(tid, R * D, THREADS):        # a warp: 32 dims of one head
+            r = i // D
+            d = i - r * D
+            h = kvh * R + r
+            total = float32(0.0)
+            for g in range(G):
+                a = float32(0.0)
+                n_mine = (used - g + G - 1) // G if g < used else 0
+                for b in range(0, n_mine, COMBINE_BATCH):
+                    for j in range(COMBINE_BATCH):
+                        xs[j] = float32(0.0)
+                        if b + j < n_mine:
+                            xs[j] = part_acc[tok, h, g + G * (b + j), d]
+                    for j in range(COMBINE_BATCH):
+                        if b + j < n_mine:
+                            a += xs[j] * w_sh[r * _W_MAX + g + G * (b + j)]
+                total = a if g == 0 else total + a
+            v = total / red_sh[2 * WARPS + _ACC_W_MAX + r]
+            o = (tok * cuda.gridDim.y * R + h) * D + d       # flat [T, Hq, D]
+            if has_gate:
+                v = v * sigmoid(gate[o])
+            out[tok, h, d] = v
+            if has_q8:
+                code, scale = q8_code(v, warp_max(abs(v)))
+                xq[o] = code
+                if (d & 31) == 0:
+                    xd[o >> 5] = scale
+
+    def split_fused(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
+                    trace, out, gate, xq, xd, has_gate, has_q8, counters, G):
+        """`split`, then `combine_tail` (COMBINE_IN_SPLIT): a block a split, no walking."""
+        buf = cuda.shared.array(_ACC_SH, float32)
+        p_sh = cuda.shared.array(_P_SH, float32)
+        m_sh = cuda.shared.array(_ML_SH, float32)
+        l_sh = cuda.shared.array(_ML_SH, float32)
+        flag_sh = cuda.shared.array(1, np.int32)
+        red_sh = cuda.shared.array(2 * WARPS + _ACC_W_MAX + ROWS_MAX, float32)
+        qv = cuda.local.array(NQ, float32)
+        n_splits = cuda.gridDim.x
+        kvh = cuda.blockIdx.y
+        tok = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        position = positions[tok]
+        for k in range(NQ):
+            i = tid + k * THREADS
+            qv[k] = float32(0.0)
+            if i < R * D:
+                r = i // D
+                qv[k] = q[tok, kvh * R + r, i - r * D]
+        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+        first = cuda.blockIdx.x
+        if first < used:            # else the whole block leaves and is not counted
+            split_body(first, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk, kvh,
+                       tok, n_splits, part_ml, part_acc, trace)
+            cuda.syncthreads()      # every warp's stores issued (and buf free: w_sh below)
+            combine_tail(tok, kvh, used, part_ml, part_acc, out, gate, xq, xd, has_gate,
+                         has_q8, counters, G, buf, flag_sh, red_sh)
+
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
-            + ("_walk" if walk else "") + ("_trace" if trace else ""))
+            + ("_walk" if walk else "") + ("_trace" if trace else "") + ("_fused" if fused else ""))
+    if fused:
+        split_fused.__name__ = split_fused.__qualname__ = name
+        return kernel(split_fused)
     split.__name__ = split.__qualname__ = name
     return kernel(split)
 
@@ -518,10 +674,13 @@ _KERNELS: dict = {}
 
 def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
                  interleave: bool = False, direct: bool = False, walk: bool = False,
-                 spread: bool = False):
-    """The (R, E) split kernel, built (not compiled) on first request."""
+                 spread: bool = False, fused: bool = False):
+    """The (R, E) split kernel, built (not compiled) on first request (fused: with the
+    combine, COMBINE_IN_SPLIT; never walking or traced)."""
+    if fused and (walk or trace):
+        raise ValueError("the split pass's combine takes a block a split and no trace")
     key = (R, E, bool(prefetch), bool(trace), bool(interleave), bool(direct), bool(walk),
-           bool(spread) and bool(direct))
+           bool(spread) and bool(direct), bool(fused))
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
     return _KERNELS[key]
@@ -540,7 +699,7 @@ def trace_shape(T: int, n_kv_heads: int, n_splits: int) -> tuple:
 
 def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
                  stream=0, prefetch=None, trace=None, interleave=None, direct=None,
-                 grid=None, spread=None):
+                 grid=None, spread=None, combine=None):
     """The split pass (attention.launch_flash_decode runs the combine after it, with the same
     min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
@@ -553,7 +712,9 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
     split count gives (`walks`; None or >= that count: a block a split). The same results:
     a split's arithmetic does not depend on which block runs it; spread: a direct one-tile
     split's rows on all four warps (default: ONE_TILE_SPREAD for head_dim <=
-    ONE_TILE_SPREAD_MAX_D; the same results)."""
+    ONE_TILE_SPREAD_MAX_D; the same results); combine: (out, gate, xq, xd, has_gate, has_q8,
+    counters, G) runs the combine in the split pass (COMBINE_IN_SPLIT: `combine_tail`; gate /
+    xq / xd stand-ins when absent, as attention.launch_flash_decode passes them)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
@@ -567,14 +728,24 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
     stamps = (kw[:2].view(np.uint64) if trace is None    # a stand-in the kernel never touches
               else trace.reshape(trace.size))
     walk = grid is not None and walks(grid) and grid < n_splits
-    split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch), trace is not None,
-                 INTERLEAVE_ROWS if interleave is None else bool(interleave),
-                 ONE_TILE_DIRECT if direct is None else bool(direct), walk,
-                 (ONE_TILE_SPREAD and D <= ONE_TILE_SPREAD_MAX_D) if spread is None
-                 else bool(spread))[
-        (grid if walk else n_splits, Hkv, T), THREADS, stream](
-        q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
-        np.int32(chunk_align), part_ml, part_acc, stamps)
+    fused = combine is not None
+    if fused and walk:
+        raise ValueError("launch_split: the split pass's combine takes a block a split")
+    k = split_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch), trace is not None,
+                     INTERLEAVE_ROWS if interleave is None else bool(interleave),
+                     ONE_TILE_DIRECT if direct is None else bool(direct), walk,
+                     (ONE_TILE_SPREAD and D <= ONE_TILE_SPREAD_MAX_D) if spread is None
+                     else bool(spread), fused)[(grid if walk else n_splits, Hkv, T), THREADS, stream]
+    args = (q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
+            np.int32(chunk_align), part_ml, part_acc, stamps)
+    if fused:
+        out, gate, xq, xd, has_gate, has_q8, counters, G = combine
+        if counters.dtype != np.int32 or counters.size < T * Hkv:
+            raise ValueError(f"launch_split: counters must be int32[>= {T * Hkv}] "
+                             f"(alloc_combine_counters), not {counters.dtype}[{counters.size}]")
+        k(*args, out, gate, xq, xd, np.int32(has_gate), np.int32(has_q8), counters, np.int32(G))
+    else:
+        k(*args)
 
 
 # the compile check (tests/test_compile_ptx.py): the 9B shape (4 rows, D 256) and the 0.5B
@@ -590,11 +761,17 @@ flash_decode_f16_r8_e8_1t_spread_walk = split_kernel(8, 8, direct=True, walk=Tru
                                                      spread=True)    # the 35B-A3B heads
 flash_decode_f16_r7_e2_1t_spread = split_kernel(7, 2, direct=True, spread=True)
 flash_decode_f16_r4_e8_1t_spread = split_kernel(4, 8, direct=True, spread=True)
+flash_decode_f16_r7_e2_1t_spread_fused = split_kernel(7, 2, direct=True, spread=True, fused=True)
+flash_decode_f16_r4_e8_1t_fused = split_kernel(4, 8, direct=True, fused=True)
+_SIG_FUSED = _SIG[:-1] + (", float32[:, :, ::1], float32[::1], int8[::1], float32[::1], int32, "
+                          "int32, int32[::1], int32)")
 PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG],
                   "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG],
                   "flash_decode_f16_r7_e2_1t": [_SIG], "flash_decode_f16_r8_e8_1t_spread_walk": [_SIG],
                   "flash_decode_f16_r7_e2_1t_spread": [_SIG],
-                  "flash_decode_f16_r4_e8_1t_spread": [_SIG]}
+                  "flash_decode_f16_r4_e8_1t_spread": [_SIG],
+                  "flash_decode_f16_r7_e2_1t_spread_fused": [_SIG_FUSED],
+                  "flash_decode_f16_r4_e8_1t_fused": [_SIG_FUSED]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]
