@@ -580,8 +580,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             for w in range(1, WARPS):
                 M = max(M, red_sh[w])
             cuda.syncthreads()              # red_sh read before it holds the L sums
-            for v in range(warp, nv, WARPS):
-                s0 = 32 * v + lane
+            for cw in range(warp, nv, WARPS):       # the combine's warp cw: splits 32 cw + ..
+                s0 = 32 * cw + lane
                 wv = float32(0.0)
                 ls = float32(0.0)
                 if s0 < used:
@@ -592,12 +592,12 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                     w_sh[r * _W_MAX + s0] = wv
                 ls = warp_sum(ls)
                 if lane == 0:
-                    red_sh[WARPS + v] = ls
+                    red_sh[WARPS + cw] = ls
             cuda.syncthreads()
             if tid == 0:
                 L = red_sh[WARPS]
-                for v in range(1, nv):
-                    L += red_sh[WARPS + v]
+                for cw in range(1, nv):
+                    L += red_sh[WARPS + cw]
                 red_sh[2 * WARPS + _ACC_W_MAX + r] = L
             cuda.syncthreads()
         xs = cuda.local.array(COMBINE_BATCH, float32)
