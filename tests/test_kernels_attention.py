@@ -561,11 +561,14 @@ def test_one_tile_rows_spread_over_the_warps_give_the_same_bits(rng, Hq, Hkv, D,
     _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, spread=True)
 
 
+# 16-key splits: a token at position p uses ceil((p + 1) / 16) of them (up to n_splits), so
+# tokens past 16 G have groups (combine_order: G = 8 at D = 32, else 4) of several splits
 @pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits,gated", [
-    (14, 2, 64, (15, 33, 60), 4, False),        # the 0.5B heads (R = 7): one-tile, spread
-    (4, 2, 32, (3, 20, 39), 4, True),           # R = 2, gated; tokens on 1, 2 and 3 splits
+    (14, 2, 64, (15, 100, 180), 12, False),     # the 0.5B heads (R = 7): 1, 7, 12 splits
+    (4, 2, 32, (3, 150), 12, True),             # R = 2, gated; 1 and 10 splits (G = 8)
     (8, 1, 128, (40, 130), 3, True),            # merged splits (more than a tile each)
-    (16, 4, 256, (20, 47), 2, True)])           # the 9B heads: D = 256, the combine's 4 slices
+    (16, 4, 256, (20, 170), 12, True)])         # the 9B heads: D = 256, the combine's 4
+                                                # slices; 2 and 11 splits
 def test_combine_in_the_split_pass_gives_the_combine_kernels_bits(rng, Hq, Hkv, D, positions,
                                                                   n_splits, gated):
     """decode_attention.COMBINE_IN_SPLIT: the last split block of each (token, KV head) runs
