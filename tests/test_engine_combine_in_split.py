@@ -16,8 +16,16 @@ def test_decode_and_verify_with_the_combine_in_the_split_pass_keep_their_bits(
     src = open_model(int8_heads_hybrid)
     ids = [int(t) for t in rng.integers(0, src.config.vocab_size, 2)]
     draft = np.array([int(t) for t in rng.integers(0, src.config.vocab_size, 3)], np.int32)
+    launches = []
+    plain = da.launch_split
+
+    def spy(*a, combine=None, **k):
+        launches.append(combine is not None)
+        return plain(*a, combine=combine, **k)
+    monkeypatch.setattr(da, "launch_split", spy)
     got = []
     for on in (False, True):
+        launches.clear()
         monkeypatch.setattr(da, "COMBINE_IN_SPLIT", on)
         eng = Engine(src, n_ctx=16, k_type=QType.F16, v_type=QType.F16, log=lambda m: None,
                      use_graph=False)
@@ -27,6 +35,7 @@ def test_decode_and_verify_with_the_combine_in_the_split_pass_keep_their_bits(
         target = EngineSpecTarget(eng)
         rows = target.verify(draft, want_logits=True)
         got.append((logits, rows.logits, np.asarray(rows.argmax)))
+        assert launches and all(f == on for f in launches)     # every attention layer
         assert not eng.ws1.counters.copy_to_host().any()
         assert not target.wsv.counters.copy_to_host().any()
     (la, va, ta), (lb, vb, tb) = got
