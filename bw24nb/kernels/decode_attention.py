@@ -63,6 +63,7 @@ _P_SH = WARPS * ROWS_MAX * TILE
 _ML_SH = WARPS * ROWS_MAX
 _W_MAX = 256                # COMBINE_IN_SPLIT: a head's split weights in buf (<= 256 splits)
 _ACC_W_MAX = _W_MAX // 32   # its L sums: one a combine warp of 32 splits
+_RED_SH = 2 * WARPS + _ACC_W_MAX + ROWS_MAX     # maxima, L sums, L a head (a constant size)
 _NEG_INF = np.float32(-np.inf)
 # A split's K and V rows are named to L2 (one bulk prefetch a cache, kernels/prefetch.py) as
 # soon as its range is known, so V's round trip overlaps q's load and the scores instead of
@@ -637,7 +638,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         m_sh = cuda.shared.array(_ML_SH, float32)
         l_sh = cuda.shared.array(_ML_SH, float32)
         flag_sh = cuda.shared.array(1, np.int32)
-        red_sh = cuda.shared.array(2 * WARPS + _ACC_W_MAX + ROWS_MAX, float32)
+        red_sh = cuda.shared.array(_RED_SH, float32)
         qv = cuda.local.array(NQ, float32)
         n_splits = cuda.gridDim.x
         kvh = cuda.blockIdx.y
