@@ -63,7 +63,8 @@ _P_SH = WARPS * ROWS_MAX * TILE
 _ML_SH = WARPS * ROWS_MAX
 _W_MAX = 256                # COMBINE_IN_SPLIT: a head's split weights in buf (<= 256 splits)
 _ACC_W_MAX = _W_MAX // 32   # its L sums: one a combine warp of 32 splits
-_RED_SH = 2 * WARPS + _ACC_W_MAX + ROWS_MAX     # maxima, L sums, L a head (a constant size)
+_RED_SH = WARPS + _ACC_W_MAX + ROWS_MAX     # maxima, L sums, L a head (a constant size)
+_NS = _W_MAX // THREADS     # splits one thread of the combine tail holds
 _NEG_INF = np.float32(-np.inf)
 # A split's K and V rows are named to L2 (one bulk prefetch a cache, kernels/prefetch.py) as
 # soon as its range is known, so V's round trip overlaps q's load and the scores instead of
@@ -496,6 +497,21 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         if trace_on and tid == 0:
             stamp(trace, tb, 6)
 
+    @cuda.jit(device=True, inline="always")
+    def q_rows_and_plan(q, positions, qv, ctx, n_splits, min_chunk, chunk_align, kvh, tok, tid):
+        """The position's load issued first and the block's q rows into registers (qv) while
+        it is in flight; then the split plan (n_ctx, chunk, used). The K / V prefetch follows
+        as soon as the plan is known, then q into shared memory (a block past the context
+        loads q for nothing)."""
+        position = positions[tok]
+        for k in range(NQ):
+            i = tid + k * THREADS
+            qv[k] = float32(0.0)
+            if i < R * D:
+                r = i // D
+                qv[k] = q[tok, kvh * R + r, i - r * D]
+        return _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+
     def split(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
               trace):
         buf = cuda.shared.array(_ACC_SH, float32)       # q rows, later the warps' accumulators
@@ -511,17 +527,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         tid = cuda.threadIdx.x
         if trace_on and tid == 0:
             stamp(trace, _trace_base(kvh, tok, n_splits, cuda.blockIdx.x), 0)
-        # the position's load issued first and q's rows into registers while it is in
-        # flight; the plan and the K / V prefetch as soon as it arrives, then q into shared
-        # memory (a block past the context loads q for nothing)
-        position = positions[tok]
-        for k in range(NQ):
-            i = tid + k * THREADS
-            qv[k] = float32(0.0)
-            if i < R * D:
-                r = i // D
-                qv[k] = q[tok, kvh * R + r, i - r * D]
-        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+        n_ctx, chunk, used = q_rows_and_plan(q, positions, qv, ctx, n_splits, min_chunk,
+                                             chunk_align, kvh, tok, tid)
         if trace_on and tid == 0 and used > 0:      # (control-dependent on the position)
             stamp(trace, _trace_base(kvh, tok, n_splits, cuda.blockIdx.x), 1)
         first = cuda.blockIdx.x
@@ -567,12 +574,23 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         if tid == 0:
             counters[tok * Hkv + kvh] = 0   # the next launch starts from zero
         nv = (used + 31) // 32              # the combine's warps that hold a used split
+        # thread tid holds splits tid, tid + THREADS, ..: the max loop's and, as warp w takes
+        # the combine's warps w, w + WARPS, .. (32 cw + lane = tid + THREADS k), the weights'
+        # too, so each (m, l) is read from global memory once, into registers
+        ms = cuda.local.array(_NS, float32)
+        lv = cuda.local.array(_NS, float32)
         for r in range(R):
             h = kvh * R + r
             m = _NEG_INF
-            for s0 in range(tid, used, THREADS):
-                if part_ml[tok, h, s0, 1] > float32(0.0):
-                    m = max(m, part_ml[tok, h, s0, 0])
+            for k in range(_NS):
+                s0 = tid + k * THREADS
+                ms[k] = _NEG_INF
+                lv[k] = float32(0.0)
+                if s0 < used:
+                    ms[k] = part_ml[tok, h, s0, 0]
+                    lv[k] = part_ml[tok, h, s0, 1]
+                    if lv[k] > float32(0.0):
+                        m = max(m, ms[k])
             m = warp_max(m)
             if lane == 0:
                 red_sh[warp] = m
@@ -581,25 +599,26 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             for w in range(1, WARPS):
                 M = max(M, red_sh[w])
             cuda.syncthreads()              # red_sh read before it holds the L sums
-            for cw in range(warp, nv, WARPS):       # the combine's warp cw: splits 32 cw + ..
-                s0 = 32 * cw + lane
-                wv = float32(0.0)
-                ls = float32(0.0)
-                if s0 < used:
-                    l_s = part_ml[tok, h, s0, 1]
-                    if l_s > float32(0.0):
-                        wv = float32(math.exp(part_ml[tok, h, s0, 0] - M))
-                    ls = l_s * wv
-                    w_sh[r * _W_MAX + s0] = wv
-                ls = warp_sum(ls)
-                if lane == 0:
-                    red_sh[WARPS + cw] = ls
+            for k in range(_NS):
+                cw = warp + k * WARPS       # the combine's warp cw: splits 32 cw + ..
+                if cw < nv:                 # (warp-uniform: warp_sum takes every lane)
+                    s0 = tid + k * THREADS
+                    wv = float32(0.0)
+                    ls = float32(0.0)
+                    if s0 < used:
+                        if lv[k] > float32(0.0):
+                            wv = float32(math.exp(ms[k] - M))
+                        ls = lv[k] * wv
+                        w_sh[r * _W_MAX + s0] = wv
+                    ls = warp_sum(ls)
+                    if lane == 0:
+                        red_sh[WARPS + cw] = ls
             cuda.syncthreads()
             if tid == 0:
                 L = red_sh[WARPS]
                 for cw in range(1, nv):
                     L += red_sh[WARPS + cw]
-                red_sh[2 * WARPS + _ACC_W_MAX + r] = L
+                red_sh[WARPS + _ACC_W_MAX + r] = L
             cuda.syncthreads()
         xs = cuda.local.array(COMBINE_BATCH, float32)
         for i in range(tid, R * D, THREADS):        # a warp: 32 dims of one head
@@ -619,7 +638,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                         if b + j < n_mine:
                             a += xs[j] * w_sh[r * _W_MAX + g + G * (b + j)]
                 total = a if g == 0 else total + a
-            v = total / red_sh[2 * WARPS + _ACC_W_MAX + r]
+            v = total / red_sh[WARPS + _ACC_W_MAX + r]
             o = (tok * cuda.gridDim.y * R + h) * D + d       # flat [T, Hq, D]
             if has_gate:
                 v = v * sigmoid(gate[o])
@@ -644,14 +663,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         kvh = cuda.blockIdx.y
         tok = cuda.blockIdx.z
         tid = cuda.threadIdx.x
-        position = positions[tok]
-        for k in range(NQ):
-            i = tid + k * THREADS
-            qv[k] = float32(0.0)
-            if i < R * D:
-                r = i // D
-                qv[k] = q[tok, kvh * R + r, i - r * D]
-        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+        n_ctx, chunk, used = q_rows_and_plan(q, positions, qv, ctx, n_splits, min_chunk,
+                                             chunk_align, kvh, tok, tid)
         first = cuda.blockIdx.x
         if first < used:            # else the whole block leaves and is not counted
             split_body(first, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk, kvh,
