@@ -11,7 +11,10 @@ a restructured kernel can differ from its twin there by an ulp. Checked:
     a token) and as decode does (one token at 511), on the 9B's and the 0.5B's heads;
   * the quad and pipe delta rules against the lane kernel (session 22), 9B heads, 512 tokens
     and a 9-token verify with saved steps;
-  * decode's fused conv + prep against prefill's conv and prep (9B channels, 1 and 9 rows).
+  * decode's fused conv + prep against prefill's conv and prep (9B channels, 1 and 9 rows);
+  * the conv in the rule-norm launch (gdn_conv_rule_norm_q8) against gdn_conv_prep then the
+    rule-norm launch (9B heads, 1 and 4 rows, with steps): its sums of squares are spelled as
+    the fma chains the compiler made of gdn_conv_prep's.
 Prints one line each: SAME, or DIFF with the count of differing outputs and the largest
 relative difference. A twin checked here only shows that two kernels of one tree agree; to
 compare two trees, see bench/prefill_hashes.py.
@@ -155,6 +158,53 @@ def conv_prep_twins(rng, dims=(16, 32, 128, 128)) -> bool:
     return ok
 
 
+def conv_rule_norm_twins(rng, dims=(16, 32, 128, 128)) -> bool:
+    """gdn_conv_rule_norm_q8 against gdn_conv_prep + gated_delta_rule_norm_q8, 9B heads."""
+    from bw24nb.models.qwen35 import value_to_key_head
+    nk, nv, dk, dv = dims
+    C = 2 * nk * dk + nv * dv
+    key_head = cuda.to_device(value_to_key_head("qwen35", nk, nv).astype(np.int32))
+    counters = gdn.alloc_conv_counters(nk)
+    ok = True
+    for T in (1, 4):
+        f32 = (lambda *shape, s=1.0: (s * rng.standard_normal(shape)).astype(np.float32))
+        qkv, w_conv, window = f32(T, C, s=1.5), f32(C, gdn.CONV_KERNEL, s=0.5), \
+            f32(gdn.CONV_KERNEL - 1, C)
+        ab = np.concatenate([f32(T, nv, s=3.0), rng.uniform(-30, 30, (T, nv)).astype(np.float32)], 1)
+        consts = [cuda.to_device(a) for a in (w_conv, f32(nv), (-np.exp(rng.uniform(-2, 2, nv)))
+                                              .astype(np.float32), 1 + 0.1 * f32(dv), f32(T, nv, dv, s=2.0))]
+        s0 = f32(nv, dk, dv, s=0.5)
+        outs = []
+        for fused in (False, True):
+            x, win, state, d_ab = (cuda.to_device(a) for a in (qkv, window, s0, ab))
+            b, a = d_ab[:, :nv], d_ab[:, nv:]
+            o = cuda.device_array((T, nv, dv), np.float32)
+            xq = cuda.device_array(T * nv * dv, np.int8)
+            xd = cuda.device_array(T * nv * dv // 32, np.float32)
+            steps = cuda.device_array((T, nv, dk, dv), np.float32)
+            conv_steps = cuda.device_array((T, gdn.CONV_KERNEL - 1, C), np.float32)
+            if fused:
+                gdn.launch_gdn_conv_rule_norm_q8(x, consts[0], win, a, b, consts[1], consts[2],
+                                                 key_head, state, o, consts[4], consts[3], 1e-6,
+                                                 xq, xd, counters, conv_steps=conv_steps,
+                                                 steps=steps)
+            else:
+                q, k, v = (cuda.device_array(sh, np.float32) for sh in
+                           ((T, nk, dk), (T, nk, dk), (T, nv, dv)))
+                g, beta = cuda.device_array((T, nv), np.float32), cuda.device_array((T, nv), np.float32)
+                gdn.launch_gdn_conv_prep(x, consts[0], win, a, b, consts[1], consts[2], q, k, v,
+                                         g, beta, steps=conv_steps)
+                gdn.launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o,
+                                                    consts[4], consts[3], 1e-6, xq, xd,
+                                                    steps=steps)
+            outs.append([arr.copy_to_host() for arr in (o, xd, state, win, steps, conv_steps)]
+                        + [xq.copy_to_host().astype(np.float32)])
+        for name, f, a in zip(("o", "xd", "state", "window", "steps", "conv steps", "xq"), *outs[::-1]):
+            ok &= _report(f"conv in rule-norm vs conv_prep + rule-norm, 9B heads, T {T}: {name}",
+                          f, a)
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--T", type=int, default=64)
@@ -182,6 +232,7 @@ def main() -> int:
     ok &= attention_twins(rng)
     ok &= rule_twins(rng)
     ok &= conv_prep_twins(rng)
+    ok &= conv_rule_norm_twins(rng)
     return 0 if ok else 1
 
 

@@ -68,6 +68,13 @@ GDN_RULE_NORM = True
 # verify): rule 0.233 + norm 0.106 = 0.339 ms against the fused launch's 0.399 / 0.397
 # (run_bench --launch rule-norm-fused sets VERIFY_ROWS, sessions 27-33's rule).
 GDN_RULE_NORM_MAX_T = 1
+# Where decode runs the rule-norm launch, gdn_conv_prep's work in it too
+# (gated_deltanet.launch_gdn_conv_rule_norm_q8: each value head's block runs its key head's q /
+# k conv and norms and its own v conv and gates in the rule's preload): one launch a GDN layer
+# fewer, the same bits (tests/test_kernels_gdn.py; on the GPU bench/gpu_same_bits.py). The
+# timeline (decision 0043) puts gdn_conv_prep at 4.3 us a layer on the 9B. Off until measured
+# in the graph (run_bench --launch gdn-conv-fused). Read at every launch.
+GDN_CONV_RULE_NORM = False
 
 # A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode
 # runs them (Engine._stack_decode_weights' "gu"), its [T, 2F] output read by swiglu_fused_q8:
@@ -315,6 +322,8 @@ class Workspace:
             self.decay = cuda.device_array((T, nv), f)
             self.beta = cuda.device_array((T, nv), f)
             self.o = cuda.device_array((T, nv, dv), f)
+            # the key heads' counters of the conv in the rule-norm launch (GDN_CONV_RULE_NORM)
+            self.conv_counters = gated_deltanet.alloc_conv_counters(nk) if self.rowwise else None
         # int8 activations for the dp4a matvecs (decode) and their float stand-ins for the
         # prefill matmul: flat, so every [T, K] view of them is contiguous
         KQ = max(H, F, Hq * D, c.linear_num_value_heads * c.linear_value_head_dim)
@@ -993,6 +1002,14 @@ class Engine:
             rule, norm_q = [("gdn_rule_norm_q8", lambda: fused(
                 gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, z, norm_w, eps, qo.xq,
                 qo.xd, s, steps=ssm_steps))], []
+            if GDN_CONV_RULE_NORM and mix[0][0] == "gdn_conv_prep" \
+                    and T <= gated_deltanet.RULE_NORM_PRELOAD_T:
+                # and the conv + prep in it too (one launch fewer, the same bits)
+                conv_rule = gated_deltanet.launch_gdn_conv_rule_norm_q8
+                mix, rule = [], [("gdn_conv_rule_norm_q8", lambda: conv_rule(
+                    qkv, conv_w, self.rs.conv[i], a, b, dt, ssm_a, self.key_head,
+                    self.rs.ssm[i], o, z, norm_w, eps, qo.xq, qo.xd, ws.conv_counters, stream=s,
+                    conv_steps=conv_steps, steps=ssm_steps))]
         # the projections of x side by side (conv_prep waits for them all; only the output
         # norm reads z)
         return L + self._side_by_side(ws, proj + gates) + mix + rule + norm_q + [

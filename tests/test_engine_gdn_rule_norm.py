@@ -73,3 +73,35 @@ def test_speculative_verify_through_the_fused_launch_is_token_identical(int8_hea
         assert row.match, (mode, row, ref)
         kept[mode] = (row.stats.accepted, row.stats.drafted)
     assert kept["mixed"][0] > 0 and kept["adversarial"][0] == 0 < kept["adversarial"][1]
+
+
+def test_decode_with_the_conv_in_the_rule_norm_launch_keeps_its_bits(int8_heads_hybrid, rng,
+                                                                     monkeypatch):
+    """engine.GDN_CONV_RULE_NORM: decode's GDN conv + prep run inside the rule-norm launch
+    (gated_deltanet.launch_gdn_conv_rule_norm_q8), one launch a layer fewer; the logits over
+    several steps (conv windows and states carried) are the two launches' bit for bit, and a
+    speculative round after it (verify keeps gdn_conv_prep) still matches plain decode."""
+    from bw24nb import engine as engine_mod
+    from bw24nb.engine_spec import EngineSpecTarget
+    from bw24nb.spec import plain_greedy, spec_check
+    src = open_model(int8_heads_hybrid)
+    ids = [int(t) for t in rng.integers(0, src.config.vocab_size, 4)]
+    got = []
+    for on in (False, True):
+        monkeypatch.setattr(engine_mod, "GDN_CONV_RULE_NORM", on)
+        eng = Engine(src, n_ctx=24, k_type=QType.F16, v_type=QType.F16, log=lambda m: None,
+                     use_graph=False)
+        names = [n for n, _ in eng._decode_step()]
+        assert ("gdn_conv_rule_norm_q8" in names) == on and ("gdn_conv_prep" in names) != on
+        assert ("gdn_rule_norm_q8" in names) != on
+        got.append(_decode(eng, ids))
+        assert not eng.ws1.conv_counters.copy_to_host().any()
+    assert np.isfinite(got[0]).all()
+    np.testing.assert_array_equal(got[1].view(np.uint32), got[0].view(np.uint32))
+    target = EngineSpecTarget(eng)              # on: decode fused, verify's rows apart
+    prompt, n = [3, 17, 101], 5
+    ref = plain_greedy(target, prompt, n)
+    for mode in ("mixed", "adversarial"):
+        [row] = spec_check(target, prompt, n, ks=[2], draft_mode=mode, reference=ref,
+                           live=False)
+        assert row.match, (mode, row, ref)

@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from bw24nb.kernels.gated_deltanet import (CONV_KERNEL, QUAD_MIN_T, launch_conv1d_silu,
-                                           launch_gated_delta_rule,
+from bw24nb.kernels.gated_deltanet import (CONV_KERNEL, QUAD_MIN_T, alloc_conv_counters,
+                                           launch_conv1d_silu, launch_gated_delta_rule,
                                            launch_gated_delta_rule_norm_q8,
+                                           launch_gdn_conv_rule_norm_q8,
                                            launch_gdn_conv_prep, launch_gdn_output_norm,
                                            launch_gdn_prep, rule_norm_serves)
 from bw24nb.models.qwen35 import value_to_key_head
@@ -612,3 +613,93 @@ def test_rule_with_the_output_norm_rejects_what_it_cannot_take(rng):
             *(cuda.to_device(a) for a in (q, k, v, g, beta)), key_head, cuda.to_device(s0),
             _poisoned(1, NV, 40), _poisoned(1, NV, 40), _poisoned(40), 1e-6,
             cuda.to_device(np.zeros(NV * 40, np.int8)), _poisoned(NV * 40 // 32))
+
+
+@pytest.mark.parametrize("T,dims,save", [(1, (2, 4, 16, 32), False),
+                                         (3, (2, 4, 32, 64), True),
+                                         (2, (1, 3, 16, 32), True),
+                                         (1, (2, 2, 8, 96), True)],
+                         ids=["decode", "three-rows-steps", "three-heads-one-key-head",
+                              "one-head-a-key-head"])
+def test_conv_in_the_rule_norm_is_conv_prep_then_rule_norm(rng, T, dims, save):
+    """launch_gdn_conv_rule_norm_q8 (decode: gdn_conv_prep's conv, norms and gates run by each
+    value head's block in the rule-norm launch's preload) leaves, bit for bit, what
+    launch_gdn_conv_prep then launch_gated_delta_rule_norm_q8 leave: the normed o, its int8
+    codes and scales, the recurrent state and its steps, the conv window and its steps, qkv
+    unchanged; the key heads' counters back at zero, so a second launch does the same. With
+    three value heads on one key head, three blocks read its window and the last stores it;
+    with one a key head, no block waits for a count."""
+    nk, nv, dk, dv = dims
+    C = 2 * nk * dk + nv * dv
+    qkv = _rand(rng, T, C, scale=1.5)
+    w_conv = _rand(rng, C, CONV_KERNEL, scale=0.5)
+    window = _rand(rng, CONV_KERNEL - 1, C)
+    ab = np.concatenate([_rand(rng, T, nv, scale=3.0),
+                         rng.uniform(-30, 30, (T, nv)).astype(np.float32)], axis=1)
+    dt_bias = _rand(rng, nv)
+    ssm_a = (-np.exp(rng.uniform(-2, 2, nv))).astype(np.float32)
+    s0 = _rand(rng, nv, dk, dv, scale=0.5)
+    z = _rand(rng, T, nv, dv, scale=2.0)
+    w_norm = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
+    key_head = cuda.to_device(value_to_key_head("qwen35", nk, nv).astype(np.int32))
+    eps, n = 1e-6, T * nv * dv
+    consts = [cuda.to_device(a) for a in (w_conv, dt_bias, ssm_a, w_norm)]
+    counters = alloc_conv_counters(nk)
+
+    def run(fused, rounds=1):
+        x, win, state = (cuda.to_device(a) for a in (qkv, window, s0))
+        d_ab = cuda.to_device(ab)
+        b, a = d_ab[:, :nv], d_ab[:, nv:]            # row-strided views, as the engine's
+        o = _poisoned(T, nv, dv)
+        xq = cuda.to_device(np.full(n, -128, np.int8))
+        xd = _poisoned(n // 32)
+        steps = _poisoned(T, nv, dk, dv) if save else None
+        conv_steps = _poisoned(T, CONV_KERNEL - 1, C) if save else None
+        for _ in range(rounds):
+            if fused:
+                launch_gdn_conv_rule_norm_q8(x, consts[0], win, a, b, consts[1], consts[2],
+                                             key_head, state, o, cuda.to_device(z), consts[3],
+                                             eps, xq, xd, counters, conv_steps=conv_steps,
+                                             steps=steps)
+            else:
+                q, k, v = _poisoned(T, nk, dk), _poisoned(T, nk, dk), _poisoned(T, nv, dv)
+                g, beta = _poisoned(T, nv), _poisoned(T, nv)
+                launch_gdn_conv_prep(x, consts[0], win, a, b, consts[1], consts[2], q, k, v, g,
+                                     beta, steps=conv_steps)
+                launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o,
+                                                cuda.to_device(z), consts[3], eps, xq, xd,
+                                                steps=steps)
+        outs = (o, xq, xd, state, win, x) + ((steps, conv_steps) if save else ())
+        return [arr.copy_to_host().view(np.uint8 if arr.dtype == np.int8 else np.uint32)
+                for arr in outs]
+
+    apart, fused = run(False), run(True)
+    assert not np.isnan(apart[0].view(np.float32)).any()
+    names = ("o", "xq", "xd", "state", "conv window", "qkv", "steps", "conv steps")
+    for name, f, a in zip(names, fused, apart):
+        np.testing.assert_array_equal(f, a, err_msg=name)
+    np.testing.assert_array_equal(fused[5].view(np.float32), qkv)
+    np.testing.assert_array_equal(counters.copy_to_host(), 0)
+    # two steps in a row (the window and state carried; the counters reused)
+    for name, f, a in zip(names, run(True, 2), run(False, 2)):
+        np.testing.assert_array_equal(f, a, err_msg=f"second step: {name}")
+    np.testing.assert_array_equal(counters.copy_to_host(), 0)
+
+
+def test_conv_in_the_rule_norm_rejects_what_it_cannot_take(rng):
+    nk, nv, dk, dv = 2, 4, 16, 32
+    C = 2 * nk * dk + nv * dv
+    key_head = cuda.to_device(value_to_key_head("qwen35", nk, nv).astype(np.int32))
+    args = dict(qkv=_poisoned(1, C), conv_w=_poisoned(C, CONV_KERNEL),
+                conv_state=_poisoned(CONV_KERNEL - 1, C), a=_poisoned(1, nv), b=_poisoned(1, nv),
+                dt_bias=_poisoned(nv), ssm_a=_poisoned(nv), key_head=key_head,
+                state=_poisoned(nv, dk, dv), o=_poisoned(1, nv, dv), z=_poisoned(1, nv, dv),
+                norm_w=_poisoned(dv), eps=1e-6, xq=cuda.to_device(np.zeros(nv * dv, np.int8)),
+                xd=_poisoned(nv * dv // 32), counters=alloc_conv_counters(nk))
+    for change, match in [(dict(conv_state=_poisoned(CONV_KERNEL - 1, C + 1)), "window"),
+                          (dict(a=_poisoned(2, nv)), "a / b"),
+                          (dict(counters=cuda.to_device(np.zeros(1, np.int32))), "counters"),
+                          (dict(state=_poisoned(nv, dk, 40), o=_poisoned(1, nv, 40)), "d_v 40"),
+                          (dict(xd=_poisoned(1)), "xq must be")]:
+        with pytest.raises(ValueError, match=match):
+            launch_gdn_conv_rule_norm_q8(**{**args, **change})

@@ -564,7 +564,7 @@ RULE_NORM_PRELOAD = True
 RULE_NORM_PRELOAD_T = 16
 
 
-def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0):
+def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
     """`gated_delta_rule_lane` then `norm.gated_rms_norm_q8_rows` in one launch
     ("gated_delta_rule_norm_q8"): grid nv, 32 ceil(dv / 16) threads (+ 32 with OWN_WARP, whose
     warp 0 only norms and whose column warps are 1..). Column warp y computes the
@@ -578,17 +578,102 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0):
     one barrier a token keeps warp 0's reads of token t apart from the writes of t + 1.
     PRELOAD_T > 0 (launches of 2 .. PRELOAD_T tokens): the block first copies every token's q
     and k rows of its key head (the two halves one word apart, so a warp's two broadcast reads
-    fall in two banks), v row, exp(g) and beta into shared memory; the steps read them there."""
+    fall in two banks), v row, exp(g) and beta into shared memory; the steps read them there.
+    CONV (`gdn_conv_rule_norm_q8`, decode): gdn_conv_prep's work too, in that preload --
+    the block runs the conv of its key head's q and k channels and of its own value head's
+    channels into the shared rows (the conv windows and `steps` stored by one block a key
+    head for q and k), the two l2 norms and its head's gates, with gdn_conv_prep's arithmetic
+    (its sums of squares are fma chains on the GPU, spelled out here): its bits, one launch
+    fewer."""
     HALF = DK // 2
     lane_step = _lane_step(HALF)
     PRELOAD = PRELOAD_T > 0
     PT = max(PRELOAD_T, 1)
     DP = DK + 1                             # a preloaded row: half 1 one word after half 0
+    QK = 2 * DK                             # CONV: a key head's q and k channels
 
-    def gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, steps, save_steps,
-                                 z, norm_w, eps, xq, xd):
-        """o, z as [T * nv, dv] rows (o receives the normed output); xq [T * nv, dv] int8,
-        xd [T * nv, dv / 32]; the rest as `gated_delta_rule_lane`'s."""
+    @cuda.jit(device=True, inline="always")
+    def conv_rows(conv, h, kh, key_head, T, nv, dv, q_sh, k_sh, v_sh, gb_sh, win_sh, flag_sh,
+                  tid, nt):
+        """CONV's preload: rows 0 .. T - 1 of q_sh / k_sh (l2-normed, q scaled), v_sh and
+        gb_sh (exp(g), beta) from the projections, as gdn_conv_prep computes them; the conv
+        windows moved on. The value heads of key head kh all read its q / k windows, so the
+        last of them to have read them (a counter a key head, put back to zero) stores them;
+        the lowest one stores their `steps` (nobody reads those here)."""
+        (x, conv_w, conv_state, conv_steps, save_conv, a, b, dt_bias, ssm_a, q_scale, l2_eps,
+         counters) = conv
+        key_dim = (x.shape[1] - nv * dv) // 2
+        lowest = True
+        siblings = 0                        # the other value heads of key head kh
+        for jj in range(nv):
+            if key_head[jj] == kh and jj != h:
+                siblings += 1
+                if jj < h:
+                    lowest = False
+        for e in range(tid, 2 * DK + dv, nt):   # e: q channels, k channels, then v's
+            c = 2 * key_dim + h * dv + e - 2 * DK
+            if e < DK:
+                c = kh * DK + e
+            elif e < 2 * DK:
+                c = key_dim + kh * DK + e - DK
+            w0, w1, w2, w3 = conv_w[c, 0], conv_w[c, 1], conv_w[c, 2], conv_w[c, 3]
+            s0, s1, s2 = conv_state[0, c], conv_state[1, c], conv_state[2, c]
+            for t in range(T):
+                y, s0, s1, s2 = _conv_advance(w0, w1, w2, w3, s0, s1, s2, x[t, c])
+                if save_conv and (e >= 2 * DK or lowest):
+                    _save_window(conv_steps, t, c, s0, s1, s2)
+                if e < DK:
+                    q_sh[t, 0, e + (1 if e >= HALF else 0)] = y
+                elif e < 2 * DK:
+                    r = e - DK
+                    k_sh[t, 0, r + (1 if r >= HALF else 0)] = y
+                else:
+                    v_sh[t, e - 2 * DK] = y
+            if e >= 2 * DK:                 # this head's own channels
+                conv_state[0, c] = s0
+                conv_state[1, c] = s1
+                conv_state[2, c] = s2
+            else:                           # kh's: stored below by the last reader
+                win_sh[0, e] = s0
+                win_sh[1, e] = s1
+                win_sh[2, e] = s2
+        if tid < T:
+            gt, bt = _gates(a[tid, h], b[tid, h], dt_bias[h], ssm_a[h])
+            gb_sh[tid, 0] = math.exp(gt)
+            gb_sh[tid, 1] = bt
+        cuda.syncthreads()                  # every row's conv in shared memory; the windows
+        if tid == 0:                        # read (their values used) before the count
+            done = 0
+            if siblings > 0:
+                done = cuda.atomic.add(counters, kh, 1)
+                if done == siblings:
+                    counters[kh] = 0        # the next launch counts from zero
+            flag_sh[0] = 1 if done == siblings else 0
+        lane = tid & 31
+        for i in range(tid >> 5, 2 * T, nt >> 5):  # a warp a (row, q or k): its l2 norm
+            t = i >> 1
+            sq = float32(0.0)
+            for e in range(lane, DK, 32):
+                ep = e + (1 if e >= HALF else 0)
+                val = q_sh[t, 0, ep] if (i & 1) == 0 else k_sh[t, 0, ep]
+                sq = fma_f32(val, val, sq)
+            rs = float32(1.0) / math.sqrt(warp_sum(sq) + l2_eps)
+            for e in range(lane, DK, 32):
+                ep = e + (1 if e >= HALF else 0)
+                if (i & 1) == 0:
+                    q_sh[t, 0, ep] = q_sh[t, 0, ep] * rs * q_scale
+                else:
+                    k_sh[t, 0, ep] = k_sh[t, 0, ep] * rs * float32(1.0)
+        cuda.syncthreads()                  # the norms done, flag_sh set
+        if flag_sh[0] != 0:
+            for e in range(tid, 2 * DK, nt):
+                c = kh * DK + e if e < DK else key_dim + kh * DK + e - DK
+                conv_state[0, c] = win_sh[0, e]
+                conv_state[1, c] = win_sh[1, e]
+                conv_state[2, c] = win_sh[2, e]
+
+    def body(q, k, v, g, beta, key_head, state, o, steps, save_steps, z, norm_w, eps, xq, xd,
+             T, nv, dv, conv):
         out_sh = cuda.shared.array((2, RULE_NORM_DV_MAX), float32)
         q_sh = cuda.shared.array((PT, 1, DP), float32)
         k_sh = cuda.shared.array((PT, 1, DP), float32)
@@ -599,8 +684,6 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0):
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
-        nv, dv = v.shape[1], v.shape[2]
-        T = q.shape[0]
         r0 = (lane >> 4) * HALF
         cw = warp - 1 if OWN_WARP else warp     # this warp's columns (-1: the norm warp's none)
         steps_here = cw >= 0
@@ -611,7 +694,12 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0):
         if steps_here:
             for i in range(HALF):
                 S[i] = state[h, r0 + i, jc]
-        if PRELOAD:
+        if CONV:
+            win_sh = cuda.shared.array((3, QK), float32)
+            flag_sh = cuda.shared.array(1, np.int32)
+            conv_rows(conv, h, kh, key_head, T, nv, dv, q_sh, k_sh, v_sh, gb_sh, win_sh,
+                      flag_sh, tid, cuda.blockDim.x)
+        elif PRELOAD:
             nt = cuda.blockDim.x
             for e in range(tid, T * DK, nt):
                 t = e // DK
@@ -630,12 +718,12 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0):
         sl = norm._slots(32, dv)            # warp 0's norm slots (tid = lane there)
         w0, w1, w2, w3 = norm._vec4(norm_w, sl)
         z0 = z1 = z2 = z3 = float32(0.0)
-        for t in range(q.shape[0]):
+        for t in range(T):
             row = t * nv + h
             if warp == 0:                   # z's loads in flight during the step
                 z0, z1, z2, z3 = norm._row4(z, row, sl)
             if steps_here:
-                if PRELOAD:
+                if PRELOAD or CONV:
                     out = lane_step(S, q_sh, k_sh, t, 0, rp0, gb_sh[t, 0], gb_sh[t, 1],
                                     v_sh[t, jc])
                 else:
@@ -662,10 +750,34 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0):
             for i in range(HALF):
                 state[h, r0 + i, j] = S[i]
 
-    gated_delta_rule_norm_q8.__name__ = gated_delta_rule_norm_q8.__qualname__ = \
-        f"gated_delta_rule_norm_q8_dk{DK}" + ("_w0" if OWN_WARP else "") \
-        + ("_pre" if PRELOAD else "")
-    return kernel(gated_delta_rule_norm_q8)
+    body = cuda.jit(device=True, inline="always")(body)
+
+    def gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, steps, save_steps,
+                                 z, norm_w, eps, xq, xd):
+        """o, z as [T * nv, dv] rows (o receives the normed output); xq [T * nv, dv] int8,
+        xd [T * nv, dv / 32]; the rest as `gated_delta_rule_lane`'s."""
+        # (conv: stand-ins of conv_rows' types, never read without CONV)
+        body(q, k, v, g, beta, key_head, state, o, steps, save_steps, z, norm_w, eps, xq, xd,
+             q.shape[0], v.shape[1], v.shape[2],
+             (z, z, z, q, save_steps, z, z, norm_w, norm_w, eps, eps, key_head))
+
+    def gdn_conv_rule_norm_q8(x, conv_w, conv_state, conv_steps, save_conv, a, b, dt_bias,
+                              ssm_a, q_scale, l2_eps, counters, key_head, state, o, steps,
+                              save_steps, z, norm_w, eps, xq, xd):
+        """x [T, C] the projections before the conv, its weight, window and `steps` as
+        gdn_conv_prep takes them, a / b / dt_bias / ssm_a the gates' inputs, counters int32
+        [nk] zeros (alloc_conv_counters); the rest as `gated_delta_rule_norm_q8`'s."""
+        # (q, k, v, g, beta: stand-ins of the preload-less path's types, never read)
+        body(state, state, state, o, o, key_head, state, o, steps, save_steps, z, norm_w, eps,
+             xq, xd, x.shape[0], cuda.gridDim.x, o.shape[1],
+             (x, conv_w, conv_state, conv_steps, save_conv, a, b, dt_bias, ssm_a, q_scale,
+              l2_eps, counters))
+
+    fn = gdn_conv_rule_norm_q8 if CONV else gated_delta_rule_norm_q8
+    fn.__name__ = fn.__qualname__ = \
+        ("gdn_conv_rule_norm_q8" if CONV else "gated_delta_rule_norm_q8") + f"_dk{DK}" \
+        + ("_w0" if OWN_WARP else "") + ("_pre" if PRELOAD else "")
+    return kernel(fn)
 
 
 @cuda.jit(device=True, inline="always")
@@ -905,11 +1017,14 @@ gated_delta_rule_pipe = rule_kernel(GDN_DK_MAX, "pipe")
 _RULE_NORM_KERNELS: dict = {}
 
 
-def rule_norm_kernel(dk: int, own_warp: bool | None = None, preload_t: int = 0):
+def rule_norm_kernel(dk: int, own_warp: bool | None = None, preload_t: int = 0,
+                     conv: bool = False):
     """The lane kernel with the output norm folded in, for d_k = dk, its norm on a warp of its
     own or not (default RULE_NORM_OWN_WARP), up to preload_t tokens' inputs preloaded into
-    shared memory (0: none); built on first use."""
-    key = (dk, RULE_NORM_OWN_WARP if own_warp is None else bool(own_warp), int(preload_t))
+    shared memory (0: none; conv: gdn_conv_prep's work too, for up to preload_t >= 1
+    tokens); built on first use."""
+    key = (dk, RULE_NORM_OWN_WARP if own_warp is None else bool(own_warp), int(preload_t),
+           bool(conv))
     if key not in _RULE_NORM_KERNELS:
         _RULE_NORM_KERNELS[key] = _lane_rule_norm_kernel(*key)
     return _RULE_NORM_KERNELS[key]
@@ -918,6 +1033,8 @@ def rule_norm_kernel(dk: int, own_warp: bool | None = None, preload_t: int = 0):
 gated_delta_rule_norm_q8 = rule_norm_kernel(GDN_DK_MAX, True)
 gated_delta_rule_norm_q8_shared_warp = rule_norm_kernel(GDN_DK_MAX, False)
 gated_delta_rule_norm_q8_preload = rule_norm_kernel(GDN_DK_MAX, True, RULE_NORM_PRELOAD_T)
+gdn_conv_rule_norm_q8 = rule_norm_kernel(GDN_DK_MAX, True, 1, True)           # decode's
+gdn_conv_rule_norm_q8_rows = rule_norm_kernel(GDN_DK_MAX, True, RULE_NORM_PRELOAD_T, True)
 
 
 # ------------------------------------------------------------------ launchers
@@ -1065,6 +1182,17 @@ def rule_norm_serves(dk: int, dv: int) -> bool:
         and 0 < dv <= RULE_NORM_DV_MAX and dv % 32 == 0
 
 
+def _check_norm_outputs(name, T, nv, dv, z, norm_w, xq, xd):
+    """The rule-norm launchers' checks of the gate z, the norm weight and the int8 copy."""
+    if tuple(z.shape[-1:]) != (dv,) or z.size != T * nv * dv or tuple(norm_w.shape) != (dv,):
+        raise ValueError(f"{name}: z must be [{T}, {nv}, {dv}] and the norm weight [{dv}]; got "
+                         f"{tuple(z.shape)}, {tuple(norm_w.shape)}")
+    n = T * nv * dv
+    if xq.dtype != np.int8 or xq.size < n or xd.dtype != np.float32 or xd.size < n // 32:
+        raise ValueError(f"{name}: xq must be int8[>= {n}] and xd float32[>= {n // 32}], not "
+                         f"{xq.dtype}[{xq.size}], {xd.dtype}[{xd.size}]")
+
+
 def launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, norm_w,
                                     eps: float, xq, xd, stream=0, steps=None):
     """`launch_gated_delta_rule(variant="lane")` then `launch_gdn_output_norm(o, z, norm_w,
@@ -1080,14 +1208,8 @@ def launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, nor
                          f"multiple of {2 * LANE_ACCS} up to {GDN_DK_MAX} and d_v a multiple "
                          f"of 32 up to {RULE_NORM_DV_MAX}: use the rule and the norm apart")
     _check_rule_shapes("gated_delta_rule_norm_q8", q, v, g, beta, key_head, state, o, steps)
-    if tuple(z.shape[-1:]) != (dv,) or z.size != T * nv * dv or tuple(norm_w.shape) != (dv,):
-        raise ValueError(f"gated_delta_rule_norm_q8: z must be [{T}, {nv}, {dv}] and the norm "
-                         f"weight [{dv}]; got {tuple(z.shape)}, {tuple(norm_w.shape)}")
+    _check_norm_outputs("gated_delta_rule_norm_q8", T, nv, dv, z, norm_w, xq, xd)
     n = T * nv * dv
-    if xq.dtype != np.int8 or xq.size < n or xd.dtype != np.float32 or xd.size < n // 32:
-        raise ValueError(f"gated_delta_rule_norm_q8: xq must be int8[>= {n}] and xd "
-                         f"float32[>= {n // 32}], not {xq.dtype}[{xq.size}], "
-                         f"{xd.dtype}[{xd.size}]")
     if T == 0:
         return
     flat = (lambda a: a if a.ndim == 1 else a.reshape(a.size))
@@ -1095,6 +1217,72 @@ def launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o, z, nor
     pre = RULE_NORM_PRELOAD_T if RULE_NORM_PRELOAD and 1 < T <= RULE_NORM_PRELOAD_T else 0
     rule_norm_kernel(dk, own, pre)[nv, 32 * ((dv + LANE_COLS - 1) // LANE_COLS + own), stream](
         q, k, v, g, beta, key_head, state, o.reshape(T * nv, dv),
+        state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None),
+        z.reshape(T * nv, dv), norm_w, np.float32(eps), flat(xq)[:n].reshape(T * nv, dv),
+        flat(xd)[:n // 32].reshape(T * nv, dv // 32))
+
+
+def alloc_conv_counters(nk: int):
+    """`launch_gdn_conv_rule_norm_q8`'s counters: one int32 a key head, zero (each launch puts
+    them back to zero, so one array serves every layer)."""
+    return cuda.to_device(np.zeros(max(nk, 1), np.int32))
+
+
+def launch_gdn_conv_rule_norm_q8(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, key_head,
+                                 state, o, z, norm_w, eps: float, xq, xd, counters,
+                                 l2_eps: float = L2NORM_EPS, stream=0, conv_steps=None,
+                                 steps=None):
+    """`launch_gdn_conv_prep` then `launch_gated_delta_rule_norm_q8` in one launch, with their
+    bits (`_lane_rule_norm_kernel`'s CONV): qkv [T, C] the projections before the conv (not
+    modified), conv_state / conv_steps the conv window and its per-token copies as
+    launch_gdn_conv_prep updates them, a / b [T, nv] the gate projections; state, o, z,
+    norm_w, eps, xq, xd, steps as launch_gated_delta_rule_norm_q8 takes them; counters from
+    `alloc_conv_counters` (zero before, zero after). T <= RULE_NORM_PRELOAD_T. Every value
+    head's block must be resident at once only in the sense that each finishes: no block waits
+    for another (the last of a key head's heads to read its window stores it)."""
+    T, C = qkv.shape
+    nv, dk, dv = state.shape
+    nk = (C - nv * dv) // (2 * dk) if dk > 0 else 0
+    if not rule_norm_serves(dk, dv) or T > RULE_NORM_PRELOAD_T:
+        raise ValueError(f"gdn_conv_rule_norm_q8: {T} tokens of heads d_k {dk} / d_v {dv}: "
+                         f"needs d_k a multiple of {2 * LANE_ACCS} up to {GDN_DK_MAX}, d_v a "
+                         f"multiple of 32 up to {RULE_NORM_DV_MAX} and at most "
+                         f"{RULE_NORM_PRELOAD_T} tokens; use gdn_conv_prep and the rule apart")
+    if nk <= 0 or C != 2 * nk * dk + nv * dv or nv % nk or tuple(conv_w.shape) != (C, CONV_KERNEL) \
+            or tuple(conv_state.shape) != (CONV_KERNEL - 1, C):
+        raise ValueError(f"gdn_conv_rule_norm_q8: qkv {tuple(qkv.shape)}, conv weight "
+                         f"{tuple(conv_w.shape)}, window {tuple(conv_state.shape)} do not fit "
+                         f"{nv} value heads of [{dk}, {dv}]")
+    if tuple(a.shape) != (T, nv) or tuple(b.shape) != (T, nv):
+        raise ValueError(f"gdn_conv_rule_norm_q8: a / b must be [{T}, {nv}], not "
+                         f"{tuple(a.shape)} / {tuple(b.shape)}")
+    if counters.dtype != np.int32 or counters.size < nk:
+        raise ValueError(f"gdn_conv_rule_norm_q8: counters must be int32[>= {nk}] "
+                         f"(alloc_conv_counters), not {counters.dtype}[{counters.size}]")
+    if conv_steps is not None and (conv_steps.shape[0] < T
+                                   or tuple(conv_steps.shape[1:]) != (CONV_KERNEL - 1, C)):
+        raise ValueError(f"gdn_conv_rule_norm_q8: conv_steps must be [>= {T}, "
+                         f"{CONV_KERNEL - 1}, {C}]")
+    if tuple(o.shape) != (T, nv, dv) or key_head.shape[0] != nv or key_head.dtype != np.int32:
+        raise ValueError(f"gdn_conv_rule_norm_q8: o must be [{T}, {nv}, {dv}] and key_head "
+                         f"int32[{nv}], not {tuple(o.shape)}, {key_head.dtype}"
+                         f"[{key_head.shape[0]}]")
+    if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (nv, dk, dv)):
+        raise ValueError(f"gdn_conv_rule_norm_q8: steps must be [>= {T}, {nv}, {dk}, {dv}], "
+                         f"got {tuple(steps.shape)}")
+    _check_norm_outputs("gdn_conv_rule_norm_q8", T, nv, dv, z, norm_w, xq, xd)
+    if T == 0:
+        return
+    flat = (lambda x: x if x.ndim == 1 else x.reshape(x.size))
+    n = T * nv * dv
+    own = RULE_NORM_OWN_WARP
+    pre = 1 if T == 1 else RULE_NORM_PRELOAD_T
+    rule_norm_kernel(dk, own, pre, True)[nv, 32 * ((dv + LANE_COLS - 1) // LANE_COLS + own),
+                                         stream](
+        qkv, conv_w, conv_state,
+        conv_state.reshape(1, *conv_state.shape) if conv_steps is None else conv_steps,
+        np.int32(conv_steps is not None), a, b, dt_bias, ssm_a, np.float32(dk ** -0.5),
+        np.float32(l2_eps), counters, key_head, state, o.reshape(T * nv, dv),
         state.reshape(1, *state.shape) if steps is None else steps, np.int32(steps is not None),
         z.reshape(T * nv, dv), norm_w, np.float32(eps), flat(xq)[:n].reshape(T * nv, dv),
         flat(xd)[:n // 32].reshape(T * nv, dv // 32))
@@ -1131,5 +1319,10 @@ PTX_SIGNATURES["gated_delta_rule_norm_q8"] = [
     f"int32, {_A2}, float32[::1], float32, int8[:, ::1], {_A2})"]
 PTX_SIGNATURES["gated_delta_rule_norm_q8_shared_warp"] = PTX_SIGNATURES["gated_delta_rule_norm_q8"]
 PTX_SIGNATURES["gated_delta_rule_norm_q8_preload"] = PTX_SIGNATURES["gated_delta_rule_norm_q8"]
+PTX_SIGNATURES["gdn_conv_rule_norm_q8"] = [
+    f"void({_A2}, {_A2}, {_A2}, float32[:, :, ::1], int32, {_A2}, {_A2}, "
+    f"float32[::1], float32[::1], float32, float32, int32[::1], int32[::1], {_A3}, {_A2}, "
+    f"float32[:, :, :, ::1], int32, {_A2}, float32[::1], float32, int8[:, ::1], {_A2})"]
+PTX_SIGNATURES["gdn_conv_rule_norm_q8_rows"] = PTX_SIGNATURES["gdn_conv_rule_norm_q8"]
 PTX_SIGNATURES["gated_delta_rule_quad"] = PTX_SIGNATURES["gated_delta_rule_lane"]
 PTX_SIGNATURES["gated_delta_rule_pipe"] = PTX_SIGNATURES["gated_delta_rule_lane"]
