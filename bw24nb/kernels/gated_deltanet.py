@@ -642,8 +642,8 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
             gb_sh[tid, 0] = math.exp(gt)
             gb_sh[tid, 1] = bt
         cuda.syncthreads()                  # every row's conv in shared memory; the windows
-        if tid == 0:                        # read (their values used) before the count
-            done = 0
+        if tid == nt - 32:                  # read (their values used) before the count (on
+            done = 0                        # the last warp: the first ones run the norms)
             if siblings > 0:
                 done = cuda.atomic.add(counters, kh, 1)
                 if done == siblings:
