@@ -1951,6 +1951,71 @@ def check_gdn_rule_norm_q8(rng, size):
             yield compare("gdn_rule_norm_q8 S", "f32", shape, s2, s1, tol="bit-exact", bits=True)
 
 
+@check("gdn_conv_rule_norm_q8", "kernels.gated_deltanet.launch_gdn_conv_rule_norm_q8")
+def check_gdn_conv_rule_norm_q8(rng, size):
+    """Decode's conv + prep inside the rule-norm launch, against gdn_conv_prep then the
+    rule-norm launch (each checked by its own row): the same arithmetic in the same order (the
+    norms' sums of squares spelled as the fma chains of gdn_conv_prep's compiled code), so
+    bit-exact -- the normed o, its int8 codes and scales, the state, the conv window and both
+    steps; the key heads' counters back at zero."""
+    from .kernels import gated_deltanet as gdn
+    from .models.qwen35 import value_to_key_head
+    d = _gdn_dims(size)
+    dv = 32 if size == "tiny" else d.dv
+    C = 2 * d.nk * d.dk + d.nv * dv
+    key_head = _dev(value_to_key_head("qwen35", d.nk, d.nv).astype(np.int32))
+    counters = gdn.alloc_conv_counters(d.nk)
+    for T in ((1, 2) if size == "tiny" else (1, 4)):
+        f32 = (lambda *shape, s=1.0: (s * rng.standard_normal(shape)).astype(np.float32))
+        qkv, window, s0, z = f32(T, C, s=1.5), f32(gdn.CONV_KERNEL - 1, C), \
+            f32(d.nv, d.dk, dv, s=0.5), f32(T, d.nv, dv, s=2.0)
+        ab = np.concatenate([f32(T, d.nv, s=3.0),
+                             rng.uniform(-30, 30, (T, d.nv)).astype(np.float32)], 1)
+        consts = [_dev(a) for a in (f32(C, gdn.CONV_KERNEL, s=0.5), f32(d.nv),
+                                    (-np.exp(rng.uniform(-2, 2, d.nv))).astype(np.float32),
+                                    (1 + 0.1 * f32(dv)), z)]
+        n = T * d.nv * dv
+        outs = []
+        for fused in (False, True):
+            x, win, state, d_ab = (_dev(a) for a in (qkv, window, s0, ab))
+            b, a = d_ab[:, :d.nv], d_ab[:, d.nv:]
+            o, xq, xd = Out((T, d.nv, dv)), Out(n, np.int8, poison=-128), Out(n // 32)
+            steps = Out((T, d.nv, d.dk, dv))
+            conv_steps = Out((T, gdn.CONV_KERNEL - 1, C))
+            if fused:
+                gdn.launch_gdn_conv_rule_norm_q8(x, consts[0], win, a, b, consts[1], consts[2],
+                                                 key_head, state, o.dev, consts[4], consts[3],
+                                                 1e-6, xq.dev, xd.dev, counters,
+                                                 conv_steps=conv_steps.dev, steps=steps.dev)
+            else:
+                q, k, v = (Out(sh).dev for sh in ((T, d.nk, d.dk), (T, d.nk, d.dk),
+                                                  (T, d.nv, dv)))
+                g, beta = Out((T, d.nv)).dev, Out((T, d.nv)).dev
+                gdn.launch_gdn_conv_prep(x, consts[0], win, a, b, consts[1], consts[2], q, k, v,
+                                         g, beta, steps=conv_steps.dev)
+                gdn.launch_gated_delta_rule_norm_q8(q, k, v, g, beta, key_head, state, o.dev,
+                                                    consts[4], consts[3], 1e-6, xq.dev, xd.dev,
+                                                    steps=steps.dev)
+            outs.append((o.get(), xq.get(), xd.get(), steps.get(), conv_steps.get(),
+                         state.copy_to_host(), win.copy_to_host()))
+        (o1, q1, d1, st1, cs1, s1, w1), (o2, q2, d2, st2, cs2, s2, w2) = outs
+        shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{dv}"
+        yield compare("gdn_conv_rule_norm_q8 y", "f32", shape, o2[0], o1[0], tol="bit-exact",
+                      bits=True, guard_ok=o2[1])
+        yield compare("gdn_conv_rule_norm_q8 q", "int8", shape, q2[0], q1[0], tol="exact",
+                      bits=True, guard_ok=q2[1], poison=np.int8(-128))
+        yield compare("gdn_conv_rule_norm_q8 d", "f32", shape, d2[0], d1[0], tol="bit-exact",
+                      bits=True, guard_ok=d2[1])
+        for name, got, want in (("steps", st2, st1), ("conv steps", cs2, cs1)):
+            yield compare(f"gdn_conv_rule_norm_q8 {name}", "f32", shape, got[0], want[0],
+                          tol="bit-exact", bits=True, guard_ok=got[1])
+        yield compare("gdn_conv_rule_norm_q8 S", "f32", shape, s2, s1, tol="bit-exact", bits=True)
+        yield compare("gdn_conv_rule_norm_q8 window", "f32", shape, w2, w1, tol="bit-exact",
+                      bits=True)
+        yield compare("gdn_conv_rule_norm_q8 counters", "int32", shape,
+                      counters.copy_to_host(), np.zeros(d.nk, np.int32), tol="exact", bits=True)
+
+
 @check("gdn_output_norm", "kernels.gated_deltanet.launch_gdn_output_norm")
 def check_gdn_output_norm(rng, size):
     from .kernels import gated_deltanet as gdn
