@@ -1901,6 +1901,18 @@ def check_gated_delta_rule(rng, size):
                       label)
 
 
+def _same_q8_rows(name, shape, got, want):
+    """Rows for a launch's normed output y, its int8 codes q and scales d, each `Out.get()`'s
+    (values, guard_ok), against a twin's, bit for bit."""
+    (y2, q2, d2), (y1, q1, d1) = got, want
+    yield compare(f"{name} y", "f32", shape, y2[0], y1[0], tol="bit-exact", bits=True,
+                  guard_ok=y2[1])
+    yield compare(f"{name} q", "int8", shape, q2[0], q1[0], tol="exact", bits=True,
+                  guard_ok=q2[1], poison=np.int8(-128))
+    yield compare(f"{name} d", "f32", shape, d2[0], d1[0], tol="bit-exact", bits=True,
+                  guard_ok=d2[1])
+
+
 @check("gdn_rule_norm_q8", "kernels.gated_deltanet.launch_gated_delta_rule_norm_q8")
 def check_gdn_rule_norm_q8(rng, size):
     """The decode / verify launch that runs the lane rule and the gated q8 output norm
@@ -1940,12 +1952,7 @@ def check_gdn_rule_norm_q8(rng, size):
         (o1, q1, d1, st1, s1) = outs[0]
         for form, (o2, q2, d2, st2, s2) in zip(("", " shared warp", " no preload"), outs[1:]):
             shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{dv}{form}"
-            yield compare("gdn_rule_norm_q8 y", "f32", shape, o2[0], o1[0], tol="bit-exact",
-                          bits=True, guard_ok=o2[1])
-            yield compare("gdn_rule_norm_q8 q", "int8", shape, q2[0], q1[0], tol="exact",
-                          bits=True, guard_ok=q2[1], poison=np.int8(-128))
-            yield compare("gdn_rule_norm_q8 d", "f32", shape, d2[0], d1[0], tol="bit-exact",
-                          bits=True, guard_ok=d2[1])
+            yield from _same_q8_rows("gdn_rule_norm_q8", shape, (o2, q2, d2), (o1, q1, d1))
             yield compare("gdn_rule_norm_q8 steps", "f32", shape, st2[0], st1[0],
                           tol="bit-exact", bits=True, guard_ok=st2[1])
             yield compare("gdn_rule_norm_q8 S", "f32", shape, s2, s1, tol="bit-exact", bits=True)
@@ -2000,12 +2007,7 @@ def check_gdn_conv_rule_norm_q8(rng, size):
                          state.copy_to_host(), win.copy_to_host()))
         (o1, q1, d1, st1, cs1, s1, w1), (o2, q2, d2, st2, cs2, s2, w2) = outs
         shape = f"T{T} {d.nk}/{d.nv}h {d.dk}/{dv}"
-        yield compare("gdn_conv_rule_norm_q8 y", "f32", shape, o2[0], o1[0], tol="bit-exact",
-                      bits=True, guard_ok=o2[1])
-        yield compare("gdn_conv_rule_norm_q8 q", "int8", shape, q2[0], q1[0], tol="exact",
-                      bits=True, guard_ok=q2[1], poison=np.int8(-128))
-        yield compare("gdn_conv_rule_norm_q8 d", "f32", shape, d2[0], d1[0], tol="bit-exact",
-                      bits=True, guard_ok=d2[1])
+        yield from _same_q8_rows("gdn_conv_rule_norm_q8", shape, (o2, q2, d2), (o1, q1, d1))
         for name, got, want in (("steps", st2, st1), ("conv steps", cs2, cs1)):
             yield compare(f"gdn_conv_rule_norm_q8 {name}", "f32", shape, got[0], want[0],
                           tol="bit-exact", bits=True, guard_ok=got[1])
