@@ -562,6 +562,10 @@ RULE_NORM_OWN_WARP = True
 # memory in its step (session 32). Read at every launch.
 RULE_NORM_PRELOAD = True
 RULE_NORM_PRELOAD_T = 16
+# The CONV build's register cap: left to itself ptxas gives it 224 (sm_90, CUDA 13), which at
+# 9 warps a block (d_v 128) is at the register file's edge, and the H100 refused the launch
+# (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, session 38). 192 assembles without a spill.
+RULE_CONV_MAX_REGISTERS = 192
 
 
 def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
@@ -691,7 +695,7 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
         col = steps_here and j < dv
         jc = max(min(j, dv - 1), 0)
         kh = key_head[h]
-        if steps_here:
+        if steps_here and not CONV:
             for i in range(HALF):
                 S[i] = state[h, r0 + i, jc]
         if CONV:
@@ -699,6 +703,9 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
             flag_sh = cuda.shared.array(1, np.int32)
             conv_rows(conv, h, kh, key_head, T, nv, dv, q_sh, k_sh, v_sh, gb_sh, win_sh,
                       flag_sh, tid, cuda.blockDim.x)
+            if steps_here:                  # (after the conv: its registers are free again)
+                for i in range(HALF):
+                    S[i] = state[h, r0 + i, jc]
         elif PRELOAD:
             nt = cuda.blockDim.x
             for e in range(tid, T * DK, nt):
@@ -777,7 +784,7 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
     fn.__name__ = fn.__qualname__ = \
         ("gdn_conv_rule_norm_q8" if CONV else "gated_delta_rule_norm_q8") + f"_dk{DK}" \
         + ("_w0" if OWN_WARP else "") + ("_pre" if PRELOAD else "")
-    return kernel(fn)
+    return kernel(fn, max_registers=RULE_CONV_MAX_REGISTERS) if CONV else kernel(fn)
 
 
 @cuda.jit(device=True, inline="always")
