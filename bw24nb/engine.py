@@ -1002,8 +1002,7 @@ class Engine:
             rule, norm_q = [("gdn_rule_norm_q8", lambda: fused(
                 gq, gk, gv, g, beta, self.key_head, self.rs.ssm[i], o, z, norm_w, eps, qo.xq,
                 qo.xd, s, steps=ssm_steps))], []
-            if GDN_CONV_RULE_NORM and mix[0][0] == "gdn_conv_prep" \
-                    and T <= gated_deltanet.RULE_NORM_PRELOAD_T:
+            if GDN_CONV_RULE_NORM and mix[0][0] == "gdn_conv_prep" and T == 1:
                 # and the conv + prep in it too (one launch fewer, the same bits)
                 conv_rule = gated_deltanet.launch_gdn_conv_rule_norm_q8
                 mix, rule = [], [("gdn_conv_rule_norm_q8", lambda: conv_rule(

@@ -1972,7 +1972,7 @@ def check_gdn_conv_rule_norm_q8(rng, size):
     C = 2 * d.nk * d.dk + d.nv * dv
     key_head = _dev(value_to_key_head("qwen35", d.nk, d.nv).astype(np.int32))
     counters = gdn.alloc_conv_counters(d.nk)
-    for T in ((1, 2) if size == "tiny" else (1, 4)):
+    for T in (1,):                                  # (decode's launch: one token)
         f32 = (lambda *shape, s=1.0: (s * rng.standard_normal(shape)).astype(np.float32))
         qkv, window, s0, z = f32(T, C, s=1.5), f32(gdn.CONV_KERNEL - 1, C), \
             f32(d.nv, d.dk, dv, s=0.5), f32(T, d.nv, dv, s=2.0)

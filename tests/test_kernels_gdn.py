@@ -616,13 +616,13 @@ def test_rule_with_the_output_norm_rejects_what_it_cannot_take(rng):
 
 
 @pytest.mark.parametrize("T,dims,save", [(1, (2, 4, 16, 32), False),
-                                         (3, (2, 4, 32, 64), True),
-                                         (2, (1, 3, 16, 32), True),
+                                         (1, (2, 4, 32, 64), True),
+                                         (1, (1, 3, 16, 32), True),
                                          (1, (2, 2, 8, 96), True)],
-                         ids=["decode", "three-rows-steps", "three-heads-one-key-head",
+                         ids=["decode", "decode-steps", "three-heads-one-key-head",
                               "one-head-a-key-head"])
 def test_conv_in_the_rule_norm_is_conv_prep_then_rule_norm(rng, T, dims, save):
-    """launch_gdn_conv_rule_norm_q8 (decode: gdn_conv_prep's conv, norms and gates run by each
+    """launch_gdn_conv_rule_norm_q8 (decode, one token: gdn_conv_prep's conv, norms and gates run by each
     value head's block in the rule-norm launch's preload) leaves, bit for bit, what
     launch_gdn_conv_prep then launch_gated_delta_rule_norm_q8 leave: the normed o, its int8
     codes and scales, the recurrent state and its steps, the conv window and its steps, qkv
@@ -700,6 +700,8 @@ def test_conv_in_the_rule_norm_rejects_what_it_cannot_take(rng):
                           (dict(a=_poisoned(2, nv)), "a / b"),
                           (dict(counters=cuda.to_device(np.zeros(1, np.int32))), "counters"),
                           (dict(state=_poisoned(nv, dk, 40), o=_poisoned(1, nv, 40)), "d_v 40"),
-                          (dict(xd=_poisoned(1)), "xq must be")]:
+                          (dict(xd=_poisoned(1)), "xq must be"),
+                          (dict(qkv=_poisoned(2, C), a=_poisoned(2, nv), b=_poisoned(2, nv),
+                                o=_poisoned(2, nv, dv), z=_poisoned(2, nv, dv)), "one token")]:
         with pytest.raises(ValueError, match=match):
             launch_gdn_conv_rule_norm_q8(**{**args, **change})

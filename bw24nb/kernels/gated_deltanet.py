@@ -562,10 +562,11 @@ RULE_NORM_OWN_WARP = True
 # memory in its step (session 32). Read at every launch.
 RULE_NORM_PRELOAD = True
 RULE_NORM_PRELOAD_T = 16
-# The CONV build's register cap: left to itself ptxas gives it 224 (sm_90, CUDA 13), which at
-# 9 warps a block (d_v 128) is at the register file's edge, and the H100 refused the launch
-# (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, session 38). 192 assembles without a spill.
-RULE_CONV_MAX_REGISTERS = 192
+# The CONV build's register cap (None: none). Its conv loop over a run-time T was unrolled into
+# 224 registers (ptxas, sm_90, CUDA 13): at 9 warps a block (d_v 128), 64512 of the 65536, and
+# the H100 refused the launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, session 38, also with a cap of
+# 192). Bounded by the build's constant PT it takes the rule-norm build's 168.
+RULE_CONV_MAX_REGISTERS = None
 
 
 def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
@@ -622,7 +623,9 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
                 c = key_dim + kh * DK + e - DK
             w0, w1, w2, w3 = conv_w[c, 0], conv_w[c, 1], conv_w[c, 2], conv_w[c, 3]
             s0, s1, s2 = conv_state[0, c], conv_state[1, c], conv_state[2, c]
-            for t in range(T):
+            for t in range(PT):             # (PT, a constant: a loop to T unrolled into
+                if t >= T:                  # 224 registers, where the rule needs 168)
+                    break
                 y, s0, s1, s2 = _conv_advance(w0, w1, w2, w3, s0, s1, s2, x[t, c])
                 if save_conv and (e >= 2 * DK or lowest):
                     _save_window(conv_steps, t, c, s0, s1, s2)
@@ -784,7 +787,8 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
     fn.__name__ = fn.__qualname__ = \
         ("gdn_conv_rule_norm_q8" if CONV else "gated_delta_rule_norm_q8") + f"_dk{DK}" \
         + ("_w0" if OWN_WARP else "") + ("_pre" if PRELOAD else "")
-    return kernel(fn, max_registers=RULE_CONV_MAX_REGISTERS) if CONV else kernel(fn)
+    cap = RULE_CONV_MAX_REGISTERS if CONV else None
+    return kernel(fn) if cap is None else kernel(fn, max_registers=cap)
 
 
 @cuda.jit(device=True, inline="always")
@@ -1041,7 +1045,6 @@ gated_delta_rule_norm_q8 = rule_norm_kernel(GDN_DK_MAX, True)
 gated_delta_rule_norm_q8_shared_warp = rule_norm_kernel(GDN_DK_MAX, False)
 gated_delta_rule_norm_q8_preload = rule_norm_kernel(GDN_DK_MAX, True, RULE_NORM_PRELOAD_T)
 gdn_conv_rule_norm_q8 = rule_norm_kernel(GDN_DK_MAX, True, 1, True)           # decode's
-gdn_conv_rule_norm_q8_rows = rule_norm_kernel(GDN_DK_MAX, True, RULE_NORM_PRELOAD_T, True)
 
 
 # ------------------------------------------------------------------ launchers
@@ -1244,17 +1247,18 @@ def launch_gdn_conv_rule_norm_q8(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, 
     modified), conv_state / conv_steps the conv window and its per-token copies as
     launch_gdn_conv_prep updates them, a / b [T, nv] the gate projections; state, o, z,
     norm_w, eps, xq, xd, steps as launch_gated_delta_rule_norm_q8 takes them; counters from
-    `alloc_conv_counters` (zero before, zero after). T <= RULE_NORM_PRELOAD_T. Every value
-    head's block must be resident at once only in the sense that each finishes: no block waits
-    for another (the last of a key head's heads to read its window stores it)."""
+    `alloc_conv_counters` (zero before, zero after). One token (decode: the build's conv loop
+    is bounded by a constant; over a run-time T ptxas unrolled it into 224 registers, which
+    the H100 would not launch at 9 warps). No block waits for another: the last of a key
+    head's value heads to read its window stores it."""
     T, C = qkv.shape
     nv, dk, dv = state.shape
     nk = (C - nv * dv) // (2 * dk) if dk > 0 else 0
-    if not rule_norm_serves(dk, dv) or T > RULE_NORM_PRELOAD_T:
+    if not rule_norm_serves(dk, dv) or T != 1:
         raise ValueError(f"gdn_conv_rule_norm_q8: {T} tokens of heads d_k {dk} / d_v {dv}: "
                          f"needs d_k a multiple of {2 * LANE_ACCS} up to {GDN_DK_MAX}, d_v a "
-                         f"multiple of 32 up to {RULE_NORM_DV_MAX} and at most "
-                         f"{RULE_NORM_PRELOAD_T} tokens; use gdn_conv_prep and the rule apart")
+                         f"multiple of 32 up to {RULE_NORM_DV_MAX} and one token (decode); use "
+                         f"gdn_conv_prep and the rule apart")
     if nk <= 0 or C != 2 * nk * dk + nv * dv or nv % nk or tuple(conv_w.shape) != (C, CONV_KERNEL) \
             or tuple(conv_state.shape) != (CONV_KERNEL - 1, C):
         raise ValueError(f"gdn_conv_rule_norm_q8: qkv {tuple(qkv.shape)}, conv weight "
@@ -1278,13 +1282,10 @@ def launch_gdn_conv_rule_norm_q8(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, 
         raise ValueError(f"gdn_conv_rule_norm_q8: steps must be [>= {T}, {nv}, {dk}, {dv}], "
                          f"got {tuple(steps.shape)}")
     _check_norm_outputs("gdn_conv_rule_norm_q8", T, nv, dv, z, norm_w, xq, xd)
-    if T == 0:
-        return
     flat = (lambda x: x if x.ndim == 1 else x.reshape(x.size))
     n = T * nv * dv
     own = RULE_NORM_OWN_WARP
-    pre = 1 if T == 1 else RULE_NORM_PRELOAD_T
-    rule_norm_kernel(dk, own, pre, True)[nv, 32 * ((dv + LANE_COLS - 1) // LANE_COLS + own),
+    rule_norm_kernel(dk, own, 1, True)[nv, 32 * ((dv + LANE_COLS - 1) // LANE_COLS + own),
                                          stream](
         qkv, conv_w, conv_state,
         conv_state.reshape(1, *conv_state.shape) if conv_steps is None else conv_steps,
@@ -1330,6 +1331,5 @@ PTX_SIGNATURES["gdn_conv_rule_norm_q8"] = [
     f"void({_A2}, {_A2}, {_A2}, float32[:, :, ::1], int32, {_A2}, {_A2}, "
     f"float32[::1], float32[::1], float32, float32, int32[::1], int32[::1], {_A3}, {_A2}, "
     f"float32[:, :, :, ::1], int32, {_A2}, float32[::1], float32, int8[:, ::1], {_A2})"]
-PTX_SIGNATURES["gdn_conv_rule_norm_q8_rows"] = PTX_SIGNATURES["gdn_conv_rule_norm_q8"]
 PTX_SIGNATURES["gated_delta_rule_quad"] = PTX_SIGNATURES["gated_delta_rule_lane"]
 PTX_SIGNATURES["gated_delta_rule_pipe"] = PTX_SIGNATURES["gated_delta_rule_lane"]
