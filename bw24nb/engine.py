@@ -71,9 +71,10 @@ GDN_RULE_NORM_MAX_T = 1
 # Where decode runs the rule-norm launch, gdn_conv_prep's work in it too
 # (gated_deltanet.launch_gdn_conv_rule_norm_q8: each value head's block runs its key head's q /
 # k conv and norms and its own v conv and gates in the rule's preload): one launch a GDN layer
-# fewer, the same bits (tests/test_kernels_gdn.py; on the GPU bench/gpu_same_bits.py). The
-# timeline (decision 0043) puts gdn_conv_prep at 4.3 us a layer on the 9B. Off until measured
-# in the graph (run_bench --launch gdn-conv-fused). Read at every launch.
+# fewer, the same bits (tests/test_kernels_gdn.py; on the GPU bench/gpu_same_bits.py, SAME).
+# Measured neutral, so off (decision 0044; H100, 9B): 336.7 / 324.5 against 337.9 / 325.3
+# tok/s; the fused launch 9.34 us against 5.80 + 3.93 (its conv preload lengthens the rule's
+# path by what the boundary cost). run_bench --launch gdn-conv-fused. Read at every launch.
 GDN_CONV_RULE_NORM = False
 
 # A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode

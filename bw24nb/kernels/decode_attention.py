@@ -114,8 +114,10 @@ ONE_TILE_SPREAD_MAX_D = 64
 # (a counter per pair, `alloc_combine_counters`) merges the group's partials itself, with the
 # combine kernel's arithmetic in its order (`combine_order`): the same bits, one launch and
 # its boundary fewer. Bench/graph_timeline (decision 0043): the 0.5B's combine costs 7.3 us
-# of its 17.3-us attention a layer. Off until measured in the graph (run_bench --launch
-# attn-fused); not for walking grids.
+# of its 17.3-us attention a layer. Measured a loss, so off (decision 0044; H100, 0.5B):
+# 619.6 / 557.7 against 893.4 / 796.6 tok/s, attention 33.1 against 14.5 us a layer -- the
+# last block runs the group's heads one after another. run_bench --launch attn-fused; not for
+# walking grids.
 COMBINE_IN_SPLIT = False
 
 
