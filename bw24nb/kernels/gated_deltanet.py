@@ -562,11 +562,6 @@ RULE_NORM_OWN_WARP = True
 # memory in its step (session 32). Read at every launch.
 RULE_NORM_PRELOAD = True
 RULE_NORM_PRELOAD_T = 16
-# The CONV build's register cap (None: none). Its conv loop over a run-time T was unrolled into
-# 224 registers (ptxas, sm_90, CUDA 13): at 9 warps a block (d_v 128), 64512 of the 65536, and
-# the H100 refused the launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, session 38, also with a cap of
-# 192). Bounded by the build's constant PT it takes the rule-norm build's 168.
-RULE_CONV_MAX_REGISTERS = None
 
 
 def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
@@ -598,6 +593,11 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
     QK = 2 * DK                             # CONV: a key head's q and k channels
 
     @cuda.jit(device=True, inline="always")
+    def qk_channel(kh, e, key_dim):
+        """Key head kh's e-th q / k conv channel (e < DK: q's, else k's)."""
+        return kh * DK + e if e < DK else key_dim + kh * DK + e - DK
+
+    @cuda.jit(device=True, inline="always")
     def conv_rows(conv, h, kh, key_head, T, nv, dv, q_sh, k_sh, v_sh, gb_sh, win_sh, flag_sh,
                   tid, nt):
         """CONV's preload: rows 0 .. T - 1 of q_sh / k_sh (l2-normed, q scaled), v_sh and
@@ -616,15 +616,15 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
                 if jj < h:
                     lowest = False
         for e in range(tid, 2 * DK + dv, nt):   # e: q channels, k channels, then v's
-            c = 2 * key_dim + h * dv + e - 2 * DK
-            if e < DK:
-                c = kh * DK + e
-            elif e < 2 * DK:
-                c = key_dim + kh * DK + e - DK
+            c = qk_channel(kh, e, key_dim) if e < 2 * DK else 2 * key_dim + h * dv + e - 2 * DK
             w0, w1, w2, w3 = conv_w[c, 0], conv_w[c, 1], conv_w[c, 2], conv_w[c, 3]
             s0, s1, s2 = conv_state[0, c], conv_state[1, c], conv_state[2, c]
-            for t in range(PT):             # (PT, a constant: a loop to T unrolled into
-                if t >= T:                  # 224 registers, where the rule needs 168)
+            # bounded by the build's constant PT: a loop to the run-time T was unrolled into 224
+            # registers (ptxas, sm_90), where the rule needs 168, and at 9 warps a block the H100
+            # refused the launch (out of resources, session 38; a max_registers cap of 192 did
+            # not take there)
+            for t in range(PT):
+                if t >= T:
                     break
                 y, s0, s1, s2 = _conv_advance(w0, w1, w2, w3, s0, s1, s2, x[t, c])
                 if save_conv and (e >= 2 * DK or lowest):
@@ -674,7 +674,7 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
         cuda.syncthreads()                  # the norms done, flag_sh set
         if flag_sh[0] != 0:
             for e in range(tid, 2 * DK, nt):
-                c = kh * DK + e if e < DK else key_dim + kh * DK + e - DK
+                c = qk_channel(kh, e, key_dim)
                 conv_state[0, c] = win_sh[0, e]
                 conv_state[1, c] = win_sh[1, e]
                 conv_state[2, c] = win_sh[2, e]
@@ -706,7 +706,7 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
             flag_sh = cuda.shared.array(1, np.int32)
             conv_rows(conv, h, kh, key_head, T, nv, dv, q_sh, k_sh, v_sh, gb_sh, win_sh,
                       flag_sh, tid, cuda.blockDim.x)
-            if steps_here:                  # (after the conv: its registers are free again)
+            if steps_here:                  # (the state after the conv: the form measured)
                 for i in range(HALF):
                     S[i] = state[h, r0 + i, jc]
         elif PRELOAD:
@@ -787,8 +787,7 @@ def _lane_rule_norm_kernel(DK, OWN_WARP, PRELOAD_T=0, CONV=False):
     fn.__name__ = fn.__qualname__ = \
         ("gdn_conv_rule_norm_q8" if CONV else "gated_delta_rule_norm_q8") + f"_dk{DK}" \
         + ("_w0" if OWN_WARP else "") + ("_pre" if PRELOAD else "")
-    cap = RULE_CONV_MAX_REGISTERS if CONV else None
-    return kernel(fn) if cap is None else kernel(fn, max_registers=cap)
+    return kernel(fn)
 
 
 @cuda.jit(device=True, inline="always")
@@ -1032,8 +1031,8 @@ def rule_norm_kernel(dk: int, own_warp: bool | None = None, preload_t: int = 0,
                      conv: bool = False):
     """The lane kernel with the output norm folded in, for d_k = dk, its norm on a warp of its
     own or not (default RULE_NORM_OWN_WARP), up to preload_t tokens' inputs preloaded into
-    shared memory (0: none; conv: gdn_conv_prep's work too, for up to preload_t >= 1
-    tokens); built on first use."""
+    shared memory (0: none; conv: gdn_conv_prep's work too, for preload_t = 1 token, decode's);
+    built on first use."""
     key = (dk, RULE_NORM_OWN_WARP if own_warp is None else bool(own_warp), int(preload_t),
            bool(conv))
     if key not in _RULE_NORM_KERNELS:
@@ -1105,6 +1104,19 @@ def conv_prep_threads(nk: int, nv: int, dk: int, dv: int) -> int | None:
     return threads if threads <= 1024 else None
 
 
+def _check_conv_shapes(name, qkv, conv_w, conv_state, steps, nk, dk, nv, dv, steps_name="steps"):
+    """The fused conv launchers' checks: qkv [T, C] with C = 2 nk dk + nv dv, the conv weight
+    [C, CONV_KERNEL], its window [CONV_KERNEL - 1, C] and the window's per-row copies."""
+    T, C = qkv.shape
+    if C != 2 * nk * dk + nv * dv or tuple(conv_w.shape) != (C, CONV_KERNEL) \
+            or tuple(conv_state.shape) != (CONV_KERNEL - 1, C):
+        raise ValueError(f"{name}: qkv {tuple(qkv.shape)}, conv weight {tuple(conv_w.shape)}, "
+                         f"window {tuple(conv_state.shape)} do not fit q/k [{nk}, {dk}], v "
+                         f"[{nv}, {dv}]")
+    if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (CONV_KERNEL - 1, C)):
+        raise ValueError(f"{name}: {steps_name} must be [>= {T}, {CONV_KERNEL - 1}, {C}]")
+
+
 def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v, g, beta,
                          eps: float = L2NORM_EPS, stream=0, steps=None):
     """`launch_conv1d_silu` then `launch_gdn_prep` in one launch (see gdn_conv_prep), for a
@@ -1114,17 +1126,11 @@ def launch_gdn_conv_prep(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, q, k, v,
     T, C = qkv.shape
     nk, dk = q.shape[1], q.shape[2]
     nv, dv = v.shape[1], v.shape[2]
-    if C != 2 * nk * dk + nv * dv or tuple(conv_w.shape) != (C, CONV_KERNEL) \
-            or tuple(conv_state.shape) != (CONV_KERNEL - 1, C):
-        raise ValueError(f"gdn_conv_prep: qkv {tuple(qkv.shape)}, conv weight "
-                         f"{tuple(conv_w.shape)}, window {tuple(conv_state.shape)} do not fit "
-                         f"q/k [{nk}, {dk}], v [{nv}, {dv}]")
+    _check_conv_shapes("gdn_conv_prep", qkv, conv_w, conv_state, steps, nk, dk, nv, dv)
     threads = conv_prep_threads(nk, nv, dk, dv)
     if threads is None:
         raise ValueError(f"gdn_conv_prep: a key head's {2 * dk + (nv // nk) * dv} channels do "
                          f"not fit one block: use launch_conv1d_silu + launch_gdn_prep")
-    if steps is not None and (steps.shape[0] < T or tuple(steps.shape[1:]) != (CONV_KERNEL - 1, C)):
-        raise ValueError(f"gdn_conv_prep: steps must be [>= {T}, {CONV_KERNEL - 1}, {C}]")
     if T == 0:
         return
     gdn_conv_prep[nk, threads, stream](
@@ -1259,21 +1265,18 @@ def launch_gdn_conv_rule_norm_q8(qkv, conv_w, conv_state, a, b, dt_bias, ssm_a, 
                          f"needs d_k a multiple of {2 * LANE_ACCS} up to {GDN_DK_MAX}, d_v a "
                          f"multiple of 32 up to {RULE_NORM_DV_MAX} and one token (decode); use "
                          f"gdn_conv_prep and the rule apart")
-    if nk <= 0 or C != 2 * nk * dk + nv * dv or nv % nk or tuple(conv_w.shape) != (C, CONV_KERNEL) \
-            or tuple(conv_state.shape) != (CONV_KERNEL - 1, C):
-        raise ValueError(f"gdn_conv_rule_norm_q8: qkv {tuple(qkv.shape)}, conv weight "
-                         f"{tuple(conv_w.shape)}, window {tuple(conv_state.shape)} do not fit "
-                         f"{nv} value heads of [{dk}, {dv}]")
+    if nk <= 0 or nv % nk:
+        raise ValueError(f"gdn_conv_rule_norm_q8: qkv {tuple(qkv.shape)}, window "
+                         f"{tuple(conv_state.shape)}: its {C} channels hold no key heads of "
+                         f"{dk} for {nv} value heads of {dv}")
+    _check_conv_shapes("gdn_conv_rule_norm_q8", qkv, conv_w, conv_state, conv_steps, nk, dk,
+                       nv, dv, "conv_steps")
     if tuple(a.shape) != (T, nv) or tuple(b.shape) != (T, nv):
         raise ValueError(f"gdn_conv_rule_norm_q8: a / b must be [{T}, {nv}], not "
                          f"{tuple(a.shape)} / {tuple(b.shape)}")
     if counters.dtype != np.int32 or counters.size < nk:
         raise ValueError(f"gdn_conv_rule_norm_q8: counters must be int32[>= {nk}] "
                          f"(alloc_conv_counters), not {counters.dtype}[{counters.size}]")
-    if conv_steps is not None and (conv_steps.shape[0] < T
-                                   or tuple(conv_steps.shape[1:]) != (CONV_KERNEL - 1, C)):
-        raise ValueError(f"gdn_conv_rule_norm_q8: conv_steps must be [>= {T}, "
-                         f"{CONV_KERNEL - 1}, {C}]")
     if tuple(o.shape) != (T, nv, dv) or key_head.shape[0] != nv or key_head.dtype != np.int32:
         raise ValueError(f"gdn_conv_rule_norm_q8: o must be [{T}, {nv}, {dv}] and key_head "
                          f"int32[{nv}], not {tuple(o.shape)}, {key_head.dtype}"
