@@ -211,7 +211,7 @@ def _decode_steps(engine, token: int, steps: int):
     def run():
         for _ in range(steps):
             time.sleep(STEP_PAUSE_S)
-            engine._replay_decode()
+            engine._replay_decode(steps)       # (the graph that serves every step's context)
             engine.stream.synchronize()
         time.sleep(STEP_PAUSE_S)
         engine._restore_step_state(saved)

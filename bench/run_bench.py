@@ -657,6 +657,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "attn-merge": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", False)],
                 "attn-fused": [("bw24nb.kernels.decode_attention", "COMBINE_IN_SPLIT", True)],
                 "gdn-conv-fused": [("bw24nb.engine", "GDN_CONV_RULE_NORM", True)],
+                # decode attention split-K at every context (the one-pass graph off; decision 0045)
+                "onepass-off": [("bw24nb.engine", "ONEPASS_MAX_CTX", 0)],
                 "fused-both": [("bw24nb.kernels.decode_attention", "COMBINE_IN_SPLIT", True),
                                ("bw24nb.engine", "GDN_CONV_RULE_NORM", True)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],

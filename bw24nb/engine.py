@@ -77,6 +77,13 @@ GDN_RULE_NORM_MAX_T = 1
 # path by what the boundary cost). run_bench --launch gdn-conv-fused. Read at every launch.
 GDN_CONV_RULE_NORM = False
 
+# Decode attention in one launch while the context is short (decode_attention's one-pass
+# kernel: a block a query head runs all its splits and the combine, the bits of the split pass
+# + combine): decode steps at contexts <= this many tokens replay a graph of their own built
+# with it, longer ones the split-K graph. 0: never. Capped by what the kernel's plan serves
+# (decode_attention.onepass_max_ctx). Read at construction. Decision 0045.
+ONEPASS_MAX_CTX = 1024
+
 # A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode
 # runs them (Engine._stack_decode_weights' "gu"), its [T, 2F] output read by swiglu_fused_q8:
 # one launch a layer fewer (~3 us of fixed cost each, decision 0036), every row's bits the same
@@ -489,7 +496,11 @@ class Engine:
             raise ValueError(f"gdn_rule must be one of {gated_deltanet.RULE_VARIANTS}, "
                              f"not {gdn_rule!r}")
         self.gdn_rule = gdn_rule
-        self._graph = None
+        # the decode graphs: False = split-K attention, True = the one-pass attention
+        # (ONEPASS_MAX_CTX), each captured on first use
+        self._graphs: dict[bool, CudaGraph] = {}
+        self._onepass_build = False         # set only while `_decode_step` builds
+        self._onepass_limit = self._onepass_max_ctx(n_splits, self.kv.k_type, self.kv.v_type)
         # prefill: chunk size -> its captured graph (LRU, PREFILL_GRAPHS); sizes run eagerly
         # once already (their kernels compiled and loaded); sizes that failed to capture
         self._prefill_graphs: dict[int, CudaGraph] = {}
@@ -914,11 +925,14 @@ class Engine:
                 plan = dict(plan, spread=ROWS_ATTENTION_SPREAD)
                 if ROWS_ATTENTION_GRID:
                     plan["split_grid"] = ROWS_ATTENTION_GRID
+            # (the one-pass kernel: only in the decode step `_decode_step` builds for it)
+            onepass = self._onepass_build and T == 1
             add(("attention", lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,
                 xq=None if fused is None else fused.xq, xd=None if fused is None else fused.xd,
-                counters=ws.counters if T <= VERIFY_ROWS else None, **plan)))
+                counters=ws.counters if T <= VERIFY_ROWS else None, onepass=onepass,
+                **plan)))
         else:
             add(("attention", lambda: attention.launch_flash_attn_cache(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))
@@ -1088,9 +1102,34 @@ class Engine:
             L += self._layer_launches(i, ws, T)
         return L + self._head_launches(ws, T - 1)
 
-    def _decode_step(self) -> list:
+    def _onepass_max_ctx(self, n_splits: int, k_type, v_type) -> int:
+        """The longest context whose decode steps take the one-pass attention (0: none)."""
+        c = self.config
+        if ONEPASS_MAX_CTX <= 0 or all(c.layer_type(i) == LINEAR_ATTENTION
+                                       for i in range(c.num_hidden_layers)):
+            return 0
+        R, D = c.num_attention_heads // c.num_key_value_heads, c.head_dim
+        if not decode_attention.supports(R, D, k_type, v_type) or D % 32:
+            return 0
+        return min(ONEPASS_MAX_CTX, decode_attention.onepass_max_ctx(
+            D, n_splits, attention.DECODE_MIN_CHUNK))
+
+    def _onepass_serves(self, steps: int = 1) -> bool:
+        """Whether the decode steps at positions self.position .. + steps - 1 all have a
+        context the one-pass attention serves (a replay of several steps advances the
+        position on the device only)."""
+        return self.position + steps <= self._onepass_limit
+
+    def _decode_step(self, onepass: bool = False) -> list:
+        """The launches of one decode step; onepass: its attention in the one-pass kernel,
+        which serves contexts up to `_onepass_limit` only (the caller's choice)."""
         ws = self.ws1
-        return self._forward_launches(ws, 1) + [
+        self._onepass_build = bool(onepass)
+        try:
+            L = self._forward_launches(ws, 1)
+        finally:
+            self._onepass_build = False
+        return L + [
             ("advance", lambda: step.launch_advance(ws.ids, self.next_token, ws.positions, self.stream))]
 
     # ------------------------------------------------------------------ public API
@@ -1173,15 +1212,19 @@ class Engine:
             self.rs.restore(snap, stream=self.stream)
         self.stream.synchronize()
 
-    def _replay_decode(self):
+    def _replay_decode(self, steps: int = 1):
+        """One decode step at the device's position: its graph (captured on first use), the
+        one-pass attention's while the `steps` replays from self.position all serve it."""
         # the server drives the engine from its own thread: make the context current there
         # (numba does this for its own calls; the graph replay goes through the driver API)
         cuda.current_context()
+        onepass = self._onepass_serves(steps)
         if not self.use_graph:
-            self._run(self._decode_step())
+            self._run(self._decode_step(onepass))
             return
-        if self._graph is None:
-            launches = self._decode_step()
+        g = self._graphs.get(onepass)
+        if g is None:
+            launches = self._decode_step(onepass)
             # run every kernel once outside capture (compiles and loads its module), then undo
             # the step so the captured graph starts from the same state
             saved = self._save_step_state()
@@ -1189,8 +1232,8 @@ class Engine:
             self._restore_step_state(saved)
             with CudaGraph.capture(self.stream, programmatic=self.programmatic) as g:
                 self._run(launches)
-            self._graph = g
-        self._graph.replay(self.stream)
+            self._graphs[onepass] = g
+        g.replay(self.stream)
 
     def decode(self, token: int) -> np.ndarray:
         """One token in, logits of the next out (host float32)."""
@@ -1229,9 +1272,10 @@ class Engine:
         each launch chained that many times in one graph, as in the decode graph). Leaves the
         sequence state as it was (launches that advance state are replayed on a saved copy)."""
         saved = self._save_step_state()
-        self._run(self._decode_step())               # compile + load every kernel first
+        onepass = self._onepass_serves()
+        self._run(self._decode_step(onepass))        # compile + load every kernel first
         self._restore_step_state(saved)
-        return self.time_launches(self._decode_step(), replays,
+        return self.time_launches(self._decode_step(onepass), replays,
                                   lambda: self._restore_step_state(saved), chain=chain)
 
     def profile_prefill(self, ids, replays: int = 3) -> list[tuple[str, float]]:
@@ -1294,7 +1338,7 @@ class Engine:
         for rep in range(reps + 1):                  # rep 0 captures (and compiles) the step
             self.ws1.ids.copy_to_device(first, stream=self.stream)
             if rep:
-                out.append(self.replay_ms(self._replay_decode, replays))
+                out.append(self.replay_ms(lambda: self._replay_decode(replays), replays))
             else:
                 self._replay_decode()
             self._restore_step_state(saved)

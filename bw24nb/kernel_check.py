@@ -1497,6 +1497,48 @@ def check_flash_decode_fused(rng, size):
                       tol="bit-exact", bits=True, guard_ok=gd)
 
 
+@check("flash_decode_onepass", "kernels.attention.launch_flash_decode",
+       "kernels.decode_attention.launch_onepass")
+def check_flash_decode_onepass(rng, size):
+    """Decode attention in one launch (onepass=, engine.ONEPASS_MAX_CTX): bit for bit what the
+    split pass + combine write -- output, gate, int8 copy -- for tokens whose plans use
+    different numbers of 16-key splits, more of them than the kernel's warps."""
+    from .kernels import attention as at
+    from .quant import QType
+    if size == "tiny":
+        # T, n_ctx, n_splits, Hq, Hkv, D, gated
+        cases = [(2, 40, 4, 4, 2, 32, True), (1, 300, 24, 14, 2, 64, False)]
+    else:
+        cases = [(1, 1024, at.decode_splits(8192, Q05.n_kv_heads), Q05.n_heads,
+                  Q05.n_kv_heads, Q05.head_dim, False),
+                 (2, 512, at.decode_splits(8192, Q9.n_kv_heads), Q9.n_heads, Q9.n_kv_heads,
+                  Q9.head_dim, True)]
+    for T, n_ctx, n_splits, Hq, Hkv, D, gated in cases:
+        cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, QType.F16, QType.F16)
+        n = T * Hq * D
+        q = _dev(rng.standard_normal((T, Hq, D)).astype(np.float32))
+        positions = _dev(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
+        gate = _dev((3 * rng.standard_normal(n)).astype(np.float32)) if gated else None
+        k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+        got = []
+        for onepass in (False, True):
+            part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
+            out, xq, xd = Out((T, Hq, D)), Out(n, np.int8, poison=-128), Out(n // 32)
+            at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16,
+                                   QType.F16, out.dev, part_ml, part_acc, gate=gate,
+                                   xq=xq.dev, xd=xd.dev, onepass=onepass)
+            got.append((out.get(), xq.get(), xd.get()))
+        shape = f"T{T} ctx{n_ctx}/{n_splits}sp H{Hq}/{Hkv} D{D}" + (" gated" if gated else "")
+        (o0, _), (q0, _), (d0, _) = got[0]
+        (o1, g1), (q1, gq), (d1, gd) = got[1]
+        yield compare("flash_decode_onepass out", "f32", shape, o1, o0, tol="bit-exact",
+                      bits=True, guard_ok=g1)
+        yield compare("flash_decode_onepass q", "int8", shape, q1, q0, tol="exact", bits=True,
+                      guard_ok=gq, poison=np.int8(-128))
+        yield compare("flash_decode_onepass d", "f32", shape, d1, d0, tol="bit-exact",
+                      bits=True, guard_ok=gd)
+
+
 @check("flash_decode_forms", "kernels.attention.launch_flash_decode",
        "kernels.decode_attention.launch_split")
 def check_flash_decode_forms(rng, size):

@@ -44,7 +44,7 @@ def test_prefill_then_graph_decode_match_reference(pair):
     assert rel(eng.prefill(prompt), ref.prefill(prompt)[-1]) <= TOL
     e, r = eng.decode(5), ref.decode(5)      # first decode: warm-up, capture, replay
     assert rel(e, r) <= TOL and e.argmax() == r.argmax()
-    assert eng._graph is not None and eng.position == len(prompt) + 1
+    assert eng._graphs and eng.position == len(prompt) + 1
 
 
 def test_reset_rewinds_position_and_recurrent_state(pair):

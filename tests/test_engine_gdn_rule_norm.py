@@ -33,7 +33,7 @@ def test_gdn_rule_with_the_output_norm_gives_the_bits_of_two_launches(int8_heads
     assert "gdn_norm_q8" not in names
     fused = _decode(eng, ids)
     monkeypatch.setattr(engine_mod, "GDN_RULE_NORM", False)
-    eng._graph = None
+    eng._graphs = {}
     names = [n for n, _ in eng._decode_step()]
     assert "gdn_rule" in names and "gdn_norm_q8" in names
     apart = _decode(eng, ids)

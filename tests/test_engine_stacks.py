@@ -34,7 +34,7 @@ def test_stacked_decode_gives_the_bits_of_separate_launches(fixture, rng):
     names = [n for n, _ in eng._decode_step()]
     stacked = _decode(eng, ids)
 
-    eng.stacks, eng._graph = {}, None          # one launch per weight again
+    eng.stacks, eng._graphs = {}, {}         # one launch per weight again
     separate = _decode(eng, ids)
     assert len(names) < len(eng._decode_step())
     assert "ffn_gate_up" in names and "ffn_gate" not in names
@@ -63,7 +63,7 @@ def test_fused_attention_output_gives_the_bits_of_separate_launches(rng):
     ids = [int(rng.integers(0, src.config.vocab_size))]
     names = [n for n, _ in eng._decode_step()]
     fused = _decode(eng, ids)
-    eng.fuse_attention_output, eng._graph = False, None
+    eng.fuse_attention_output, eng._graphs = False, {}
     separate = _decode(eng, ids)
     assert "attn_gate" not in names and "attn_gate" in [n for n, _ in eng._decode_step()]
     np.testing.assert_array_equal(fused, separate)

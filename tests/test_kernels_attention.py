@@ -629,3 +629,84 @@ def test_combine_in_the_split_pass_is_off_without_counters_and_for_walking_grids
     _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, fused=True)
     _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, fused=True,
                                  counters=da.alloc_combine_counters(2, Hkv), split_grid=2)
+
+
+# tokens at several lengths: 16-key splits, so 1 .. 12 of them, groups of several splits
+# (G = 8 at D = 32, else 4), a short last split, and more splits than the one-pass kernel's
+# warps (ONEPASS_WARPS = 16: a warp walks two)
+@pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits,gated", [
+    (14, 2, 64, (15, 100, 180), 12, False),     # the 0.5B heads (R = 7): 1, 7, 12 splits
+    (4, 2, 32, (3, 150, 300), 20, True),        # R = 2, gated; 1, 10 and 19 splits (G = 8)
+    (2, 2, 128, (0, 47), 4, True),              # R = 1 (MHA), a one-key context
+    (16, 4, 256, (20, 170), 12, True)])         # the 9B heads: D = 256, the combine's 4
+                                                # slices (G = 4); 2 and 11 splits
+def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D, positions,
+                                                                n_splits, gated):
+    """decode_attention's one-pass kernel (onepass=: a block a query head, every split's
+    partial in shared memory, the combine's steps in its order, gate and int8 copy included)
+    writes what the split pass + the combine kernel write, bit for bit, into poisoned
+    outputs; and it is near the reference."""
+    n_ctx = max(positions) + 1
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    T = len(positions)
+    n = T * Hq * D
+    qh = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    q = cuda.to_device(qh)
+    pos = cuda.to_device(np.array(positions, np.int32))
+    gate = cuda.to_device((rng.standard_normal(n) * 3).astype(np.float32)) if gated else None
+    got = []
+    for onepass in (False, True):
+        part_ml = cuda.to_device(np.full((T, Hq, n_splits, 2), np.nan, np.float32))
+        part_acc = cuda.to_device(np.full((T, Hq, n_splits, D), np.nan, np.float32))
+        out = _poisoned((T, Hq, D))
+        xq = cuda.to_device(np.full(n + 8, 99, np.int8))
+        xd = cuda.to_device(np.full(n // 32 + 2, np.nan, np.float32))
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, gate=gate, xq=xq, xd=xd,
+                            onepass=onepass)
+        got.append([a.copy_to_host() for a in (out, xq, xd, part_ml)])
+    (out0, q0, d0, _), (o, qq, dd, ml) = got
+    assert np.isfinite(out0).all() and np.any(q0[:n] != 0) and np.all(q0[n:] == 99)
+    assert np.isnan(ml).all()                   # the one-pass kernel leaves the partials be
+    np.testing.assert_array_equal(o.view(np.uint32), out0.view(np.uint32))
+    np.testing.assert_array_equal(qq, q0)
+    np.testing.assert_array_equal(dd[:n // 32].view(np.uint32), d0[:n // 32].view(np.uint32))
+    assert np.all(np.isnan(dd[n // 32:]))
+    if not gated:
+        kd, vd = cache.read(0, n_ctx)
+        for t, p in enumerate(positions):
+            want = ops.attention(qh[t:t + 1], kd[:p + 1], vd[:p + 1], causal_offset=p)
+            np.testing.assert_allclose(o[t:t + 1], want, rtol=RTOL, atol=ATOL)
+
+
+def test_one_pass_kernel_marks_plans_it_does_not_serve(rng):
+    """A token whose plan has splits longer than a tile, or more splits than the kernel's
+    shared accumulators hold, gets NaN (and NaN scales) instead of a wrong number; the others
+    in the same launch are unaffected. onepass_max_ctx says where the plans it serves end."""
+    from bw24nb.kernels import decode_attention as da
+    assert da.onepass_max_ctx(64, 132, 16) == 16 * 128     # 8192 floats / 64 dims = 128 splits
+    assert da.onepass_max_ctx(256, 66, 16) == 16 * 32
+    assert da.onepass_max_ctx(64, 20, 16) == 16 * 20
+    assert da.onepass_max_ctx(64, 20, 33) == 0               # splits longer than a tile
+    Hq, Hkv, D, n_splits = 4, 2, 32, 2
+    positions = (20, 40)                # 2 splits of 16, then 2 of 128 (the aligned chunk)
+    n_ctx = max(positions) + 1
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    T, n = len(positions), len(positions) * Hq * D
+    q = cuda.to_device(rng.standard_normal((T, Hq, D)).astype(np.float32))
+    part_ml, part_acc = alloc_decode_partials(T, Hq, D, n_splits)
+    out = _poisoned((T, Hq, D))
+    xq = cuda.to_device(np.full(n, 99, np.int8))
+    xd = cuda.to_device(np.zeros(n // 32, np.float32))
+    launch_flash_decode(q, cuda.to_device(np.array(positions, np.int32)), layer[0], layer[1],
+                        QType.F16, layer[2], layer[3], QType.F16, out, part_ml, part_acc,
+                        xq=xq, xd=xd, onepass=True)
+    o, d = out.copy_to_host(), xd.copy_to_host()
+    assert np.isfinite(o[0]).all() and np.isnan(o[1]).all()
+    assert np.isfinite(d[:n // 64]).all() and np.isnan(d[n // 64:]).all()
+    with pytest.raises(ValueError, match="one-pass kernel takes an F16 cache"):
+        launch_flash_decode(q, cuda.to_device(np.array(positions, np.int32)), layer[0],
+                            layer[1], QType.F16, layer[2], layer[3], QType.F16, out, part_ml,
+                            part_acc, onepass=True, only="split")

@@ -119,12 +119,44 @@ ONE_TILE_SPREAD_MAX_D = 64
 # last block runs the group's heads one after another. run_bench --launch attn-fused; not for
 # walking grids.
 COMBINE_IN_SPLIT = False
+# One pass at short contexts: a block a (token, query head) runs every split of its row --
+# warp w the splits w, w + ONEPASS_WARPS, .., each with the one-tile statements of
+# `one_tile_spread` for that row -- keeps the partials in shared memory and merges them with
+# the combine kernel's arithmetic in its order (`combine_order`), then gates and quantizes as
+# the combine does: the bits of the split pass + combine, in one launch and without the
+# partials' round trip through L2. Only for plans whose splits are one tile (chunk <= TILE)
+# and at most `onepass_splits(D)` of them; a block given any other plan writes NaN, so a
+# wrong dispatch cannot pass for a result. The engine takes it for decode while the context
+# is at most engine.ONEPASS_MAX_CTX tokens (a graph of its own). Decision 0045.
+ONEPASS_WARPS = 16          # (8 above D = 64: `onepass_warps`)
+ONEPASS_THREADS = 32 * ONEPASS_WARPS
+_ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
+_ONEPASS_SPLITS = 256       # (m, l, w) slots: the most splits any head dim may take
 
 
 def supports(n_rep: int, D: int, k_type, v_type) -> bool:
     from ..quant import QType
     return (int(k_type) == int(QType.F16) and int(v_type) == int(QType.F16)
             and 1 <= n_rep <= ROWS_MAX and D in HEAD_DIMS)
+
+
+def onepass_splits(D: int) -> int:
+    """The most splits the one-pass kernel holds for head_dim D (its shared accumulators)."""
+    return min(_ONEPASS_SPLITS, _ONEPASS_ACC // D)
+
+
+def onepass_warps(D: int) -> int:
+    """Warps of a one-pass block: ONEPASS_WARPS up to D = 64, half that above (the V
+    groups' registers: 136 a thread at D = 128, 178 at 256, against 76 at 64)."""
+    return ONEPASS_WARPS if D <= 64 else ONEPASS_WARPS // 2
+
+
+def onepass_max_ctx(D: int, n_splits: int, min_chunk: int) -> int:
+    """The longest context whose decode plan the one-pass kernel serves: splits of min_chunk
+    keys (<= TILE), at most min(n_splits, onepass_splits(D)) of them; 0 if none."""
+    if not 1 <= min_chunk <= TILE:
+        return 0
+    return min_chunk * min(int(n_splits), onepass_splits(D))
 
 
 def combine_order(D: int, combine_threads: int = COMBINE_THREADS, slices=None) -> int:
@@ -147,7 +179,8 @@ def alloc_combine_counters(T: int, n_kv_heads: int):
 
 
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
-          direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False):
+          direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False,
+          onepass: bool = False):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
@@ -155,7 +188,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     by warp 0 without the merge (ONE_TILE_DIRECT; the same results); walk: a grid of fewer
     blocks than splits, each walking its splits (`launch_split(grid=)`; the same results);
     spread: with direct, a one-tile split's rows spread over the warps (ONE_TILE_SPREAD; the
-    same results)."""
+    same results); onepass: the one-pass kernel instead (ONEPASS_WARPS; the bits of the split
+    pass + combine)."""
     NS = len(TRACE_STAMPS)
     trace_on = trace
     D = 32 * E
@@ -168,6 +202,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     NE = max(1, min(TILE // VG, VW // GW))      # V groups issued with the K tile (the rest
                                                 # one group ahead of the products)
     RS = (R + WARPS - 1) // WARPS       # spread: rows a warp takes (row warp + WARPS j, < R)
+    W1 = onepass_warps(D)               # onepass: warps a block, and its threads
+    NT1 = 32 * W1
+    assert NT1 >= min(_ONEPASS_SPLITS, _ONEPASS_ACC // D)   # a thread a split in the combine
     RSE = RS * E
 
     @cuda.jit(device=True, inline="always")
@@ -675,6 +712,159 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             combine_tail(tok, kvh, used, part_ml, part_acc, out, gate, xq, xd, has_gate,
                          has_q8, counters, G, buf, flag_sh, red_sh)
 
+    @cuda.jit(device=True, inline="always")
+    def pv_row(acc, vraw, j0, nk, p_sh, pb, lane, warp):
+        """`pv` for one row (`one_tile_row`): acc[e] += p[j] v[j, e], keys ascending."""
+        for jj in range(VG):
+            if j0 + jj < nk:
+                pj = p_sh[pb + j0 + jj]
+                for e in range(E):
+                    acc[e] += pj * v_value(vraw, jj, e, lane)
+
+    pv_tile_row = pv_groups(pv_row)
+
+    @cuda.jit(device=True, inline="always")
+    def one_tile_row(q_sh, p_sh, kw, vw, head_word, begin, end, scale, split_i, acc_sh, m_sh,
+                     l_sh, lane, warp):
+        """One row's split of at most one tile, with `one_tile_spread`'s statements for that
+        row (so its bits), its partial stored to shared memory: acc_sh[split_i * D + d],
+        m_sh / l_sh[split_i]."""
+        acc = cuda.local.array(E, float32)
+        v0 = cuda.local.array(GW, uint32)
+        v1 = cuda.local.array(GW, uint32)
+        v2 = cuda.local.array(GW, uint32)
+        v3 = cuda.local.array(GW, uint32)
+        k0 = begin
+        nk = end - k0
+        key = min(k0 + lane, end - 1)
+        row = head_word + np.int64(key) * DW
+        v_first(v0, v1, v2, v3, vw, head_word, k0, nk, end, lane)
+        m = _NEG_INF
+        lsum = float32(0.0)
+        s = float32(0.0)
+        for e in range(E):
+            acc[e] = float32(0.0)
+        for c in range(CH):
+            k = k_chunk(kw, row, c)
+            s = dot8(s, q_sh, 8 * c, k)
+        pb = warp * TILE
+        m, alpha, lsum, p = softmax_row(s, m, lsum, lane, nk, scale)
+        p_sh[pb + lane] = p
+        warp_sync()                             # p_sh (this warp's) written, then read
+        for e in range(E):
+            acc[e] *= alpha
+        pv_tile_row(acc, v0, v1, v2, v3, vw, head_word, k0, nk, end, p_sh, pb, lane, warp)
+        warp_sync()                             # p_sh read before the next split rewrites it
+        for e in range(E):
+            acc_sh[split_i * D + lane * E + e] = float32(0.0) + acc[e]
+        if lane == 0:
+            m_sh[split_i] = m
+            l_sh[split_i] = float32(0.0) + lsum
+
+    def one_pass(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out, gate,
+                 xq, xd, has_gate, has_q8, G):
+        """Block (query head h, token): every split of h's plan, then the combine's steps
+        (attention.flash_decode_combine, in its order; `combine_tail` says which), the gate
+        and the int8 copy. Grid (Hq, T), 32 `onepass_warps(D)` threads."""
+        acc_sh = cuda.shared.array(_ONEPASS_ACC, float32)
+        m_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
+        l_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
+        w_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
+        q_sh = cuda.shared.array(256, float32)
+        p_sh = cuda.shared.array(ONEPASS_THREADS, float32)      # a tile's p, a warp each
+        red_sh = cuda.shared.array(ONEPASS_WARPS, float32)
+        h = cuda.blockIdx.x
+        tok = cuda.blockIdx.y
+        Hq = cuda.gridDim.x
+        kvh = h // R
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        position = positions[tok]
+        for d in range(tid, D, NT1):
+            q_sh[d] = q[tok, h, d]
+        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+        head_word = np.int64(kvh) * ctx * DW
+        ok = chunk <= TILE and used * D <= _ONEPASS_ACC and used <= _ONEPASS_SPLITS
+        if prefetch and ok and lane < 2:        # each warp's keys, as the split pass's blocks
+            for split_i in range(warp, used, W1):
+                b0 = 4 * (head_word + np.int64(split_i * chunk) * DW)
+                b1 = 4 * (head_word + np.int64(min(split_i * chunk + chunk, n_ctx)) * DW)
+                prefetch_bytes(kw if lane == 0 else vw, b0, b1)
+        cuda.syncthreads()                      # q_sh
+        o = (tok * Hq + h) * D                  # flat [T, Hq, D]: gate, xq, xd
+        if not ok:                              # a plan this kernel does not serve: NaN
+            for d in range(tid, D, NT1):
+                out[tok, h, d] = np.float32(np.nan)
+                if has_q8:
+                    xq[o + d] = 0
+                    if (d & 31) == 0:
+                        xd[(o + d) >> 5] = np.float32(np.nan)
+            return
+        for split_i in range(warp, used, W1):
+            begin = split_i * chunk
+            one_tile_row(q_sh, p_sh, kw, vw, head_word, begin, min(begin + chunk, n_ctx), scale,
+                         split_i, acc_sh, m_sh, l_sh, lane, warp)
+        cuda.syncthreads()
+        # the combine's step 1: M over the visible splits (thread s = split s)
+        m = _NEG_INF
+        l_s = float32(0.0)
+        if tid < used:
+            l_s = l_sh[tid]
+            if l_s > float32(0.0):
+                m = m_sh[tid]
+        wm = warp_max(m)
+        if lane == 0:
+            red_sh[warp] = wm
+        cuda.syncthreads()
+        M = red_sh[0]
+        for j in range(1, W1):
+            M = max(M, red_sh[j])
+        # step 2: the weights, and L = the sums of the combine's warps of 32 splits (warp w
+        # here is its warp w: the same lanes), in warp order (those past `used` add +0.0)
+        w = float32(0.0)
+        if m != _NEG_INF:
+            w = float32(math.exp(m - M))
+        if tid < _ONEPASS_SPLITS:
+            w_sh[tid] = w
+        ls = warp_sum(l_s * w)
+        cuda.syncthreads()                      # red_sh (the maxima) read
+        if lane == 0:
+            red_sh[warp] = ls
+        cuda.syncthreads()
+        nv = (used + 31) // 32
+        L = red_sh[0]
+        for j in range(1, nv):
+            L += red_sh[j]
+        # step 3: group g of G sums splits g, g + G, .. ascending into split g's slot (only
+        # group g reads it, and only this thread dim d of it), then the groups in order
+        for i in range(tid, G * D, NT1):
+            g = i // D
+            d = i - g * D
+            a = float32(0.0)
+            n_mine = (used - g + G - 1) // G if g < used else 0
+            for j in range(n_mine):
+                a += acc_sh[(g + G * j) * D + d] * w_sh[g + G * j]
+            acc_sh[g * D + d] = a
+        cuda.syncthreads()
+        for d in range(tid, D, NT1):    # whole warps: D % 32 == 0
+            total = acc_sh[d]
+            for g in range(1, G):
+                total += acc_sh[g * D + d]
+            v = total / L
+            if has_gate:
+                v = v * sigmoid(gate[o + d])
+            out[tok, h, d] = v
+            if has_q8:
+                code, qs = q8_code(v, warp_max(abs(v)))
+                xq[o + d] = code
+                if (d & 31) == 0:
+                    xd[(o + d) >> 5] = qs
+
+    if onepass:
+        one_pass.__name__ = one_pass.__qualname__ = (f"flash_decode_f16_r{R}_e{E}_1p"
+                                                     + ("" if prefetch else "_npf"))
+        return kernel(one_pass)
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
             + ("_walk" if walk else "") + ("_trace" if trace else "") + ("_fused" if fused else ""))
@@ -700,6 +890,43 @@ def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
     return _KERNELS[key]
+
+
+def onepass_kernel(R: int, E: int, prefetch: bool = True):
+    """The (R, E) one-pass kernel (ONEPASS_WARPS), built on first request."""
+    key = ("1p", R, E, bool(prefetch))
+    if key not in _KERNELS:
+        _KERNELS[key] = _make(R, E, bool(prefetch), onepass=True)
+    return _KERNELS[key]
+
+
+def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_splits, out,
+                   gate, xq, xd, G, stream=0, prefetch=None):
+    """Decode attention in one launch (the one-pass kernel): q[T, Hq, D] against one F16 cache
+    layer, the plan of `n_splits` splits (the split pass's: each token's own position,
+    min_chunk, chunk_align) into out[T, Hq, D]; gate (flat float32, or None) and xq / xd (the
+    int8 copy, or None) as the combine takes them; G = `combine_order` of the combine whose
+    bits it gives. Tokens whose plan it does not serve (`onepass_max_ctx`) get NaN."""
+    T, Hq, D = q.shape
+    Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
+    if Hq % Hkv or not 1 <= Hq // Hkv <= ROWS_MAX or D not in HEAD_DIMS:
+        raise ValueError(f"launch_onepass: {Hq} query heads over {Hkv} KV heads of dim {D}")
+    if tuple(out.shape) != (T, Hq, D):
+        raise ValueError(f"launch_onepass: out {tuple(out.shape)} does not fit q {tuple(q.shape)}")
+    if not 1 <= int(G) <= _ONEPASS_ACC // D:        # the groups' sums go to splits 0 .. G - 1
+        raise ValueError(f"launch_onepass: G must be 1 .. {_ONEPASS_ACC // D}, not {G}")
+    R, E = Hq // Hkv, D // 32
+    kw = k_u8.reshape(k_u8.size).view(np.uint32)
+    vw = v_u8.reshape(v_u8.size).view(np.uint32)
+    stand = out.reshape(out.size)               # stand-ins the kernel never touches
+    k = onepass_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch))
+    k[(Hq, T), 32 * onepass_warps(D), stream](
+        q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
+        np.int32(chunk_align), np.int32(n_splits), out,
+        stand if gate is None else gate.reshape(gate.size),
+        stand.view(np.int8) if xq is None else xq.reshape(xq.size),
+        stand if xd is None else xd.reshape(xd.size),
+        np.int32(gate is not None), np.int32(xq is not None), np.int32(G))
 
 
 def walks(grid) -> bool:
@@ -781,7 +1008,15 @@ flash_decode_f16_r7_e2_1t_spread_fused = split_kernel(7, 2, direct=True, spread=
 flash_decode_f16_r4_e8_1t_fused = split_kernel(4, 8, direct=True, fused=True)
 _SIG_FUSED = _SIG[:-1] + (", float32[:, :, ::1], float32[::1], int8[::1], float32[::1], int32, "
                           "int32, int32[::1], int32)")
+flash_decode_f16_r7_e2_1p = onepass_kernel(7, 2)         # the 0.5B heads
+flash_decode_f16_r4_e8_1p = onepass_kernel(4, 8)         # the 9B heads
+flash_decode_f16_r8_e4_1p = onepass_kernel(8, 4)         # D = 128 (Qwen3 dense)
+_SIG_1P = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
+           "int32, int32, float32[:, :, ::1], float32[::1], int8[::1], float32[::1], int32, int32, "
+           "int32)")
 PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG],
+                  "flash_decode_f16_r7_e2_1p": [_SIG_1P], "flash_decode_f16_r4_e8_1p": [_SIG_1P],
+                  "flash_decode_f16_r8_e4_1p": [_SIG_1P],
                   "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG],
                   "flash_decode_f16_r7_e2_1t": [_SIG], "flash_decode_f16_r8_e8_1t_spread_walk": [_SIG],
                   "flash_decode_f16_r7_e2_1t_spread": [_SIG],
