@@ -1222,18 +1222,28 @@ class Engine:
         if not self.use_graph:
             self._run(self._decode_step(onepass))
             return
-        g = self._graphs.get(onepass)
-        if g is None:
-            launches = self._decode_step(onepass)
-            # run every kernel once outside capture (compiles and loads its module), then undo
-            # the step so the captured graph starts from the same state
-            saved = self._save_step_state()
+        if onepass not in self._graphs:
+            # every graph this sequence length can need, now: a capture in the middle of a
+            # generation (where the context passes the limit) would stall that token
+            for mode in (True, False):
+                needed = mode == onepass or (self._onepass_limit > 0 if mode
+                                             else self.n_ctx > self._onepass_limit)
+                if needed and mode not in self._graphs:
+                    self._graphs[mode] = self._capture_decode(mode)
+        self._graphs[onepass].replay(self.stream)
+
+    def _capture_decode(self, onepass: bool) -> CudaGraph:
+        """The decode step's graph (`_decode_step(onepass)`). Every kernel runs once outside
+        the capture first (compiles and loads its module), then the step is undone so the
+        captured graph starts from the same state (that run's outputs are overwritten by the
+        replay; where the one-pass kernel does not serve the position, its attention is NaN)."""
+        launches = self._decode_step(onepass)
+        saved = self._save_step_state()
+        self._run(launches)
+        self._restore_step_state(saved)
+        with CudaGraph.capture(self.stream, programmatic=self.programmatic) as g:
             self._run(launches)
-            self._restore_step_state(saved)
-            with CudaGraph.capture(self.stream, programmatic=self.programmatic) as g:
-                self._run(launches)
-            self._graphs[onepass] = g
-        g.replay(self.stream)
+        return g
 
     def decode(self, token: int) -> np.ndarray:
         """One token in, logits of the next out (host float32)."""

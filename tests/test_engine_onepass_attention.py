@@ -33,7 +33,7 @@ def test_one_pass_decode_gives_the_split_graphs_bits(int8_heads_hybrid, rng, mon
                         lambda *a, **k: (calls.append(1), real(*a, **k)))
     eng._onepass_limit = 5                      # steps at positions 3, 4 (contexts 4, 5)
     mixed = _decode_all(eng, prompt, ids)
-    assert sorted(eng._graphs) == [False, True]
+    assert sorted(eng._graphs) == [False, True]  # both captured at the first step
     n_attn = sum(1 for i in range(src.config.num_hidden_layers)
                  if src.config.layer_type(i) != "linear_attention")
     assert len(calls) == 2 * n_attn             # captured once a graph in the simulator
