@@ -46,6 +46,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   .../merge          attention or its split with one-tile splits through the four-warp
                      merge (decode_attention.ONE_TILE_DIRECT off; the default stores them
                      from warp 0 directly since session 21: the same results)
+  .../1p             attention in decode_attention's one-pass kernel (engine.ONEPASS_MAX_CTX;
+                     the same results where it serves the position, NaN past it)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -124,15 +126,16 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     followed by the one-thread kernel, what a kernel boundary after the split costs
     ("split+e"); the whole and the split without the split's K / V prefetch ("/npf",
     "split/npf"), with the softmax's rows interleaved ("/il", "split/il") and with one-tile
-    splits through the merge ("/merge", "split/merge"). min_chunk: the
+    splits through the merge ("/merge", "split/merge"); the one-pass kernel ("/1p": NaN where
+    its plan does not serve the position, decode_attention.onepass_max_ctx). min_chunk: the
     split plan's (default the engine's). A kind's "/..." part goes after the sequence name's
     position (docstring above)."""
     mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
     run = attention_launch(stream, rng, Hq, Hkv, D, ctx, position)
 
-    def attend(only, prefetch=None, interleave=None, direct=None):
+    def attend(only, prefetch=None, interleave=None, direct=None, onepass=False):
         return lambda i: run(min_chunk=mc, only=only, prefetch=prefetch, interleave=interleave,
-                             direct=direct)
+                             direct=direct, onepass=onepass)
 
     split = attend("split")
 
@@ -143,7 +146,7 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
             "split+e": split_then_empty, "/npf": attend(None, False),
             "split/npf": attend("split", False), "/il": attend(None, None, True),
             "split/il": attend("split", None, True), "/merge": attend(None, direct=False),
-            "split/merge": attend("split", direct=False)}
+            "split/merge": attend("split", direct=False), "/1p": attend(None, onepass=True)}
 
 
 def gdn_launches(stream, rng, nk=16, nv=32, d=128, T=1, snapshots=False):
