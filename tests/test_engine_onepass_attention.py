@@ -21,7 +21,9 @@ def test_one_pass_decode_gives_the_split_graphs_bits(int8_heads_hybrid, rng, mon
     split pass + combine, each from its own captured graph; every step's logits equal those
     of an engine that never takes the one-pass kernel. The attention layers' heads are 32
     wide, so their attention output is the int8 copy the attn_output matvec reads."""
+    from bw24nb import engine as engine_mod
     from bw24nb.kernels import decode_attention
+    monkeypatch.setattr(engine_mod, "ONEPASS_MAX_CTX", 1024)
     src = open_model(int8_heads_hybrid)
     prompt = [int(t) for t in rng.integers(0, src.config.vocab_size, 3)]
     ids = [int(t) for t in rng.integers(0, src.config.vocab_size, 4)]
