@@ -1223,20 +1223,18 @@ class Engine:
             self._run(self._decode_step(onepass))
             return
         if onepass not in self._graphs:
-            # every graph this sequence length can need, now: a capture in the middle of a
-            # generation (where the context passes the limit) would stall that token
-            for mode in (True, False):
-                needed = mode == onepass or (self._onepass_limit > 0 if mode
-                                             else self.n_ctx > self._onepass_limit)
-                if needed and mode not in self._graphs:
-                    self._graphs[mode] = self._capture_decode(mode)
+            self._graphs[onepass] = self._capture_decode(onepass)
+            # the split-K graph (it serves every position) with it: a capture where a
+            # generation passes the limit would stall that token. (Not the other way round:
+            # the one-pass kernel's warm-up run past its limit would feed NaN on.)
+            if onepass and self.n_ctx > self._onepass_limit and False not in self._graphs:
+                self._graphs[False] = self._capture_decode(False)
         self._graphs[onepass].replay(self.stream)
 
     def _capture_decode(self, onepass: bool) -> CudaGraph:
         """The decode step's graph (`_decode_step(onepass)`). Every kernel runs once outside
         the capture first (compiles and loads its module), then the step is undone so the
-        captured graph starts from the same state (that run's outputs are overwritten by the
-        replay; where the one-pass kernel does not serve the position, its attention is NaN)."""
+        captured graph starts from the same state."""
         launches = self._decode_step(onepass)
         saved = self._save_step_state()
         self._run(launches)
