@@ -632,12 +632,12 @@ def test_combine_in_the_split_pass_is_off_without_counters_and_for_walking_grids
 
 
 # tokens at several lengths: 16-key splits, so 1 .. 12 of them, groups of several splits
-# (G = 8 at D = 32, else 4), a short last split, and more splits than the one-pass kernel's
-# warps (ONEPASS_WARPS = 16: a warp walks two)
+# (G = 8 at D = 32, else 4), a short last split, odd counts (a warp's second half-warp idle)
+# and more pairs of splits than the one-pass kernel's warps (8 at D = 128: a warp walks two)
 @pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits,gated", [
     (14, 2, 64, (15, 100, 180), 12, False),     # the 0.5B heads (R = 7): 1, 7, 12 splits
     (4, 2, 32, (3, 150, 300), 20, True),        # R = 2, gated; 1, 10 and 19 splits (G = 8)
-    (2, 2, 128, (0, 47), 4, True),              # R = 1 (MHA), a one-key context
+    (2, 2, 128, (0, 47, 300), 20, True),        # R = 1 (MHA), a one-key context; 3, 19
     (16, 4, 256, (20, 170), 12, True)])         # the 9B heads: D = 256, the combine's 4
                                                 # slices (G = 4); 2 and 11 splits
 def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D, positions,
@@ -688,7 +688,7 @@ def test_one_pass_kernel_marks_plans_it_does_not_serve(rng):
     assert da.onepass_max_ctx(64, 132, 16) == 16 * 128     # 8192 floats / 64 dims = 128 splits
     assert da.onepass_max_ctx(256, 66, 16) == 16 * 32
     assert da.onepass_max_ctx(64, 20, 16) == 16 * 20
-    assert da.onepass_max_ctx(64, 20, 33) == 0               # splits longer than a tile
+    assert da.onepass_max_ctx(64, 20, 17) == 0               # splits longer than a half-warp
     Hq, Hkv, D, n_splits = 4, 2, 32, 2
     positions = (20, 40)                # 2 splits of 16, then 2 of 128 (the aligned chunk)
     n_ctx = max(positions) + 1

@@ -40,8 +40,8 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..jit import kernel
-from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max, warp_max_rows,
-                   warp_sum, warp_sum_rows, warp_sync)
+from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max, warp_max16,
+                   warp_max_rows, warp_sum, warp_sum16, warp_sum_rows, warp_sync)
 from .activation import sigmoid
 # the plan the combine derives again, and the softmax step of every split pass: one definition
 from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, combine_slices,
@@ -120,14 +120,15 @@ ONE_TILE_SPREAD_MAX_D = 64
 # walking grids.
 COMBINE_IN_SPLIT = False
 # One pass at short contexts: a block a (token, query head) runs every split of its row --
-# warp w the splits w, w + ONEPASS_WARPS, .., each with the one-tile statements of
-# `one_tile_spread` for that row -- keeps the partials in shared memory and merges them with
-# the combine kernel's arithmetic in its order (`combine_order`), then gates and quantizes as
-# the combine does: the bits of the split pass + combine, in one launch and without the
-# partials' round trip through L2. Only for plans whose splits are one tile (chunk <= TILE)
-# and at most `onepass_splits(D)` of them; a block given any other plan writes NaN, so a
-# wrong dispatch cannot pass for a result. The engine takes it for decode while the context
-# is at most engine.ONEPASS_MAX_CTX tokens (a graph of its own). Decision 0045.
+# warp w the pairs of splits w, w + ONEPASS_WARPS, .., a half-warp a split, each with the
+# one-tile statements of `one_tile_spread` for that row (`split_pair_row`) -- keeps the
+# partials in shared memory and merges them with the combine kernel's arithmetic in its order
+# (`combine_order`), then gates and quantizes as the combine does: the bits of the split pass
+# + combine, in one launch and without the partials' round trip through L2. Only for plans
+# whose splits are at most 16 keys (the engine's DECODE_MIN_CHUNK) and at most
+# `onepass_splits(D)` of them; a block given any other plan writes NaN, so a wrong dispatch
+# cannot pass for a result. The engine takes it for decode while the context is at most
+# engine.ONEPASS_MAX_CTX tokens (a graph of its own). Decision 0045.
 ONEPASS_WARPS = 16          # (8 above D = 64: `onepass_warps`)
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
@@ -153,8 +154,9 @@ def onepass_warps(D: int) -> int:
 
 def onepass_max_ctx(D: int, n_splits: int, min_chunk: int) -> int:
     """The longest context whose decode plan the one-pass kernel serves: splits of min_chunk
-    keys (<= TILE), at most min(n_splits, onepass_splits(D)) of them; 0 if none."""
-    if not 1 <= min_chunk <= TILE:
+    keys (<= TILE / 2: a half-warp a split), at most min(n_splits, onepass_splits(D)) of
+    them; 0 if none."""
+    if not 1 <= min_chunk <= TILE // 2:        # a half-warp a split
         return 0
     return min_chunk * min(int(n_splits), onepass_splits(D))
 
@@ -714,7 +716,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
 
     @cuda.jit(device=True, inline="always")
     def pv_row(acc, vraw, j0, nk, p_sh, pb, lane, warp):
-        """`pv` for one row (`one_tile_row`): acc[e] += p[j] v[j, e], keys ascending."""
+        """`pv` for one row (`split_pair_row`): acc[e] += p[j] v[j, e], keys ascending."""
         for jj in range(VG):
             if j0 + jj < nk:
                 pj = p_sh[pb + j0 + jj]
@@ -724,48 +726,89 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     pv_tile_row = pv_groups(pv_row)
 
     @cuda.jit(device=True, inline="always")
-    def one_tile_row(q_sh, p_sh, kw, vw, head_word, begin, end, scale, split_i, acc_sh, m_sh,
-                     l_sh, lane, warp):
-        """One row's split of at most one tile, with `one_tile_spread`'s statements for that
-        row (so its bits), its partial stored to shared memory: acc_sh[split_i * D + d],
-        m_sh / l_sh[split_i]."""
-        acc = cuda.local.array(E, float32)
+    def split_pair_row(q_sh, p_sh, kw, vw, head_word, chunk, n_ctx, sa, has_b, scale, acc_sh,
+                       m_sh, l_sh, lane, warp):
+        """Splits sa and sa + 1 (if has_b) of one row, of at most 16 keys each, a half-warp
+        each: lane j < 16 takes key j of split sa, lane 16 + j key j of split sa + 1. Each
+        split gets `one_tile_spread`'s statements for that row, so its bits: a half-warp's
+        maximum and sum (warp_max16, warp_sum16) are the full warp's over a split whose keys
+        fill lanes 0 .. 15 and whose other lanes hold -inf / +0.0 (ptx/warp.py), and the
+        accumulators' first `acc *= alpha` (+0.0 times 0 or 1) leaves the +0.0 they start
+        at. The partials go to shared memory (acc_sh[split * D + d], m_sh / l_sh[split])."""
+        acc_a = cuda.local.array(E, float32)
+        acc_b = cuda.local.array(E, float32)
         v0 = cuda.local.array(GW, uint32)
         v1 = cuda.local.array(GW, uint32)
         v2 = cuda.local.array(GW, uint32)
         v3 = cuda.local.array(GW, uint32)
-        k0 = begin
-        nk = end - k0
-        key = min(k0 + lane, end - 1)
+        ba = sa * chunk
+        ea = min(ba + chunk, n_ctx)
+        bb = ea
+        eb = min(bb + chunk, n_ctx) if has_b else ea
+        nka = ea - ba
+        nkb = eb - bb               # 0 without split b: none of its V loads or products
+        j = lane & 15
+        upper = lane >= 16 and has_b
+        k0 = bb if upper else ba
+        k1 = eb if upper else ea
+        key = min(k0 + j, k1 - 1)
+        valid = j < k1 - k0 and (lane < 16 or has_b)
         row = head_word + np.int64(key) * DW
-        v_first(v0, v1, v2, v3, vw, head_word, k0, nk, end, lane)
-        m = _NEG_INF
-        lsum = float32(0.0)
-        s = float32(0.0)
+        # V's groups: split a's keys 0-7 and 8-15, then split b's; the first NE with K
+        v_load(v0, vw, head_word, ba, 0, nka, ea, lane)
+        if NE > 1:
+            v_load(v1, vw, head_word, ba, VG, nka, ea, lane)
+        if NE > 2:
+            v_load(v2, vw, head_word, bb, 0, nkb, eb, lane)
+            v_load(v3, vw, head_word, bb, VG, nkb, eb, lane)
         for e in range(E):
-            acc[e] = float32(0.0)
+            acc_a[e] = float32(0.0)
+            acc_b[e] = float32(0.0)
+        s = float32(0.0)
         for c in range(CH):
             k = k_chunk(kw, row, c)
             s = dot8(s, q_sh, 8 * c, k)
+        # online_softmax_step from m = -inf, l = 0, on this lane's half
+        sc = s * scale if valid else _NEG_INF
+        m = max(_NEG_INF, warp_max16(sc))
+        p = float32(0.0)
+        alpha = float32(1.0)
+        if m != _NEG_INF:
+            p = math.exp(sc - m)
+            alpha = math.exp(_NEG_INF - m)
+        lsum = float32(0.0) * alpha + warp_sum16(p)
         pb = warp * TILE
-        m, alpha, lsum, p = softmax_row(s, m, lsum, lane, nk, scale)
         p_sh[pb + lane] = p
         warp_sync()                             # p_sh (this warp's) written, then read
+        if NE == 1:
+            v_load(v1, vw, head_word, ba, VG, nka, ea, lane)
+        if NE == 2:
+            v_load(v2, vw, head_word, bb, 0, nkb, eb, lane)
+        pv_row(acc_a, v0, 0, nka, p_sh, pb, lane, warp)
+        if NE == 1:
+            v_load(v2, vw, head_word, bb, 0, nkb, eb, lane)
+        if NE == 2:
+            v_load(v3, vw, head_word, bb, VG, nkb, eb, lane)
+        pv_row(acc_a, v1, VG, nka, p_sh, pb, lane, warp)
+        if NE == 1:
+            v_load(v3, vw, head_word, bb, VG, nkb, eb, lane)
+        pv_row(acc_b, v2, 0, nkb, p_sh, pb + 16, lane, warp)
+        pv_row(acc_b, v3, VG, nkb, p_sh, pb + 16, lane, warp)
+        warp_sync()                             # p_sh read before the next pair rewrites it
         for e in range(E):
-            acc[e] *= alpha
-        pv_tile_row(acc, v0, v1, v2, v3, vw, head_word, k0, nk, end, p_sh, pb, lane, warp)
-        warp_sync()                             # p_sh read before the next split rewrites it
-        for e in range(E):
-            acc_sh[split_i * D + lane * E + e] = float32(0.0) + acc[e]
-        if lane == 0:
-            m_sh[split_i] = m
-            l_sh[split_i] = float32(0.0) + lsum
+            acc_sh[sa * D + lane * E + e] = float32(0.0) + acc_a[e]
+            if has_b:
+                acc_sh[(sa + 1) * D + lane * E + e] = float32(0.0) + acc_b[e]
+        if lane == 0 or (lane == 16 and has_b):
+            m_sh[sa + (lane >> 4)] = m
+            l_sh[sa + (lane >> 4)] = float32(0.0) + lsum
 
     def one_pass(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out, gate,
                  xq, xd, has_gate, has_q8, G):
-        """Block (query head h, token): every split of h's plan, then the combine's steps
-        (attention.flash_decode_combine, in its order; `combine_tail` says which), the gate
-        and the int8 copy. Grid (Hq, T), 32 `onepass_warps(D)` threads."""
+        """Block (query head h, token): every split of h's plan (two a warp at once), then
+        the combine's steps (attention.flash_decode_combine, in its order; `combine_tail`
+        says which), the gate and the int8 copy. Grid (Hq, T), 32 `onepass_warps(D)`
+        threads."""
         acc_sh = cuda.shared.array(_ONEPASS_ACC, float32)
         m_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
         l_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
@@ -785,11 +828,12 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             q_sh[d] = q[tok, h, d]
         n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
         head_word = np.int64(kvh) * ctx * DW
-        ok = chunk <= TILE and used * D <= _ONEPASS_ACC and used <= _ONEPASS_SPLITS
+        ok = chunk <= TILE // 2 and used * D <= _ONEPASS_ACC and used <= _ONEPASS_SPLITS
+        n_pairs = (used + 1) // 2               # a warp's half each (`split_pair_row`)
         if prefetch and ok and lane < 2:        # each warp's keys, as the split pass's blocks
-            for split_i in range(warp, used, W1):
-                b0 = 4 * (head_word + np.int64(split_i * chunk) * DW)
-                b1 = 4 * (head_word + np.int64(min(split_i * chunk + chunk, n_ctx)) * DW)
+            for pair in range(warp, n_pairs, W1):
+                b0 = 4 * (head_word + np.int64(2 * pair * chunk) * DW)
+                b1 = 4 * (head_word + np.int64(min(2 * pair * chunk + 2 * chunk, n_ctx)) * DW)
                 prefetch_bytes(kw if lane == 0 else vw, b0, b1)
         cuda.syncthreads()                      # q_sh
         o = (tok * Hq + h) * D                  # flat [T, Hq, D]: gate, xq, xd
@@ -801,10 +845,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                     if (d & 31) == 0:
                         xd[(o + d) >> 5] = np.float32(np.nan)
             return
-        for split_i in range(warp, used, W1):
-            begin = split_i * chunk
-            one_tile_row(q_sh, p_sh, kw, vw, head_word, begin, min(begin + chunk, n_ctx), scale,
-                         split_i, acc_sh, m_sh, l_sh, lane, warp)
+        for pair in range(warp, n_pairs, W1):
+            split_pair_row(q_sh, p_sh, kw, vw, head_word, chunk, n_ctx, 2 * pair,
+                           2 * pair + 1 < used, scale, acc_sh, m_sh, l_sh, lane, warp)
         cuda.syncthreads()
         # the combine's step 1: M over the visible splits (thread s = split s)
         m = _NEG_INF

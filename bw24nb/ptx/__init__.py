@@ -46,6 +46,7 @@
         the rows' butterflies interleaved (``warp.py``)
     warp_pair_sum(v) -> float32   v + lane (l ^ 16)'s v (one shfl.sync.bfly; ``warp.py``)
     warp_sum16(v), warp_sum8(v) -> float32   sums over half- / quarter-warps (``warp.py``)
+    warp_max16(v) -> float32                 the maximum over each half-warp (``warp.py``)
     warp_sum(v) -> float32
         Sum of a float32 over the 32 lanes of a converged warp, to every lane (``shfl.sync``
         butterfly over offsets 16..1; its order and its simulator twin: ``warp.py``).
@@ -95,6 +96,7 @@ if simulator_enabled():
     )
     from bw24nb.ptx.twins import install_simulator_fixes
     from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
+    from bw24nb.ptx.warp import warp_max16_twin as warp_max16  # noqa: F401
     from bw24nb.ptx.warp import warp_max_rows_twin as warp_max_rows  # noqa: F401
     from bw24nb.ptx.warp import warp_sum_rows_twin as warp_sum_rows  # noqa: F401
     from bw24nb.ptx.warp import warp_pair_sum_twin as warp_pair_sum  # noqa: F401
@@ -135,8 +137,8 @@ else:
         mma_s8_m16n8k32_linked,
     )
     from bw24nb.ptx.warp import (  # noqa: F401
-        warp_max, warp_max_rows, warp_pair_sum, warp_sum, warp_sum8, warp_sum16, warp_sum_rows,
-        warp_sync)
+        warp_max, warp_max16, warp_max_rows, warp_pair_sum, warp_sum, warp_sum8, warp_sum16,
+        warp_sum_rows, warp_sync)
 
     fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32 = (
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
@@ -148,7 +150,7 @@ __all__ = [
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
     "warp_sync", "clock64", "global_timer",
     "cp_async_16", "cp_async_commit", "cp_async_wait_1", "cp_async_wait_0",
-    "warp_sum16", "warp_sum8", "warp_max_rows", "warp_sum_rows",
+    "warp_sum16", "warp_sum8", "warp_max16", "warp_max_rows", "warp_sum_rows",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
 ]

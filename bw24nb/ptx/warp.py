@@ -113,6 +113,17 @@ def warp_max(v):
 
 
 @cuda.jit(device=True, inline="always")
+def warp_max16(v):
+    """GPU: the largest float32 over each half-warp (lanes 0-15, 16-31), to its lanes:
+    warp_max's last four steps (exact in any order, like warp_max)."""
+    s = np.float32(v)
+    s = max(s, cuda.shfl_xor_sync(FULL_MASK, s, 8))
+    s = max(s, cuda.shfl_xor_sync(FULL_MASK, s, 4))
+    s = max(s, cuda.shfl_xor_sync(FULL_MASK, s, 2))
+    return max(s, cuda.shfl_xor_sync(FULL_MASK, s, 1))
+
+
+@cuda.jit(device=True, inline="always")
 def _max_step(v, n, off):
     for r in range(n):
         v[r] = max(v[r], cuda.shfl_xor_sync(FULL_MASK, v[r], off))
@@ -231,6 +242,12 @@ def warp_sync_twin() -> None:
 def warp_max_twin(v) -> np.float32:
     """Simulator twin of `warp_max`."""
     return _meet_warp("max", lambda vals: np.float32(np.max(vals)), v)
+
+
+def warp_max16_twin(v) -> np.float32:
+    """Simulator twin of `warp_max16`."""
+    return _meet_warp("max16", lambda vals: np.repeat(
+        np.max(np.asarray(vals, np.float32).reshape(2, 16), axis=1), 16), v)
 
 
 def warp_max_rows_twin(v, n) -> None:
