@@ -80,8 +80,11 @@ GDN_CONV_RULE_NORM = False
 # Decode attention in one launch while the context is short (decode_attention's one-pass
 # kernel: a block a query head runs all its splits and the combine, the bits of the split pass
 # + combine): decode steps at contexts <= this many tokens replay a graph of their own built
-# with it, longer ones the split-K graph. 0: never. Capped by what the kernel's plan serves
-# (decode_attention.onepass_max_ctx). Read at construction. Decision 0045.
+# with it, longer ones the split-K graph. 0: never. Capped where the kernel stops paying
+# (decode_attention.onepass_pays_ctx: 1024 tokens for the 0.5B heads, 256 for the 9B's).
+# Measured on the H100 (session 39, run_bench --launch onepass-off): 0.5B decode 1010.8 /
+# 999.8 against 895.5 tok/s @512, the same tokens; @6144 unchanged. Read at construction.
+# Decision 0045.
 ONEPASS_MAX_CTX = 1024
 
 # A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode
@@ -1111,7 +1114,7 @@ class Engine:
         R, D = c.num_attention_heads // c.num_key_value_heads, c.head_dim
         if not decode_attention.supports(R, D, k_type, v_type) or D % 32:
             return 0
-        return min(ONEPASS_MAX_CTX, decode_attention.onepass_max_ctx(
+        return min(ONEPASS_MAX_CTX, decode_attention.onepass_pays_ctx(
             D, n_splits, attention.DECODE_MIN_CHUNK))
 
     def _onepass_serves(self, steps: int = 1) -> bool:

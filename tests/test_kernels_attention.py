@@ -689,6 +689,10 @@ def test_one_pass_kernel_marks_plans_it_does_not_serve(rng):
     assert da.onepass_max_ctx(256, 66, 16) == 16 * 32
     assert da.onepass_max_ctx(64, 20, 16) == 16 * 20
     assert da.onepass_max_ctx(64, 20, 17) == 0               # splits longer than a half-warp
+    # where the engine takes it: two rounds of pairs a warp at D <= 64, one above
+    assert da.onepass_pays_ctx(64, 132, 16) == 16 * 2 * 16 * 2
+    assert da.onepass_pays_ctx(256, 66, 16) == 16 * 2 * 8
+    assert da.onepass_pays_ctx(64, 20, 16) == 16 * 20
     Hq, Hkv, D, n_splits = 4, 2, 32, 2
     positions = (20, 40)                # 2 splits of 16, then 2 of 128 (the aligned chunk)
     n_ctx = max(positions) + 1

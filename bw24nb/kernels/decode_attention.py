@@ -161,6 +161,22 @@ def onepass_max_ctx(D: int, n_splits: int, min_chunk: int) -> int:
     return min_chunk * min(int(n_splits), onepass_splits(D))
 
 
+def onepass_rounds(D: int) -> int:
+    """Pairs of splits a warp may run one after another while the one pass still pays: 2 up
+    to head_dim 64, 1 above. Measured against the split pass + combine (bench/launch_chain.py,
+    H100, session 39; decision 0045): 0.5B heads (D = 64, 16 warps) 14.88 against 16.21 us at
+    1023 tokens (2 rounds), 19.38 against 17.87 at 1535 (3); 9B heads (D = 256, 8 warps)
+    14.72 against 17.05 at 255 (1), 22.35 against 17.10 at 383 (2)."""
+    return 2 if D <= 64 else 1
+
+
+def onepass_pays_ctx(D: int, n_splits: int, min_chunk: int) -> int:
+    """The longest context at which the engine takes the one-pass kernel: what it serves
+    (`onepass_max_ctx`), at most `onepass_rounds(D)` pairs of splits a warp."""
+    rounds = min_chunk * 2 * onepass_warps(D) * onepass_rounds(D)
+    return min(onepass_max_ctx(D, n_splits, min_chunk), rounds)
+
+
 def combine_order(D: int, combine_threads: int = COMBINE_THREADS, slices=None) -> int:
     """G, the groups the combine kernel sums a head's splits in (attention._make_combine, step
     3): its blocks of `combine_threads` threads over slices of DS = D / slices dims give
