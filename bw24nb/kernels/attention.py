@@ -344,6 +344,21 @@ def _split_plan(position, ctx, n_splits, min_chunk, align):
 
 
 @cuda.jit(device=True, inline="always")
+def block_max(v, red_sh, lane, warp, n_warps):
+    """The largest of v over the block's n_warps warps, to every thread (max is exact in any
+    order): warp_max, then the warps' maxima through red_sh. Every thread calls it; it holds
+    one block barrier, and red_sh may be rewritten only after another."""
+    wm = warp_max(v)
+    if lane == 0:
+        red_sh[warp] = wm
+    cuda.syncthreads()
+    M = red_sh[0]
+    for j in range(1, n_warps):
+        M = max(M, red_sh[j])
+    return M
+
+
+@cuda.jit(device=True, inline="always")
 def online_softmax_step(s, m_old):
     """One row's online-softmax step over a tile, this lane's score s (-inf: no key):
     (m', p, alpha) with m' = max(m_old, warp_max(s)), p = exp(s - m') and alpha = exp(m_old -
@@ -563,13 +578,7 @@ def _make_combine(BATCH: int):
             l_s = float32(0.0)
         elif l_s > float32(0.0):
             m = m_s
-        wm = warp_max(m)
-        if lane == 0:
-            red_sh[warp] = wm
-        cuda.syncthreads()
-        M = red_sh[0]
-        for j in range(1, n_warps):
-            M = max(M, red_sh[j])
+        M = block_max(m, red_sh, lane, warp, n_warps)
         w = float32(0.0)
         if m != _NEG_INF:
             w = float32(math.exp(m - M))     # (float32 in the simulator too)

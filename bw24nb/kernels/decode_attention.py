@@ -44,7 +44,7 @@ from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max
                    warp_max_rows, warp_sum, warp_sum16, warp_sum_rows, warp_sync)
 from .activation import sigmoid
 # the plan the combine derives again, and the softmax step of every split pass: one definition
-from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, combine_slices,
+from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, block_max, combine_slices,
                         online_softmax_step)
 from .quantize_act import q8_code
 from .prefetch import prefetch_bytes
@@ -648,13 +648,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                     lv[k] = part_ml[tok, h, s0, 1]
                     if lv[k] > float32(0.0):
                         m = max(m, ms[k])
-            m = warp_max(m)
-            if lane == 0:
-                red_sh[warp] = m
-            cuda.syncthreads()
-            M = red_sh[0]
-            for w in range(1, WARPS):
-                M = max(M, red_sh[w])
+            M = block_max(m, red_sh, lane, warp, WARPS)
             cuda.syncthreads()              # red_sh read before it holds the L sums
             for k in range(_NS):
                 cw = warp + k * WARPS       # the combine's warp cw: splits 32 cw + ..
@@ -872,13 +866,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             l_s = l_sh[tid]
             if l_s > float32(0.0):
                 m = m_sh[tid]
-        wm = warp_max(m)
-        if lane == 0:
-            red_sh[warp] = wm
-        cuda.syncthreads()
-        M = red_sh[0]
-        for j in range(1, W1):
-            M = max(M, red_sh[j])
+        M = block_max(m, red_sh, lane, warp, W1)
         # step 2: the weights, and L = the sums of the combine's warps of 32 splits (warp w
         # here is its warp w: the same lanes), in warp order (those past `used` add +0.0)
         w = float32(0.0)
