@@ -1447,6 +1447,18 @@ def check_flash_decode(rng, size):
                       _ATTN_TOL, guard_ok=guard_ok)
 
 
+def _decode_inputs(rng, T, n_ctx, Hq, Hkv, D, ctx, gated):
+    """(n, q, positions, gate, cache layer) of a T-token decode ending at n_ctx: a filled F16
+    cache of ctx positions, random q, the output gate (T * Hq * D values) when `gated`."""
+    from .quant import QType
+    cache = _filled_cache(rng, ctx, Hkv, D, ctx, QType.F16, QType.F16)
+    n = T * Hq * D
+    q = _dev(rng.standard_normal((T, Hq, D)).astype(np.float32))
+    positions = _dev(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
+    gate = _dev((3 * rng.standard_normal(n)).astype(np.float32)) if gated else None
+    return n, q, positions, gate, cache.layer(0)
+
+
 @check("flash_decode_fused", "kernels.attention.launch_flash_decode")
 def check_flash_decode_fused(rng, size):
     """The decode combine with the output gate and the attn_output matvec's int8 input folded in
@@ -1464,12 +1476,8 @@ def check_flash_decode_fused(rng, size):
                  (4, 1000, at.decode_splits(2048, Q05.n_kv_heads), Q05.n_heads, Q05.n_kv_heads,
                   Q05.head_dim, 2048, False)]
     for T, n_ctx, n_splits, Hq, Hkv, D, ctx, gated in cases:
-        cache = _filled_cache(rng, ctx, Hkv, D, ctx, QType.F16, QType.F16)
-        n = T * Hq * D
-        q = _dev(rng.standard_normal((T, Hq, D)).astype(np.float32))
-        positions = _dev(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
-        gate = _dev((3 * rng.standard_normal(n)).astype(np.float32)) if gated else None
-        k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+        n, q, positions, gate, (k_u8, k_f16, v_u8, v_f16) = _decode_inputs(
+            rng, T, n_ctx, Hq, Hkv, D, ctx, gated)
         # the separate launches
         part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
         ref = Out((T, Hq, D))
@@ -1514,12 +1522,8 @@ def check_flash_decode_onepass(rng, size):
                  (2, 512, at.decode_splits(8192, Q9.n_kv_heads), Q9.n_heads, Q9.n_kv_heads,
                   Q9.head_dim, True)]
     for T, n_ctx, n_splits, Hq, Hkv, D, gated in cases:
-        cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, QType.F16, QType.F16)
-        n = T * Hq * D
-        q = _dev(rng.standard_normal((T, Hq, D)).astype(np.float32))
-        positions = _dev(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
-        gate = _dev((3 * rng.standard_normal(n)).astype(np.float32)) if gated else None
-        k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+        n, q, positions, gate, (k_u8, k_f16, v_u8, v_f16) = _decode_inputs(
+            rng, T, n_ctx, Hq, Hkv, D, n_ctx, gated)
         got = []
         for onepass in (False, True):
             part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)

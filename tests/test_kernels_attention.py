@@ -561,6 +561,22 @@ def test_one_tile_rows_spread_over_the_warps_give_the_same_bits(rng, Hq, Hkv, D,
     _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, spread=True)
 
 
+def _gated_int8_decode(q, pos, layer, n_splits, gate, **form):
+    """launch_flash_decode over an F16 cache layer with the gate and the int8 output, every
+    output poisoned first (partials NaN, out NaN, xq 99 and xd NaN, each 8 / 2 values past the
+    end too), in `form`; (out, xq, xd, part_ml) on the host."""
+    T, Hq, D = q.shape
+    n = T * Hq * D
+    part_ml = cuda.to_device(np.full((T, Hq, n_splits, 2), np.nan, np.float32))
+    part_acc = cuda.to_device(np.full((T, Hq, n_splits, D), np.nan, np.float32))
+    out = _poisoned((T, Hq, D))
+    xq = cuda.to_device(np.full(n + 8, 99, np.int8))
+    xd = cuda.to_device(np.full(n // 32 + 2, np.nan, np.float32))
+    launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3], QType.F16,
+                        out, part_ml, part_acc, gate=gate, xq=xq, xd=xd, **form)
+    return [a.copy_to_host() for a in (out, xq, xd, part_ml)]
+
+
 # 16-key splits: a token at position p uses ceil((p + 1) / 16) of them (up to n_splits), so
 # tokens past 16 G have groups (combine_order: G = 8 at D = 32, else 4) of several splits
 @pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits,gated", [
@@ -586,15 +602,8 @@ def test_combine_in_the_split_pass_gives_the_combine_kernels_bits(rng, Hq, Hkv, 
     counters = da.alloc_combine_counters(T, Hkv)
     got = []
     for fused in (False, True, True):
-        part_ml = cuda.to_device(np.full((T, Hq, n_splits, 2), np.nan, np.float32))
-        part_acc = cuda.to_device(np.full((T, Hq, n_splits, D), np.nan, np.float32))
-        out = _poisoned((T, Hq, D))
-        xq = cuda.to_device(np.full(n + 8, 99, np.int8))
-        xd = cuda.to_device(np.full(n // 32 + 2, np.nan, np.float32))
-        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
-                            QType.F16, out, part_ml, part_acc, gate=gate, xq=xq, xd=xd,
-                            counters=counters, fused=fused)
-        got.append([a.copy_to_host() for a in (out, xq, xd)])
+        got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, counters=counters,
+                                      fused=fused)[:3])
         assert np.all(counters.copy_to_host() == 0)
     out0, q0, d0 = got[0]
     assert np.isfinite(out0).all() and np.any(q0[:n] != 0) and np.all(q0[n:] == 99)
@@ -655,17 +664,8 @@ def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D,
     q = cuda.to_device(qh)
     pos = cuda.to_device(np.array(positions, np.int32))
     gate = cuda.to_device((rng.standard_normal(n) * 3).astype(np.float32)) if gated else None
-    got = []
-    for onepass in (False, True):
-        part_ml = cuda.to_device(np.full((T, Hq, n_splits, 2), np.nan, np.float32))
-        part_acc = cuda.to_device(np.full((T, Hq, n_splits, D), np.nan, np.float32))
-        out = _poisoned((T, Hq, D))
-        xq = cuda.to_device(np.full(n + 8, 99, np.int8))
-        xd = cuda.to_device(np.full(n // 32 + 2, np.nan, np.float32))
-        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
-                            QType.F16, out, part_ml, part_acc, gate=gate, xq=xq, xd=xd,
-                            onepass=onepass)
-        got.append([a.copy_to_host() for a in (out, xq, xd, part_ml)])
+    got = [_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=onepass)
+           for onepass in (False, True)]
     (out0, q0, d0, _), (o, qq, dd, ml) = got
     assert np.isfinite(out0).all() and np.any(q0[:n] != 0) and np.all(q0[n:] == 99)
     assert np.isnan(ml).all()                   # the one-pass kernel leaves the partials be

@@ -365,12 +365,20 @@ def online_softmax_step(s, m_old):
     m'), or p = 0, alpha = 1 while the row has no key (m' = -inf). The caller adds warp_sum(p)
     to l alpha. Every split pass takes this step (decode_attention.py too)."""
     m_new = max(m_old, warp_max(s))
+    p, alpha = softmax_weights(s, m_old, m_new)
+    return m_new, p, alpha
+
+
+@cuda.jit(device=True, inline="always")
+def softmax_weights(s, m_old, m_new):
+    """(p, alpha) of an online-softmax step whose new maximum m_new is known (however it was
+    reduced): exp(s - m_new) and exp(m_old - m_new), or 0 and 1 while there is no key."""
     p = float32(0.0)
     alpha = float32(1.0)
     if m_new != _NEG_INF:
         p = math.exp(s - m_new)
         alpha = math.exp(m_old - m_new)
-    return m_new, p, alpha
+    return p, alpha
 
 
 @kernel

@@ -45,7 +45,7 @@ from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max
 from .activation import sigmoid
 # the plan the combine derives again, and the softmax step of every split pass: one definition
 from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, block_max, combine_slices,
-                        online_softmax_step)
+                        online_softmax_step, softmax_weights)
 from .quantize_act import q8_code
 from .prefetch import prefetch_bytes
 
@@ -782,11 +782,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         # online_softmax_step from m = -inf, l = 0, on this lane's half
         sc = s * scale if valid else _NEG_INF
         m = max(_NEG_INF, warp_max16(sc))
-        p = float32(0.0)
-        alpha = float32(1.0)
-        if m != _NEG_INF:
-            p = math.exp(sc - m)
-            alpha = math.exp(_NEG_INF - m)
+        p, alpha = softmax_weights(sc, _NEG_INF, m)
         lsum = float32(0.0) * alpha + warp_sum16(p)
         pb = warp * TILE
         p_sh[pb + lane] = p
