@@ -659,6 +659,10 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "gdn-conv-fused": [("bw24nb.engine", "GDN_CONV_RULE_NORM", True)],
                 # decode attention split-K at every context (the one-pass graph off; decision 0045)
                 "onepass-off": [("bw24nb.engine", "ONEPASS_MAX_CTX", 0)],
+                # decode's norms as launches of their own (matvec_normed off), and the q / k / v
+                # stack's alone folded
+                "norm-apart": [("bw24nb.engine", "NORM_IN_MATVEC", ())],
+                "norm-qkv": [("bw24nb.engine", "NORM_IN_MATVEC", ("attn_qkv",))],
                 "fused-both": [("bw24nb.kernels.decode_attention", "COMBINE_IN_SPLIT", True),
                                ("bw24nb.engine", "GDN_CONV_RULE_NORM", True)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],

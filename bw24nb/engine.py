@@ -31,7 +31,8 @@ from .errors import ContextOverflow, OutOfDeviceMemory
 from .formats.config import LINEAR_ATTENTION
 from .graph import Branches, CudaGraph, CudaGraphError
 from .kernels import (activation, attention, decode_attention, embedding, gated_deltanet, matmul,
-                      matmul_q8, matvec, moe, norm, quantize_act, rope, sampling, step)
+                      matmul_q8, matvec, matvec_normed, moe, norm, quantize_act, rope, sampling,
+                      step)
 from .quant import QType, quantize
 
 # Prompt tokens per prefill launch sequence: bounds the prefill workspace (T x FFN floats).
@@ -87,6 +88,14 @@ GDN_CONV_RULE_NORM = False
 # Decision 0045.
 ONEPASS_MAX_CTX = 1024
 
+# Decode's launches that take the rms_norm_q8 before them into their own blocks
+# (kernels/matvec_normed.py: each block normalizes and quantizes the row into shared memory,
+# the same bits as the two launches), by launch name: the q / k / v stack ("attn_qkv") and
+# the gate / up stack ("ffn_gate_up"). Only where the stack is a Q8_0 / Q5_0 / Q4_0 matrix
+# matvec_normed serves (the default 0.5B model's); () turns it off (run_bench --launch
+# norm-apart). Read at every launch.
+NORM_IN_MATVEC = ("attn_qkv", "ffn_gate_up")
+
 # A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode
 # runs them (Engine._stack_decode_weights' "gu"), its [T, 2F] output read by swiglu_fused_q8:
 # one launch a layer fewer (~3 us of fixed cost each, decision 0036), every row's bits the same
@@ -132,6 +141,13 @@ FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
 
 
 ACT_QUANT = ("q8", "f32")
+
+
+def _normable(launch, w, y, bias=None):
+    """launch (the decode matvec y = w x (+ bias) on x's int8 copy) marked with what
+    `Engine._norm_then` needs to fold x's norm into it instead (NORM_IN_MATVEC)."""
+    launch.normed = (w, y, bias)
+    return launch
 
 
 def gets_q6k_r(qtype, shape) -> bool:
@@ -853,6 +869,14 @@ class Engine:
         name, wn = name_weight
         eps, s = self.config.rms_norm_eps, self.stream
         if launches and launches[0][0] == "quant_act":
+            if len(launches) > 1 and launches[1][0] in NORM_IN_MATVEC and T == 1 \
+                    and getattr(launches[1][1], "normed", None) is not None:
+                # decode: the one matvec reading the norm's codes makes them itself
+                mw, y, bias = launches[1][1].normed
+                if matvec_normed.serves(mw.qtype, mw.buf, mw.cols):
+                    return [(f"{name}+{launches[1][0]}", lambda: matvec_normed.launch(
+                        mw.buf, mw.qtype, mw.rows, mw.cols, h, wn.buf, eps, y, bias=bias,
+                        stream=s, parts=mw.parts))] + launches[2:]
             K = x.shape[len(x.shape) - 1]      # (the simulator's shape tuple has no [-1])
             xq, xd = ws.xq[:T * K], ws.xd[:T * K // 32]  # the views _quantize_input hands out
             return [(name + "_q8", lambda: norm.launch_rms_norm_q8(h, wn.buf, eps, x, xq, xd, s,
@@ -883,7 +907,9 @@ class Engine:
                 q = flat[:nq].reshape(1, Hq, D)
             k, v = flat[nq:nq + nk].reshape(1, Hkv, D), flat[nq + nk:nq + 2 * nk].reshape(1, Hkv, D)
             bias = self.stacks.get((i, "qkv_bias"))
-            add(("attn_qkv", lambda: self._mv(stack, x, flat, T, bias=bias, qx=qx, rowwise=True)))
+            add(("attn_qkv", _normable(
+                lambda: self._mv(stack, x, flat, T, bias=bias, qx=qx, rowwise=True),
+                stack, flat, None if bias is None else bias.buf)))
         else:                   # q (+gate), k and v side by side
             q_out, q_bias = ((qg, None) if c.attn_output_gate else
                              (q.reshape(T, Hq * D), w.blk_opt(i, "attn_q.bias")))
@@ -1049,7 +1075,8 @@ class Engine:
         qL, qg = self._quantize_input(ws, g, T, [wd])
         if gu is not None:      # [gate | up] rows in one matvec, swiglu reading both halves
             gu_out = ws.gu.reshape(ws.gu.size)[:T * 2 * F].reshape(T, 2 * F)
-            proj = [("ffn_gate_up", lambda: self._mv(gu, x, gu_out, T, qx=qx, rowwise=True))]
+            proj = [("ffn_gate_up", _normable(
+                lambda: self._mv(gu, x, gu_out, T, qx=qx, rowwise=True), gu, gu_out))]
             swiglu_q8 = lambda: activation.launch_swiglu_fused_q8(gu_out, g, qg.xq, qg.xd, s)
             swiglu = lambda: activation.launch_swiglu_fused(gu_out, g, s)
         else:

@@ -454,12 +454,25 @@ def row_kernel(p, fixed_parts=0):
     stride and the slot indices fold, and the Q4_K kernel went from 64 to 48 registers and 842
     to 637 PTX instructions (session 5; its run-time-parts build ran 15.2 us against 13.1 us at
     12288 x 4096 on the H200, bench/q4k_probe.py `lib` vs `same`)."""
-    row_total, units, row_base, x_one = _row_total(p), p.units, p.base, p.x_one
-    FP = fixed_parts
+    one_row, x_one = one_row_of(p, fixed_parts), p.x_one
 
     def matvec(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
-        P = FP if FP else parts
         part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
+        one_row(w, M, K, x_one(x, K), y, bias, residual, has_bias, has_residual, parts, part_sh)
+
+    return _named(matvec, p, fixed_parts)
+
+
+def one_row_of(p, fixed_parts=0):
+    """one_row(w, M, K, xin, y, bias, residual, has_bias, has_residual, parts, part_sh): the
+    body of `row_kernel` -- this warp's output row of path p from the activations xin as
+    p.value reads them, stored -- for kernels that prepare xin themselves (matvec_normed)."""
+    row_total, units, row_base = _row_total(p), p.units, p.base
+    FP = fixed_parts
+
+    @cuda.jit(device=True, inline="always")
+    def one_row(w, M, K, xin, y, bias, residual, has_bias, has_residual, parts, part_sh):
+        P = FP if FP else parts
         lane, row, part = _warp_row(P)
         if P == 1 and row >= M:       # the whole warp leaves: warp_sum stays full-warp
             return
@@ -467,11 +480,11 @@ def row_kernel(p, fixed_parts=0):
         last = n - 1
         if row >= M:                  # split rows: stay for the block barrier, load nothing
             n = 0
-        total = row_total(w, x_one(x, K), row_base(row, K), n, last, P, part, lane, part_sh)
+        total = row_total(w, xin, row_base(row, K), n, last, P, part, lane, part_sh)
         if lane == 0 and part == 0 and row < M:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
-    return _named(matvec, p, FP)
+    return one_row
 
 
 # Verify's rows kernels wait on their loads (session 23's profile of 4 rows at 12288 x 4096:
