@@ -874,7 +874,8 @@ class Engine:
                 # decode: the one matvec reading the norm's codes makes them itself
                 mw, y, bias = launches[1][1].normed
                 if matvec_normed.serves(mw.qtype, mw.buf, mw.cols):
-                    return [(f"{name}+{launches[1][0]}", lambda: matvec_normed.launch(
+                    fused = matvec_normed.launch_matvec_normed
+                    return [(f"{name}+{launches[1][0]}", lambda: fused(
                         mw.buf, mw.qtype, mw.rows, mw.cols, h, wn.buf, eps, y, bias=bias,
                         stream=s, parts=mw.parts))] + launches[2:]
             K = x.shape[len(x.shape) - 1]      # (the simulator's shape tuple has no [-1])

@@ -39,10 +39,10 @@ def _two_launches(w, qt, M, K, h, wn, bias, residual, parts):
 
 def _fused(w, qt, M, K, h, wn, bias, residual, parts):
     y = _poisoned(M)
-    matvec_normed.launch(cuda.to_device(w.reshape(-1)), qt, M, K, cuda.to_device(h),
-                         cuda.to_device(wn), EPS, y[:M], parts=parts,
-                         bias=None if bias is None else cuda.to_device(bias),
-                         residual=None if residual is None else cuda.to_device(residual))
+    matvec_normed.launch_matvec_normed(
+        cuda.to_device(w.reshape(-1)), qt, M, K, cuda.to_device(h), cuda.to_device(wn), EPS,
+        y[:M], parts=parts, bias=None if bias is None else cuda.to_device(bias),
+        residual=None if residual is None else cuda.to_device(residual))
     out = y.copy_to_host()
     assert np.all(out[M:] == GUARD), "kernel wrote past the end of y"
     assert not np.isnan(out[:M]).any(), "a row was left unwritten"
@@ -125,11 +125,11 @@ def test_refusals(rng):
     w = cuda.to_device(random_weight_bytes(rng, QType.Q8_0, 4, 128).reshape(-1))
     h, wn, y = (cuda.to_device(np.ones(n, np.float32)) for n in (128, 128, 4))
     with pytest.raises(ValueError, match="no kernel for Q4_K rows of 128"):
-        matvec_normed.launch(w, QType.Q4_K, 4, 128, h, wn, EPS, y)
+        matvec_normed.launch_matvec_normed(w, QType.Q4_K, 4, 128, h, wn, EPS, y)
     with pytest.raises(ValueError, match="is 408 bytes; the device buffer holds 544"):
-        matvec_normed.launch(w, QType.Q8_0, 3, 128, h, wn, EPS, y)
+        matvec_normed.launch_matvec_normed(w, QType.Q8_0, 3, 128, h, wn, EPS, y)
     with pytest.raises(ValueError, match="wn must be float32 with at least 128"):
-        matvec_normed.launch(w, QType.Q8_0, 4, 128, h, cuda.to_device(np.ones(64, np.float32)),
-                             EPS, y)
+        matvec_normed.launch_matvec_normed(w, QType.Q8_0, 4, 128, h,
+                                           cuda.to_device(np.ones(64, np.float32)), EPS, y)
     with pytest.raises(ValueError, match="rows of 48 on 128"):
         norm.q8_prologue(48, 128)

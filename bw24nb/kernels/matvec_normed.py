@@ -88,7 +88,8 @@ def serves(qtype, w_dev, K) -> bool:
     return matvec_qx0.serves(QType(qtype), w8) and K % 32 == 0 and 32 <= K <= MAX_K
 
 
-def launch(w_dev, qtype, M, K, h, wn, eps, y, bias=None, residual=None, stream=0, parts=None):
+def launch_matvec_normed(w_dev, qtype, M, K, h, wn, eps, y, bias=None, residual=None, stream=0,
+                         parts=None):
     """y = W @ q8(rms_norm(h) * wn) (+ bias) (+ residual) in one launch: bit for bit
     norm.launch_rms_norm_q8(h, wn, eps, ...) then matvec.launch_matvec_q8 on its codes (one
     row). h and wn float32[K] (h: the first K values of its buffer), y float32[M], bias and
