@@ -663,6 +663,10 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 # stack's alone folded
                 "norm-apart": [("bw24nb.engine", "NORM_IN_MATVEC", ())],
                 "norm-qkv": [("bw24nb.engine", "NORM_IN_MATVEC", ("attn_qkv",))],
+                # the one-pass attention's RoPE and K / V store in a launch of their own
+                "store-apart": [("bw24nb.engine", "ONEPASS_STORE", False)],
+                "fold-none": [("bw24nb.engine", "NORM_IN_MATVEC", ()),
+                              ("bw24nb.engine", "ONEPASS_STORE", False)],
                 "fused-both": [("bw24nb.kernels.decode_attention", "COMBINE_IN_SPLIT", True),
                                ("bw24nb.engine", "GDN_CONV_RULE_NORM", True)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],

@@ -96,6 +96,12 @@ ONEPASS_MAX_CTX = 1024
 # norm-apart). Read at every launch.
 NORM_IN_MATVEC = ("attn_qkv", "ffn_gate_up")
 
+# Where decode takes the one-pass attention, the token's RoPE and K / V store in its launch
+# too (decode_attention.launch_onepass(store=): every block of a KV head writes the same rows
+# before its loads; the cache's bytes and the output's bits are the separate launch's). False:
+# the rope_kv_store launch before it (run_bench --launch store-apart). Read at every launch.
+ONEPASS_STORE = True
+
 # A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode
 # runs them (Engine._stack_decode_weights' "gu"), its [T, 2F] output read by swiglu_fused_q8:
 # one launch a layer fewer (~3 us of fixed cost each, decision 0036), every row's bits the same
@@ -930,9 +936,15 @@ class Engine:
             gate = ws.gate[:T] if c.attn_output_gate else None
             add(("qk_norm", lambda: norm.launch_qk_head_norm(
                 qg if c.attn_output_gate else q, q, wq, k, wk, eps, gate=gate, stream=s)))
-        # RoPE: q in place, k on its way into the cache, and the store of K and V: one launch
-        add(("rope_kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq,
-                                                    stream=s, q=q)))
+        # (the one-pass kernel: only in the decode step `_decode_step` builds for it)
+        onepass = self._onepass_build and T == 1
+        # RoPE: q in place, k on its way into the cache, and the store of K and V: one launch,
+        # or in the one-pass attention's own launch (ONEPASS_STORE)
+        store = ((k, v, self.kv.rope_table(self.inv_freq)) if onepass and ONEPASS_STORE
+                 else None)
+        if store is None:
+            add(("rope_kv_store", lambda: self.kv.store(slot, k, v, pos, inv_freq=self.inv_freq,
+                                                        stream=s, q=q)))
         wo, attn2 = w.blk(i, "attn_output.weight"), attn.reshape(T, Hq * D)
         # decode / verify: split-K attention, planned per token, whose combine also gates the
         # output and writes the int8 copy the attn_output matvec reads (when it takes one);
@@ -955,14 +967,13 @@ class Engine:
                 plan = dict(plan, spread=ROWS_ATTENTION_SPREAD)
                 if ROWS_ATTENTION_GRID:
                     plan["split_grid"] = ROWS_ATTENTION_GRID
-            # (the one-pass kernel: only in the decode step `_decode_step` builds for it)
-            onepass = self._onepass_build and T == 1
-            add(("attention", lambda: attention.launch_flash_decode(
+            add(("attention" if store is None else "rope_kv_store+attention",
+                 lambda: attention.launch_flash_decode(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn,
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,
                 xq=None if fused is None else fused.xq, xd=None if fused is None else fused.xd,
                 counters=ws.counters if T <= VERIFY_ROWS else None, onepass=onepass,
-                **plan)))
+                store=store, **plan)))
         else:
             add(("attention", lambda: attention.launch_flash_attn_cache(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))

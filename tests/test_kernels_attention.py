@@ -680,6 +680,53 @@ def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D,
             np.testing.assert_allclose(o[t:t + 1], want, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("Hq,Hkv,D,rotary,positions", [
+    (14, 2, 64, 64, (5, 100)),          # the 0.5B heads, full rotary
+    (4, 2, 32, 16, (0, 33)),            # partial rotary; a token at position 0
+    (4, 1, 128, 0, (17,))])             # no RoPE
+def test_one_pass_kernel_with_the_store_is_the_store_launch_then_the_kernel(
+        rng, Hq, Hkv, D, rotary, positions):
+    """launch_flash_decode(onepass=True, store=(k, v, inv_freq)): each token's q rotated in
+    place, its K (rotated) and V written into its cache row, then the one pass -- the same
+    cache bytes, q and outputs, bit for bit, as cache.kv's store launch before the kernel.
+    The tokens' rows start as NaN (a read before the write would show)."""
+    from bw24nb.kernels.rope import rope_inv_freq
+    n_ctx = max(positions) + 1
+    T = len(positions)
+    inv = cuda.to_device(rope_inv_freq(1e6, rotary) if rotary else np.zeros(0, np.float32))
+    knew = cuda.to_device((rng.standard_normal((T, Hkv, D)) * 2).astype(np.float32))
+    vnew = cuda.to_device(rng.standard_normal((T, Hkv, D)).astype(np.float32))
+    qh = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    pos = cuda.to_device(np.array(positions, np.int32))
+    fill = rng.integers(0, 2 ** 31)
+    results = []
+    for fused in (False, True):
+        cache = _filled_cache(np.random.default_rng(fill), n_ctx, Hkv, D, n_ctx, *_F16)
+        k_f16, v_f16 = cache.k_f16[0], cache.v_f16[0]
+        for rows in (k_f16, v_f16):
+            host = rows.copy_to_host()
+            host[:, list(positions)] = np.nan
+            rows.copy_to_device(host)
+        q = cuda.to_device(qh)
+        layer = cache.layer(0)
+        out = _poisoned((T, Hq, D))
+        part_ml, part_acc = alloc_decode_partials(T, Hq, D, 8)
+        if not fused:
+            cache.store(0, knew, vnew, pos, inv_freq=inv if rotary else None, q=q)
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, onepass=True,
+                            store=(knew, vnew, inv) if fused else None)
+        results.append([a.copy_to_host() for a in (out, q, k_f16, v_f16)])
+    for a, b in zip(*results):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(b.view(np.uint8), a.view(np.uint8))
+    if rotary:                                  # q was rotated, in place
+        assert not np.array_equal(results[1][1], qh)
+    with pytest.raises(ValueError, match="goes with onepass only"):
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, store=(knew, vnew, inv))
+
+
 def test_one_pass_kernel_marks_plans_it_does_not_serve(rng):
     """A token whose plan has splits longer than a tile, or more splits than the kernel's
     shared accumulators hold, gets NaN (and NaN scales) instead of a wrong number; the others

@@ -49,7 +49,7 @@ from numba import cuda, float32, int32
 from ..jit import kernel
 from ..formats.config import FULL_ATTENTION
 from ..kernels.quantize_act import round_half_away
-from ..kernels.rope import rotate_pair
+from ..kernels.rope import roped_value, rotate_pair
 from ..quant.types import QType, row_bytes
 
 # Cache types a kernel can read and write. Module-level ints: numba freezes them into the
@@ -216,20 +216,6 @@ def _encode_row(vals, qs, e, D, h, pos, qtype, rows_u8, rows_f16):
             rows_f16[h, pos, e] = vals[e]
 
 
-@cuda.jit(device=True)
-def _roped_value(x, t, h, e, half, angle_pos, inv_freq):
-    """Element e of x[t, h, :] after NEOX RoPE at position angle_pos (rotary_dim = 2 * half):
-    the arithmetic of bw24nb/kernels/rope.py's `_rotate_pair`, element by element."""
-    if e < half:
-        ang = angle_pos * inv_freq[e]
-        return x[t, h, e] * math.cos(ang) - x[t, h, e + half] * math.sin(ang)
-    if e < 2 * half:
-        i = e - half
-        ang = angle_pos * inv_freq[i]
-        return x[t, h, e] * math.cos(ang) + x[t, h, i] * math.sin(ang)
-    return x[t, h, e]
-
-
 # ------------------------------------------------------------------ kernels
 
 
@@ -284,7 +270,7 @@ def kv_store_rope(k, v, q, positions, inv_freq, k_type, k_u8, k_f16, v_type, v_u
         _encode_row(vals, qs, e, D, h, pos, v_type, v_u8, v_f16)
     else:
         if e < D:
-            vals[e] = _roped_value(k, t, h, e, inv_freq.shape[0], float32(pos), inv_freq)
+            vals[e] = roped_value(k, t, h, e, inv_freq.shape[0], float32(pos), inv_freq)
         cuda.syncthreads()
         _encode_row(vals, qs, e, D, h, pos, k_type, k_u8, k_f16)
 
@@ -381,15 +367,20 @@ class KVCache:
     def layer(self, slot: int):
         return self.k[slot], self.k_f16[slot], self.v[slot], self.v_f16[slot]
 
+    def rope_table(self, inv_freq):
+        """inv_freq, or for None (no RoPE) the empty table the store kernels take for it."""
+        if inv_freq is not None:
+            return inv_freq
+        if self._no_rope is None:
+            self._no_rope = cuda.device_array(0, np.float32)
+        return self._no_rope
+
     def store(self, slot: int, k, v, positions, inv_freq=None, stream=0, q=None) -> None:
         """Encode fresh `k`, `v` (float32 device arrays `[T, n_kv_heads, head_dim]`) into the
         cache at `positions` (int32 device array [T]), in one launch. With `inv_freq` (the
         device RoPE table) K is rotated on the way in; without, K must already be rotated.
         With `q` ([T, n_heads, head_dim]) and `inv_freq`, the launch also rotates q in place."""
-        if inv_freq is None:
-            if self._no_rope is None:
-                self._no_rope = cuda.device_array(0, np.float32)
-            inv_freq = self._no_rope
+        inv_freq = self.rope_table(inv_freq)
         k_u8, k_f16, v_u8, v_f16 = self.layer(slot)
         launch_kv_store_rope(k, v, positions, inv_freq, self.k_type, k_u8, k_f16,
                              self.v_type, v_u8, v_f16, stream, q=q)

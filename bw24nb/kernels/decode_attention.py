@@ -48,6 +48,7 @@ from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, block_max, 
                         online_softmax_step, softmax_weights)
 from .quantize_act import q8_code
 from .prefetch import prefetch_bytes
+from .rope import roped_value, rotate_pair
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -199,7 +200,7 @@ def alloc_combine_counters(T: int, n_kv_heads: int):
 
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
           direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False,
-          onepass: bool = False):
+          onepass: bool = False, store: bool = False):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
@@ -208,7 +209,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     blocks than splits, each walking its splits (`launch_split(grid=)`; the same results);
     spread: with direct, a one-tile split's rows spread over the warps (ONE_TILE_SPREAD; the
     same results); onepass: the one-pass kernel instead (ONEPASS_WARPS; the bits of the split
-    pass + combine)."""
+    pass + combine); store: with onepass, the token's RoPE and K / V store in it too."""
     NS = len(TRACE_STAMPS)
     trace_on = trace
     D = 32 * E
@@ -810,12 +811,16 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             m_sh[sa + (lane >> 4)] = m
             l_sh[sa + (lane >> 4)] = float32(0.0) + lsum
 
-    def one_pass(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out, gate,
-                 xq, xd, has_gate, has_q8, G):
+    @cuda.jit(device=True, inline="always")
+    def one_pass_body(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
+                      gate, xq, xd, has_gate, has_q8, G, knew, vnew, inv_freq, kf, vf):
         """Block (query head h, token): every split of h's plan (two a warp at once), then
         the combine's steps (attention.flash_decode_combine, in its order; `combine_tail`
         says which), the gate and the int8 copy. Grid (Hq, T), 32 `onepass_warps(D)`
-        threads."""
+        threads. With `store` (a compile-time switch), first what cache/kv.py's
+        kv_store_rope does for this token: q's head h rotated in place, and the token's K
+        (rotated) and V rows written into the cache's F16 rows kf / vf [Hkv, ctx, D] --
+        by each of the KV head's R blocks, the same bytes, before any of its loads."""
         acc_sh = cuda.shared.array(_ONEPASS_ACC, float32)
         m_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
         l_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
@@ -831,6 +836,19 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         lane = tid & 31
         warp = tid >> 5
         position = positions[tok]
+        if store:
+            half = inv_freq.shape[0]
+            if tid < half:
+                rotate_pair(q, tok, h, tid, half, float32(position) * inv_freq[tid])
+            if tid < D:
+                kf[kvh, position, tid] = roped_value(knew, tok, kvh, tid, half,
+                                                     float32(position), inv_freq)
+                vf[kvh, position, tid] = vnew[tok, kvh, tid]
+            # the block's own writes before its loads (the K / V rows are read by
+            # ld.global.nc, whose cache never held these lines: every block writes them
+            # before it reads any of its KV head's rows)
+            cuda.threadfence_block()
+            cuda.syncthreads()
         for d in range(tid, D, NT1):
             q_sh[d] = q[tok, h, d]
         n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
@@ -905,10 +923,21 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                 if (d & 31) == 0:
                     xd[(o + d) >> 5] = qs
 
+    def one_pass(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out, gate,
+                 xq, xd, has_gate, has_q8, G):
+        one_pass_body(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
+                      gate, xq, xd, has_gate, has_q8, G, q, q, gate, q, q)   # (no store)
+
+    def one_pass_store(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
+                       gate, xq, xd, has_gate, has_q8, G, knew, vnew, inv_freq, kf, vf):
+        one_pass_body(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
+                      gate, xq, xd, has_gate, has_q8, G, knew, vnew, inv_freq, kf, vf)
+
     if onepass:
-        one_pass.__name__ = one_pass.__qualname__ = (f"flash_decode_f16_r{R}_e{E}_1p"
-                                                     + ("" if prefetch else "_npf"))
-        return kernel(one_pass)
+        fn = one_pass_store if store else one_pass
+        fn.__name__ = fn.__qualname__ = (f"flash_decode_f16_r{R}_e{E}_1p" + ("s" if store else "")
+                                         + ("" if prefetch else "_npf"))
+        return kernel(fn)
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
             + ("_walk" if walk else "") + ("_trace" if trace else "") + ("_fused" if fused else ""))
@@ -936,23 +965,38 @@ def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
     return _KERNELS[key]
 
 
-def onepass_kernel(R: int, E: int, prefetch: bool = True):
-    """The (R, E) one-pass kernel (ONEPASS_WARPS), built on first request."""
-    key = ("1p", R, E, bool(prefetch))
+def onepass_kernel(R: int, E: int, prefetch: bool = True, store: bool = False):
+    """The (R, E) one-pass kernel (ONEPASS_WARPS), built on first request (store: with the
+    token's RoPE and K / V store, `launch_onepass(store=)`)."""
+    key = ("1p", R, E, bool(prefetch), bool(store))
     if key not in _KERNELS:
-        _KERNELS[key] = _make(R, E, bool(prefetch), onepass=True)
+        _KERNELS[key] = _make(R, E, bool(prefetch), onepass=True, store=bool(store))
     return _KERNELS[key]
 
 
 def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_splits, out,
-                   gate, xq, xd, G, stream=0, prefetch=None):
+                   gate, xq, xd, G, stream=0, prefetch=None, store=None):
     """Decode attention in one launch (the one-pass kernel): q[T, Hq, D] against one F16 cache
     layer, the plan of `n_splits` splits (the split pass's: each token's own position,
     min_chunk, chunk_align) into out[T, Hq, D]; gate (flat float32, or None) and xq / xd (the
     int8 copy, or None) as the combine takes them; G = `combine_order` of the combine whose
-    bits it gives. Tokens whose plan it does not serve (`onepass_max_ctx`) get NaN."""
+    bits it gives. Tokens whose plan it does not serve (`onepass_max_ctx`) get NaN.
+    store = (k, v, inv_freq, k_f16, v_f16): first what cache.kv.launch_kv_store_rope(k, v,
+    positions, inv_freq, F16, k_u8, k_f16, F16, v_u8, v_f16, q=q) does -- q rotated in place,
+    the tokens' K rotated and K, V written at their positions (k, v [T, Hkv, D] float32;
+    inv_freq the RoPE table, empty for none; k_f16 / v_f16 the layer's rows as F16
+    [Hkv, ctx, D], KVCache.layer) -- the same bytes, in this launch (one launch fewer a
+    decode layer)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
+    if store is not None:
+        knew, vnew, inv_freq, kf, vf = store
+        if tuple(knew.shape) != (T, Hkv, D) or tuple(vnew.shape) != (T, Hkv, D) \
+                or 2 * inv_freq.shape[0] > D or tuple(kf.shape) != (Hkv, ctx, D) \
+                or tuple(vf.shape) != (Hkv, ctx, D):
+            raise ValueError(f"launch_onepass: store of k {tuple(knew.shape)}, v "
+                             f"{tuple(vnew.shape)}, RoPE table {inv_freq.shape[0]}, rows "
+                             f"{tuple(kf.shape)} do not fit [{T}, {Hkv}, {D}] on {ctx} positions")
     if Hq % Hkv or not 1 <= Hq // Hkv <= ROWS_MAX or D not in HEAD_DIMS:
         raise ValueError(f"launch_onepass: {Hq} query heads over {Hkv} KV heads of dim {D}")
     if tuple(out.shape) != (T, Hq, D):
@@ -963,14 +1007,17 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
     kw = k_u8.reshape(k_u8.size).view(np.uint32)
     vw = v_u8.reshape(v_u8.size).view(np.uint32)
     stand = out.reshape(out.size)               # stand-ins the kernel never touches
-    k = onepass_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch))
-    k[(Hq, T), 32 * onepass_warps(D), stream](
-        q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
-        np.int32(chunk_align), np.int32(n_splits), out,
-        stand if gate is None else gate.reshape(gate.size),
-        stand.view(np.int8) if xq is None else xq.reshape(xq.size),
-        stand if xd is None else xd.reshape(xd.size),
-        np.int32(gate is not None), np.int32(xq is not None), np.int32(G))
+    k = onepass_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch),
+                       store is not None)
+    args = (q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
+            np.int32(chunk_align), np.int32(n_splits), out,
+            stand if gate is None else gate.reshape(gate.size),
+            stand.view(np.int8) if xq is None else xq.reshape(xq.size),
+            stand if xd is None else xd.reshape(xd.size),
+            np.int32(gate is not None), np.int32(xq is not None), np.int32(G))
+    if store is not None:
+        args += (knew, vnew, inv_freq, kf, vf)
+    k[(Hq, T), 32 * onepass_warps(D), stream](*args)
 
 
 def walks(grid) -> bool:
@@ -1055,10 +1102,15 @@ _SIG_FUSED = _SIG[:-1] + (", float32[:, :, ::1], float32[::1], int8[::1], float3
 flash_decode_f16_r7_e2_1p = onepass_kernel(7, 2)         # the 0.5B heads
 flash_decode_f16_r4_e8_1p = onepass_kernel(4, 8)         # the 9B heads
 flash_decode_f16_r8_e4_1p = onepass_kernel(8, 4)         # D = 128 (Qwen3 dense)
+flash_decode_f16_r7_e2_1ps = onepass_kernel(7, 2, store=True)   # with the RoPE and K / V store
+flash_decode_f16_r4_e8_1ps = onepass_kernel(4, 8, store=True)
 _SIG_1P = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
            "int32, int32, float32[:, :, ::1], float32[::1], int8[::1], float32[::1], int32, int32, "
            "int32)")
+_SIG_1PS = _SIG_1P[:-1] + (", float32[:, :, ::1], float32[:, :, ::1], float32[::1], "
+                          "float16[:, :, ::1], float16[:, :, ::1])")
 PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG],
+                  "flash_decode_f16_r7_e2_1ps": [_SIG_1PS], "flash_decode_f16_r4_e8_1ps": [_SIG_1PS],
                   "flash_decode_f16_r7_e2_1p": [_SIG_1P], "flash_decode_f16_r4_e8_1p": [_SIG_1P],
                   "flash_decode_f16_r8_e4_1p": [_SIG_1P],
                   "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG],

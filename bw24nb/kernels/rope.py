@@ -53,6 +53,21 @@ def rotate_pair(x, t, h, i, half, angle):
     x[t, h, i + half] = b * c + a * s
 
 
+@cuda.jit(device=True)
+def roped_value(x, t, h, e, half, angle_pos, inv_freq):
+    """Element e of x[t, h, :] after NEOX RoPE at position angle_pos (rotary_dim = 2 * half):
+    `rotate_pair`'s arithmetic, element by element (cache/kv.py's kv_store_rope and the
+    one-pass decode attention rotate K this way on its way into the cache)."""
+    if e < half:
+        ang = angle_pos * inv_freq[e]
+        return x[t, h, e] * math.cos(ang) - x[t, h, e + half] * math.sin(ang)
+    if e < 2 * half:
+        i = e - half
+        ang = angle_pos * inv_freq[i]
+        return x[t, h, e] * math.cos(ang) + x[t, h, i] * math.sin(ang)
+    return x[t, h, e]
+
+
 @kernel
 def rope_neox(x, positions, inv_freq):
     """In place on x[T, H, D]; rotary_dim = 2 * len(inv_freq). One thread per (t, h, pair)."""
