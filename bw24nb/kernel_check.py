@@ -1574,6 +1574,57 @@ def check_flash_decode_onepass(rng, size):
                       bits=True, guard_ok=gd)
 
 
+@check("flash_decode_onepass_store", "kernels.attention.launch_flash_decode",
+       "kernels.decode_attention.launch_onepass")
+def check_flash_decode_onepass_store(rng, size):
+    """The one-pass decode attention with the token's RoPE and K / V store in its launch
+    (store=, engine.ONEPASS_STORE): the same output and the same cache rows, bit for bit, as
+    cache.kv's store launch then the kernel. The token's rows start as NaN."""
+    from .cache import KVCache
+    from .kernels import attention as at
+    from .kernels.rope import rope_inv_freq
+    from .quant import QType
+    # T, n_ctx, Hq, Hkv, D, rotary dims
+    cases = ([(2, 40, 4, 2, 32, 16)] if size == "tiny" else
+             [(1, 1024, Q05.n_heads, Q05.n_kv_heads, Q05.head_dim, Q05.rotary_dim),
+              (1, 256, Q9.n_heads, Q9.n_kv_heads, Q9.head_dim, Q9.rotary_dim)])
+    for T, n_ctx, Hq, Hkv, D, rot in cases:
+        n_splits = at.decode_splits(8192, Hkv)
+        knew = _dev((2 * rng.standard_normal((T, Hkv, D))).astype(np.float32))
+        vnew = _dev(rng.standard_normal((T, Hkv, D)).astype(np.float32))
+        qh = rng.standard_normal((T, Hq, D)).astype(np.float32)
+        inv = _dev(rope_inv_freq(1e7, rot))
+        positions = _dev(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
+        seed = int(rng.integers(0, 2 ** 31))
+        got = []
+        for fused in (False, True):
+            cache = _filled_cache(np.random.default_rng(seed), n_ctx, Hkv, D, n_ctx, QType.F16,
+                                  QType.F16)
+            rows = (cache.k_f16[0], cache.v_f16[0])
+            for r in rows:
+                host = r.copy_to_host()
+                host[:, n_ctx - T:] = np.nan
+                r.copy_to_device(host)
+            q = _dev(qh)
+            k_u8, k_f16, v_u8, v_f16 = cache.layer(0)
+            part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
+            out = Out((T, Hq, D))
+            if not fused:
+                cache.store(0, knew, vnew, positions, inv_freq=inv, q=q)
+            at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16,
+                                   out.dev, part_ml, part_acc, onepass=True,
+                                   store=(knew, vnew, inv) if fused else None)
+            got.append((out.get(), np.concatenate([r.copy_to_host()[:, n_ctx - T:].reshape(-1)
+                                                   for r in rows])))
+        shape = f"T{T} ctx{n_ctx} H{Hq}/{Hkv} D{D} rot{rot}"
+        (o0, _), rows0 = got[0]
+        (o1, g1), rows1 = got[1]
+        yield compare("flash_decode_onepass_store out", "f32", shape, o1, o0, tol="bit-exact",
+                      bits=True, guard_ok=g1)
+        yield compare("flash_decode_onepass_store kv", "f16", shape, rows1, rows0,
+                      tol="bit-exact", bits=True)
+
+
 @check("flash_decode_forms", "kernels.attention.launch_flash_decode",
        "kernels.decode_attention.launch_split")
 def check_flash_decode_forms(rng, size):
