@@ -659,14 +659,10 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "gdn-conv-fused": [("bw24nb.engine", "GDN_CONV_RULE_NORM", True)],
                 # decode attention split-K at every context (the one-pass graph off; decision 0045)
                 "onepass-off": [("bw24nb.engine", "ONEPASS_MAX_CTX", 0)],
-                # decode's norms as launches of their own (matvec_normed off), and the q / k / v
-                # stack's alone folded
-                "norm-apart": [("bw24nb.engine", "NORM_IN_MATVEC", ())],
-                "norm-qkv": [("bw24nb.engine", "NORM_IN_MATVEC", ("attn_qkv",))],
                 # the one-pass attention's RoPE and K / V store in a launch of their own
                 "store-apart": [("bw24nb.engine", "ONEPASS_STORE", False)],
-                "fold-none": [("bw24nb.engine", "NORM_IN_MATVEC", ()),
-                              ("bw24nb.engine", "ONEPASS_STORE", False)],
+                # rows split over more warps only while each keeps >= 512 values
+                "split-k1024": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 1024)],
                 "fused-both": [("bw24nb.kernels.decode_attention", "COMBINE_IN_SPLIT", True),
                                ("bw24nb.engine", "GDN_CONV_RULE_NORM", True)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],

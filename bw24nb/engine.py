@@ -31,8 +31,7 @@ from .errors import ContextOverflow, OutOfDeviceMemory
 from .formats.config import LINEAR_ATTENTION
 from .graph import Branches, CudaGraph, CudaGraphError
 from .kernels import (activation, attention, decode_attention, embedding, gated_deltanet, matmul,
-                      matmul_q8, matvec, matvec_normed, moe, norm, quantize_act, rope, sampling,
-                      step)
+                      matmul_q8, matvec, moe, norm, quantize_act, rope, sampling, step)
 from .quant import QType, quantize
 
 # Prompt tokens per prefill launch sequence: bounds the prefill workspace (T x FFN floats).
@@ -88,18 +87,12 @@ GDN_CONV_RULE_NORM = False
 # Decision 0045.
 ONEPASS_MAX_CTX = 1024
 
-# Decode's launches that take the rms_norm_q8 before them into their own blocks
-# (kernels/matvec_normed.py: each block normalizes and quantizes the row into shared memory,
-# the same bits as the two launches), by launch name: the q / k / v stack ("attn_qkv") and
-# the gate / up stack ("ffn_gate_up"). Only where the stack is a Q8_0 / Q5_0 / Q4_0 matrix
-# matvec_normed serves (the default 0.5B model's); () turns it off (run_bench --launch
-# norm-apart). Read at every launch.
-NORM_IN_MATVEC = ("attn_qkv", "ffn_gate_up")
-
 # Where decode takes the one-pass attention, the token's RoPE and K / V store in its launch
 # too (decode_attention.launch_onepass(store=): every block of a KV head writes the same rows
 # before its loads; the cache's bytes and the output's bits are the separate launch's). False:
 # the rope_kv_store launch before it (run_bench --launch store-apart). Read at every launch.
+# Measured on the H100 (session 40, decision 0046): 0.5B decode 1047.2 / 1044.2 against
+# 1009.4 tok/s @512 (+3.6 %), the same tokens; chained 12.51 against 11.09 + 2.10 us a layer.
 ONEPASS_STORE = True
 
 # A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode
@@ -147,13 +140,6 @@ FLOAT_TENSOR_SUFFIXES = ("ssm_conv1d.weight",)
 
 
 ACT_QUANT = ("q8", "f32")
-
-
-def _normable(launch, w, y, bias=None):
-    """launch (the decode matvec y = w x (+ bias) on x's int8 copy) marked with what
-    `Engine._norm_then` needs to fold x's norm into it instead (NORM_IN_MATVEC)."""
-    launch.normed = (w, y, bias)
-    return launch
 
 
 def gets_q6k_r(qtype, shape) -> bool:
@@ -875,15 +861,6 @@ class Engine:
         name, wn = name_weight
         eps, s = self.config.rms_norm_eps, self.stream
         if launches and launches[0][0] == "quant_act":
-            if len(launches) > 1 and launches[1][0] in NORM_IN_MATVEC and T == 1 \
-                    and getattr(launches[1][1], "normed", None) is not None:
-                # decode: the one matvec reading the norm's codes makes them itself
-                mw, y, bias = launches[1][1].normed
-                if matvec_normed.serves(mw.qtype, mw.buf, mw.cols):
-                    fused = matvec_normed.launch_matvec_normed
-                    return [(f"{name}+{launches[1][0]}", lambda: fused(
-                        mw.buf, mw.qtype, mw.rows, mw.cols, h, wn.buf, eps, y, bias=bias,
-                        stream=s, parts=mw.parts))] + launches[2:]
             K = x.shape[len(x.shape) - 1]      # (the simulator's shape tuple has no [-1])
             xq, xd = ws.xq[:T * K], ws.xd[:T * K // 32]  # the views _quantize_input hands out
             return [(name + "_q8", lambda: norm.launch_rms_norm_q8(h, wn.buf, eps, x, xq, xd, s,
@@ -914,9 +891,7 @@ class Engine:
                 q = flat[:nq].reshape(1, Hq, D)
             k, v = flat[nq:nq + nk].reshape(1, Hkv, D), flat[nq + nk:nq + 2 * nk].reshape(1, Hkv, D)
             bias = self.stacks.get((i, "qkv_bias"))
-            add(("attn_qkv", _normable(
-                lambda: self._mv(stack, x, flat, T, bias=bias, qx=qx, rowwise=True),
-                stack, flat, None if bias is None else bias.buf)))
+            add(("attn_qkv", lambda: self._mv(stack, x, flat, T, bias=bias, qx=qx, rowwise=True)))
         else:                   # q (+gate), k and v side by side
             q_out, q_bias = ((qg, None) if c.attn_output_gate else
                              (q.reshape(T, Hq * D), w.blk_opt(i, "attn_q.bias")))
@@ -1087,8 +1062,7 @@ class Engine:
         qL, qg = self._quantize_input(ws, g, T, [wd])
         if gu is not None:      # [gate | up] rows in one matvec, swiglu reading both halves
             gu_out = ws.gu.reshape(ws.gu.size)[:T * 2 * F].reshape(T, 2 * F)
-            proj = [("ffn_gate_up", _normable(
-                lambda: self._mv(gu, x, gu_out, T, qx=qx, rowwise=True), gu, gu_out))]
+            proj = [("ffn_gate_up", lambda: self._mv(gu, x, gu_out, T, qx=qx, rowwise=True))]
             swiglu_q8 = lambda: activation.launch_swiglu_fused_q8(gu_out, g, qg.xq, qg.xd, s)
             swiglu = lambda: activation.launch_swiglu_fused(gu_out, g, s)
         else:

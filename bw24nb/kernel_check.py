@@ -572,37 +572,6 @@ def check_matvec_rows(rng, size):
                                   guard_ok=pair1_guard)
 
 
-@check("matvec_normed", "kernels.matvec_normed.launch_matvec_normed")
-def check_matvec_normed(rng, size):
-    """Decode matvec with its input's rms_norm_q8 in each block's prologue: bit for bit the
-    two launches it replaces (norm.launch_rms_norm_q8, then launch_matvec_q8 on its codes),
-    each of which its own check holds to the reference. Real shapes: the 0.5B's q / k / v
-    stack (1152 rows, two warps a row) and gate / up stack (9728 rows, one)."""
-    from .kernels import matvec as mv
-    from .kernels import matvec_normed, matvec_qx0, norm
-    M_qkv = (Q05.n_heads + 2 * Q05.n_kv_heads) * Q05.head_dim
-    shapes = ([("", 8, 128, None)] if size == "tiny" else
-              [("qkv", M_qkv, Q05.hidden, None), ("gate_up", 2 * Q05.ffn, Q05.hidden, 1)])
-    for qt in _typed(matvec_qx0.PATHS):
-        for label, M, K, parts in shapes:
-            w = _dev(_random_weight(rng, qt, M, K))
-            h = (rng.standard_normal(K) * 2.0 ** rng.uniform(-4, 4, K)).astype(np.float32)
-            wn = rng.uniform(0.5, 1.5, K).astype(np.float32)
-            bias = rng.standard_normal(M).astype(np.float32)
-            x, xq, xd = Out(K), Out(K, np.int8, poison=-128), Out(K // 32)
-            norm.launch_rms_norm_q8(_dev(h), _dev(wn), 1e-6, x.dev, xq.dev, xd.dev)
-            want = Out(M)
-            mv.launch_matvec_q8(w, qt, M, K, xq.dev, xd.dev, want.dev, bias=_dev(bias),
-                                parts=parts)
-            ref, _ = want.get()
-            y = Out(M)
-            matvec_normed.launch_matvec_normed(w, qt, M, K, _dev(h), _dev(wn), 1e-6, y.dev,
-                                               bias=_dev(bias), parts=parts)
-            got, guard_ok = y.get()
-            yield compare("matvec_normed", qt.name, f"{_shape(M, K)} {label}".strip(), got, ref,
-                          tol="bit-exact", bits=True, guard_ok=guard_ok)
-
-
 @check("quantize_act", "kernels.quantize_act.launch_quantize_act")
 def check_quantize_act(rng, size):
     """Activations -> int8 + one f32 scale per 32: bit-exact (every step is one correctly

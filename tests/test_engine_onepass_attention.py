@@ -34,6 +34,10 @@ def test_one_pass_decode_gives_the_split_graphs_bits(int8_heads_hybrid, rng, mon
     monkeypatch.setattr(decode_attention, "launch_onepass",
                         lambda *a, **k: (calls.append(1), real(*a, **k)))
     eng._onepass_limit = 5                      # steps at positions 3, 4 (contexts 4, 5)
+    # the one-pass graph stores the token's K / V (and ropes q) in the attention launch
+    names = {f: [n for n, _ in eng._decode_step(onepass=f)] for f in (False, True)}
+    assert "rope_kv_store+attention" in names[True] and "rope_kv_store" not in names[True]
+    assert "rope_kv_store" in names[False] and "rope_kv_store+attention" not in names[False]
     mixed = _decode_all(eng, prompt, ids)
     assert sorted(eng._graphs) == [False, True]  # both captured at the first step
     n_attn = sum(1 for i in range(src.config.num_hidden_layers)

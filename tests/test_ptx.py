@@ -463,24 +463,6 @@ def test_warp_sum16_and_8_sum_each_group_of_lanes(width):
                                       np.full(width, want, np.float32).view(np.uint32))
 
 
-def test_quad_bytes_packs_each_quads_codes_little_endian():
-    """quad_bytes (the folded norm's codes into shared words, kernels/norm.py): every lane of
-    quad g gets the word whose byte j is lane 4g + j's int8 code -- an int8 array's bytes, read
-    as uint32; -128 and 127 included; per warp of a 64-thread block."""
-    from bw24nb.ptx import quad_bytes
-
-    @cuda.jit
-    def k(codes, out):
-        i = cuda.grid(1)
-        out[i] = quad_bytes(np.float32(codes[i]), cuda.threadIdx.x & 31)
-
-    codes = np.random.default_rng(7).integers(-128, 128, 64).astype(np.int8)
-    codes[:2] = [-128, 127]
-    out = cuda.device_array(64, np.uint32)
-    k[1, 64](cuda.to_device(codes.astype(np.int32)), out)
-    np.testing.assert_array_equal(out.copy_to_host(), np.repeat(codes.view("<u4"), 4))
-
-
 @cuda.jit
 def _two_shared_arrays(out):
     a = cuda.shared.array(256, np.float32)

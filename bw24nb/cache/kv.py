@@ -41,8 +41,6 @@ lying exactly on a rounding boundary by one step.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import cuda, float32, int32
 

@@ -8,7 +8,6 @@ The weight kernels (other op families have their own modules beside these):
     matvec_q4k    Q4_K decode, 16-byte loads straight from the GGUF blocks, dp4a
     matvec_q6k    Q6_K decode on the repacked Q6_K_R layout (16-byte loads, dp4a): the LM head
     matvec_qx0    Q8_0 / Q5_0 / Q4_0 decode, 16-byte loads of the GGUF blocks lined up in registers
-    matvec_normed matvec_qx0's decode with its input's rms_norm_q8 in each block's prologue
     quantize_act  activations -> int8 + f32 scale per 32 values (the dp4a path's input)
     matmul        prefill Y = X @ W^T (+ b) (+ R), shared-memory tiles, every type
     matmul_q8     prefill on int8 tensor cores (mma.m16n8k32.s8), int types, X from quantize_act

@@ -454,25 +454,12 @@ def row_kernel(p, fixed_parts=0):
     stride and the slot indices fold, and the Q4_K kernel went from 64 to 48 registers and 842
     to 637 PTX instructions (session 5; its run-time-parts build ran 15.2 us against 13.1 us at
     12288 x 4096 on the H200, bench/q4k_probe.py `lib` vs `same`)."""
-    one_row, x_one = one_row_of(p, fixed_parts), p.x_one
-
-    def matvec(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
-        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
-        one_row(w, M, K, x_one(x, K), y, bias, residual, has_bias, has_residual, parts, part_sh)
-
-    return _named(matvec, p, fixed_parts)
-
-
-def one_row_of(p, fixed_parts=0):
-    """one_row(w, M, K, xin, y, bias, residual, has_bias, has_residual, parts, part_sh): the
-    body of `row_kernel` -- this warp's output row of path p from the activations xin as
-    p.value reads them, stored -- for kernels that prepare xin themselves (matvec_normed)."""
-    row_total, units, row_base = _row_total(p), p.units, p.base
+    row_total, units, row_base, x_one = _row_total(p), p.units, p.base, p.x_one
     FP = fixed_parts
 
-    @cuda.jit(device=True, inline="always")
-    def one_row(w, M, K, xin, y, bias, residual, has_bias, has_residual, parts, part_sh):
+    def matvec(w, M, K, x, y, bias, residual, has_bias, has_residual, parts):
         P = FP if FP else parts
+        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
         lane, row, part = _warp_row(P)
         if P == 1 and row >= M:       # the whole warp leaves: warp_sum stays full-warp
             return
@@ -480,11 +467,11 @@ def one_row_of(p, fixed_parts=0):
         last = n - 1
         if row >= M:                  # split rows: stay for the block barrier, load nothing
             n = 0
-        total = row_total(w, xin, row_base(row, K), n, last, P, part, lane, part_sh)
+        total = row_total(w, x_one(x, K), row_base(row, K), n, last, P, part, lane, part_sh)
         if lane == 0 and part == 0 and row < M:
             store_row(y, bias, residual, has_bias, has_residual, row, total)
 
-    return one_row
+    return _named(matvec, p, FP)
 
 
 # Verify's rows kernels wait on their loads (session 23's profile of 4 rows at 12288 x 4096:
@@ -1373,14 +1360,20 @@ QX0_V4 = True
 # 132-SM H200 is what it takes to keep enough loads in flight (decision 0004).
 SPLIT_BELOW_WARPS = 132 * 16
 MAX_PARTS = WARPS_PER_BLOCK
+# A row is split over twice the warps only while K >= SPLIT_MIN_K * parts (parts before the
+# doubling): 512 leaves a warp 256 of a row's values after the split, so the 0.5B's K = 896
+# rows (28 Q5_0 / Q8_0 blocks, one step of one warp) take two warps, the second with nothing
+# to add but a barrier. 1024 keeps >= 512 a warp (run_bench --launch split-k1024). Read at
+# every call; decode, verify and prefill all read a matrix's split from here.
+SPLIT_MIN_K = 512
 
 
 def warps_per_row(M: int, K: int) -> int:
     """1, 2 or 4 warps per output row: the fewest that give the launch SPLIT_BELOW_WARPS warps,
-    and only while each warp keeps >= 512 of the row's K values (a warp step covers 128 groups
-    of >= 1 value; splitting shorter rows only adds the barrier)."""
+    and only while K >= SPLIT_MIN_K * parts (a warp step covers 128 groups of >= 1 value;
+    splitting shorter rows only adds the barrier)."""
     parts = 1
-    while parts < MAX_PARTS and M * parts < SPLIT_BELOW_WARPS and K >= 512 * parts:
+    while parts < MAX_PARTS and M * parts < SPLIT_BELOW_WARPS and K >= SPLIT_MIN_K * parts:
         parts *= 2
     return parts
 

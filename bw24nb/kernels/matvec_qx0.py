@@ -177,19 +177,12 @@ def _q8_0_weights(w, base, u):
     return np.float32(wh[o >> 1]), q0, q1, q2, q3, q4, q5, q6, q7
 
 
-def _q8_0_value_of(x_block):
-    """Q8_0's unit value from `_q8_0_weights`' (d, 8 quant words), its activations read by
-    x_block(x, u) (`_x_block`: global memory; matvec_normed: the prologue's shared copy)."""
-    @cuda.jit(device=True, inline="always")
-    def value(w, x, base, u, q):
-        d, q0, q1, q2, q3, q4, q5, q6, q7 = q
-        a0, a1, a2, a3, a4, a5, a6, a7, xd = x_block(x, u)
-        s = _dot8(q0, q1, q2, q3, q4, q5, q6, q7, a0, a1, a2, a3, a4, a5, a6, a7)
-        return (d * xd) * np.float32(s)
-    return value
-
-
-_q8_0_value = _q8_0_value_of(_x_block)
+@cuda.jit(device=True, inline="always")
+def _q8_0_value(w, x, base, u, q):
+    d, q0, q1, q2, q3, q4, q5, q6, q7 = q
+    a0, a1, a2, a3, a4, a5, a6, a7, xd = _x_block(x, u)
+    s = _dot8(q0, q1, q2, q3, q4, q5, q6, q7, a0, a1, a2, a3, a4, a5, a6, a7)
+    return (d * xd) * np.float32(s)
 
 
 # ---------------------------------------------------------------- Q5_0 / Q4_0
@@ -232,14 +225,13 @@ def _qx_0_sum(qh, q0, q1, q2, q3, a0, a1, a2, a3, a4, a5, a6, a7, bias):
     return s - np.int32(bias) * sx
 
 
-def _qx_0_value(bias, x_block=_x_block):
+def _qx_0_value(bias):
     """The unit value of Q5_0 (bias 16) or Q4_0 (bias 8) from `_q5_0_weights` /
-    `_q4_0_weights`' (d, qh, 4 quant words), its activations read by x_block (as
-    `_q8_0_value_of`)."""
+    `_q4_0_weights`' (d, qh, 4 quant words)."""
     @cuda.jit(device=True, inline="always")
     def value(w, x, base, u, q):
         d, qh, q0, q1, q2, q3 = q
-        a0, a1, a2, a3, a4, a5, a6, a7, xd = x_block(x, u)
+        a0, a1, a2, a3, a4, a5, a6, a7, xd = _x_block(x, u)
         return (d * xd) * np.float32(_qx_0_sum(qh, q0, q1, q2, q3, a0, a1, a2, a3, a4, a5, a6,
                                                a7, bias))
     return value
@@ -247,9 +239,6 @@ def _qx_0_value(bias, x_block=_x_block):
 
 _q5_0_value = _qx_0_value(16)
 _q4_0_value = _qx_0_value(8)
-# each type's unit value for an activation loader (matvec_normed's shared copy)
-VALUE_OF = {QType.Q8_0: _q8_0_value_of, QType.Q5_0: lambda xb: _qx_0_value(16, xb),
-            QType.Q4_0: lambda xb: _qx_0_value(8, xb)}
 
 
 # ---------------------------------------------------------------- the paths

@@ -30,7 +30,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..jit import kernel
-from ..ptx import quad_bytes, warp_max, warp_sum
+from ..ptx import warp_max, warp_sum
 from .quantize_act import q8_code
 
 # Largest block. A decode norm is one block on one SM, so its time is its chain of memory round
@@ -411,66 +411,6 @@ def gated_rms_norm_q8_rows(x, z, w, eps, y, xq, xd):
     for i in range(cuda.threadIdx.x, C, B):
         v = x[row, i] * rstd * w[i] * _silu(z[row, i])
         _store_q8(y, xq, xd, row, i, v, warp_max(abs(v)))
-
-
-def q8_prologue(C: int, NT: int):
-    """prologue(h, w, eps, xs, ds, scratch): rms_norm_q8_rows' int8 output for the row h[:C]
-    computed by a block of NT threads (a multiple of 32) for its own use -- the norm folded
-    into the kernel that reads it (matvec_normed). Every thread of the block calls it; it ends
-    on a barrier, after which xs / ds hold the codes and scales (shared memory):
-      xs[i * C/32 + b]  word i (values 4i .. 4i + 3, little-endian) of 32-block b,
-      ds[b]             block b's scale,
-    a word-major layout, so that lanes reading consecutive blocks' word i hit consecutive banks.
-    scratch holds >= SCRATCH_WARPS floats.
-
-    The bits are the norm kernel's, whatever NT: it sums the squares in `_sum_squares`' order
-    for its block of B = `_row_threads(C)` threads ("virtual" thread j: elements j, j + B,
-    j + 2B, j + 3B) and totals them as `block_sum` does (a warp tree per 32 virtual threads,
-    then one over those totals, zero-padded to 32), with thread t playing virtual threads t,
-    t + NT, ...; then x * rstd * w and `q8_code` per 32-block, amax a warp_max (exact).
-    Rows of at most 4 elements a virtual thread only (C <= 4B: every q8 row length)."""
-    B = _row_threads(C)
-    if C % 32 or NT % 32 or C > 4 * B:
-        raise ValueError(f"q8_prologue: rows of {C} on {NT} threads (C and NT multiples of 32)")
-    RV = max(1, B // NT)                # virtual threads a thread plays
-    QK = -(-C // NT)                    # elements a thread values and quantizes
-    NB = C // 32
-    NWB = B // 32                       # block_sum's warp totals
-    last = C - 1
-
-    @cuda.jit(device=True, inline="always")
-    def prologue(h, w, eps, xs, ds, scratch):
-        t = cuda.threadIdx.x
-        lane = t & 31
-        xv = cuda.local.array(QK, float32)
-        wv = cuda.local.array(QK, float32)
-        for k in range(QK):             # the values' loads, issued with the sum's below
-            e = min(t + k * NT, last)
-            xv[k] = h[e]
-            wv[k] = w[e]
-        for m in range(RV):
-            j = t + m * NT              # a virtual thread past B adds nothing (warp-uniform)
-            acc = _add_squares(float32(0.0), j, B, C, h[min(j, last)], h[min(j + B, last)],
-                               h[min(j + 2 * B, last)], h[min(j + 3 * B, last)])
-            total = warp_sum(acc if j < B else float32(0.0))
-            if lane == 0 and j < B:
-                scratch[j >> 5] = total
-        cuda.syncthreads()
-        rstd = rstd_of(warp_sum(scratch[lane] if lane < NWB else float32(0.0)), C, eps)
-        for k in range(QK):
-            e = t + k * NT              # element 32b + lane of block b (warp-uniform test)
-            if e < C:
-                v = xv[k] * rstd * wv[k]
-                q, d = q8_code(v, warp_max(abs(v)))
-                word = quad_bytes(q, lane)      # word lane >> 2 of the block
-                b = e >> 5
-                if (lane & 3) == 0:
-                    xs[(lane >> 2) * NB + b] = word
-                if lane == 0:
-                    ds[b] = d
-        cuda.syncthreads()
-
-    return prologue
 
 
 # ------------------------------------------------------------------ launchers

@@ -95,7 +95,6 @@ if simulator_enabled():
         prefetch_l2_bulk,
     )
     from bw24nb.ptx.twins import install_simulator_fixes
-    from bw24nb.ptx.warp import quad_bytes_twin as quad_bytes  # noqa: F401
     from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
     from bw24nb.ptx.warp import warp_max16_twin as warp_max16  # noqa: F401
     from bw24nb.ptx.warp import warp_max_rows_twin as warp_max_rows  # noqa: F401
@@ -138,7 +137,7 @@ else:
         mma_s8_m16n8k32_linked,
     )
     from bw24nb.ptx.warp import (  # noqa: F401
-        quad_bytes, warp_max, warp_max16, warp_max_rows, warp_pair_sum, warp_sum, warp_sum8, warp_sum16,
+        warp_max, warp_max16, warp_max_rows, warp_pair_sum, warp_sum, warp_sum8, warp_sum16,
         warp_sum_rows, warp_sync)
 
     fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32 = (
@@ -147,7 +146,7 @@ else:
 __all__ = [
     "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "ld_v4_f32",
     "warp_sum",
-    "warp_max", "quad_bytes", "f32_from_bits", "f32_bits", "fma_f32",
+    "warp_max", "f32_from_bits", "f32_bits", "fma_f32",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
     "warp_sync", "clock64", "global_timer",
     "cp_async_16", "cp_async_commit", "cp_async_wait_1", "cp_async_wait_0",

@@ -262,27 +262,6 @@ def warp_sum_rows_twin(v, n) -> None:
         v[r] = warp_sum_twin(v[r])
 
 
-@cuda.jit(device=True, inline="always")
-def quad_bytes(code, lane):
-    """GPU: the int8 codes (integer-valued, -128 .. 127) of this lane's quad, lanes 4g .. 4g + 3,
-    as one uint32 word -- lane 4g + j's in byte j, the little-endian layout of an int8 array --
-    to every lane of the quad: two shfl.sync.bfly and ORs. Same calling rules as warp_sum."""
-    w = np.int32((np.int32(code) & np.int32(0xFF)) << np.int32(8 * (lane & 3)))
-    w = np.int32(w | cuda.shfl_xor_sync(FULL_MASK, w, 1))
-    return np.uint32(w | cuda.shfl_xor_sync(FULL_MASK, w, 2))
-
-
-def _quad_words_host(vals) -> np.ndarray:
-    """32 lanes' int8 codes -> each lane's quad word (`quad_bytes`)."""
-    codes = np.asarray(vals, np.float32).astype(np.int8).view(np.uint8).reshape(8, 4)
-    return np.repeat(codes.copy().view("<u4").reshape(8), 4).astype(np.uint32)
-
-
-def quad_bytes_twin(code, lane) -> np.uint32:
-    """Simulator twin of `quad_bytes`."""
-    return np.uint32(_meet_warp("quad", _quad_words_host, np.float32(code)))
-
-
 def _meet_warp(op: str, reduce, v) -> np.float32:
     """This lane's value into its warp's `op` rendezvous; the warp's reduced value out."""
     thread = threading.current_thread()
