@@ -1547,14 +1547,15 @@ def check_flash_decode_onepass(rng, size):
        "kernels.decode_attention.launch_onepass")
 def check_flash_decode_onepass_store(rng, size):
     """The one-pass decode attention with the token's RoPE and K / V store in its launch
-    (store=, engine.ONEPASS_STORE): the same output and the same cache rows, bit for bit, as
-    cache.kv's store launch then the kernel. The token's rows start as NaN."""
+    (store=, engine.ONEPASS_STORE; one token, decode's): the same output and the same cache
+    rows, bit for bit, as cache.kv's store launch then the kernel. The token's rows start as
+    NaN."""
     from .cache import KVCache
     from .kernels import attention as at
     from .kernels.rope import rope_inv_freq
     from .quant import QType
     # T, n_ctx, Hq, Hkv, D, rotary dims
-    cases = ([(2, 40, 4, 2, 32, 16)] if size == "tiny" else
+    cases = ([(1, 40, 4, 2, 32, 16)] if size == "tiny" else
              [(1, 1024, Q05.n_heads, Q05.n_kv_heads, Q05.head_dim, Q05.rotary_dim),
               (1, 256, Q9.n_heads, Q9.n_kv_heads, Q9.head_dim, Q9.rotary_dim)])
     for T, n_ctx, Hq, Hkv, D, rot in cases:

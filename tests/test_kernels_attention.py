@@ -681,15 +681,16 @@ def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D,
 
 
 @pytest.mark.parametrize("Hq,Hkv,D,rotary,positions", [
-    (14, 2, 64, 64, (5, 100)),          # the 0.5B heads, full rotary
-    (4, 2, 32, 16, (0, 33)),            # partial rotary; a token at position 0
+    (14, 2, 64, 64, (100,)),            # the 0.5B heads, full rotary
+    (4, 2, 32, 16, (0,)),               # partial rotary; a token at position 0
     (4, 1, 128, 0, (17,))])             # no RoPE
 def test_one_pass_kernel_with_the_store_is_the_store_launch_then_the_kernel(
         rng, Hq, Hkv, D, rotary, positions):
-    """launch_flash_decode(onepass=True, store=(k, v, inv_freq)): each token's q rotated in
+    """launch_flash_decode(onepass=True, store=(k, v, inv_freq)): the token's q rotated in
     place, its K (rotated) and V written into its cache row, then the one pass -- the same
     cache bytes, q and outputs, bit for bit, as cache.kv's store launch before the kernel.
-    The tokens' rows start as NaN (a read before the write would show)."""
+    The token's rows start as NaN (a read before the write would show). One token a launch
+    (decode's), refused for more."""
     from bw24nb.kernels.rope import rope_inv_freq
     n_ctx = max(positions) + 1
     T = len(positions)
@@ -720,11 +721,18 @@ def test_one_pass_kernel_with_the_store_is_the_store_launch_then_the_kernel(
     for a, b in zip(*results):
         assert np.isfinite(a).all()
         np.testing.assert_array_equal(b.view(np.uint8), a.view(np.uint8))
-    if rotary:                                  # q was rotated, in place
+    if rotary and positions[0] > 0:             # q was rotated, in place
         assert not np.array_equal(results[1][1], qh)
     with pytest.raises(ValueError, match="goes with onepass only"):
         launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
                             QType.F16, out, part_ml, part_acc, store=(knew, vnew, inv))
+    two = cuda.to_device(np.zeros((2, Hkv, D), np.float32))
+    with pytest.raises(ValueError, match="the store takes one token, not 2"):
+        launch_flash_decode(cuda.to_device(np.zeros((2, Hq, D), np.float32)),
+                            cuda.to_device(np.array([n_ctx - 2, n_ctx - 1], np.int32)),
+                            layer[0], layer[1], QType.F16, layer[2], layer[3], QType.F16,
+                            _poisoned((2, Hq, D)), *alloc_decode_partials(2, Hq, D, 8),
+                            onepass=True, store=(two, two, inv))
 
 
 def test_one_pass_kernel_marks_plans_it_does_not_serve(rng):

@@ -986,11 +986,15 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
     the tokens' K rotated and K, V written at their positions (k, v [T, Hkv, D] float32;
     inv_freq the RoPE table, empty for none; k_f16 / v_f16 the layer's rows as F16
     [Hkv, ctx, D], KVCache.layer) -- the same bytes, in this launch (one launch fewer a
-    decode layer)."""
+    decode layer). One token only: a token's rows are written by its own blocks, which no
+    other token's blocks wait for."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     if store is not None:
         knew, vnew, inv_freq, kf, vf = store
+        if T != 1:
+            raise ValueError(f"launch_onepass: the store takes one token, not {T} (a token's "
+                             f"K / V rows would be read by the others' blocks unwritten)")
         if tuple(knew.shape) != (T, Hkv, D) or tuple(vnew.shape) != (T, Hkv, D) \
                 or 2 * inv_freq.shape[0] > D or tuple(kf.shape) != (Hkv, ctx, D) \
                 or tuple(vf.shape) != (Hkv, ctx, D):
