@@ -1550,7 +1550,6 @@ def check_flash_decode_onepass_store(rng, size):
     (store=, engine.ONEPASS_STORE; one token, decode's): the same output and the same cache
     rows, bit for bit, as cache.kv's store launch then the kernel. The token's rows start as
     NaN."""
-    from .cache import KVCache
     from .kernels import attention as at
     from .kernels.rope import rope_inv_freq
     from .quant import QType

@@ -845,8 +845,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                                                      float32(position), inv_freq)
                 vf[kvh, position, tid] = vnew[tok, kvh, tid]
             # the block's own writes before its loads (the K / V rows are read by
-            # ld.global.nc, whose cache never held these lines: every block writes them
-            # before it reads any of its KV head's rows)
+            # ld.global.nc, not coherent with this kernel's writes: every block writes these
+            # rows, the same bytes, before it reads any of its KV head's rows)
             cuda.threadfence_block()
             cuda.syncthreads()
         for d in range(tid, D, NT1):
