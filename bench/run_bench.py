@@ -511,6 +511,9 @@ LAUNCH_MODES = {"default": {}, "pdl": dict(programmatic=True), "serial": dict(pr
                 "unfused-attn": dict(fuse_attention_output=False),
                 # prefill attention on the one-pass tile kernel (before session 8's split-K)
                 "tile-prefill": dict(prefill_attention="tile"),
+                # prefill attention on the decode split-K kernels (the default before the
+                # tensor-core kernel, attention_tc.py)
+                "split-prefill": dict(prefill_attention="split"),
                 # the gated delta rule on the shared-memory tile kernel (before session 8)
                 "tile-rule": dict(gdn_rule="tile"),
                 # the delta rule on one kernel for every T (the default "auto" takes

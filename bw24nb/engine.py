@@ -30,8 +30,9 @@ from .cache.recurrent import RecurrentState
 from .errors import ContextOverflow, OutOfDeviceMemory
 from .formats.config import LINEAR_ATTENTION
 from .graph import Branches, CudaGraph, CudaGraphError
-from .kernels import (activation, attention, decode_attention, embedding, gated_deltanet, matmul,
-                      matmul_q8, matvec, moe, norm, quantize_act, rope, sampling, step)
+from .kernels import (activation, attention, attention_tc, decode_attention, embedding,
+                      gated_deltanet, matmul, matmul_q8, matvec, moe, norm, quantize_act, rope,
+                      sampling, step)
 from .quant import QType, quantize
 
 # Prompt tokens per prefill launch sequence: bounds the prefill workspace (T x FFN floats).
@@ -152,11 +153,17 @@ def gets_q6k_r(qtype, shape) -> bool:
 
 # Engine(attention_plan=...): the decode attention's split plan (attention.launch_flash_decode)
 ATTENTION_PLANS = {"aligned": {}, "plain": dict(chunk_align=1, combine_threads=256)}
-# Prefill attention: "split" = the decode split-K kernels over the chunk's T tokens (a block per
-# (split, KV head, token), PREFILL_SPLITS splits at most per token), "tile" = the one-pass
-# tiled kernel (attention.flash_attn_cache). Measured on the H200 (session 8, prefill of 512
-# tokens, per layer): the tile kernel took 3.9 ms (9B heads) / 0.94 ms (0.5B heads).
-PREFILL_ATTENTION = ("split", "tile")
+# Prefill attention: "tc" = FlashAttention-2 on the f16 tensor cores over the F16 cache
+# (kernels/attention_tc.py; q and the softmax weights rounded to f16), "split" = the decode
+# split-K kernels over the chunk's T tokens (a block per (split, KV head, token),
+# PREFILL_SPLITS splits at most per token), "tile" = the one-pass tiled kernel
+# (attention.flash_attn_cache); "auto" = "tc" where it serves the cache (F16 K and V, a head
+# dim it has, mma.sync: sm_80+), else "split". Measured on the H200 (session 8, prefill of 512
+# tokens, per layer): the tile kernel took 3.9 ms (9B heads) / 0.94 ms (0.5B heads); on the
+# H100 (session 40) the split kernels took 148 us a layer for the 0.5B's heads, 26 % of its
+# prefill. The rows prefill (prefill_path "rows", the MoE gate's) always keeps "split": it
+# exists to give each token its decode step's bits.
+PREFILL_ATTENTION = ("auto", "tc", "split", "tile")
 # Prefill's kernels: "gemm" = the prefill kernels (int8 tensor-core GEMM, prefill attention)
 # over chunks of PREFILL_CHUNK tokens, the fast default; "rows" = the decode kernels (a
 # speculative verify's rowwise forward) over chunks of ROWS_PREFILL_CHUNK tokens, so that every
@@ -365,7 +372,7 @@ class Engine:
                  v_type=V_TYPE_DEFAULT, vram_budget: int | None = None, use_graph: bool = True,
                  act_quant: str = "q8", prefill_gemm: str = "int8",
                  programmatic: bool | None = None, fuse_attention_output: bool = True,
-                 attention_plan: str = "aligned", prefill_attention: str = "split",
+                 attention_plan: str = "aligned", prefill_attention: str = "auto",
                  prefill_splits: int = PREFILL_SPLITS, gdn_rule: str = "auto",
                  fuse_prefill: bool = True, moe_q8: bool = True, prefill_path: str = "auto",
                  moe_prefill: str = "grouped", moe_branches: bool = True,
@@ -495,6 +502,15 @@ class Engine:
         if prefill_attention not in PREFILL_ATTENTION:
             raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, "
                              f"not {prefill_attention!r}")
+        tc_ok = feats.int8_mma and attention_tc.supports(c.head_dim, self.kv.k_type,
+                                                         self.kv.v_type)
+        if prefill_attention == "tc" and not tc_ok:
+            raise ValueError(f"prefill_attention 'tc' needs an F16/F16 KV cache, head_dim in "
+                             f"{attention_tc.HEAD_DIMS} and mma.sync (sm_80+); here "
+                             f"{self.kv.k_type.name}/{self.kv.v_type.name}, head_dim "
+                             f"{c.head_dim}, {feats.name}")
+        if prefill_attention == "auto":
+            prefill_attention = "tc" if tc_ok else "split"
         self.prefill_attention = prefill_attention
         # the gated delta rule's kernel (gated_deltanet.RULE_VARIANTS): "auto" =
         # gated_deltanet.PREFILL_RULE ("pipe": an eighth of a column of the state per lane,
@@ -949,6 +965,9 @@ class Engine:
                 xq=None if fused is None else fused.xq, xd=None if fused is None else fused.xd,
                 counters=ws.counters if T <= VERIFY_ROWS else None, onepass=onepass,
                 store=store, **plan)))
+        elif self.prefill_attention == "tc":
+            add(("attention", lambda: attention_tc.launch_attention_tc(
+                q, pos, k_u8, v_u8, attn, stream=s)))
         else:
             add(("attention", lambda: attention.launch_flash_attn_cache(
                 q, pos, k_u8, k_f16, self.kv.k_type, v_u8, v_f16, self.kv.v_type, attn, stream=s)))

@@ -45,6 +45,7 @@ import numpy as np
 from .switches import switched
 
 U = 2.0 ** -24                  # float32 unit roundoff
+U16 = 2.0 ** -11                # float16 unit roundoff
 MARGIN = 2.0                    # every first-order rounding bound is multiplied by this
 TINY_NORMAL = 2.0 ** -126       # relative bounds hold down to the smallest normal float32
 SIZES = ("tiny", "real")
@@ -1301,7 +1302,7 @@ def check_kv_store_rope(rng, size):
 # ------------------------------------------------------------------ attention
 
 
-def _attention_bound(q, k, v, positions, scale, ref, n_splits=0, merges=1):
+def _attention_bound(q, k, v, positions, scale, ref, n_splits=0, merges=1, f16=False):
     """Per-output absolute bound of the flash kernels vs ops.attention (float64) on the same
     K/V values (the cache's dequantized contents for the cache kernels).
 
@@ -1315,7 +1316,11 @@ def _attention_bound(q, k, v, positions, scale, ref, n_splits=0, merges=1):
     sums: gamma_h with h = n + 2 ceil(n / ATTN_KEYS) + 2 n_splits + 4 for n visible keys
     (one add per key, two rescales per tile, the combine), and u |ref| for the reference.
     `merges` = 2 for the F16 split pass (decode_attention.py), whose four warps' partials meet
-    in one more exp(m_w - M) merge before the combine: its 2u Smax + 2u again, and 4 adds."""
+    in one more exp(m_w - M) merge before the combine: its 2u Smax + 2u again, and 4 adds.
+    `f16` (the tensor-core kernel, attention_tc.py): q is rounded to f16 first, a score error
+    of u16 Smax more (u16 = 2^-11), and each weight is rounded to f16 in the numerator only,
+    2 u16 on the output relative to Mv; the tensor core's float32 sums may truncate rather than
+    round (2u an add), so its accumulation terms count twice."""
     from .kernels.attention import ATTN_KEYS
     T, Hq, D = q.shape
     S, Hkv, _ = k.shape
@@ -1325,16 +1330,16 @@ def _attention_bound(q, k, v, positions, scale, ref, n_splits=0, merges=1):
     dots = np.matmul(aq, ak).transpose(1, 0, 2) * abs(scale)                # [T, Hq, S]
     visible = np.arange(S)[None, :] <= _f64(positions)[:, None]             # [T, S]
     smax = np.where(visible[:, None, :], dots, 0.0).max(axis=2)             # [T, Hq]
-    E = gamma(D + 1) * smax
+    E = (2 * gamma(D + 1) + U16) * smax if f16 else gamma(D + 1) * smax
     delta = 2 * E + 2 * U * smax + 4 * U
     if n_splits:
         delta += merges * (2 * U * smax + 2 * U)
     n = _f64(positions) + 1                                                 # [T]
     h = n + 2 * np.ceil(n / ATTN_KEYS) + 2 * n_splits + 4 * merges
-    acc = np.array([gamma(x) for x in h])                                   # [T]
+    acc = np.array([gamma(x) for x in (2 * h if f16 else h)])               # [T]
     vmax = np.maximum.accumulate(np.abs(_f64(v)), axis=0)                   # [S, Hkv, D]
     mv = vmax[np.asarray(positions)][:, kv_head]                            # [T, Hq, D]
-    per_row = 2 * delta + 2 * acc[:, None] + 2 * U                          # [T, Hq]
+    per_row = 2 * delta + 2 * acc[:, None] + 2 * U + (2 * U16 if f16 else 0.0)   # [T, Hq]
     return MARGIN * (per_row[:, :, None] * mv + U * np.abs(_f64(ref))) + TINY_NORMAL
 
 
@@ -1401,6 +1406,36 @@ def check_flash_attn_cache(rng, size):
         yield compare("flash_attn_cache", f"{kt.name}/{vt.name}", f"T{T} S{S} H{Hq}/{Hkv} D{D}",
                       got, ref, _attention_bound(q, k, v, positions, D ** -0.5, ref), _ATTN_TOL,
                       guard_ok=guard_ok)
+
+
+@check("attention_tc", "kernels.attention_tc.launch_attention_tc")
+def check_attention_tc(rng, size):
+    """Prefill attention on the f16 tensor cores over an F16 cache: a prompt from position 0
+    and a chunk deep in one, with the real models' heads (0.5B: n_rep 7, D 64; 9B: D 256;
+    Qwen3: D 128)."""
+    from .kernels import attention_tc as tc
+    from .quant import QType
+    from .reference import ops
+    if size == "tiny":
+        cases = [(9, 9, 4, 2, 32, 12), (5, 40, 7, 1, 64, 44)]   # T, S, Hq, Hkv, D, ctx
+    else:
+        cases = [(512, 512, Q05.n_heads, Q05.n_kv_heads, Q05.head_dim, 2048),
+                 (128, 1000, Q05.n_heads, Q05.n_kv_heads, Q05.head_dim, 2048),
+                 (512, 512, Q9.n_heads, Q9.n_kv_heads, Q9.head_dim, 1024),
+                 (64, 700, 32, 8, 128, 1024)]
+    for T, S, Hq, Hkv, D, ctx in cases:
+        cache = _filled_cache(rng, ctx, Hkv, D, ctx, QType.F16, QType.F16)   # past S: unseen
+        q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+        positions = np.arange(S - T, S, dtype=np.int32)
+        out = Out((T, Hq, D))
+        k_u8, _, v_u8, _ = cache.layer(0)
+        tc.launch_attention_tc(_dev(q), _dev(positions), k_u8, v_u8, out.dev)
+        got, guard_ok = out.get()
+        k, v = cache.read(0, S)
+        ref = ops.attention(q, k, v, causal_offset=S - T)
+        yield compare("attention_tc", "F16/F16", f"T{T} S{S} H{Hq}/{Hkv} D{D}", got, ref,
+                      _attention_bound(q, k, v, positions, D ** -0.5, ref, f16=True),
+                      _ATTN_TOL + " (f16 q, p)", guard_ok=guard_ok)
 
 
 @check("flash_decode", "kernels.attention.launch_flash_decode",

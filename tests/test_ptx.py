@@ -136,6 +136,59 @@ def test_mma_kernel_accumulator_wraps(rng):
     np.testing.assert_array_equal(d, np.full((1, 16, 8), -2**31 + 32 * 127 * 127 - 1000, np.int32))
 
 
+# --- mma.sync m16n8k16 f16 -> f32, and the f16x2 pack ------------------------------------------
+
+def _random_f16_tiles(rng, tiles, k):
+    a = rng.standard_normal((tiles, 16, k)).astype(np.float16)
+    b = rng.standard_normal((tiles, k, 8)).astype(np.float16)
+    c = rng.standard_normal((tiles, 16, 8)).astype(np.float32)
+    return a, b, c
+
+
+def test_mma_f16_layout_matches_the_ptx_table():
+    """Spot checks of the f16 fragment table against the PTX ISA's (m16n8k16, .f16)."""
+    assert mma_layout.a_coords_f16(0, 0) == (0, 0)
+    assert mma_layout.a_coords_f16(5, 3) == (9, 3)      # g=1, t=1: a1's high half
+    assert mma_layout.a_coords_f16(5, 4) == (1, 10)     # a2's low half: col 8 + 2t
+    assert mma_layout.a_coords_f16(31, 7) == (15, 15)
+    assert mma_layout.b_coords_f16(6, 1) == (5, 1)      # g=1, t=2: b0's high half
+    assert mma_layout.b_coords_f16(6, 2) == (12, 1)     # b1: k = 8 + 2t
+
+
+def test_mma_f16_layout_packing_is_a_bijection(rng):
+    a, b, c = (x[0] for x in _random_f16_tiles(rng, 1, 16))
+    np.testing.assert_array_equal(mma_layout.unpack_a_f16(mma_layout.pack_a_f16(a)), a)
+    np.testing.assert_array_equal(mma_layout.unpack_b_f16(mma_layout.pack_b_f16(b)), b)
+    np.testing.assert_array_equal(mma_layout.unpack_c_f32(mma_layout.pack_c_f32(c)), c)
+
+
+@pytest.mark.parametrize("tiles,k", [(1, 16), (3, 48)])
+def test_mma_f16_kernel_tile(rng, tiles, k):
+    """Three tiles over two blocks of two warps (one idle), three k-steps chained: within the
+    float32 rounding of the chained accumulation (the tensor core's adder order is not
+    specified; on the GPU the result must still be that close to the float64 product)."""
+    a, b, c = _random_f16_tiles(rng, tiles, k)
+    d = probes.run_mma_f16(a, b, c)
+    for t in range(tiles):
+        expect = a[t].astype(np.float64) @ b[t].astype(np.float64) + c[t]
+        np.testing.assert_allclose(d[t], expect, rtol=1e-5, atol=1e-5 * np.abs(expect).max())
+    # a mutated fragment index must be seen: the transposed B gives another product
+    wrong = a[0].astype(np.float64) @ b[0].astype(np.float64)[::-1] + c[0]
+    assert not np.allclose(d[0], wrong, rtol=1e-3)
+
+
+def test_f16_pack_rounds_to_nearest_even(rng):
+    lo = np.concatenate([rng.standard_normal(200).astype(np.float32) * 100,
+                         np.float32([1 + 2**-11, 1 + 3 * 2**-11, 70000.0, -0.0, np.inf])])
+    hi = rng.standard_normal(lo.size).astype(np.float32)
+    got = probes.run_f16_pack(lo, hi)
+    expect = np.stack([lo.astype(np.float16), hi.astype(np.float16)], 1).view(np.uint32)[:, 0]
+    np.testing.assert_array_equal(got, expect)
+    assert got[200] & 0xFFFF == np.float16(1.0).view(np.uint16)            # tie -> even
+    assert got[201] & 0xFFFF == np.float16(1 + 2**-9).view(np.uint16)       # tie -> even (up)
+    assert got[202] & 0xFFFF == np.float16(np.inf).view(np.uint16)          # overflow -> inf
+
+
 def test_mma_linked_tile_exact(rng):
     a, b, c = _random_tiles(rng, 2, 32)
     d = probes.run_mma(a, b, c, linked=True)
@@ -368,6 +421,14 @@ def test_gpu_snippets_equal_twins(rng):
     twin = np.array([twins.dp4a(x, y, z) for x, y, z in zip(a, b, c)], np.int32)
     np.testing.assert_array_equal(probes.run_dp4a(a, b, c), twin)
     np.testing.assert_array_equal(probes.run_dp4a(a, b, c, linked=True), twin)
+
+    af, bf, cf = _random_f16_tiles(rng, 4, 64)
+    np.testing.assert_allclose(     # the real f16 MMA: the float64 product to float32 rounding
+        probes.run_mma_f16(af, bf, cf), af.astype(np.float64) @ bf.astype(np.float64) + cf,
+        rtol=1e-5, atol=1e-4)
+    lo, hi = (rng.standard_normal(256).astype(np.float32) * 300 for _ in range(2))
+    np.testing.assert_array_equal(probes.run_f16_pack(lo, hi),
+                                  [twins.f32x2_to_f16x2(x, y) for x, y in zip(lo, hi)])
 
     at, bt, ct = _random_tiles(rng, 4, 32)
     d = probes.run_mma(at, bt, ct)

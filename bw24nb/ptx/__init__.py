@@ -10,6 +10,11 @@
         Warp-collective int8 tensor-core tile D[16x8] = A[16x32] @ B[32x8] + C
         (``mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32``). All 32 lanes of a converged warp
         call it together; which lane holds which elements: ``bw24nb/ptx/mma_layout.py``.
+    mma_f16_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3) float32
+        Warp-collective f16 tensor-core tile D[16x8] = A[16x16] @ B[16x8] + C, float32 C / D
+        (``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``); a*, b* are f16x2 words.
+    f32x2_to_f16x2(lo, hi) -> uint32   two floats rounded to f16 (``cvt.rn.f16x2.f32``), lo in
+        bits 15:0: an A / B register of the f16 MMA
     ld_nc_v4_u32(array_u32, index) -> (uint32, uint32, uint32, uint32)
         ``array[index:index+4]`` in one 16-byte read-only load (``ld.global.nc.v4.u32``).
         ``index`` a multiple of 4; the array not written during the kernel.
@@ -45,7 +50,9 @@
     warp_max_rows(v, n), warp_sum_rows(v, n)   warp_max / warp_sum of v[0 .. n - 1] in place,
         the rows' butterflies interleaved (``warp.py``)
     warp_pair_sum(v) -> float32   v + lane (l ^ 16)'s v (one shfl.sync.bfly; ``warp.py``)
-    warp_sum16(v), warp_sum8(v) -> float32   sums over half- / quarter-warps (``warp.py``)
+    warp_sum16(v), warp_sum8(v), warp_sum4(v) -> float32   sums over half- / quarter-warps /
+        quads (``warp.py``)
+    warp_max4(v) -> float32                  the maximum over each quad (``warp.py``)
     warp_max16(v) -> float32                 the maximum over each half-warp (``warp.py``)
     warp_sum(v) -> float32
         Sum of a float32 over the 32 lanes of a converged warp, to every lane (``shfl.sync``
@@ -89,6 +96,8 @@ if simulator_enabled():
         ld_nc_v2_f32,
         ld_nc_v4_u32,
         ld_v4_f32,
+        f32x2_to_f16x2,
+        mma_f16_m16n8k16,
         mma_s8_m16n8k32,
         mma_s8_m16n8k32_linked,
         prefetch_l2,
@@ -103,6 +112,8 @@ if simulator_enabled():
     from bw24nb.ptx.warp import warp_sum_twin as warp_sum  # noqa: F401
     from bw24nb.ptx.warp import warp_sum16_twin as warp_sum16  # noqa: F401
     from bw24nb.ptx.warp import warp_sum8_twin as warp_sum8  # noqa: F401
+    from bw24nb.ptx.warp import warp_sum4_twin as warp_sum4  # noqa: F401
+    from bw24nb.ptx.warp import warp_max4_twin as warp_max4  # noqa: F401
     from bw24nb.ptx.warp import warp_sync_twin as warp_sync  # noqa: F401
 
     install_simulator_fixes()       # numba's shared arrays, allocated without a race
@@ -127,6 +138,8 @@ else:
         ld_nc_v2_f32,
         ld_nc_v4_u32,
         ld_v4_f32,
+        f32x2_to_f16x2,
+        mma_f16_m16n8k16,
         mma_s8_m16n8k32,
         prefetch_l2,
         prefetch_l2_bulk,
@@ -137,20 +150,21 @@ else:
         mma_s8_m16n8k32_linked,
     )
     from bw24nb.ptx.warp import (  # noqa: F401
-        warp_max, warp_max16, warp_max_rows, warp_pair_sum, warp_sum, warp_sum8, warp_sum16,
-        warp_sum_rows, warp_sync)
+        warp_max, warp_max4, warp_max16, warp_max_rows, warp_pair_sum, warp_sum, warp_sum4,
+        warp_sum8, warp_sum16, warp_sum_rows, warp_sync)
 
     fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32 = (
         FP4_CVT if current_features().native_fp4_cvt else FP4_BITS)
 
 __all__ = [
-    "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "ld_nc_v4_u32", "ld_nc_v2_f32", "ld_v4_f32",
+    "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "mma_f16_m16n8k16", "f32x2_to_f16x2",
+    "ld_nc_v4_u32", "ld_nc_v2_f32", "ld_v4_f32",
     "warp_sum",
     "warp_max", "f32_from_bits", "f32_bits", "fma_f32",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
     "warp_sync", "clock64", "global_timer",
     "cp_async_16", "cp_async_commit", "cp_async_wait_1", "cp_async_wait_0",
-    "warp_sum16", "warp_sum8", "warp_max16", "warp_max_rows", "warp_sum_rows",
+    "warp_sum16", "warp_sum8", "warp_sum4", "warp_max16", "warp_max4", "warp_max_rows", "warp_sum_rows",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
 ]

@@ -101,6 +101,41 @@ def mma_s8_m16n8k32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return _I32X4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
 
 
+# --- mma.sync m16n8k16 f16 -> f32, and the f32 -> f16x2 pack of its operands --------------------
+
+_MMA_F16 = snippet("mma_m16n8k16_f16")
+_F32X4 = types.UniTuple(types.float32, 4)
+
+
+@intrinsic
+def mma_f16_m16n8k16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """Warp-collective f16 16x8x16 MMA with float32 accumulators: a* / b* f16x2 words (any
+    integer types), c* float32; returns (d0, d1, d2, d3). Fragments: ``mma_layout.py``."""
+    _require_integers("mma_f16_m16n8k16", a0, a1, a2, a3, b0, b1)
+
+    def codegen(context, builder, sig, args):
+        ins = [_as_i32(context, builder, v, t) for v, t in zip(args[:6], sig.args[:6])]
+        ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
+        return context.make_tuple(builder, _F32X4, _emit(builder, _MMA_F16, ins))
+
+    return _F32X4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+
+
+_F32X2_TO_F16X2 = snippet("f32x2_to_f16x2")
+
+
+@intrinsic
+def f32x2_to_f16x2(typingctx, lo, hi):
+    """uint32 holding f16(lo) in bits 15:0 and f16(hi) in bits 31:16, each rounded to nearest
+    even (``cvt.rn.f16x2.f32``): an A / B register of ``mma_f16_m16n8k16`` from two floats."""
+
+    def codegen(context, builder, sig, args):
+        ins = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args)]
+        return _emit(builder, _F32X2_TO_F16X2, ins)[0]
+
+    return types.uint32(lo, hi), codegen
+
+
 # --- grid dependency control (programmatic dependent launch) -------------------------------------
 
 _GRID_WAIT = snippet("grid_dependency_wait")

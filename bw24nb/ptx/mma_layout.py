@@ -111,3 +111,93 @@ def mma_tile(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 def wrap_int32(x: np.ndarray) -> np.ndarray:
     """int64 values -> int32 modulo 2^32 (two's complement), as the hardware's adders do."""
     return (np.asarray(x, dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+
+
+# --- mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 ----------------------------------------------
+#
+#     D[16, 8] (f32) = A[16, 16] (f16, row-major) @ B[16, 8] (f16, "col") + C (f32)
+#
+# Each 32-bit register packs two f16, the lower k index in bits 15:0:
+#
+#     A (4 regs, 8 f16):  a0 = A[g, 2t:2t+2]      a1 = A[g + 8, 2t:2t+2]
+#                         a2 = A[g, 8+2t:8+2t+2]  a3 = A[g + 8, 8+2t:8+2t+2]
+#     B (2 regs, 4 f16):  b0 = B[2t:2t+2, g]      b1 = B[8+2t:8+2t+2, g]
+#     C, D (4 f32):       as the s8 form (c_coords)
+#
+# So A stored row-major as f16 pairs (``A.view(uint32)``, 16 x 8 words) gives a0 = A32[g, t],
+# a1 = A32[g+8, t], a2 = A32[g, 4+t], a3 = A32[g+8, 4+t]; B stored n-major (``B.T``) likewise
+# b0 = Bt32[g, t], b1 = Bt32[g, 4+t]: the s8 form's word indices. And a C / D tile of keys
+# 8j..8j+7 is, pair by pair, the A fragment of the next product over those keys (kernels/
+# attention_tc.py: P = softmax(S) feeds P V from the registers S was computed in).
+
+K16 = 16
+
+
+def a_coords_f16(lane: int, i: int) -> tuple[int, int]:
+    """(row, col) of A element i (0..7: register i // 2, half i % 2) of ``lane``."""
+    g, t = lane >> 2, lane & 3
+    reg = i >> 1
+    return (g if reg in (0, 2) else g + 8), 2 * t + (i & 1) + (8 if reg >= 2 else 0)
+
+
+def b_coords_f16(lane: int, i: int) -> tuple[int, int]:
+    """(k, n) of B element i (0..3: register i // 2, half i % 2) of ``lane``."""
+    g, t = lane >> 2, lane & 3
+    return 2 * t + (i & 1) + (8 if i >= 2 else 0), g
+
+
+_A16_IDX = np.array([[a_coords_f16(l, i) for i in range(8)] for l in range(WARP)])   # (32, 8, 2)
+_B16_IDX = np.array([[b_coords_f16(l, i) for i in range(4)] for l in range(WARP)])   # (32, 4, 2)
+
+
+def _pack_halves(vals_f16: np.ndarray) -> np.ndarray:
+    """(..., 2n) float16 -> (..., n) uint32, the lower index in bits 15:0."""
+    return np.ascontiguousarray(vals_f16.astype(np.float16)).view("<u4")
+
+
+def _unpack_halves(words: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(words).astype(np.uint32)).view(np.float16)
+
+
+def pack_a_f16(a: np.ndarray) -> np.ndarray:
+    """float16[16, 16] -> uint32[32 lanes, 4 registers]."""
+    assert a.shape == (M, K16)
+    return _pack_halves(a[_A16_IDX[..., 0], _A16_IDX[..., 1]])
+
+
+def pack_b_f16(b: np.ndarray) -> np.ndarray:
+    """float16[16, 8] (k, n) -> uint32[32 lanes, 2 registers]."""
+    assert b.shape == (K16, N)
+    return _pack_halves(b[_B16_IDX[..., 0], _B16_IDX[..., 1]])
+
+
+def pack_c_f32(c: np.ndarray) -> np.ndarray:
+    """float32[16, 8] -> float32[32 lanes, 4 registers]."""
+    assert c.shape == (M, N)
+    return c.astype(np.float32)[_C_IDX[..., 0], _C_IDX[..., 1]]
+
+
+def unpack_a_f16(frags: np.ndarray) -> np.ndarray:
+    out = np.empty((M, K16), np.float16)
+    out[_A16_IDX[..., 0], _A16_IDX[..., 1]] = _unpack_halves(frags).reshape(WARP, 8)
+    return out
+
+
+def unpack_b_f16(frags: np.ndarray) -> np.ndarray:
+    out = np.empty((K16, N), np.float16)
+    out[_B16_IDX[..., 0], _B16_IDX[..., 1]] = _unpack_halves(frags).reshape(WARP, 4)
+    return out
+
+
+def unpack_c_f32(frags: np.ndarray) -> np.ndarray:
+    out = np.empty((M, N), np.float32)
+    out[_C_IDX[..., 0], _C_IDX[..., 1]] = np.asarray(frags, dtype=np.float32)
+    return out
+
+
+def mma_tile_f16(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The tile's arithmetic: the f16 products are exact in float64, summed there with C and
+    rounded once to float32. The tensor core's own adder order and width are not specified
+    (PTX ISA): its result may differ from this in the last bits, so checks against it take a
+    tolerance, never bits."""
+    return (a.astype(np.float64) @ b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)

@@ -25,7 +25,9 @@ from bw24nb.ptx import (
     fp4x2_to_f16x2_bits_linked,
     fp4x2_to_f32x2,
     ld_nc_v2_f32,
+    f32x2_to_f16x2,
     ld_nc_v4_u32,
+    mma_f16_m16n8k16,
     mma_s8_m16n8k32,
     mma_s8_m16n8k32_linked,
 )
@@ -80,6 +82,41 @@ def mma_kernel(d, a32, bt32, c):
         d[tile, g, 2 * t + 1] = d1
         d[tile, g + 8, 2 * t] = d2
         d[tile, g + 8, 2 * t + 1] = d3
+
+
+@cuda.jit
+def mma_f16_kernel(d, a32, bt32, c):
+    """mma_kernel's f16 form: d[t] = A[t] @ B[t] + c[t], K = 16 * ksteps, float32 C / D.
+
+    a32[t]: A (16 x K f16, row-major) as uint32 words (16 x K/2); bt32[t]: B transposed
+    (8 x K f16) as words (8 x K/2). The s8 form's word indices (mma_layout.py)."""
+    lane = cuda.threadIdx.x % 32
+    tile = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // 32
+    if tile < d.shape[0]:
+        g = lane // 4
+        t = lane % 4
+        d0 = c[tile, g, 2 * t]
+        d1 = c[tile, g, 2 * t + 1]
+        d2 = c[tile, g + 8, 2 * t]
+        d3 = c[tile, g + 8, 2 * t + 1]
+        for ks in range(a32.shape[2] // 8):
+            w = ks * 8
+            d0, d1, d2, d3 = mma_f16_m16n8k16(
+                a32[tile, g, w + t], a32[tile, g + 8, w + t],
+                a32[tile, g, w + 4 + t], a32[tile, g + 8, w + 4 + t],
+                bt32[tile, g, w + t], bt32[tile, g, w + 4 + t],
+                d0, d1, d2, d3)
+        d[tile, g, 2 * t] = d0
+        d[tile, g, 2 * t + 1] = d1
+        d[tile, g + 8, 2 * t] = d2
+        d[tile, g + 8, 2 * t + 1] = d3
+
+
+@cuda.jit
+def f16_pack_kernel(out, lo, hi):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = f32x2_to_f16x2(lo[i], hi[i])
 
 
 @cuda.jit
@@ -173,6 +210,9 @@ PTX_SIGNATURES = {
     "byte_perm_kernel": ["void(uint32[::1], uint32[::1], uint32[::1], uint32[::1])"],
     "mma_kernel": [_MMA_SIG],
     "mma_linked_kernel": [_MMA_SIG],
+    "mma_f16_kernel": ["void(float32[:, :, ::1], uint32[:, :, ::1], uint32[:, :, ::1], "
+                       "float32[:, :, ::1])"],
+    "f16_pack_kernel": ["void(uint32[::1], float32[::1], float32[::1])"],
     "fp4_kernel": ["void(uint32[::1], float32[::1], float32[::1], uint8[::1])"],
     "fp4_linked_kernel": ["void(uint32[::1], uint8[::1])"],
     "ld_nc_v4_kernel": ["void(uint32[::1], uint32[::1])"],
@@ -186,6 +226,8 @@ EXPECTED_PTX = {
     "byte_perm_kernel": ["prmt.b32"],
     "mma_kernel": ["mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"],
     "mma_linked_kernel": ["bw24nb_mma_m16n8k32_s8"],
+    "mma_f16_kernel": ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"],
+    "f16_pack_kernel": ["cvt.rn.f16x2.f32"],
     "fp4_kernel": ["mul.rn.f16x2", "cvt.f32.f16"],
     "fp4_linked_kernel": ["bw24nb_fp4x2_to_f16x2_bits"],
     "ld_nc_v4_kernel": ["ld.global.nc.v4.u32"],
@@ -242,6 +284,26 @@ def run_mma(a, b, c, linked: bool = False) -> np.ndarray:
     kern[blocks, THREADS](d, cuda.to_device(a32), cuda.to_device(bt32),
                           cuda.to_device(np.ascontiguousarray(c, dtype=np.int32)))
     return d.copy_to_host()
+
+
+def run_mma_f16(a, b, c) -> np.ndarray:
+    """a float16[T, 16, K], b float16[T, K, 8], c float32[T, 16, 8] -> d float32[T, 16, 8]
+    (K % 16 == 0)."""
+    tiles = a.shape[0]
+    a32 = np.ascontiguousarray(a, dtype=np.float16).view(np.uint32)                  # (T, 16, K/2)
+    bt32 = np.ascontiguousarray(b.transpose(0, 2, 1), dtype=np.float16).view(np.uint32)
+    d = cuda.to_device(np.full((tiles, 16, 8), np.nan, np.float32))
+    blocks = (tiles + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK
+    mma_f16_kernel[blocks, THREADS](d, cuda.to_device(a32), cuda.to_device(bt32),
+                                    cuda.to_device(np.ascontiguousarray(c, dtype=np.float32)))
+    return d.copy_to_host()
+
+
+def run_f16_pack(lo, hi) -> np.ndarray:
+    out = cuda.to_device(np.full(lo.size, 0x7F7F7F7F, np.uint32))
+    f16_pack_kernel[_blocks(lo.size), 128](out, cuda.to_device(np.asarray(lo, np.float32)),
+                                           cuda.to_device(np.asarray(hi, np.float32)))
+    return out.copy_to_host()
 
 
 def run_fp4(codes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

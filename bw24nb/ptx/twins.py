@@ -256,25 +256,31 @@ class _WarpExchange:
         self.warp = warp
         self.lanes = lanes
         self.cond = threading.Condition()
-        self.a = np.zeros((32, 4), np.int64)
-        self.b = np.zeros((32, 2), np.int64)
-        self.c = np.zeros((32, 4), np.int64)
+        self.payloads: list = [None] * 32      # each lane's fragments, until the 32nd arrives
+        self.name = ""                         # the instruction the warp is in
         self.present = np.zeros(32, bool)
         self.arrived = 0                       # lanes present (a counter: cheaper than .all())
         self.generation = 0
         self.results: dict[int, list] = {}     # generation -> [d int32[32, 4], readers left]
         self.parked_since: dict[int, float] = {}  # thread id -> when first seen in syncthreads
 
-    def mma(self, lane: int, thread, a, b, c) -> np.ndarray:
+    def mma(self, lane: int, thread, payload, compute, name: str) -> np.ndarray:
+        """Deposit this lane's fragments (`payload`); the 32nd lane runs compute(payloads of
+        lanes 0..31) -> D fragments [32, 4] for all. Returns this lane's row of them."""
         with self.cond:
             gen = self.generation
             if self.present[lane]:
                 raise WarpCollectiveError(f"lane {lane} of warp {self.warp} entered mma twice")
+            if self.arrived and name != self.name:
+                raise WarpCollectiveError(
+                    f"warp {self.warp}: lane {lane} entered {name} while others wait in "
+                    f"{self.name}: the warp diverged")
+            self.name = name
             self.present[lane] = True
             self.arrived += 1
-            self.a[lane], self.b[lane], self.c[lane] = a, b, c
+            self.payloads[lane] = payload
             if self.arrived == 32:
-                d = mma_s8_m16n8k32_warp(self.a, self.b, self.c)
+                d = compute(self.payloads)
                 self.results[gen] = [d, 32]
                 self.present[:] = False
                 self.arrived = 0
@@ -298,14 +304,14 @@ class _WarpExchange:
             if self.generation != gen:
                 return
             if getattr(thread, "abort", False):      # another simulated thread raised
-                raise RuntimeError("simulated block aborted while waiting in mma_s8_m16n8k32")
+                raise RuntimeError(f"simulated block aborted while waiting in {self.name}")
             if time.monotonic() > next_check:        # the common case never waits this long
                 self._check_missing_lanes(thread)
                 next_check = time.monotonic() + _CHECK_AFTER_S
             if time.monotonic() > deadline:
                 raise WarpCollectiveError(
                     f"warp {self.warp}: only {int(self.present.sum())}/32 lanes reached "
-                    f"mma_s8_m16n8k32 within {_WARP_TIMEOUT_S:.0f} s")
+                    f"{self.name} within {_WARP_TIMEOUT_S:.0f} s")
 
     def _check_missing_lanes(self, me) -> None:
         """Raise if a lane of this warp that has not arrived never will (finished, or parked in
@@ -319,7 +325,7 @@ class _WarpExchange:
             if t.finished:
                 raise WarpCollectiveError(
                     f"lane {tid % 32} of warp {self.warp} finished without executing "
-                    "mma_s8_m16n8k32: mma.sync needs all 32 lanes converged")
+                    f"{self.name}: mma.sync needs all 32 lanes converged")
             # The flag is read without the barrier's lock, so it can be stale for a moment
             # while a barrier is released: only a lane that stays parked while this warp waits
             # is a deadlock.
@@ -330,28 +336,29 @@ class _WarpExchange:
             if time.monotonic() - first > _PARKED_S:
                 raise WarpCollectiveError(
                     f"lane {tid % 32} of warp {self.warp} waits in syncthreads while its warp "
-                    "waits in mma_s8_m16n8k32: mma.sync needs all 32 lanes converged")
+                    f"waits in {self.name}: mma.sync needs all 32 lanes converged")
 
 
 _exchanges_lock = threading.Lock()
 _exchanges: "weakref.WeakKeyDictionary[object, dict[int, _WarpExchange]]" = weakref.WeakKeyDictionary()
 
 
-def _current_lane():
-    """(thread, warp exchange, lane) of the calling simulated CUDA thread."""
+def _current_lane(name: str):
+    """(thread, warp exchange, lane) of the calling simulated CUDA thread, in instruction
+    `name`."""
     thread = threading.current_thread()
     manager = getattr(thread, "_manager", None)
     tid = getattr(thread, "thread_id", None)
     if manager is None or tid is None:
         raise WarpCollectiveError(
-            "mma_s8_m16n8k32's twin runs inside a simulated kernel (NUMBA_ENABLE_CUDASIM=1); "
-            "from host code use mma_s8_m16n8k32_warp on all 32 lanes' fragments")
+            f"{name}'s twin runs inside a simulated kernel (NUMBA_ENABLE_CUDASIM=1); "
+            f"from host code use {name}_warp on all 32 lanes' fragments")
     nthreads = int(np.prod(manager._block_dim))
     warp = tid // 32
     lanes = min(32, nthreads - 32 * warp)
     if lanes < 32:
         raise WarpCollectiveError(
-            f"mma_s8_m16n8k32 in a partial warp ({lanes} threads): the block size "
+            f"{name} in a partial warp ({lanes} threads): the block size "
             f"({nthreads}) must be a multiple of 32")
     with _exchanges_lock:
         per_block = _exchanges.setdefault(manager, {})
@@ -361,12 +368,47 @@ def _current_lane():
     return thread, ex, tid % 32
 
 
+def _s8_tile(payloads) -> np.ndarray:
+    a, b, c = (np.array([p[i] for p in payloads], np.int64) for i in range(3))
+    return mma_s8_m16n8k32_warp(a, b, c)
+
+
 def mma_s8_m16n8k32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """One lane's view of the warp-collective MMA: its fragments in, its 4 D values out."""
-    thread, ex, lane = _current_lane()
-    d = ex.mma(lane, thread, [_u32(a0), _u32(a1), _u32(a2), _u32(a3)], [_u32(b0), _u32(b1)],
-               [int(c0), int(c1), int(c2), int(c3)])
+    thread, ex, lane = _current_lane("mma_s8_m16n8k32")
+    d = ex.mma(lane, thread, ([_u32(a0), _u32(a1), _u32(a2), _u32(a3)], [_u32(b0), _u32(b1)],
+                             [int(c0), int(c1), int(c2), int(c3)]), _s8_tile, "mma_s8_m16n8k32")
     return (np.int32(d[0]), np.int32(d[1]), np.int32(d[2]), np.int32(d[3]))
+
+
+def mma_f16_m16n8k16_warp(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The whole warp at once: f16x2 fragments a[32, 4], b[32, 2], float32 c[32, 4] -> d
+    float32[32, 4] (``mma_layout.mma_tile_f16``'s arithmetic)."""
+    tile = mma_layout.mma_tile_f16(mma_layout.unpack_a_f16(a), mma_layout.unpack_b_f16(b),
+                                   mma_layout.unpack_c_f32(c))
+    return mma_layout.pack_c_f32(tile)
+
+
+def _f16_tile(payloads) -> np.ndarray:
+    a, b = (np.array([p[i] for p in payloads], np.int64) for i in range(2))
+    c = np.array([p[2] for p in payloads], np.float32)
+    return mma_f16_m16n8k16_warp(a, b, c)
+
+
+def mma_f16_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """One lane's view of the warp-collective f16 MMA: f16x2 words and float32 C in, its 4
+    float32 D values out."""
+    thread, ex, lane = _current_lane("mma_f16_m16n8k16")
+    d = ex.mma(lane, thread, ([_u32(a0), _u32(a1), _u32(a2), _u32(a3)], [_u32(b0), _u32(b1)],
+                             [np.float32(c0), np.float32(c1), np.float32(c2), np.float32(c3)]),
+               _f16_tile, "mma_f16_m16n8k16")
+    return (np.float32(d[0]), np.float32(d[1]), np.float32(d[2]), np.float32(d[3]))
+
+
+def f32x2_to_f16x2(lo, hi) -> np.uint32:
+    """uint32 with float16(lo) (round to nearest even) in bits 15:0, float16(hi) in 31:16."""
+    h = np.array([np.float32(lo), np.float32(hi)], np.float32).astype(np.float16)
+    return np.uint32(h.view(np.uint32)[0])
 
 
 mma_s8_m16n8k32_linked = mma_s8_m16n8k32

@@ -43,6 +43,23 @@ FULL_MASK = 0xFFFFFFFF
 
 
 @cuda.jit(device=True, inline="always")
+def warp_sum4(v):
+    """GPU: the sum over each quad (lanes 4q .. 4q + 3), to its lanes: the butterfly's last two
+    steps, offsets 2, 1 (an MMA fragment's row lives in one quad: kernels/attention_tc.py)."""
+    s = np.float32(v)
+    s = s + cuda.shfl_xor_sync(FULL_MASK, s, 2)
+    return s + cuda.shfl_xor_sync(FULL_MASK, s, 1)
+
+
+@cuda.jit(device=True, inline="always")
+def warp_max4(v):
+    """GPU: the largest v over each quad (lanes 4q .. 4q + 3), to its lanes."""
+    s = np.float32(v)
+    s = max(s, cuda.shfl_xor_sync(FULL_MASK, s, 2))
+    return max(s, cuda.shfl_xor_sync(FULL_MASK, s, 1))
+
+
+@cuda.jit(device=True, inline="always")
 def warp_sum8(v):
     """GPU: the sum over each quarter-warp (lanes 8q .. 8q + 7), to its lanes: the butterfly's
     last three steps, offsets 4, 2, 1 (module docstring)."""
@@ -173,6 +190,7 @@ class _SumExchange(twins._WarpExchange):
 
     def __init__(self, warp: int, lanes: int, reduce=None):
         super().__init__(warp, lanes)
+        self.name = "a warp reduction"
         self.vals = np.zeros(32, np.float32)
         self.reduce = reduce or warp_tree_sum_host
 
@@ -218,6 +236,17 @@ def warp_pair_sum_twin(v) -> np.float32:
 def warp_sum16_twin(v) -> np.float32:
     """Simulator twin of `warp_sum16`."""
     return _meet_warp("sum16", _group_sums_host(16), v)
+
+
+def warp_sum4_twin(v) -> np.float32:
+    """Simulator twin of `warp_sum4`."""
+    return _meet_warp("sum4", _group_sums_host(4), v)
+
+
+def warp_max4_twin(v) -> np.float32:
+    """Simulator twin of `warp_max4`."""
+    return _meet_warp("max4", lambda vals: np.repeat(
+        np.max(np.asarray(vals, np.float32).reshape(8, 4), axis=1), 4), v)
 
 
 def warp_sum8_twin(v) -> np.float32:
