@@ -664,8 +664,9 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "onepass-off": [("bw24nb.engine", "ONEPASS_MAX_CTX", 0)],
                 # the one-pass attention's RoPE and K / V store in a launch of their own
                 "store-apart": [("bw24nb.engine", "ONEPASS_STORE", False)],
-                # rows split over more warps only while each keeps >= 512 values
-                "split-k1024": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 1024)],
+                # rows split over more warps while each keeps >= 256 values (the rule before
+                # session 41; the default keeps >= 512)
+                "split-k512": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 512)],
                 "fused-both": [("bw24nb.kernels.decode_attention", "COMBINE_IN_SPLIT", True),
                                ("bw24nb.engine", "GDN_CONV_RULE_NORM", True)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],

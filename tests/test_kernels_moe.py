@@ -504,6 +504,7 @@ def test_token_parts_keep_units_on_every_lane(monkeypatch):
     # empty; its down (2048 x 512: 16 units) to 2, one empty. The router (256 x 2048 F32: 512
     # units) keeps its 4.
     from bw24nb.kernels import matvec, matvec_q4k, moe
+    monkeypatch.setattr(matvec, "SPLIT_MIN_K", 512)     # the matvec split of session 25
     assert matvec.warps_per_row(512, 2048) == 4 and matvec.warps_per_row(2048, 512) == 2
     monkeypatch.setattr(moe, "TOKEN_MIN_UNITS", 2)
     assert moe.token_parts(matvec_q4k.PATH, 512, 2048) == 1
@@ -523,6 +524,7 @@ def test_token_parts_at_one_unit_a_lane_keep_the_bits(rng, monkeypatch, M, K):
     from bw24nb.kernels import matvec, moe
     from bw24nb.kernels.moe import launch_token_matvec, token_matrix
     monkeypatch.setattr(moe, "TOKEN_MIN_UNITS", 1)
+    monkeypatch.setattr(matvec, "SPLIT_MIN_K", 512)     # the matvec split of session 25
     T = 2
     raw = quantize(_rand(rng, M, K, scale=K ** -0.5), QType.Q4_K)
     xq, xd = _int8(_rand(rng, T, K))

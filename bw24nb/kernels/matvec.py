@@ -1361,11 +1361,15 @@ QX0_V4 = True
 SPLIT_BELOW_WARPS = 132 * 16
 MAX_PARTS = WARPS_PER_BLOCK
 # A row is split over twice the warps only while K >= SPLIT_MIN_K * parts (parts before the
-# doubling): 512 leaves a warp 256 of a row's values after the split, so the 0.5B's K = 896
-# rows (28 Q5_0 / Q8_0 blocks, one step of one warp) take two warps, the second with nothing
-# to add but a barrier. 1024 keeps >= 512 a warp (run_bench --launch split-k1024). Read at
-# every call; decode, verify and prefill all read a matrix's split from here.
-SPLIT_MIN_K = 512
+# doubling): 1024 keeps >= 512 of a row's values a warp. 512 (before session 41) split the
+# 0.5B's K = 896 rows (28 Q5_0 / Q8_0 blocks, one step of one warp: q/k/v, attn_output) over
+# two warps, the second with nothing to add but a barrier. Measured (H100, session 41,
+# run_bench in one process, tok/s @512 / @6144): 0.5B 1102.0 / 871.6 against 1043.7 / 819.3
+# and 1033.6 / 824.1 (+6 %); 35B-A3B (its K = 512 expert rows) 328.4 / 307.9 against
+# 327.8 / 308.5 and 328.5 / 307.9; 9B unchanged (no row below K = 2048). run_bench
+# --launch split-k512 is the old rule. Read at every call; decode, verify and prefill all read
+# a matrix's split from here, so the three keep agreeing bit for bit.
+SPLIT_MIN_K = 1024
 
 
 def warps_per_row(M: int, K: int) -> int:
