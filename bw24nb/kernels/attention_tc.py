@@ -42,7 +42,8 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..jit import kernel
-from ..ptx import f32x2_to_f16x2, mma_f16_m16n8k16, warp_max, warp_max4, warp_sum4
+from ..ptx import (f32x2_to_f16x2, ld_nc_v4_u32, ld_v4_f32, mma_f16_m16n8k16, warp_max,
+                   warp_max4, warp_sum4)
 from ..quant import QType
 
 HEAD_DIMS = (32, 64, 128, 256)
@@ -71,6 +72,8 @@ def _make(D: int):
     THREADS = 32 * W
     ROWS = 16 * W
     DW = D // 2                 # f16 pairs (words) of a head row
+    D4 = D // 4                 # 16-byte units of a float32 q row
+    DW4 = DW // 4               # 16-byte units of an f16 K / V row
     QS = DW + 4                 # shared row strides in words (+4: conflict-free fragments)
     KS = DW + 4
     VS = KT // 2 + 4
@@ -83,35 +86,110 @@ def _make(D: int):
     PSTEPS = KT // 16           # P V k-steps
     DT = D // 8                 # O tiles of 8 dims
     NO = 4 * DT                 # O values a thread
+    # 16-byte loads a thread: q (once), K and V (a tile); q's and K's divide evenly, V's not
+    # at D = 32 (64 units for 128 threads), where the threads past them idle
+    NQU = ROWS * D4 // THREADS
+    NKU = KT * DW4 // THREADS
+    HALF = KT // 2
+    V_UNITS = HALF * DW4                    # a unit: the same 4 words of two keys
+    NVU = (V_UNITS + THREADS - 1) // THREADS
+    KREG = 4 * NKU
+    VREG = 8 * NVU
+    # the next tile's K / V loaded into registers while this one's products run (D <= 128:
+    # 16 / 32 registers; at D = 256 the 64 it would take sit beside the 128 of O)
+    AHEAD = D <= 128
     NEG_INF = _NEG_INF
+    ZERO = uint32(0)
 
-    def attention_tc(q, positions, kw, vw, ctx, scale, out):
+    @cuda.jit(device=True, inline="always")
+    def load_tile(kw, vw, base, kt0, n_keys, kreg, vreg, tid):
+        """This thread's words of tile kt0: K units in row order (consecutive lanes read one
+        row), V units by key pair (consecutive lanes: consecutive pairs, so the transposed
+        stores of `store_tile` fall on different banks). Keys past n_keys read the last key
+        (any finite row: their scores are masked) and V's are zeroed (P = 0 must not meet
+        a NaN)."""
+        last = n_keys - 1
+        for i in range(NKU):
+            u = tid + i * THREADS
+            kk = u // DW4
+            key = min(kt0 + kk, last)
+            a, b, c, d = ld_nc_v4_u32(kw, (base + key) * DW + 4 * (u - kk * DW4))
+            kreg[4 * i] = a
+            kreg[4 * i + 1] = b
+            kreg[4 * i + 2] = c
+            kreg[4 * i + 3] = d
+        for i in range(NVU):
+            u = min(tid + i * THREADS, V_UNITS - 1)     # (a thread past the units: stored never)
+            w4 = u // HALF
+            key = kt0 + 2 * (u - w4 * HALF)
+            a, b, c, d = ld_nc_v4_u32(vw, (base + min(key, last)) * DW + 4 * w4)
+            e, f, g, h = ld_nc_v4_u32(vw, (base + min(key + 1, last)) * DW + 4 * w4)
+            ok0 = key < n_keys
+            ok1 = key + 1 < n_keys
+            vreg[8 * i] = a if ok0 else ZERO
+            vreg[8 * i + 1] = b if ok0 else ZERO
+            vreg[8 * i + 2] = c if ok0 else ZERO
+            vreg[8 * i + 3] = d if ok0 else ZERO
+            vreg[8 * i + 4] = e if ok1 else ZERO
+            vreg[8 * i + 5] = f if ok1 else ZERO
+            vreg[8 * i + 6] = g if ok1 else ZERO
+            vreg[8 * i + 7] = h if ok1 else ZERO
+
+    @cuda.jit(device=True, inline="always")
+    def store_tile(k_sh, v_sh, kreg, vreg, tid):
+        """`load_tile`'s words into shared memory: K rows as they are, V transposed (dims 2w,
+        2w + 1 of keys 2kp, 2kp + 1 make a word of each of two transposed rows)."""
+        for i in range(NKU):
+            u = tid + i * THREADS
+            kk = u // DW4
+            at = kk * KS + 4 * (u - kk * DW4)
+            for c in range(4):
+                k_sh[at + c] = kreg[4 * i + c]
+        for i in range(NVU):
+            u = tid + i * THREADS
+            if u >= V_UNITS:
+                break
+            w4 = u // HALF
+            kp = u - w4 * HALF
+            for c in range(4):
+                v0 = vreg[8 * i + c]
+                v1 = vreg[8 * i + 4 + c]
+                w = 4 * w4 + c
+                v_sh[2 * w * VS + kp] = (v0 & uint32(0xFFFF)) | (v1 << uint32(16))
+                v_sh[(2 * w + 1) * VS + kp] = (v0 >> uint32(16)) | (v1 & uint32(0xFFFF0000))
+
+    def attention_tc(qf, positions, kw, vw, ctx, scale, out):
         q_sh = cuda.shared.array(Q_SH, uint32)
         k_sh = cuda.shared.array(K_SH, uint32)
         v_sh = cuda.shared.array(V_SH, uint32)
         s = cuda.local.array(NS, float32)
         o = cuda.local.array(NO, float32)
+        kreg = cuda.local.array(KREG, uint32)
+        vreg = cuda.local.array(VREG, uint32)
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
         g = lane >> 2
         t4 = lane & 3
-        T = q.shape[0]
+        T = out.shape[0]
+        Hq = out.shape[1]
         kvh = cuda.blockIdx.y
-        n_rep = q.shape[1] // cuda.gridDim.y
+        n_rep = Hq // cuda.gridDim.y
         M = T * n_rep
         r0 = cuda.blockIdx.x * ROWS
-        # Q rows -> shared memory as f16 pairs (rows past M: zeros, never stored)
-        for idx in range(tid, ROWS * DW, THREADS):
-            rr = idx // DW
-            w = idx - rr * DW
-            r = r0 + rr
-            word = uint32(0)
-            if r < M:
-                tok = r // n_rep
-                h = kvh * n_rep + r - tok * n_rep
-                word = f32x2_to_f16x2(q[tok, h, 2 * w], q[tok, h, 2 * w + 1])
-            q_sh[rr * QS + w] = word
+        # Q rows -> shared memory as f16 pairs, 16-byte loads (rows past M: zeros; a clamped
+        # row is read, so every load is unconditional and they all issue together)
+        for i in range(NQU):
+            u = tid + i * THREADS
+            rr = u // D4
+            c4 = u - rr * D4
+            r = min(r0 + rr, M - 1)
+            tok = r // n_rep
+            x0, x1, x2, x3 = ld_v4_f32(qf, ((tok * Hq) + kvh * n_rep + r - tok * n_rep) * D
+                                       + 4 * c4)
+            live = r0 + rr < M
+            q_sh[rr * QS + 2 * c4] = f32x2_to_f16x2(x0, x1) if live else ZERO
+            q_sh[rr * QS + 2 * c4 + 1] = f32x2_to_f16x2(x2, x3) if live else ZERO
         # this thread's rows (g and g + 8 of its warp's 16) and the keys each sees: 0 .. pos
         ra = r0 + 16 * warp + g
         rb = ra + 8
@@ -132,23 +210,16 @@ def _make(D: int):
         for i in range(NO):
             o[i] = float32(0.0)
         base = kvh * ctx
+        if AHEAD:
+            load_tile(kw, vw, base, 0, n_keys, kreg, vreg, tid)
         for kt0 in range(0, n_keys, KT):
             cuda.syncthreads()              # the last tile's readers are done (Q's writers too)
-            for idx in range(tid, KT * DW, THREADS):
-                kk = idx // DW
-                w = idx - kk * DW
-                key = kt0 + kk
-                k_sh[kk * KS + w] = kw[(base + key) * DW + w] if key < n_keys else uint32(0)
-            for idx in range(tid, (KT // 2) * DW, THREADS):
-                kp = idx // DW
-                w = idx - kp * DW
-                key = kt0 + 2 * kp
-                v0 = vw[(base + key) * DW + w] if key < n_keys else uint32(0)
-                v1 = vw[(base + key + 1) * DW + w] if key + 1 < n_keys else uint32(0)
-                # dims 2w and 2w + 1 of keys 2kp, 2kp + 1: a word of each transposed row
-                v_sh[2 * w * VS + kp] = (v0 & uint32(0xFFFF)) | (v1 << uint32(16))
-                v_sh[(2 * w + 1) * VS + kp] = (v0 >> uint32(16)) | (v1 & uint32(0xFFFF0000))
+            if not AHEAD:
+                load_tile(kw, vw, base, kt0, n_keys, kreg, vreg, tid)
+            store_tile(k_sh, v_sh, kreg, vreg, tid)
             cuda.syncthreads()
+            if AHEAD and kt0 + KT < n_keys:
+                load_tile(kw, vw, base, kt0 + KT, n_keys, kreg, vreg, tid)
             if kt0 <= wlim:                 # warp-uniform
                 for i in range(NS):
                     s[i] = float32(0.0)
@@ -260,11 +331,10 @@ def launch_attention_tc(q, positions, k_u8, v_u8, out, scale=None, stream=0):
     kw = k_u8.reshape(k_u8.size).view(np.uint32)
     vw = v_u8.reshape(v_u8.size).view(np.uint32)
     grid = ((T * (Hq // Hkv) + rows - 1) // rows, Hkv)
-    kern[grid, threads, stream](q, positions, kw, vw, np.int32(ctx), scale, out)
+    kern[grid, threads, stream](q.reshape(q.size), positions, kw, vw, np.int32(ctx), scale, out)
 
 
-_SIG = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, "
-        "float32[:, :, ::1])")
+_SIG = "void(float32[::1], int32[::1], uint32[::1], uint32[::1], int32, float32, float32[:, :, ::1])"
 PTX_SIGNATURES = {f"attention_tc_d{D}": [_SIG] for D in HEAD_DIMS}
 EXPECTED_PTX = {name: ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "cvt.rn.f16x2.f32"]
                 for name in PTX_SIGNATURES}
