@@ -54,62 +54,47 @@ byte_perm_kernel = _elementwise3(byte_perm, "byte_perm_kernel")
 dp4a_linked_kernel = _elementwise3(dp4a_linked, "dp4a_linked_kernel")
 
 
-@cuda.jit
-def mma_kernel(d, a32, bt32, c):
-    """One 16x8 tile per warp, K = 32 * ksteps: d[t] = A[t] @ B[t] + c[t].
+def _mma_probe(mma, name: str, doc: str):
+    """Probe kernel `name`(d, a32, bt32, c): one 16x8 tile per warp, d[t] = A[t] @ B[t] + c[t]
+    through `mma` (the s8 or the f16 form: each takes 8 words of an A row a k-step), chained
+    over the k-steps."""
+    def kern(d, a32, bt32, c):
+        lane = cuda.threadIdx.x % 32
+        tile = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // 32
+        if tile < d.shape[0]:           # warp-uniform: a warp is all in or all out
+            g = lane // 4
+            t = lane % 4
+            d0 = c[tile, g, 2 * t]
+            d1 = c[tile, g, 2 * t + 1]
+            d2 = c[tile, g + 8, 2 * t]
+            d3 = c[tile, g + 8, 2 * t + 1]
+            for ks in range(a32.shape[2] // 8):
+                w = ks * 8
+                d0, d1, d2, d3 = mma(
+                    a32[tile, g, w + t], a32[tile, g + 8, w + t],
+                    a32[tile, g, w + 4 + t], a32[tile, g + 8, w + 4 + t],
+                    bt32[tile, g, w + t], bt32[tile, g, w + 4 + t],
+                    d0, d1, d2, d3)
+            d[tile, g, 2 * t] = d0
+            d[tile, g, 2 * t + 1] = d1
+            d[tile, g + 8, 2 * t] = d2
+            d[tile, g + 8, 2 * t + 1] = d3
+
+    kern.__name__ = kern.__qualname__ = name
+    kern.__doc__ = doc
+    return cuda.jit(kern)
+
+
+mma_kernel = _mma_probe(mma_s8_m16n8k32, "mma_kernel", """d[t] = A[t] @ B[t] + c[t], int8.
 
     a32[t]: A (16 x 32*ksteps int8, row-major) as uint32 words (16 x 8*ksteps);
     bt32[t]: B transposed (8 x 32*ksteps int8, n-major) as uint32 words (8 x 8*ksteps).
-    Fragment indexing: bw24nb/ptx/mma_layout.py.
-    """
-    lane = cuda.threadIdx.x % 32
-    tile = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // 32
-    if tile < d.shape[0]:           # warp-uniform: a warp is all in or all out
-        g = lane // 4
-        t = lane % 4
-        d0 = c[tile, g, 2 * t]
-        d1 = c[tile, g, 2 * t + 1]
-        d2 = c[tile, g + 8, 2 * t]
-        d3 = c[tile, g + 8, 2 * t + 1]
-        for ks in range(a32.shape[2] // 8):
-            w = ks * 8
-            d0, d1, d2, d3 = mma_s8_m16n8k32(
-                a32[tile, g, w + t], a32[tile, g + 8, w + t],
-                a32[tile, g, w + 4 + t], a32[tile, g + 8, w + 4 + t],
-                bt32[tile, g, w + t], bt32[tile, g, w + 4 + t],
-                d0, d1, d2, d3)
-        d[tile, g, 2 * t] = d0
-        d[tile, g, 2 * t + 1] = d1
-        d[tile, g + 8, 2 * t] = d2
-        d[tile, g + 8, 2 * t + 1] = d3
+    Fragment indexing: bw24nb/ptx/mma_layout.py.""")
+mma_f16_kernel = _mma_probe(mma_f16_m16n8k16, "mma_f16_kernel", """d[t] = A[t] @ B[t] + c[t],
+    f16 A / B, float32 C / D.
 
-
-@cuda.jit
-def mma_f16_kernel(d, a32, bt32, c):
-    """mma_kernel's f16 form: d[t] = A[t] @ B[t] + c[t], K = 16 * ksteps, float32 C / D.
-
-    a32[t]: A (16 x K f16, row-major) as uint32 words (16 x K/2); bt32[t]: B transposed
-    (8 x K f16) as words (8 x K/2). The s8 form's word indices (mma_layout.py)."""
-    lane = cuda.threadIdx.x % 32
-    tile = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // 32
-    if tile < d.shape[0]:
-        g = lane // 4
-        t = lane % 4
-        d0 = c[tile, g, 2 * t]
-        d1 = c[tile, g, 2 * t + 1]
-        d2 = c[tile, g + 8, 2 * t]
-        d3 = c[tile, g + 8, 2 * t + 1]
-        for ks in range(a32.shape[2] // 8):
-            w = ks * 8
-            d0, d1, d2, d3 = mma_f16_m16n8k16(
-                a32[tile, g, w + t], a32[tile, g + 8, w + t],
-                a32[tile, g, w + 4 + t], a32[tile, g + 8, w + 4 + t],
-                bt32[tile, g, w + t], bt32[tile, g, w + 4 + t],
-                d0, d1, d2, d3)
-        d[tile, g, 2 * t] = d0
-        d[tile, g, 2 * t + 1] = d1
-        d[tile, g + 8, 2 * t] = d2
-        d[tile, g + 8, 2 * t + 1] = d3
+    a32[t]: A (16 x 16*ksteps f16, row-major) as uint32 words (16 x 8*ksteps); bt32[t]: B
+    transposed (8 x 16*ksteps f16) as words (8 x 8*ksteps): the s8 form's word indices.""")
 
 
 @cuda.jit
