@@ -9,8 +9,8 @@ not a transcription of the PTX.
 
 Return types mirror the device: numpy int32 / uint32 / float32 scalars, tuples for UniTuples.
 
-The one warp-collective instruction, ``mma.sync``, needs all 32 lanes' fragments. The simulator
-runs a block's threads as ``threading.Thread`` objects (``numba/cuda/simulator/kernel.py``:
+The warp-collective instructions, ``mma.sync`` (the s8 and the f16 form), need all 32 lanes'
+fragments. The simulator runs a block's threads as ``threading.Thread`` objects (``numba/cuda/simulator/kernel.py``:
 ``BlockThread``, one ``BlockManager`` per block, blocks one after another) and has no warp
 primitives at all (no shfl_sync). So the twin builds its own rendezvous: each lane deposits its
 fragments in a per-(block, warp) exchange and waits; the 32nd lane to arrive computes the tile
