@@ -2,9 +2,11 @@
 
 Every kernel test runs through it, so these pin down what a kernel can observe: barriers order
 shared-memory writes, a barrier waits only for threads still running, syncthreads_count counts,
-an exception names its thread and block and leaves the pool usable, blocks of any shape reuse
-the same threads.
+an exception names its thread and block and leaves the scheduler usable, blocks of any shape
+see their indices, each thread sees itself, and a block that can never finish is an error.
 """
+import threading
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -121,34 +123,59 @@ def test_thread_and_block_indices_of_3d_blocks_on_reused_threads():
 
 
 @cuda.jit
-def _count_stale_block_mates(out):
-    # what the warp twins read to tell a lane that left the kernel from one not yet arrived
-    import threading
-    me = threading.current_thread()
-    stale = 0
-    for t in me._manager.threads:
-        if t.finished:
-            stale += 1
-    cuda.syncthreads()      # no thread of this block leaves before every thread has counted
-    out[cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x] = stale
+def _whose_thread(out):
+    # the simulated thread a kernel's code sees: what the warp twins read (simfast.current_thread)
+    me = simfast.current_thread()
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    out[i, 0] = me.thread_id
+    cuda.syncthreads()                     # threads switch here: each still sees itself
+    out[i, 1] = simfast.current_thread().thread_id
+    out[i, 2] = me._manager.threads[me.thread_id].thread_id
 
 
-def test_no_thread_sees_a_block_mate_finished_before_it_started(monkeypatch):
-    # Pool threads carry `finished` over from their last block. A block's threads are all
-    # assigned before any starts, so a running thread never sees a block-mate still marked
-    # finished (session 10: a verify's warp_sum raised "lane 18 of warp 3 finished" on a loaded
-    # CI machine). A slow assignment loop (the sleep) would expose a thread that started early.
-    import time
-    with simfast._POOL_LOCK:
-        simfast._workers(64)                      # the pool's thread class exists
-    cls = simfast._worker_cls
-    original = cls.assign
+def test_each_thread_sees_itself_across_a_barrier():
+    out = np.full((2 * 64, 3), -1, np.int32)
+    _whose_thread[2, 64](out)
+    want = np.tile(np.arange(64), 2)
+    for c in range(3):
+        np.testing.assert_array_equal(out[:, c], want)
+    assert simfast.current_thread() is threading.current_thread()     # host code: the OS thread
 
-    def slow_assign(self, *a, **k):
-        original(self, *a, **k)
-        time.sleep(0.002)
 
-    monkeypatch.setattr(cls, "assign", slow_assign)
-    out = cuda.to_device(np.full(2 * 64, -1, np.int32))
-    _count_stale_block_mates[2, 64](out)          # the pool's threads ran a block before
-    np.testing.assert_array_equal(out.copy_to_host(), 0)
+@cuda.jit
+def _barrier_in_half_the_block(out):
+    t = cuda.threadIdx.x
+    if t < 32:
+        cuda.syncthreads()               # the other warp waits at a different barrier
+        out[t] = 1
+    else:
+        out[t] = 2
+        cuda.syncthreads()
+
+
+def test_threads_at_two_barriers_meet_as_on_the_gpu():
+    # bar.sync counts arrivals, not source lines: the two warps release each other
+    out = np.zeros(64, np.int32)
+    _barrier_in_half_the_block[1, 64](out)
+    np.testing.assert_array_equal(out, [1] * 32 + [2] * 32)
+
+
+def test_a_block_that_cannot_finish_is_reported_not_hung():
+    """A warp rendezvous missing a lane that waits in syncthreads: no thread can go on (a GPU
+    hangs); the launch raises, naming the lane and where it is, and the next launch runs."""
+    from bw24nb.ptx import twins, warp_sum
+
+    @cuda.jit
+    def stuck(out):
+        t = cuda.threadIdx.x
+        if t == 7:
+            cuda.syncthreads()
+        else:
+            out[t] = warp_sum(np.float32(1.0))
+            cuda.syncthreads()
+
+    with pytest.raises(twins.WarpCollectiveError, match="lane 7 of warp 0 waits in syncthreads"):
+        stuck[1, 32](np.zeros(32, np.float32))
+    out = np.zeros(128, np.int32)
+    _fail_in_one_thread[4, 32](np.array([-1], np.int32), out)
+    np.testing.assert_array_equal(out, np.arange(128))

@@ -1,129 +1,117 @@
-"""numba's CUDA simulator without its three fixed costs (docs/decisions/0015).
+"""numba's CUDA simulator without its fixed costs (docs/decisions/0015, 0048).
 
-numba's simulator runs each thread of a block as a Python thread. Three of its costs have
-nothing to do with the kernel (numba_cuda/numba/cuda/simulator/kernel.py, kernelapi.py):
+numba's simulator runs each thread of a block as a Python thread. Its costs that have nothing
+to do with the kernel (numba_cuda/numba/cuda/simulator/kernel.py, kernelapi.py):
 - ``BlockManager.run`` starts a new OS thread for every simulated thread of every block (~0.2 ms
-  each; a 128-thread block of a tiny matvec spent most of its ~60 ms there);
-- it then loops over the live threads without ever blocking, checking whether all are parked
-  in ``syncthreads``; that loop holds the GIL for whole time slices while the simulated threads
-  wait for it (a 256-thread block doing a hundred float adds a thread: ~0.2 s);
+  each) and then polls the live threads, holding the GIL, until all are parked in
+  ``syncthreads``;
+- every barrier and every warp rendezvous of the twins (``twins._WarpExchange``) hands the GIL
+  from OS thread to OS thread: a decode step of the 4-layer test fixture (601 blocks, 73k
+  simulated threads) took ~24 s, nearly all of it threads waking each other (decision 0048);
 - every call of a device function swaps the module global ``cuda`` of the function's module for
   the launch's fake module and back (``swapped_cuda_module``), scanning all the module's globals
   each time the module is not already swapped -- for a kernel whose device functions live in
   another module (dequant.py's readers, called per weight group), on nearly every call.
-Together they were most of the engine's simulator tests' time.
 
-The swap: here a module is swapped on the first call that needs it within a launch and stays
+The block scheduler: a block's simulated threads are greenlets (coroutines with their own
+stacks) in the launching OS thread. Each runs until it waits -- in ``syncthreads`` or in a warp
+rendezvous (`park`) -- and the scheduler then runs the next ready one, in thread order. A barrier
+is a list: the last live thread to arrive makes the others ready; a thread that finishes no
+longer counts (as in numba, a barrier waits for the threads still running). No OS thread waits
+on another, so a switch costs a few microseconds. What a kernel sees is numba's:
+``current_thread()`` (numba's ``threading.current_thread()`` inside the simulator, see
+`install`) is a `SimThread` carrying ``blockIdx``, ``threadIdx``, ``thread_id``; an exception
+aborts the block and is re-raised with its thread and block in the message, after the block's
+other threads have run to their end or their next wait (which aborts). When no thread is ready
+and some still wait, the block can never finish -- on a GPU, a hang: the launch raises
+`twins.WarpCollectiveError` naming the lanes a warp waits for and where they are
+(finished, in ``syncthreads``, or in another collective).
+
+Scheduling is cooperative and deterministic (a thread runs until it waits), so two runs of a
+kernel interleave its threads the same way.
+
+The module swap: a module is swapped on the first call that needs it within a launch and stays
 swapped until the launch ends; later device calls into it go straight to the function. Host code
 between launches sees the real ``cuda`` again, as with numba.
-
-The block scheduler:
-a pool of worker threads runs the blocks, one block at a time (as numba does), each worker
-taking one simulated thread's place per block. The barrier is a counter under a condition
-variable: the last live thread to arrive releases the others; a thread that finishes no longer
-counts (as in numba, a barrier waits for the threads still running); the launching thread sleeps
-until the block is done. What a kernel sees is numba's: ``threading.current_thread()`` is a
-``BlockThread`` carrying ``blockIdx``, ``threadIdx``, ``thread_id``; an exception aborts the block
-and is re-raised with its thread and block in the message. The difference: a failed block's
-other threads are run to their end (or their next barrier, which aborts) before the launch
-raises, so the pool is clean for the next launch.
-
-The manager lists the block's threads in ``threads`` and each thread's ``finished`` says whether
-it has left the kernel (pool threads never die): the warp twins read both to tell a lane that
-never arrives from a slow one (``twins._check_missing_lanes``).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import threading
 
 import numpy as np
 
-_POOL: list = []                    # worker threads, grown to the largest block seen
-# One block at a time. (numba's simulator does not run two launches at once anyway: a launch
-# swaps the kernel's module global `cuda` for its fake one, and two would swap each other's.)
-_POOL_LOCK = threading.Lock()
+# One block at a time, whichever OS thread launches it (numba's simulator does not run two
+# launches at once anyway: a launch swaps the kernel's module global `cuda` for its fake one,
+# and two would swap each other's).
+_BLOCK_LOCK = threading.Lock()
+_getcurrent = None           # greenlet.getcurrent, once `install` has run
 
 
-def _worker_class():
-    from numba.cuda.simulator.kernel import BlockThread
-
-    class PoolThread(BlockThread):
-        """A reusable simulated thread: `assign` gives it a block's (manager, index, target);
-        `run` loops over assignments forever (daemon)."""
-
-        def __init__(self):
-            super().__init__(None, _IdleManager, (0, 0, 0), (0, 0, 0), False)
-            self._go = threading.Semaphore(0)
-            self._job = None
-            self.finished = True
-
-        def assign(self, manager, block_point, thread_point, target) -> None:
-            """Give the thread its part of a block; it starts on `go`. Every thread of a block
-            is assigned before any starts, so no running lane sees a block-mate still marked
-            `finished` from its previous block (the warp twins read that flag to tell a lane
-            that left the kernel from one that has not arrived yet)."""
-            from numba.cuda.simulator.kernelapi import Dim3
-            self._manager = manager
-            self.blockIdx = Dim3(*block_point)
-            self.threadIdx = Dim3(*thread_point)
-            bx, by, _ = (tuple(manager._block_dim) + (1, 1))[:3]
-            self.thread_id = self.threadIdx.x + bx * (self.threadIdx.y + by * self.threadIdx.z)
-            self.exception = None
-            self.abort = False
-            self.syncthreads_blocked = False
-            self.debug = manager._debug
-            self.finished = False
-            self._job = target
-
-        def go(self) -> None:
-            self._go.release()
-
-        def syncthreads(self):
-            self._manager.barrier_wait(self)
-
-        def run(self):
-            while True:
-                self._go.acquire()
-                try:
-                    with np.errstate(divide="raise") if self.debug else contextlib.nullcontext():
-                        self._job()
-                except Exception as e:      # numba's message: which thread, which block
-                    tid = "tid=%s" % list(self.threadIdx)
-                    ctaid = "ctaid=%s" % list(self.blockIdx)
-                    msg = f"{tid} {ctaid}" if str(e) == "" else f"{tid} {ctaid}: {e}"
-                    self.exception = (type(e)(msg), e.__traceback__)
-                finally:
-                    self._job = None
-                    self.finished = True
-                    self._manager.thread_done(self)
-
-    return PoolThread
+def current_thread():
+    """The simulated CUDA thread running this code (a `SimThread`), else the OS thread."""
+    if _getcurrent is not None:
+        sim = getattr(_getcurrent(), "sim", None)
+        if sim is not None:
+            return sim
+    return threading.current_thread()
 
 
-class _IdleManager:
-    """What a pool thread's `_manager` is before its first block (BlockThread reads its dims)."""
-    _block_dim = (1, 1, 1)
-    _debug = False
+class _ThreadingInKernelapi:
+    """What numba's kernelapi.py sees as its module ``threading``: the real one, except that
+    ``current_thread()`` is the simulated thread (kernelapi reads threadIdx, blockIdx and
+    syncthreads from it)."""
+
+    current_thread = staticmethod(current_thread)
+
+    def __getattr__(self, name):
+        return getattr(threading, name)
 
 
-_worker_cls = None
+class SimThread:
+    """One simulated CUDA thread: what numba's ``BlockThread`` carries, run as a greenlet."""
 
+    def __init__(self, manager, block_point, thread_point, debug: bool):
+        from numba.cuda.simulator.kernelapi import Dim3
+        self._manager = manager
+        self.blockIdx = Dim3(*block_point)
+        self.threadIdx = Dim3(*thread_point)
+        bx, by, _ = (tuple(manager._block_dim) + (1, 1))[:3]
+        self.thread_id = self.threadIdx.x + bx * (self.threadIdx.y + by * self.threadIdx.z)
+        self.debug = debug
+        self.exception = None        # (exception with thread and block named, traceback)
+        self.abort = False           # another thread of the block raised
+        self.finished = False        # left the kernel
+        self.waiting_in = None       # what it is parked in: "syncthreads" or a warp exchange
+        self.syncthreads_blocked = False
+        self.greenlet = None
 
-def _workers(n: int) -> list:
-    """The first n pool threads, starting new ones as needed (call under _POOL_LOCK)."""
-    global _worker_cls
-    if _worker_cls is None:
-        _worker_cls = _worker_class()
-    while len(_POOL) < n:
-        t = _worker_cls()
-        t.start()
-        _POOL.append(t)
-    for i in range(n):
-        if not _POOL[i].is_alive():     # left its loop on a BaseException: replace it
-            _POOL[i] = _worker_cls()
-            _POOL[i].start()
-    return _POOL[:n]
+    def syncthreads(self):
+        self._manager.barrier_wait(self)
+
+    def _block_vote(self, value, vote):
+        """numba's syncthreads_count / _and / _or: every thread's value, then a barrier each
+        side of the vote."""
+        idx = self.threadIdx.x, self.threadIdx.y, self.threadIdx.z
+        self._manager.block_state[idx] = value
+        self.syncthreads()
+        r = vote(self._manager.block_state)
+        self.syncthreads()
+        return r
+
+    def syncthreads_count(self, value):
+        return self._block_vote(value, np.count_nonzero)
+
+    def syncthreads_and(self, value):
+        return self._block_vote(value, lambda s: 1 if np.all(s) else 0)
+
+    def syncthreads_or(self, value):
+        return self._block_vote(value, lambda s: 1 if np.any(s) else 0)
+
+    def __str__(self):
+        return f"Thread <<<{self.blockIdx}, {self.threadIdx}>>>"
 
 
 class WaitingBlockManager:
@@ -135,68 +123,140 @@ class WaitingBlockManager:
         self._f = f
         self._debug = debug
         self.block_state = np.zeros(block_dim, dtype=np.bool_)   # syncthreads_count/and/or
-        self.threads: list = []
-        self._cond = threading.Condition()
-        self._alive = 0          # threads of this block still in the kernel
-        self._arrived = 0        # live threads parked in the current barrier
-        self._generation = 0     # barriers released so far
-        self._failed = None      # the first thread that raised
+        self.threads: list[SimThread] = []
+        self.exchanges: dict = {}    # the warp twins' rendezvous of this block, by warp
+        self._ready: collections.deque = collections.deque()
+        self._barrier: list[SimThread] = []     # live threads parked in syncthreads
+        self._parked: dict[SimThread, object] = {}
+        self._alive = 0
+        self._hub = None             # the launching greenlet: runs the ready threads
+        self._failed = None          # the first thread that raised
 
     # --- called by the simulated threads -----------------------------------------------------
 
-    def barrier_wait(self, thread) -> None:
-        with self._cond:
-            if thread.abort:
-                raise RuntimeError("abort flag set on syncthreads call")
-            gen = self._generation
+    def park(self, thread: SimThread, where) -> None:
+        """Suspend `thread` until `wake`; `where` says what it waits in (for a hang's report).
+        Raises when the block was aborted meanwhile."""
+        thread.waiting_in = where
+        self._parked[thread] = where
+        self._hub.switch()
+        thread.waiting_in = None
+        if thread.abort:
+            raise RuntimeError(f"simulated block aborted while waiting in {_what(where)}")
+
+    def wake(self, threads) -> None:
+        for t in threads:
+            self._parked.pop(t, None)
+        self._ready.extend(threads)
+
+    def barrier_wait(self, thread: SimThread) -> None:
+        if thread.abort:
+            raise RuntimeError("abort flag set on syncthreads call")
+        self._barrier.append(thread)
+        if len(self._barrier) < self._alive:
             thread.syncthreads_blocked = True
-            self._arrived += 1
-            if self._arrived == self._alive:
-                self._release()
-            else:
-                while self._generation == gen and not thread.abort:
-                    self._cond.wait()
-            if thread.abort:
-                raise RuntimeError("abort flag set on syncthreads clear")
+            self.park(thread, "syncthreads")
+            thread.syncthreads_blocked = False
+        else:
+            self._release_barrier(thread)
 
-    def thread_done(self, thread) -> None:
-        with self._cond:
-            self._alive -= 1
-            if thread.exception is not None and self._failed is None:
-                self._failed = thread
-                for t in self.threads:
-                    t.abort = True
-            elif self._alive and self._arrived == self._alive:
-                self._release()      # the others wait in a barrier this thread never reaches
-            self._cond.notify_all()
-
-    def _release(self) -> None:
-        for t in self.threads:
+    def _release_barrier(self, me=None) -> None:
+        others = [t for t in self._barrier if t is not me]
+        self._barrier = []
+        for t in others:
             t.syncthreads_blocked = False
-        self._arrived = 0
-        self._generation += 1
-        self._cond.notify_all()
+        self.wake(others)
+
+    def _thread_done(self, thread: SimThread) -> None:
+        thread.finished = True
+        self._alive -= 1
+        if thread.exception is not None and self._failed is None:
+            self._failed = thread
+            for t in self.threads:
+                t.abort = True
+            self.wake(list(self._parked))        # each raises where it waits and ends
+            self._barrier = []
+        elif self._alive and len(self._barrier) == self._alive:
+            self._release_barrier()   # the others wait in a barrier this thread never reaches
 
     # --- called by the kernel launch ---------------------------------------------------------
 
     def run(self, grid_point, *args):
-        def target():
-            self._f(*args)
+        import greenlet
 
-        points = list(np.ndindex(*self._block_dim))
-        with _POOL_LOCK:
-            self.threads = _workers(len(points))
-            with self._cond:
-                self._alive = len(points)
-                for t, p in zip(self.threads, points):
-                    t.assign(self, grid_point, p, target)
+        f, debug = self._f, self._debug
+
+        def body(sim):
+            try:
+                with np.errstate(divide="raise") if debug else contextlib.nullcontext():
+                    f(*args)
+            except Exception as e:      # numba's message: which thread, which block
+                tid = "tid=%s" % list(sim.threadIdx)
+                ctaid = "ctaid=%s" % list(sim.blockIdx)
+                msg = f"{tid} {ctaid}" if str(e) == "" else f"{tid} {ctaid}: {e}"
+                sim.exception = (type(e)(msg), e.__traceback__)
+            finally:
+                self._thread_done(sim)
+
+        with _BLOCK_LOCK:
+            self._hub = greenlet.getcurrent()
+            self.threads = [SimThread(self, grid_point, p, debug)
+                            for p in np.ndindex(*self._block_dim)]
+            self._alive = len(self.threads)
+            for t in self.threads:
+                t.greenlet = greenlet.greenlet(run=functools.partial(body, t), parent=self._hub)
+                t.greenlet.sim = t
+            self._ready.extend(self.threads)
+            hang = None
+            while True:
+                while self._ready:
+                    t = self._ready.popleft()
+                    if t.greenlet.dead:
+                        continue
+                    t.greenlet.switch()
+                if not self._alive or hang is not None:
+                    break
+                hang = self._hang_error()        # nothing ready, threads still waiting
                 for t in self.threads:
-                    t.go()
-                while self._alive:
-                    self._cond.wait()
+                    t.abort = True
+                self.wake(list(self._parked))     # let them unwind, then report the hang
+            self.exchanges = {}
+            self._hub = None
+        if hang is not None:
+            raise hang
+        if self._failed is not None:
             failed = self._failed
-        if failed is not None:
             raise failed.exception[0].with_traceback(failed.exception[1])
+
+    def _hang_error(self):
+        """What a block that can never finish waits for: the first warp rendezvous with
+        missing lanes, and where each missing lane is."""
+        from bw24nb.ptx.twins import WarpCollectiveError
+        for ex in self.exchanges.values():
+            if not ex.arrived:
+                continue
+            lines = []
+            for t in self.threads:
+                lane = t.thread_id % 32
+                if t.thread_id // 32 != ex.warp or ex.present[lane]:
+                    continue
+                if t.finished:
+                    lines.append(f"lane {lane} of warp {ex.warp} finished without executing "
+                                 f"{ex.name}")
+                elif t.waiting_in == "syncthreads":
+                    lines.append(f"lane {lane} of warp {ex.warp} waits in syncthreads while "
+                                 f"its warp waits in {ex.name}")
+                else:
+                    lines.append(f"lane {lane} of warp {ex.warp} waits in "
+                                 f"{_what(t.waiting_in)} while its warp waits in {ex.name}")
+            return WarpCollectiveError(
+                "; ".join(lines) + f": {ex.name} needs all 32 lanes of the warp converged "
+                "(on a GPU this block would hang)")
+        return RuntimeError("simulated block hung: threads wait with none ready")
+
+
+def _what(where) -> str:
+    return where if isinstance(where, str) else getattr(where, "name", str(where))
 
 
 # --- the module swap --------------------------------------------------------------------------
@@ -261,8 +321,12 @@ _NUMBA_CALL = None
 def install() -> None:
     """Make numba's simulator launch blocks through `WaitingBlockManager` and swap modules once
     per launch; idempotent."""
-    global _NUMBA_BLOCK_MANAGER, _NUMBA_SWAP, _NUMBA_CALL
-    from numba.cuda.simulator import kernel
+    global _NUMBA_BLOCK_MANAGER, _NUMBA_SWAP, _NUMBA_CALL, _getcurrent
+    import greenlet
+    from numba.cuda.simulator import kernel, kernelapi
+    _getcurrent = greenlet.getcurrent
+    if not isinstance(kernelapi.threading, _ThreadingInKernelapi):
+        kernelapi.threading = _ThreadingInKernelapi()
     if _NUMBA_BLOCK_MANAGER is None:
         _NUMBA_BLOCK_MANAGER = kernel.BlockManager
         kernel.BlockManager = WaitingBlockManager

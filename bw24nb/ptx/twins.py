@@ -9,28 +9,26 @@ not a transcription of the PTX.
 
 Return types mirror the device: numpy int32 / uint32 / float32 scalars, tuples for UniTuples.
 
-The warp-collective instructions, ``mma.sync`` (the s8 and the f16 form), need all 32 lanes'
-fragments. The simulator runs a block's threads as ``threading.Thread`` objects (``numba/cuda/simulator/kernel.py``:
-``BlockThread``, one ``BlockManager`` per block, blocks one after another) and has no warp
-primitives at all (no shfl_sync). So the twin builds its own rendezvous: each lane deposits its
-fragments in a per-(block, warp) exchange and waits; the 32nd lane to arrive computes the tile
-with numpy and wakes the others, who pick up their D fragments. This needs the 32 lanes of the
-warp to reach the call together — which ``mma.sync.aligned`` demands on the GPU too — and the
-twin turns a violation (a lane that exits or parks in ``syncthreads`` instead, a partial warp)
-into an error instead of a hang.
+The warp-collective instructions (``mma.sync`` in its s8 and f16 forms; warp.py's reductions)
+need all 32 lanes' operands. numba's simulator has no warp primitives at all (no shfl_sync),
+so the twin builds its own rendezvous: each lane deposits its operands in a per-(block, warp)
+exchange and parks (the block's threads are greenlets, ``simfast.py``); the 32nd lane to arrive
+computes the tile with numpy and wakes the others, who pick up their D fragments. This needs
+the 32 lanes of the warp to reach the call together -- which ``mma.sync.aligned`` demands on the
+GPU too -- and a violation (a lane that exits or parks in ``syncthreads`` instead, a partial
+warp) is an error naming the lanes instead of a hang.
 """
 from __future__ import annotations
 
 import sys
 import threading
 import time
-import weakref
 
 import numpy as np
 from numba.core import types
 from numba.np import numpy_support
 
-from bw24nb.ptx import mma_layout
+from bw24nb.ptx import mma_layout, simfast
 
 # --- dp4a ----------------------------------------------------------------------------------------
 
@@ -241,130 +239,74 @@ class WarpCollectiveError(RuntimeError):
     """A warp-collective twin was reached by a partial or divergent warp (undefined on the GPU)."""
 
 
-# How long a lane waits for its warp before declaring a hang (the liveness checks below catch
-# the usual mistakes within one poll; this is the backstop for anything they cannot see).
-_WARP_TIMEOUT_S = 120.0
-_POLL_S = 0.02
-_CHECK_AFTER_S = 0.25
-_PARKED_S = 5.0
-
-
 class _WarpExchange:
-    """The rendezvous of one warp of one simulated block (see the module docstring)."""
+    """The rendezvous of one warp of one simulated block, for every warp-collective twin (the
+    MMAs, warp.py's reductions): each lane deposits its payload and parks
+    (``simfast.WaitingBlockManager.park``); the 32nd runs the instruction on all 32 payloads and
+    wakes the others. A warp whose lanes never all arrive leaves its block unable to finish,
+    which the block scheduler reports (``simfast``: ``_hang_error``) with the missing lanes."""
 
-    def __init__(self, warp: int, lanes: int):
+    def __init__(self, manager, warp: int):
+        self.manager = manager
         self.warp = warp
-        self.lanes = lanes
-        self.cond = threading.Condition()
-        self.payloads: list = [None] * 32      # each lane's fragments, until the 32nd arrives
         self.name = ""                         # the instruction the warp is in
+        self.payloads: list = [None] * 32      # each lane's operands, until the 32nd arrives
         self.present = np.zeros(32, bool)
         self.arrived = 0                       # lanes present (a counter: cheaper than .all())
-        self.generation = 0
-        self.results: dict[int, list] = {}     # generation -> [d int32[32, 4], readers left]
-        self.parked_since: dict[int, float] = {}  # thread id -> when first seen in syncthreads
+        self.waiting: list = []                # the parked lanes' threads
+
+    def meet(self, lane: int, thread, payload, compute, name: str):
+        """Deposit this lane's `payload`; the 32nd lane runs compute(payloads of lanes
+        0..31), whose result every lane gets back."""
+        if self.arrived and name != self.name:
+            raise WarpCollectiveError(
+                f"warp {self.warp}: lane {lane} entered {name} while others wait in "
+                f"{self.name}: the warp diverged")
+        if self.present[lane]:
+            raise WarpCollectiveError(f"lane {lane} of warp {self.warp} entered {name} twice")
+        self.name = name
+        self.present[lane] = True
+        self.arrived += 1
+        self.payloads[lane] = payload
+        if self.arrived < 32:
+            self.waiting.append(thread)
+            self.manager.park(thread, self)
+            result, thread.warp_result = thread.warp_result, None
+            return result
+        result = compute(self.payloads)
+        waiting, self.waiting = self.waiting, []
+        self.present[:] = False
+        self.arrived = 0
+        for t in waiting:
+            t.warp_result = result
+        self.manager.wake(waiting)
+        return result
 
     def mma(self, lane: int, thread, payload, compute, name: str) -> np.ndarray:
-        """Deposit this lane's fragments (`payload`); the 32nd lane runs compute(payloads of
-        lanes 0..31) -> D fragments [32, 4] for all. Returns this lane's row of them."""
-        with self.cond:
-            gen = self.generation
-            if self.present[lane]:
-                raise WarpCollectiveError(f"lane {lane} of warp {self.warp} entered mma twice")
-            if self.arrived and name != self.name:
-                raise WarpCollectiveError(
-                    f"warp {self.warp}: lane {lane} entered {name} while others wait in "
-                    f"{self.name}: the warp diverged")
-            self.name = name
-            self.present[lane] = True
-            self.arrived += 1
-            self.payloads[lane] = payload
-            if self.arrived == 32:
-                d = compute(self.payloads)
-                self.results[gen] = [d, 32]
-                self.present[:] = False
-                self.arrived = 0
-                self.parked_since.clear()
-                self.generation += 1
-                self.cond.notify_all()
-            else:
-                self._wait(gen, thread)
-            entry = self.results[gen]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self.results[gen]
-            return entry[0][lane]
-
-    def _wait(self, gen: int, thread) -> None:
-        start = time.monotonic()
-        deadline = start + _WARP_TIMEOUT_S
-        next_check = start + _CHECK_AFTER_S
-        while self.generation == gen:
-            self.cond.wait(timeout=_POLL_S)
-            if self.generation != gen:
-                return
-            if getattr(thread, "abort", False):      # another simulated thread raised
-                raise RuntimeError(f"simulated block aborted while waiting in {self.name}")
-            if time.monotonic() > next_check:        # the common case never waits this long
-                self._check_missing_lanes(thread)
-                next_check = time.monotonic() + _CHECK_AFTER_S
-            if time.monotonic() > deadline:
-                raise WarpCollectiveError(
-                    f"warp {self.warp}: only {int(self.present.sum())}/32 lanes reached "
-                    f"{self.name} within {_WARP_TIMEOUT_S:.0f} s")
-
-    def _check_missing_lanes(self, me) -> None:
-        """Raise if a lane of this warp that has not arrived never will (finished, or parked in
-        syncthreads). The block's threads are its manager's (``simfast.WaitingBlockManager``,
-        which every simulated launch runs through: ``install_simulator_fixes``); its pool
-        threads outlive the block, so a lane's ``finished`` says whether it left the kernel."""
-        for t in me._manager.threads:
-            tid = t.thread_id
-            if t is me or tid // 32 != self.warp or self.present[tid % 32]:
-                continue
-            if t.finished:
-                raise WarpCollectiveError(
-                    f"lane {tid % 32} of warp {self.warp} finished without executing "
-                    f"{self.name}: mma.sync needs all 32 lanes converged")
-            # The flag is read without the barrier's lock, so it can be stale for a moment
-            # while a barrier is released: only a lane that stays parked while this warp waits
-            # is a deadlock.
-            if not t.syncthreads_blocked:
-                self.parked_since.pop(tid, None)
-                continue
-            first = self.parked_since.setdefault(tid, time.monotonic())
-            if time.monotonic() - first > _PARKED_S:
-                raise WarpCollectiveError(
-                    f"lane {tid % 32} of warp {self.warp} waits in syncthreads while its warp "
-                    f"waits in {self.name}: mma.sync needs all 32 lanes converged")
+        """`meet` for an MMA: compute(payloads) -> D fragments [32, 4]; this lane's row."""
+        return self.meet(lane, thread, payload, compute, name)[lane]
 
 
-_exchanges_lock = threading.Lock()
-_exchanges: "weakref.WeakKeyDictionary[object, dict[int, _WarpExchange]]" = weakref.WeakKeyDictionary()
-
-
-def _current_lane(name: str):
+def _current_lane(name: str, host: str | None = None):
     """(thread, warp exchange, lane) of the calling simulated CUDA thread, in instruction
-    `name`."""
-    thread = threading.current_thread()
+    `name`; `host` names what host code calls instead (default ``{name}_warp``)."""
+    thread = simfast.current_thread()
     manager = getattr(thread, "_manager", None)
     tid = getattr(thread, "thread_id", None)
     if manager is None or tid is None:
         raise WarpCollectiveError(
             f"{name}'s twin runs inside a simulated kernel (NUMBA_ENABLE_CUDASIM=1); "
-            f"from host code use {name}_warp on all 32 lanes' fragments")
-    nthreads = int(np.prod(manager._block_dim))
+            f"from host code use {host or name + '_warp'} on all 32 lanes' values")
     warp = tid // 32
-    lanes = min(32, nthreads - 32 * warp)
-    if lanes < 32:
-        raise WarpCollectiveError(
-            f"{name} in a partial warp ({lanes} threads): the block size "
-            f"({nthreads}) must be a multiple of 32")
-    with _exchanges_lock:
-        per_block = _exchanges.setdefault(manager, {})
-        ex = per_block.get(warp)
-        if ex is None:
-            ex = per_block[warp] = _WarpExchange(warp, lanes)
+    ex = manager.exchanges.get(warp)
+    if ex is None:
+        nthreads = int(np.prod(manager._block_dim))
+        lanes = min(32, nthreads - 32 * warp)
+        if lanes < 32:
+            raise WarpCollectiveError(
+                f"{name} in a partial warp ({lanes} threads): the block size "
+                f"({nthreads}) must be a multiple of 32")
+        ex = manager.exchanges[warp] = _WarpExchange(manager, warp)
     return thread, ex, tid % 32
 
 

@@ -31,9 +31,6 @@ above in numpy float32, in that exact order.
 """
 from __future__ import annotations
 
-import threading
-import weakref
-
 import numpy as np
 from numba import cuda
 
@@ -183,46 +180,6 @@ def warp_tree_sum_host(values) -> np.float32:
     return np.float32(_tree_sums(values, 32)[0])
 
 
-class _SumExchange(twins._WarpExchange):
-    """Rendezvous of one warp for `warp_sum_twin` / `warp_max_twin` (reuses the mma exchange's
-    waiting and its partial-warp / parked-in-syncthreads detection); `reduce` maps the 32 lanes'
-    float32 values to the one result."""
-
-    def __init__(self, warp: int, lanes: int, reduce=None):
-        super().__init__(warp, lanes)
-        self.name = "a warp reduction"
-        self.vals = np.zeros(32, np.float32)
-        self.reduce = reduce or warp_tree_sum_host
-
-    def sum(self, lane: int, thread, v) -> np.float32:
-        with self.cond:
-            gen = self.generation
-            if self.present[lane]:
-                raise twins.WarpCollectiveError(f"lane {lane} of warp {self.warp} entered warp_sum twice")
-            self.present[lane] = True
-            self.arrived += 1
-            self.vals[lane] = v
-            if self.arrived == 32:
-                self.results[gen] = [self.reduce(self.vals), 32]
-                self.present[:] = False
-                self.arrived = 0
-                self.parked_since.clear()
-                self.generation += 1
-                self.cond.notify_all()
-            else:
-                self._wait(gen, thread)
-            entry = self.results[gen]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self.results[gen]
-            r = entry[0]
-            return r[lane] if np.ndim(r) else r     # (a per-lane result: warp_pair_sum)
-
-
-_lock = threading.Lock()
-_exchanges: "weakref.WeakKeyDictionary[object, dict[int, _SumExchange]]" = weakref.WeakKeyDictionary()
-
-
 def warp_sum_twin(v) -> np.float32:
     """Simulator twin of `warp_sum`: one lane's call; bit-identical to the GPU butterfly."""
     return _meet_warp("sum", warp_tree_sum_host, v)
@@ -292,32 +249,9 @@ def warp_sum_rows_twin(v, n) -> None:
 
 
 def _meet_warp(op: str, reduce, v) -> np.float32:
-    """This lane's value into its warp's `op` rendezvous; the warp's reduced value out."""
-    thread = threading.current_thread()
-    manager = getattr(thread, "_manager", None)
-    tid = getattr(thread, "thread_id", None)
-    if manager is None or tid is None:
-        raise twins.WarpCollectiveError(
-            "warp_sum's twin runs inside a simulated kernel (NUMBA_ENABLE_CUDASIM=1); "
-            "from host code use warp_tree_sum_host on all 32 lanes' values")
-    # the thread's exchanges for its current block, kept on the thread (simulator threads are
-    # reused across blocks: keyed by the block's manager)
-    mine = getattr(thread, "_bw24_warp_exchanges", None)
-    if mine is None or mine[0] is not manager:
-        mine = thread._bw24_warp_exchanges = (manager, {})
-    ex = mine[1].get(op)
-    if ex is None:
-        nthreads = int(np.prod(manager._block_dim))
-        warp = tid // 32
-        lanes = min(32, nthreads - 32 * warp)
-        if lanes < 32:
-            raise twins.WarpCollectiveError(
-                f"warp_sum in a partial warp ({lanes} threads): the block size ({nthreads}) "
-                "must be a multiple of 32")
-        with _lock:
-            per_block = _exchanges.setdefault(manager, {})
-            ex = per_block.get((op, warp))
-            if ex is None:
-                ex = per_block[(op, warp)] = _SumExchange(warp, lanes, reduce)
-        mine[1][op] = ex
-    return ex.sum(tid % 32, thread, np.float32(v))
+    """This lane's value into its warp's rendezvous (`twins._WarpExchange`); `reduce` maps the
+    32 lanes' float32 values to the warp's result (one value, or one a lane)."""
+    thread, ex, lane = twins._current_lane(f"warp_{op}", host="warp_tree_sum_host")
+    r = ex.meet(lane, thread, np.float32(v),
+                lambda vals: reduce(np.array(vals, np.float32)), f"warp_{op}")
+    return r[lane] if np.ndim(r) else r
