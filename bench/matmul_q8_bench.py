@@ -1,7 +1,7 @@
 """Prefill matmul on a real GPU: the int8 tensor-core GEMM (kernels/matmul_q8.py) vs the float
 tiled kernel (kernels/matmul.py) at the prefill shapes of the served models.
 
-    python3 bench/matmul_q8_bench.py [--shapes all|9b|0.5b] [--T 512] [--jsonl PATH]
+    python3 bench/matmul_q8_bench.py [--shapes all|9b|0.5b|0.5b-fill] [--T 512] [--jsonl PATH]
                                      [--commit SHA] [--smoke] [--tiles all|NAME,NAME]
 
 For each (T x M x K, weight type) -- Qwen3.5-9B (hidden 4096, FFN 12288; Q4_K, Q6_K, Q8_0) and
@@ -88,6 +88,10 @@ SHAPES = [
     ("0.5b", H05, H05, "attn_q / attn_output", (QType.Q8_0, QType.Q5_0)),
     ("0.5b", F05, H05, "ffn_gate / ffn_up", (QType.Q8_0, QType.Q5_0)),
     ("0.5b", H05, F05, "ffn_down", (QType.Q8_0, QType.Q5_0)),
+    # the 0.5B's GEMMs whose 64 x 64 grid under-fills the GPU (matmul_q8.FILL_TILES: time
+    # them with --tiles m32t64s8,m32t32s8)
+    ("0.5b-fill", H05, F05, "ffn_down", (QType.Q6_K,)),
+    ("0.5b-fill", 128, H05, "attn_k / attn_v", (QType.Q5_0,)),
 ]
 SMOKE_SHAPES = [("smoke", 70, 64, "tiny, 2 M tiles", (QType.Q8_0,)),
                 ("smoke", 17, 256, "tiny", (QType.Q6_K,))]
@@ -250,7 +254,7 @@ def bench_shape(T, M, K, qt, stream, rng, smoke):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", choices=["all", "9b", "0.5b"], default="all")
+    ap.add_argument("--shapes", choices=["all", "9b", "0.5b", "0.5b-fill"], default="all")
     ap.add_argument("--T", type=int, default=512, help="prompt tokens (rows of X)")
     ap.add_argument("--jsonl", default=None)
     ap.add_argument("--commit", default=None, help="commit of the measured tree (else "
