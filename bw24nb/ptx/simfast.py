@@ -73,19 +73,18 @@ class _ThreadingInKernelapi:
 class SimThread:
     """One simulated CUDA thread: what numba's ``BlockThread`` carries, run as a greenlet."""
 
-    def __init__(self, manager, block_point, thread_point, debug: bool):
+    def __init__(self, manager, block_point, thread_point):
         from numba.cuda.simulator.kernelapi import Dim3
         self._manager = manager
         self.blockIdx = Dim3(*block_point)
         self.threadIdx = Dim3(*thread_point)
         bx, by, _ = (tuple(manager._block_dim) + (1, 1))[:3]
         self.thread_id = self.threadIdx.x + bx * (self.threadIdx.y + by * self.threadIdx.z)
-        self.debug = debug
         self.exception = None        # (exception with thread and block named, traceback)
         self.abort = False           # another thread of the block raised
         self.finished = False        # left the kernel
-        self.waiting_in = None       # what it is parked in: "syncthreads" or a warp exchange
-        self.syncthreads_blocked = False
+        self.waiting_in = None       # parked, until woken, in "syncthreads" or a warp exchange
+        self.warp_result = None      # what its warp's rendezvous handed it (twins._WarpExchange)
         self.greenlet = None
 
     def syncthreads(self):
@@ -127,7 +126,6 @@ class WaitingBlockManager:
         self.exchanges: dict = {}    # the warp twins' rendezvous of this block, by warp
         self._ready: collections.deque = collections.deque()
         self._barrier: list[SimThread] = []     # live threads parked in syncthreads
-        self._parked: dict[SimThread, object] = {}
         self._alive = 0
         self._hub = None             # the launching greenlet: runs the ready threads
         self._failed = None          # the first thread that raised
@@ -138,33 +136,31 @@ class WaitingBlockManager:
         """Suspend `thread` until `wake`; `where` says what it waits in (for a hang's report).
         Raises when the block was aborted meanwhile."""
         thread.waiting_in = where
-        self._parked[thread] = where
         self._hub.switch()
-        thread.waiting_in = None
         if thread.abort:
             raise RuntimeError(f"simulated block aborted while waiting in {_what(where)}")
 
     def wake(self, threads) -> None:
         for t in threads:
-            self._parked.pop(t, None)
+            t.waiting_in = None
         self._ready.extend(threads)
+
+    def _wake_parked(self) -> None:
+        """Wake every parked thread (the block aborts: each raises where it waits)."""
+        self.wake([t for t in self.threads if t.waiting_in is not None])
 
     def barrier_wait(self, thread: SimThread) -> None:
         if thread.abort:
             raise RuntimeError("abort flag set on syncthreads call")
         self._barrier.append(thread)
         if len(self._barrier) < self._alive:
-            thread.syncthreads_blocked = True
             self.park(thread, "syncthreads")
-            thread.syncthreads_blocked = False
         else:
             self._release_barrier(thread)
 
     def _release_barrier(self, me=None) -> None:
         others = [t for t in self._barrier if t is not me]
         self._barrier = []
-        for t in others:
-            t.syncthreads_blocked = False
         self.wake(others)
 
     def _thread_done(self, thread: SimThread) -> None:
@@ -174,7 +170,7 @@ class WaitingBlockManager:
             self._failed = thread
             for t in self.threads:
                 t.abort = True
-            self.wake(list(self._parked))        # each raises where it waits and ends
+            self._wake_parked()
             self._barrier = []
         elif self._alive and len(self._barrier) == self._alive:
             self._release_barrier()   # the others wait in a barrier this thread never reaches
@@ -200,8 +196,7 @@ class WaitingBlockManager:
 
         with _BLOCK_LOCK:
             self._hub = greenlet.getcurrent()
-            self.threads = [SimThread(self, grid_point, p, debug)
-                            for p in np.ndindex(*self._block_dim)]
+            self.threads = [SimThread(self, grid_point, p) for p in np.ndindex(*self._block_dim)]
             self._alive = len(self.threads)
             for t in self.threads:
                 t.greenlet = greenlet.greenlet(run=functools.partial(body, t), parent=self._hub)
@@ -210,16 +205,13 @@ class WaitingBlockManager:
             hang = None
             while True:
                 while self._ready:
-                    t = self._ready.popleft()
-                    if t.greenlet.dead:
-                        continue
-                    t.greenlet.switch()
+                    self._ready.popleft().greenlet.switch()
                 if not self._alive or hang is not None:
                     break
                 hang = self._hang_error()        # nothing ready, threads still waiting
                 for t in self.threads:
                     t.abort = True
-                self.wake(list(self._parked))     # let them unwind, then report the hang
+                self._wake_parked()              # let them unwind, then report the hang
             self.exchanges = {}
             self._hub = None
         if hang is not None:
