@@ -466,7 +466,7 @@ def check_matvec_q6k_r(rng, size):
                       guard_ok=guard_ok)
 
 
-@check("matvec_norm_tail", "kernels.matvec.launch_matvec_q8",
+@check("norm_tail", "kernels.matvec.launch_matvec_q8",
        "kernels.matvec_q6k.launch_matvec_q8_q6k_r")
 def check_matvec_norm_tail(rng, size):
     """Decode's hidden-row norm as the tail of the matvec that wrote the row (matvec.NormTail:
@@ -480,7 +480,7 @@ def check_matvec_norm_tail(rng, size):
     from .kernels import quantize_act as qa
     from .quant import QType
     if size == "tiny":
-        cases = [("", QType.Q8_0, 640, 64), ("", QType.Q4_K, 512, 256)]
+        cases = [("", QType.Q8_0, 640, 64), ("", QType.Q6_K, 512, 256)]
     else:
         cases = [("0.5b.attn_output", QType.Q8_0, Q05.hidden, Q05.hidden),
                  ("0.5b.ffn_down", QType.Q4_K, Q05.hidden, Q05.ffn - Q05.ffn % 256),
