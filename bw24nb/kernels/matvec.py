@@ -483,6 +483,12 @@ def row_kernel(p, fixed_parts=0):
 # (norm.q8_tail).
 
 
+# False: the tail kernels count their blocks and find the last one, which then does nothing,
+# and the launchers report the tail not carried (so the engine launches the norm): what the
+# protocol alone costs (run_bench --launch tail-protocol). Read when a kernel is built.
+TAIL_WORK = True
+
+
 @cuda.jit(device=True, inline="always")
 def grid_last_block(counter, flag_sh):
     """True in every thread of the grid's last block to get here, after which the other blocks'
@@ -515,6 +521,7 @@ def row_tail_kernel(p, fixed_parts, C):
     row_total, units, row_base, x_one = _row_total(p), p.units, p.base, p.x_one
     tail = q8_tail(C, THREADS)
     FP = fixed_parts
+    WORK = TAIL_WORK
 
     def matvec_nt(w, M, K, x, y, bias, residual, has_bias, has_residual, parts, nw, eps, ny,
                   nq, nd, counter):
@@ -532,10 +539,10 @@ def row_tail_kernel(p, fixed_parts, C):
                               part_sh)
             if lane == 0 and part == 0 and row < M:
                 store_row(y, bias, residual, has_bias, has_residual, row, total)
-        if grid_last_block(counter, flag_sh):
+        if grid_last_block(counter, flag_sh) and WORK:
             tail(y, nw, eps, ny, nq, nd, scratch)
 
-    return _named(matvec_nt, p, FP, kind=f"_nt{C}")
+    return _named(matvec_nt, p, FP, kind=f"_nt{C}" + ("" if WORK else "_idle"))
 
 
 class NormTail(NamedTuple):
@@ -1288,7 +1295,8 @@ def path_kernels(p, who):
         if tail_c and (rows != 1 or R != 1):
             raise ValueError(f"{who}: the norm tail rides one-row launches of one weight row "
                              f"a warp, not rows={rows}, R={R}")
-        key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, R, tail_c)
+        key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, R, tail_c,
+               TAIL_WORK)
         if key not in built:
             built[key] = (row_tail_kernel(q, fp, tail_c) if tail_c else
                           rows_pair_kernel_of(q, rows, R) if R > 1 else row_kernel(q, fp)

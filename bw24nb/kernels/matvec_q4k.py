@@ -57,6 +57,7 @@ from ..jit import kernel
 from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32,
                    warp_sum)
 from ..quant.types import QType, type_size
+from . import matvec
 from .matvec import (WARPS_PER_BLOCK, RowPath, fit_unroll, grid_rows, group_kernels,
                      path_kernels, rows_pair_kernel_of, store_row, tail_serves, token_kernels,
                      warp_rows)
@@ -563,4 +564,4 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts),
         *(tail.args() if carry else ()))
-    return carry
+    return carry and matvec.TAIL_WORK

@@ -64,6 +64,7 @@ from numba import cuda
 from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
+from . import matvec
 from .matvec import (THREADS, RowPath, _flat, at_least, check_rows, grid_rows, path_kernels,
                      rows_pair_kernel_of, tail_serves, warp_rows, warps_per_row, x_row_q8)
 
@@ -444,7 +445,7 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
         y if bias is None else bias, y if residual is None else _flat(residual),
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts),
         *(tail.args() if carry else ()))
-    return carry
+    return carry and matvec.TAIL_WORK
 
 
 def matvec_q8_q6k_r_reference(body, d, M, K, xq, xd, bias=None, residual=None):

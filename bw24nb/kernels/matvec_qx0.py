@@ -332,4 +332,4 @@ def launch(qt, w8, w16, wh, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, 
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts),
         *(tail.args() if carry else ()))
-    return carry
+    return carry and matvec.TAIL_WORK

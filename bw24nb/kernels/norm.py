@@ -443,8 +443,10 @@ def q8_tail(C: int, NT: int):
         t = cuda.threadIdx.x
         lane = t & 31
         xv = cuda.local.array(QK, float32)
-        for k in range(QK):             # every load issued before the sum
+        wv = cuda.local.array(QK, float32)
+        for k in range(QK):             # every load, x's and w's, issued before the sum
             xv[k] = ld_cg_f32(h, min(t + k * NT, last))
+            wv[k] = w[min(t + k * NT, last)]
         for m in range(RV):
             j = t + m * NT
             if OWN:
@@ -470,7 +472,7 @@ def q8_tail(C: int, NT: int):
         for k in range(QK):
             e = t + k * NT              # 32b + lane of block b (warp-uniform test)
             if e < C:
-                v = xv[k] * rstd * w[e]
+                v = xv[k] * rstd * wv[k]
                 y[e] = v
                 q, d = q8_code(v, warp_max(abs(v)))
                 xq[e] = q
