@@ -664,11 +664,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "onepass-off": [("bw24nb.engine", "ONEPASS_MAX_CTX", 0)],
                 # the one-pass attention's RoPE and K / V store in a launch of their own
                 "store-apart": [("bw24nb.engine", "ONEPASS_STORE", False)],
-                # decode's hidden-row norms in launches of their own, not the tails of the
-                # matvecs before them (engine.NORM_TAIL)
-                "norm-tail-off": [("bw24nb.engine", "NORM_TAIL", False)],
-                # the tails' block count and last-block test alone, the norms launched
-                "tail-protocol": [("bw24nb.kernels.matvec", "TAIL_WORK", False)],
                 # rows split over more warps while each keeps >= 256 values (the rule before
                 # session 41; the default keeps >= 512)
                 "split-k512": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 512)],

@@ -96,13 +96,6 @@ ONEPASS_MAX_CTX = 1024
 # 1009.4 tok/s @512 (+3.6 %), the same tokens; chained 12.51 against 11.09 + 2.10 us a layer.
 ONEPASS_STORE = True
 
-# Decode's rms_norm_q8 after a matvec that writes the hidden row (attn_output, gdn_out,
-# ffn_down: residual added) run by that matvec's last block (matvec.row_tail_kernel, the norm
-# kernel's bits) instead of a launch of its own, where the matvec runs the row loop
-# (`Engine._fold_norm_tails`). False: the norm launches (run_bench --launch norm-tail-off).
-# Read when a decode graph is built.
-NORM_TAIL = True
-
 # A verify's ffn_gate and ffn_up as one matvec over the stacked [gate | up] rows, as decode
 # runs them (Engine._stack_decode_weights' "gu"), its [T, 2F] output read by swiglu_fused_q8:
 # one launch a layer fewer (~3 us of fixed cost each, decision 0036), every row's bits the same
@@ -190,35 +183,6 @@ MOE_PREFILL = ("tokens", "grouped")
 # 9B heads 2.83 / 2.97 / 3.20 / 3.68 / 5.30 ms, 0.5B heads 3.37 / 3.60 / 3.62 / 4.04 / 5.13 ms.
 # 2, not 1: a chunk deep in a long prompt gives each block up to 2x fewer keys to walk alone.
 PREFILL_SPLITS = 2
-
-
-class HiddenWrite:
-    """A launch entry's function that writes the hidden row h of workspace `ws` (a matvec with
-    the residual h added): fn(tail) -> whether the launch carried `tail` (a matvec.NormTail,
-    or None) -- `Engine._fold_norm_tails` hands it the norm that follows."""
-
-    def __init__(self, ws, fn):
-        self.ws, self.fn = ws, fn
-
-    def __call__(self, tail=None) -> bool:
-        return bool(self.fn(tail))
-
-
-class HiddenNorm:
-    """A launch entry's function that runs rms_norm_q8 on the hidden row h of workspace `ws`
-    (h rows [row, row + 1) or all of a one-row workspace) into the next matvecs' int8 input:
-    launch() runs it; tail(counter) is the same norm as a matvec.NormTail."""
-
-    def __init__(self, ws, launch, w, eps, y, xq, xd):
-        self.ws, self.launch = ws, launch
-        self.w, self.eps, self.y, self.xq, self.xd = w, eps, y, xq, xd
-
-    def __call__(self):
-        self.launch()
-
-    def tail(self, counter) -> "matvec.NormTail":
-        return matvec.NormTail(self.w, self.eps, self.y.reshape(self.y.size), self.xq,
-                               self.xd, counter)
 
 
 @dataclass
@@ -563,9 +527,6 @@ class Engine:
         # (ONEPASS_MAX_CTX), each captured on first use
         self._graphs: dict[bool, CudaGraph] = {}
         self._onepass_build = False         # set only while `_decode_step` builds
-        # the norm tails' counters (`_fold_norm_tails`): one int32 a fold site, zero between
-        # launches (each launch's last block sets its own back)
-        self._tail_counters = None
         self._onepass_limit = self._onepass_max_ctx(n_splits, self.kv.k_type, self.kv.v_type)
         # prefill: chunk size -> its captured graph (LRU, PREFILL_GRAPHS); sizes run eagerly
         # once already (their kernels compiled and loaded); sizes that failed to capture
@@ -797,14 +758,13 @@ class Engine:
             self.prefill_int8 and all(w.qtype in matmul_q8.MATMUL_Q8 for w in consumers))
 
     def _mv(self, w: DeviceWeight, x, y, T, bias=None, residual=None, qx=None, rowwise=None,
-            stream=None, tail=None) -> bool:
+            stream=None):
         """y = W x (+b) (+r) for T rows: matvec (`rowwise`, default T == 1: each weight read
         once for all rows, every row in the one-row kernel's summation order) or the tiled
         matmul; with `qx` (from `_quantize_input`) integer block weights read the quantized
         input instead. On `stream` (default: the engine's); a launch given its stream runs
         beside others on the GPU (`_side_by_side`'s graph branches, the rows prefill's slices),
-        which `matvec.warp_rows` weighs. tail: a matvec.NormTail for the launch's last block
-        (decode's one row on the row loop's kernels); returns whether the launch carried it."""
+        which `matvec.warp_rows` weighs."""
         s, beside = (self.stream, False) if stream is None else (stream, True)
         rowwise = T == 1 if rowwise is None else rowwise
         if rowwise and T > matvec.MAX_ROWS and ROWS_TILES and qx is not None \
@@ -814,7 +774,7 @@ class Engine:
             moe.launch_token_tiles(tm, tm.x_args(qx.xq, qx.xd), y, T, stream=s,
                                    nr=ROWS_TILE_TOKENS, rows=ROWS_TILE_ROWS,
                                    bias=None if bias is None else bias.buf, residual=residual)
-            return False
+            return
         if rowwise and T > matvec.MAX_ROWS:
             # a "rows" prefill chunk: the rows kernels MAX_ROWS rows at a time (each row's
             # bits do not depend on which launch carries it)
@@ -835,7 +795,7 @@ class Engine:
                          rowwise=True, stream=on[j % (sides + 1)] if sides else None)
             for i in range(sides):
                 br.join(s, i)
-            return False
+            return
         b = None if bias is None else bias.buf
         r = None if residual is None else residual.reshape(residual.size)
         if rowwise:
@@ -843,24 +803,25 @@ class Engine:
             if qx is not None and self._dp4a(w):
                 if w.q6k_r is not None:
                     from .kernels.matvec_q6k import launch_matvec_q8_q6k_r
-                    return launch_matvec_q8_q6k_r(w.q6k_r[0], w.q6k_r[1], w.rows, w.cols, qx.xq,
-                                                  qx.xd, yv, bias=b, residual=r, stream=s,
-                                                  rows=T, beside=beside, tail=tail)
-                return matvec.launch_matvec_q8(w.buf, w.qtype, w.rows, w.cols, qx.xq, qx.xd, yv,
-                                               bias=b, residual=r, stream=s, rows=T,
-                                               parts=w.parts, beside=beside, tail=tail)
-            matvec.launch_matvec(w.buf, w.qtype, w.rows, w.cols, x.reshape(x.size), yv,
-                                 bias=b, residual=r, stream=s, rows=T, parts=w.parts)
-            return False
+                    launch_matvec_q8_q6k_r(w.q6k_r[0], w.q6k_r[1], w.rows, w.cols, qx.xq, qx.xd,
+                                           yv, bias=b, residual=r, stream=s, rows=T,
+                                           beside=beside)
+                else:
+                    matvec.launch_matvec_q8(w.buf, w.qtype, w.rows, w.cols, qx.xq, qx.xd, yv,
+                                            bias=b, residual=r, stream=s, rows=T, parts=w.parts,
+                                            beside=beside)
+            else:
+                matvec.launch_matvec(w.buf, w.qtype, w.rows, w.cols, x.reshape(x.size), yv,
+                                     bias=b, residual=r, stream=s, rows=T, parts=w.parts)
+            return
         if qx is not None and self._dp4a(w):
             if qx.xf is None:           # prefill on the int8 tensor-core GEMM
                 matmul_q8.launch_matmul_q8(w.buf, w.qtype, w.rows, w.cols, qx.xq, qx.xd, y,
                                            bias=b, residual=residual, stream=s)
-                return False
+                return
             x = qx.xf
         matmul.launch_matmul(w.buf, w.qtype, w.rows, w.cols, x, y, bias=b, residual=residual,
                              stream=s)
-        return False
 
     def _tile_matrix(self, w: DeviceWeight):
         """`w` as moe.TokenMatrix for `matvec.tile_kernel` (cached): the path, layout and
@@ -918,10 +879,9 @@ class Engine:
         if launches and launches[0][0] == "quant_act":
             K = x.shape[len(x.shape) - 1]      # (the simulator's shape tuple has no [-1])
             xq, xd = ws.xq[:T * K], ws.xd[:T * K // 32]  # the views _quantize_input hands out
-            run = HiddenNorm(ws, lambda: norm.launch_rms_norm_q8(h, wn.buf, eps, x, xq, xd, s,
-                                                                 split=self._norm_split),
-                             wn.buf, eps, x, xq, xd)
-            return [(name + "_q8", run)] + launches[1:]
+            return [(name + "_q8", lambda: norm.launch_rms_norm_q8(h, wn.buf, eps, x, xq, xd, s,
+                                                             split=self._norm_split))] \
+                + launches[1:]
         return [(name, lambda: norm.launch_rms_norm(h, wn.buf, eps, x, s))] + launches
 
     def _attention_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -1016,9 +976,8 @@ class Engine:
         if qo is None:
             qL, qo = self._quantize_input(ws, attn2, T, [wo])
             L += qL
-        add(("attn_output", HiddenWrite(ws, lambda tail: self._mv(
-            wo, attn2, h, T, bias=w.blk_opt(i, "attn_output.bias"), residual=h, qx=qo,
-            rowwise=ws.rowwise, tail=tail))))
+        add(("attn_output", lambda: self._mv(wo, attn2, h, T, bias=w.blk_opt(i, "attn_output.bias"),
+                                             residual=h, qx=qo, rowwise=ws.rowwise)))
         return L
 
     def _gdn_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -1103,8 +1062,7 @@ class Engine:
         # the projections of x side by side (conv_prep waits for them all; only the output
         # norm reads z)
         return L + self._side_by_side(ws, proj + gates) + mix + rule + norm_q + [
-            ("gdn_out", HiddenWrite(ws, lambda tail: self._mv(
-                wout, o2, h, T, residual=h, qx=qo, rowwise=ws.rowwise, tail=tail))),
+            ("gdn_out", lambda: self._mv(wout, o2, h, T, residual=h, qx=qo, rowwise=ws.rowwise)),
         ]
 
     def _mlp_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -1137,8 +1095,7 @@ class Engine:
         else:
             act = [("swiglu", swiglu)] + qL
         return L + proj + act + [
-            ("ffn_down", HiddenWrite(ws, lambda tail: self._mv(
-                wd, g, h, T, residual=h, qx=qg, rowwise=ws.rowwise, tail=tail))),
+            ("ffn_down", lambda: self._mv(wd, g, h, T, residual=h, qx=qg, rowwise=ws.rowwise)),
         ]
 
     def _moe_launches(self, i: int, ws: Workspace, T: int) -> list:
@@ -1207,37 +1164,8 @@ class Engine:
             L = self._forward_launches(ws, 1)
         finally:
             self._onepass_build = False
-        if NORM_TAIL:
-            L = self._fold_norm_tails(L, ws)
         return L + [
             ("advance", lambda: step.launch_advance(ws.ids, self.next_token, ws.positions, self.stream))]
-
-    def _fold_norm_tails(self, launches: list, ws: Workspace) -> list:
-        """Each q8 norm of ws's hidden row that follows the matvec writing that row, as one
-        entry: the matvec carries the norm as its last block's tail (matvec.NormTail, its own
-        counter) where its kernel can, else the norm launches after it -- the same bits either
-        way (tests/test_engine_norm_tail.py)."""
-        n = sum(isinstance(fn, HiddenNorm) for _, fn in launches)
-        if self._tail_counters is None or self._tail_counters.size < n:
-            # (sized once: the decode step's norms are the same for every build, and a graph
-            # captured with these counters must keep them)
-            self._tail_counters = cuda.to_device(np.zeros(max(n, 1), np.int32))
-        out, sites = [], 0
-        for name, fn in launches:
-            prev = out[-1][1] if out else None
-            if isinstance(fn, HiddenNorm) and fn.ws is ws and isinstance(prev, HiddenWrite) \
-                    and prev.ws is ws:
-                tail = fn.tail(self._tail_counters[sites:sites + 1])
-                sites += 1
-
-                def both(mv=prev, norm_launch=fn, tail=tail):
-                    if not mv(tail):
-                        norm_launch()
-                pname, _ = out.pop()
-                out.append((pname + "+" + name, both))
-            else:
-                out.append((name, fn))
-        return out
 
     # ------------------------------------------------------------------ public API
 

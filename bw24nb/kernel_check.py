@@ -466,66 +466,6 @@ def check_matvec_q6k_r(rng, size):
                       guard_ok=guard_ok)
 
 
-@check("norm_tail", "kernels.matvec.launch_matvec_q8",
-       "kernels.matvec_q6k.launch_matvec_q8_q6k_r")
-def check_matvec_norm_tail(rng, size):
-    """Decode's hidden-row norm as the tail of the matvec that wrote the row (matvec.NormTail:
-    the grid's last block runs rms_norm_q8): h += W x, then the norm's float row, int8 codes and
-    scales, bit for bit against the matvec launch then norm.launch_rms_norm_q8 (whose own
-    bounds rms_norm_q8 and matvec_q8 check). Twice over: the counter is zero again after a
-    launch."""
-    from .kernels import matvec as mv
-    from .kernels import matvec_q6k as q6
-    from .kernels import norm
-    from .kernels import quantize_act as qa
-    from .quant import QType
-    if size == "tiny":
-        cases = [("", QType.Q8_0, 640, 64), ("", QType.Q6_K, 512, 256)]
-    else:
-        cases = [("0.5b.attn_output", QType.Q8_0, Q05.hidden, Q05.hidden),
-                 ("0.5b.ffn_down", QType.Q4_K, Q05.hidden, Q05.ffn - Q05.ffn % 256),
-                 ("0.5b.ffn_down", QType.Q6_K, Q05.hidden, Q05.ffn - Q05.ffn % 256),
-                 ("9b.gdn_out", QType.Q6_K, Q9.hidden, Q9.hidden)]
-    eps = 1e-6
-    for label, qt, M, K in cases:
-        w = _random_weight(rng, qt, M, K)
-        xq, xd = (_dev(a) for a in qa.quantize_act_q8_reference(
-            rng.standard_normal(K).astype(np.float32)))
-        residual = (4 * rng.standard_normal(M)).astype(np.float32)
-        wn = _dev((1 + 0.5 * rng.standard_normal(M)).astype(np.float32))
-        if qt == QType.Q6_K:
-            body, d = (_dev(a) for a in q6.repack_q6_k(w, M, K))
-            launch = (lambda h, tail: q6.launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, h,
-                                                                 residual=h, tail=tail))
-        else:
-            wd = _dev(w)
-            launch = (lambda h, tail: mv.launch_matvec_q8(wd, qt, M, K, xq, xd, h,
-                                                          residual=h, tail=tail))
-        h_ref, h = _dev(residual), _dev(residual)
-        counter = _dev(np.zeros(1, np.int32))
-        for rep in range(2):
-            outs = []
-            for tailed in (False, True):
-                y, q, dq = Out(M), Out(M, np.int8, poison=-128), Out(M // 32)
-                if tailed:
-                    carried = launch(h, mv.NormTail(wn, eps, y.dev, q.dev, dq.dev, counter))
-                else:
-                    launch(h_ref, None)
-                    norm.launch_rms_norm_q8(h_ref.reshape(1, M), wn, eps, y.dev.reshape(1, M),
-                                            q.dev, dq.dev)
-                outs.append([o.get() for o in (y, q, dq)])
-            shape = f"{_shape(M, K)} {label} #{rep + 1}".strip()
-            problems = [] if carried else ["the launch did not carry the tail"]
-            if counter.copy_to_host()[0] != 0:
-                problems.append("counter not back at zero")
-            yield compare("norm_tail h", qt.name, shape, h.copy_to_host(), h_ref.copy_to_host(),
-                          tol="bit-exact", bits=True, problems=problems)
-            for what, (got, gok), (ref, _) in zip(("y", "q", "d"), outs[1], outs[0]):
-                yield compare(f"norm_tail {what}", qt.name, shape, got, ref, tol="bit-exact",
-                              bits=True, guard_ok=gok,
-                              poison=np.int8(-128) if what == "q" else None)
-
-
 @check("matvec_rows", "kernels.matvec.launch_matvec", "kernels.matvec.launch_matvec_q8",
        "kernels.matvec_q6k.launch_matvec_q8_q6k_r")
 def check_matvec_rows(rng, size):

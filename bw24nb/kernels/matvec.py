@@ -474,103 +474,6 @@ def row_kernel(p, fixed_parts=0):
     return _named(matvec, p, FP)
 
 
-# ---------------------------------------------------------------- the norm tail
-
-# Decode's rms_norm_q8 after attn_output / ffn_down run by the matvec's last block instead of a
-# launch of its own (`row_kernel(p, fp, tail_c=C)`; engine.NORM_TAIL): a launch boundary in the
-# decode graph costs ~2-3 us whatever the work (decision 0043), and the 0.5B's 49 norm launches
-# were 154 us of a 1081-us step (session 39's timeline). The tail gives the norm kernel's bits
-# (norm.q8_tail).
-
-
-# False: the tail kernels count their blocks and find the last one, which then does nothing,
-# and the launchers report the tail not carried (so the engine launches the norm): what the
-# protocol alone costs (run_bench --launch tail-protocol). Read when a kernel is built.
-TAIL_WORK = True
-
-
-@cuda.jit(device=True, inline="always")
-def grid_last_block(counter, flag_sh):
-    """True in every thread of the grid's last block to get here, after which the other blocks'
-    global writes are visible to it (at L2: read them with `ld_cg_f32`). Every thread of every
-    block calls it once. The last block sets the counter (int32[1], zero before the launch)
-    back to zero for the next launch -- the other blocks have counted by then."""
-    cuda.threadfence()                  # this block's stores before its count
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0:
-        done = cuda.atomic.add(counter, 0, 1)
-        is_last = done == cuda.gridDim.x - 1
-        if is_last:
-            counter[0] = 0
-        flag_sh[0] = 1 if is_last else 0
-    cuda.syncthreads()
-    if flag_sh[0] == 0:
-        return False
-    cuda.threadfence()                  # the other blocks' stores, ordered after their counts
-    return True
-
-
-def row_tail_kernel(p, fixed_parts, C):
-    """`row_kernel`'s matvec, then the norm tail: the grid's last block normalizes the output
-    row y[:C] (M = C: attn_output / ffn_down writing the hidden row, residual added) into the
-    next matvecs' input -- ny, its int8 codes nq and their scales nd, rms_norm_q8_rows' bits
-    (norm.q8_tail). kern[grid, THREADS](w, M, K, x, y, bias, residual, has_bias,
-    has_residual, parts, nw, eps, ny, nq, nd, counter); named <p.name>[_p1]_nt<C>. The rows
-    are row_kernel's, bit for bit (the same row_total and store)."""
-    from .norm import SCRATCH_WARPS, q8_tail
-    row_total, units, row_base, x_one = _row_total(p), p.units, p.base, p.x_one
-    tail = q8_tail(C, THREADS)
-    FP = fixed_parts
-    WORK = TAIL_WORK
-
-    def matvec_nt(w, M, K, x, y, bias, residual, has_bias, has_residual, parts, nw, eps, ny,
-                  nq, nd, counter):
-        P = FP if FP else parts
-        part_sh = cuda.shared.array(WARPS_PER_BLOCK, np.float32)
-        scratch = cuda.shared.array(SCRATCH_WARPS, np.float32)
-        flag_sh = cuda.shared.array(1, np.int32)
-        lane, row, part = _warp_row(P)
-        if not (P == 1 and row >= M):     # (a whole warp skips: warp_sum stays full-warp)
-            n = units(K)
-            last = n - 1
-            if row >= M:                  # split rows: stay for the block barrier, load nothing
-                n = 0
-            total = row_total(w, x_one(x, K), row_base(row, K), n, last, P, part, lane,
-                              part_sh)
-            if lane == 0 and part == 0 and row < M:
-                store_row(y, bias, residual, has_bias, has_residual, row, total)
-        if grid_last_block(counter, flag_sh) and WORK:
-            tail(y, nw, eps, ny, nq, nd, scratch)
-
-    return _named(matvec_nt, p, FP, kind=f"_nt{C}" + ("" if WORK else "_idle"))
-
-
-class NormTail(NamedTuple):
-    """The norm a decode matvec's last block runs on its output row (`row_tail_kernel`): the
-    norm weight w (float32[C]), eps, and where rms_norm_q8 would write -- y float32[C], xq
-    int8[>= C], xd float32[>= C / 32] (flat) -- plus the launch's counter (int32[1], zero)."""
-    w: object
-    eps: float
-    y: object
-    xq: object
-    xd: object
-    counter: object
-
-    def args(self):
-        return (self.w, np.float32(self.eps), self.y, self.xq, self.xd, self.counter)
-
-
-def tail_serves(rows: int, R: int, M: int, tail) -> bool:
-    """Whether a launch's kernel can carry the norm tail: one activation row, one weight row
-    a warp (`row_kernel`'s loop) and a norm over the M outputs (M a q8 row length: the norm
-    kernel's block holds it in one step, `norm.q8_tail`)."""
-    if tail is None or rows != 1 or R != 1 or tail.w.shape[0] != M:
-        return False
-    from .norm import _row_threads
-    B = _row_threads(M)
-    return M % 32 == 0 and M <= 4 * B and (THREADS >= B or B % THREADS == 0)
-
-
 # Verify's rows kernels wait on their loads (session 23's profile of 4 rows at 12288 x 4096:
 # 53 % of the stall cycles on L1TEX, 5.6 warps a scheduler at 80-86 registers). A register cap
 # buys resident warps at the price of spills; None leaves ptxas its choice. The bits do not
@@ -1281,25 +1184,19 @@ def path_kernels(p, who):
     build with the split folded in (`row_kernel`'s fixed_parts); 2 and 4 share the
     run-time-parts build. Either build computes the same sums in the same order, so which one
     runs changes no bit. With K given the path runs with its unroll fitted to the row
-    (`fit_unroll`: the same bits, no dropped slots computed). tail_c = C > 0: the one-row
-    kernel with the norm tail over C outputs (`row_tail_kernel`)."""
+    (`fit_unroll`: the same bits, no dropped slots computed)."""
     built = {}
 
-    def kernels(rows, parts, K=None, M=None, beside=False, R=None, tail_c=0):
+    def kernels(rows, parts, K=None, M=None, beside=False, R=None):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"{who}: a launch carries 1 .. {MAX_ROWS} rows, not {rows}")
         fp = 1 if parts == 1 else 0
         q = p if K is None else fit_unroll(p, K, parts)
         if R is None:
             R = warp_rows(p, rows, parts, M, beside)
-        if tail_c and (rows != 1 or R != 1):
-            raise ValueError(f"{who}: the norm tail rides one-row launches of one weight row "
-                             f"a warp, not rows={rows}, R={R}")
-        key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, R, tail_c,
-               TAIL_WORK)
+        key = (rows, q.unroll, fp, None if rows == 1 else ROWS_MAX_REGISTERS, R)
         if key not in built:
-            built[key] = (row_tail_kernel(q, fp, tail_c) if tail_c else
-                          rows_pair_kernel_of(q, rows, R) if R > 1 else row_kernel(q, fp)
+            built[key] = (rows_pair_kernel_of(q, rows, R) if R > 1 else row_kernel(q, fp)
                           if rows == 1 else rows_kernel_of(q, rows, fp))
         return built[key]
 
@@ -1562,8 +1459,7 @@ def _parts(M, K, parts):
 
 
 def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, residual=None,
-                     stream=0, parts=None, rows=1, nibble=False, beside=False,
-                     tail=None) -> bool:
+                     stream=0, parts=None, rows=1, nibble=False, beside=False):
     """y = W @ dequant(xq, xd) (+ bias) (+ residual) with dp4a, for Q8_0, Q4_0, Q5_0, Q4_K,
     Q5_K, Q6_K weights (Q4_K on matvec_q4k.py's kernel; Q8_0 / Q5_0 / Q4_0 on matvec_qx0.py's
     when the buffer allows it, `matvec_qx0.serves`). xq_dev int8[K] and xd_dev float32[K / 32] come from
@@ -1572,10 +1468,7 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
     xd_dev float32[T * K / 32] (row t's at t * K and t * K / 32: quantize_act's [T, K]
     output), y_dev and residual float32[T * M], bias float32[M].
     nibble: xq is in nibble order (quantize_act.nibble_order; Q4_K only, K % 256 == 0).
-    beside: the launch runs beside others on the GPU (graph branches; `warp_rows`).
-    tail: a `NormTail` -- the norm of the M outputs (one row) into the next matvecs' input --
-    which the launch's last block runs when its kernel can carry it (`tail_serves`: the row
-    loop's kernels); returns whether it did (if not, the caller launches the norm)."""
+    beside: the launch runs beside others on the GPU (graph branches; `warp_rows`)."""
     rows = check_rows(rows)
     lay = _check_common(w_dev, qtype, M, K, y_dev, bias, residual, rows)
     if lay.qtype not in MATVEC_Q8:
@@ -1594,20 +1487,21 @@ def launch_matvec_q8(w_dev, qtype, M, K, xq_dev, xd_dev, y_dev, bias=None, resid
     residual = None if residual is None else _flat(residual)
     if lay.qtype == QType.Q4_K:               # 16-byte loads straight from the GGUF blocks
         from . import matvec_q4k
-        return matvec_q4k.launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts,
-                                 _grid(M, parts), THREADS, stream, rows, nibble, beside, tail)
+        matvec_q4k.launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts,
+                          _grid(M, parts), THREADS, stream, rows, nibble, beside)
+        return
     from . import matvec_qx0
     if matvec_qx0.serves(lay.qtype, w8):
         # Q8_0 / Q5_0 / Q4_0: 16-byte loads of the GGUF blocks, lined up in registers
-        return matvec_qx0.launch(lay.qtype, w8, w16, wh, M, K, xq_dev, xd_dev, y_dev, bias,
-                                 residual, parts, _grid(M, parts), THREADS, stream, rows, tail)
+        matvec_qx0.launch(lay.qtype, w8, w16, wh, M, K, xq_dev, xd_dev, y_dev, bias, residual,
+                          parts, _grid(M, parts), THREADS, stream, rows)
+        return
     xq32 = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.int32)      # 4 int8 per dp4a operand
     kern = rows_kernel(lay.qtype, rows, q8=True, parts=parts, K=K)
     kern[_grid(M, parts), THREADS, stream](
         (w8, w16, wh), np.int32(M), np.int32(K), (xq32, _flat(xd_dev)), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
         np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
-    return False
 
 
 # ---------------------------------------------------------------- numpy references

@@ -57,10 +57,8 @@ from ..jit import kernel
 from ..ptx import (byte_perm, dp4a, dp4a_us, f16x2_to_f32x2, ld_nc_v2_f32, ld_nc_v4_u32,
                    warp_sum)
 from ..quant.types import QType, type_size
-from . import matvec
 from .matvec import (WARPS_PER_BLOCK, RowPath, fit_unroll, grid_rows, group_kernels,
-                     path_kernels, rows_pair_kernel_of, store_row, tail_serves, token_kernels,
-                     warp_rows)
+                     path_kernels, rows_pair_kernel_of, store_row, token_kernels, warp_rows)
 
 Q4_K_WORDS = type_size(QType.Q4_K) // 4     # 36 uint32 words a super-block
 CHUNKS_PER_BLOCK = 8                         # 128 quant bytes / 16
@@ -538,12 +536,10 @@ EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "shfl.sync.bfly.b3
 
 
 def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads, stream,
-           rows=1, nibble=False, beside=False, tail=None) -> bool:
+           rows=1, nibble=False, beside=False):
     """Called by matvec.launch_matvec_q8 for Q4_K (its checks already done, y and residual
     flat); nibble: the activations are in nibble order (quantize_act.nibble_order); beside:
-    the launch runs beside others (`matvec.warp_rows`); tail: a `matvec.NormTail` the launch's
-    last block runs when its kernel can carry it (the row loop's, `matvec.tail_serves`; not
-    the persistent xreg kernel); returns whether it did."""
+    the launch runs beside others (`matvec.warp_rows`)."""
     w32 = w8.view(np.uint32)
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
@@ -552,16 +548,13 @@ def launch(w8, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads
             w32, np.int32(M), np.int32(K), xq, xd, y_dev,
             y_dev if bias is None else bias, y_dev if residual is None else residual,
             np.int32(bias is not None), np.int32(residual is not None))
-        return False
+        return
     path, kernels = (PATH_NIB, KERNELS_NIB) if nibble else (PATH, KERNELS)
     R = warp_rows(path, rows, parts, M, beside)   # (nibble order: no pair path, R = 1)
-    carry = tail_serves(rows, R, M, tail)
-    kern = kernels(rows, parts, K, R=R, tail_c=M if carry else 0)
+    kern = kernels(rows, parts, K, R=R)
     if R > 1:
         grid = grid_rows(M, parts, R)
     kern[grid, threads, stream](
         (w32,), np.int32(M), np.int32(K), (xq, xd), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
-        np.int32(bias is not None), np.int32(residual is not None), np.int32(parts),
-        *(tail.args() if carry else ()))
-    return carry and matvec.TAIL_WORK
+        np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))

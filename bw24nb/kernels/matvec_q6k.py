@@ -64,9 +64,8 @@ from numba import cuda
 from ..ptx import dp4a, f32_from_bits, ld_nc_v4_u32
 from ..quant.types import QType, block_size, type_size
 from .dequant import Q6_K_OFF_D, Q6_K_OFF_QH, Q6_K_OFF_QL, Q6_K_OFF_SCALES
-from . import matvec
 from .matvec import (THREADS, RowPath, _flat, at_least, check_rows, grid_rows, path_kernels,
-                     rows_pair_kernel_of, tail_serves, warp_rows, warps_per_row, x_row_q8)
+                     rows_pair_kernel_of, warp_rows, warps_per_row, x_row_q8)
 
 # ---------------------------------------------------------------- the Q6_K_R layout
 
@@ -395,7 +394,7 @@ def _misaligned(a):
 
 
 def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, stream=0,
-                           parts=None, rows=1, beside=False, tail=None) -> bool:
+                           parts=None, rows=1, beside=False):
     """y = W @ dequant(xq, xd) (+ bias) (+ residual) for a Q6_K matrix W in the Q6_K_R layout.
 
     body: device uint8, M * K / 256 * 208 bytes (any shape, C-contiguous, 16-byte aligned: a
@@ -408,8 +407,6 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     t * K / 32, t * M; any C-contiguous shape), bias float32[M]; row t of y is bit for bit a
     rows = 1 launch on row t's inputs.
     beside: the launch runs beside others on the GPU (graph branches; `matvec.warp_rows`).
-    tail: a `matvec.NormTail` the launch's last block runs when its kernel can carry it
-    (`matvec.tail_serves`); returns whether it did.
     Reference: `matvec_q8_q6k_r_reference` (= `matvec.matvec_q8_reference` on the GGUF rows)."""
     nblk = _blocks_per_row(K)
     rows = check_rows(rows, "matvec_q6k_r")
@@ -437,15 +434,12 @@ def launch_matvec_q8_q6k_r(body, d, M, K, xq, xd, y, bias=None, residual=None, s
     R = warp_rows(PATH, rows, parts, M, beside)
     grid = grid_rows(M, parts, R)
     y = _flat(y)
-    carry = tail_serves(rows, R, M, tail)
-    kern = KERNELS(rows, parts, K, R=R, tail_c=M if carry else 0)
+    kern = KERNELS(rows, parts, K, R=R)
     kern[grid, THREADS, stream](
         (_flat(body).view(np.uint32), _flat(d)), np.int32(M), np.int32(K),
         (_flat(xq)[:rows * K].view(np.uint32), _flat(xd)[:rows * K // 32].view(np.uint32)), y,
         y if bias is None else bias, y if residual is None else _flat(residual),
-        np.int32(bias is not None), np.int32(residual is not None), np.int32(parts),
-        *(tail.args() if carry else ()))
-    return carry and matvec.TAIL_WORK
+        np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))
 
 
 def matvec_q8_q6k_r_reference(body, d, M, K, xq, xd, bias=None, residual=None):

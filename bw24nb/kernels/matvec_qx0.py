@@ -42,7 +42,7 @@ from numba import cuda
 from ..ptx import byte_perm, dp4a, ld_nc_v4_u32
 from ..quant.types import QType, type_size
 from . import matvec
-from .matvec import RowPath, path_kernels, tail_serves, token_kernels, warp_rows
+from .matvec import RowPath, path_kernels, token_kernels
 # the activations as Q4_K's kernel takes them: whole arrays and a row's word / scale offsets
 from .matvec_q4k import _u32, _x_one, _x_row
 
@@ -275,8 +275,6 @@ matvec_q8_q5_0_v4_u1_p1 = KERNELS[QType.Q5_0](1, 1, 896)      # its ffn_gate / f
 matvec_q8_q5_0_v4_r4 = KERNELS[QType.Q5_0](4, 2)
 matvec_q8_q4_0_v4 = KERNELS[QType.Q4_0](1, 2)
 matvec_q8_q8_0_v4_tok = token_kernels(PATHS[QType.Q8_0])(2)
-# the 0.5B's attn_output (896 x 896) with the norm tail over its 896 outputs
-matvec_q8_q8_0_v4_u1_p1_nt896 = KERNELS[QType.Q8_0](1, 1, 896, tail_c=896)
 
 _W = "Tuple((uint32[::1], uint16[::1], float16[::1]))"
 _SIG = (f"void({_W}, int32, int32, Tuple((uint32[::1], float32[::1])), float32[::1], "
@@ -284,16 +282,11 @@ _SIG = (f"void({_W}, int32, int32, Tuple((uint32[::1], float32[::1])), float32[:
 PTX_SIGNATURES = {name: [_SIG] for name in (
     "matvec_q8_q8_0_v4", "matvec_q8_q8_0_v4_u1_p1", "matvec_q8_q5_0_v4_u1_p1",
     "matvec_q8_q5_0_v4_r4", "matvec_q8_q4_0_v4")}
-# + the tail's norm weight, eps, y, codes, scales and counter
-_SIG_NT = _SIG[:-1] + ", float32[::1], float32, float32[::1], int8[::1], float32[::1], int32[::1])"
-PTX_SIGNATURES["matvec_q8_q8_0_v4_u1_p1_nt896"] = [_SIG_NT]
 PTX_SIGNATURES["matvec_q8_q8_0_v4_tok"] = [
     f"void({_W}, int32[:, ::1], int32, int32, int32, int32, "
     "Tuple((uint32[::1], float32[::1])), int32, float32[::1], int32)"]
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "dp4a.s32.s32", "prmt.b32", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
-EXPECTED_PTX["matvec_q8_q8_0_v4_u1_p1_nt896"] += ["ld.global.cg.f32", "atom.",
-                                                  "membar.gl"]
 
 
 def usable(w8) -> bool:
@@ -319,17 +312,13 @@ def weight_args(w8, w16, wh):
 
 
 def launch(qt, w8, w16, wh, M, K, xq_dev, xd_dev, y_dev, bias, residual, parts, grid, threads,
-           stream, rows=1, tail=None) -> bool:
+           stream, rows=1):
     """Called by matvec.launch_matvec_q8 when `serves(qt, w8)` (its checks already done, y and
-    residual flat). tail: a `matvec.NormTail` the launch's last block runs when its kernel can
-    carry it (`matvec.tail_serves`); returns whether it did."""
+    residual flat)."""
     xq = xq_dev.reshape(xq_dev.size)[:rows * K].view(np.uint32)
     xd = xd_dev if xd_dev.ndim == 1 else xd_dev.reshape(xd_dev.size)
-    carry = tail_serves(rows, warp_rows(PATHS[qt], rows, parts), M, tail)
-    kern = KERNELS[qt](rows, parts, K, tail_c=M if carry else 0)
+    kern = KERNELS[qt](rows, parts, K)
     kern[grid, threads, stream](
         weight_args(w8, w16, wh), np.int32(M), np.int32(K), (xq, xd), y_dev,
         y_dev if bias is None else bias, y_dev if residual is None else residual,
-        np.int32(bias is not None), np.int32(residual is not None), np.int32(parts),
-        *(tail.args() if carry else ()))
-    return carry and matvec.TAIL_WORK
+        np.int32(bias is not None), np.int32(residual is not None), np.int32(parts))

@@ -30,7 +30,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..jit import kernel
-from ..ptx import ld_cg_f32, warp_max, warp_sum
+from ..ptx import warp_max, warp_sum
 from .quantize_act import q8_code
 
 # Largest block. A decode norm is one block on one SM, so its time is its chain of memory round
@@ -411,75 +411,6 @@ def gated_rms_norm_q8_rows(x, z, w, eps, y, xq, xd):
     for i in range(cuda.threadIdx.x, C, B):
         v = x[row, i] * rstd * w[i] * _silu(z[row, i])
         _store_q8(y, xq, xd, row, i, v, warp_max(abs(v)))
-
-
-def q8_tail(C: int, NT: int):
-    """tail(h, w, eps, y, xq, xd, scratch): `rms_norm_q8_rows`' output for the row h[:C] -- y,
-    its int8 codes xq and their scales xd, flat -- computed by a block of NT threads, the last
-    block of a matvec grid that has just written h (matvec.py's norm tail: the decode norm after
-    attn_output / ffn_down without a launch of its own). Every thread of the block calls it.
-    h is read with `ld_cg_f32` (at L2: other blocks of the grid wrote it), the norm weight with
-    plain loads. scratch holds >= SCRATCH_WARPS floats.
-
-    The bits are the norm kernel's: it sums the squares in `_sum_squares`' order for the
-    kernel's block of B = `_row_threads(C)` threads (virtual thread j: elements j, j + B,
-    j + 2B, j + 3B), with thread t playing virtual threads t, t + NT, .. (NT < B) or t alone
-    (threads past B adding nothing), and totals them as `block_sum` does (a warp tree per 32
-    virtual threads, then one over those totals, padded with +0.0 to 32); then x * rstd * w and
-    `q8_code` per 32-block, amax a warp_max (exact in any order). Rows of at most 4 elements a
-    virtual thread (every q8 row: `_one_step_q8`'s case)."""
-    B = _row_threads(C)
-    if C % 32 or NT % 32 or C > 4 * B or (NT < B and B % NT):
-        raise ValueError(f"q8_tail: a row of {C} on {NT} threads (C, NT multiples of 32, "
-                         f"C <= 4 B, B = {B})")
-    RV = max(1, B // NT)                # virtual threads a thread plays
-    QK = -(-C // NT)                    # elements a thread holds: t + k NT
-    NWB = B // 32                       # block_sum's warp totals
-    OWN = NT <= B                       # a virtual thread's elements are among the thread's
-    last = C - 1
-
-    @cuda.jit(device=True, inline="always")
-    def tail(h, w, eps, y, xq, xd, scratch):
-        t = cuda.threadIdx.x
-        lane = t & 31
-        xv = cuda.local.array(QK, float32)
-        wv = cuda.local.array(QK, float32)
-        for k in range(QK):             # every load, x's and w's, issued before the sum
-            xv[k] = ld_cg_f32(h, min(t + k * NT, last))
-            wv[k] = w[min(t + k * NT, last)]
-        for m in range(RV):
-            j = t + m * NT
-            if OWN:
-                # virtual thread j's elements j + sB are t + (m + s RV) NT, i.e. xv[m + s RV]
-                # (an index past QK is an element past C, which _add_squares drops)
-                x0 = xv[min(m, QK - 1)]
-                x1 = xv[min(m + RV, QK - 1)]
-                x2 = xv[min(m + 2 * RV, QK - 1)]
-                x3 = xv[min(m + 3 * RV, QK - 1)]
-            else:
-                x0 = ld_cg_f32(h, min(j, last))
-                x1 = ld_cg_f32(h, min(j + B, last))
-                x2 = ld_cg_f32(h, min(j + 2 * B, last))
-                x3 = ld_cg_f32(h, min(j + 3 * B, last))
-            acc = float32(0.0)
-            if j < B:                   # (warp-uniform: B a multiple of 32)
-                acc = _add_squares(acc, j, B, C, x0, x1, x2, x3)
-            total = warp_sum(acc)
-            if lane == 0 and j < B:
-                scratch[j >> 5] = total
-        cuda.syncthreads()
-        rstd = rstd_of(warp_sum(scratch[lane] if lane < NWB else float32(0.0)), C, eps)
-        for k in range(QK):
-            e = t + k * NT              # 32b + lane of block b (warp-uniform test)
-            if e < C:
-                v = xv[k] * rstd * wv[k]
-                y[e] = v
-                q, d = q8_code(v, warp_max(abs(v)))
-                xq[e] = q
-                if lane == 0:
-                    xd[e >> 5] = d
-
-    return tail
 
 
 # ------------------------------------------------------------------ launchers

@@ -20,9 +20,6 @@
         ``index`` a multiple of 4; the array not written during the kernel.
     ld_nc_v2_f32(array_f32, index) -> (float32, float32)
         ``array[index:index+2]`` in one 8-byte read-only load; ``index`` even.
-    ld_cg_f32(array_f32, index) -> float32
-        ``array[index]`` read at L2 (``ld.global.cg.f32``), past L1: a value another block of the
-        grid wrote (volatile: stays after the fence that publishes it).
     ld_v4_f32(array_f32, index) -> (float32, float32, float32, float32)
         ``array[index:index+4]`` in one 16-byte load of any space (shared: LDS.128); ``index``
         a multiple of 4. A plain LLVM vector load, not a snippet.
@@ -96,7 +93,6 @@ if simulator_enabled():
         fp4x2_to_f32x2,
         global_timer,
         grid_dependency_wait,
-        ld_cg_f32,
         ld_nc_v2_f32,
         ld_nc_v4_u32,
         ld_v4_f32,
@@ -139,7 +135,6 @@ else:
         fma_f32,
         global_timer,
         grid_dependency_wait,
-        ld_cg_f32,
         ld_nc_v2_f32,
         ld_nc_v4_u32,
         ld_v4_f32,
@@ -163,7 +158,7 @@ else:
 
 __all__ = [
     "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "mma_f16_m16n8k16", "f32x2_to_f16x2",
-    "ld_nc_v4_u32", "ld_nc_v2_f32", "ld_v4_f32", "ld_cg_f32",
+    "ld_nc_v4_u32", "ld_nc_v2_f32", "ld_v4_f32",
     "warp_sum",
     "warp_max", "f32_from_bits", "f32_bits", "fma_f32",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",

@@ -346,29 +346,6 @@ ld_nc_v2_f32 = _vector_load_intrinsic(
 
 
 @intrinsic
-def ld_cg_f32(typingctx, array, index):
-    """``array[index]`` by one ``ld.global.cg.f32``: read at L2, past this SM's L1, for a value
-    another block of the same grid wrote (ld_cg.ptx says when). ``array`` a 1-D C-contiguous
-    float32 device array. Emitted as volatile asm with a memory clobber, so the compiler neither
-    merges it with an earlier read of the same address nor moves it above the fence and barrier
-    that publish the value. No bounds check, no negative-index wraparound."""
-    if not (isinstance(array, types.Array) and array.dtype == types.float32
-            and array.ndim == 1 and array.layout == "C"):
-        raise TypingError(f"ld_cg_f32: needs a 1-D C-contiguous float32 array, got {array}")
-    _require_integers("ld_cg_f32", index)
-    snip = snippet("ld_cg_f32")
-
-    def codegen(context, builder, sig, args):
-        addr = _element_address(context, builder, sig, args)
-        fnty = ir.FunctionType(ir.FloatType(), [ir.IntType(64)])
-        asm = ir.InlineAsm(fnty, snip.asm_template, snip.constraints + ",~{memory}",
-                           side_effect=True)
-        return builder.call(asm, [addr])
-
-    return types.float32(array, index), codegen
-
-
-@intrinsic
 def ld_v4_f32(typingctx, array, index):
     """``(array[index], ..., array[index + 3])`` as one 16-byte vector load of LLVM's own (no
     inline asm: the address space stays the compiler's to infer, so a shared array's read is

@@ -217,11 +217,6 @@ def ld_nc_v2_f32(array, index) -> tuple[np.float32, np.float32]:
 
 
 
-def ld_cg_f32(array, index) -> np.float32:
-    """``array[index]`` (the simulator has one memory: no L1 to read past)."""
-    return np.float32(array[int(index)])
-
-
 def ld_v4_f32(array, index) -> tuple[np.float32, np.float32, np.float32, np.float32]:
     """``array[index:index + 4]`` as a tuple; faults like the GPU on a misaligned index."""
     i = _vector_index("ld_v4_f32", array, index, 4)
