@@ -88,8 +88,8 @@ SHAPES = [
     ("0.5b", H05, H05, "attn_q / attn_output", (QType.Q8_0, QType.Q5_0)),
     ("0.5b", F05, H05, "ffn_gate / ffn_up", (QType.Q8_0, QType.Q5_0)),
     ("0.5b", H05, F05, "ffn_down", (QType.Q8_0, QType.Q5_0)),
-    # the 0.5B's GEMMs whose 64 x 64 grid under-fills the GPU (matmul_q8.FILL_TILES: time
-    # them with --tiles m32t64s8,m32t32s8)
+    # the 0.5B's GEMMs whose 64 x 64 grid under-fills the GPU (112 and 16 blocks at T = 512):
+    # where a tile or split-K for small grids would have to win (decision 0049)
     ("0.5b-fill", H05, F05, "ffn_down", (QType.Q6_K,)),
     ("0.5b-fill", 128, H05, "attn_k / attn_v", (QType.Q5_0,)),
 ]

@@ -672,11 +672,6 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "gemm-s21": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S21)],
                 "gemm-ahead": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_AHEAD)],
                 "gemm-s23": [("bw24nb.kernels.matmul_q8", "KERNEL_CHOICE", _GEMM_S23)],
-                # prefill GEMMs the 64 x 64 tile under-fills on one-warp-wide tiles
-                # (matmul_q8.FILL_TILES): 32 x 64, then 32 x 32 / only 32 x 64
-                "gemm-fill": [("bw24nb.kernels.matmul_q8", "FILL_TILES",
-                               ("m32t64s8", "m32t32s8"))],
-                "gemm-fill64": [("bw24nb.kernels.matmul_q8", "FILL_TILES", ("m32t64s8",))],
                 "pipe-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "pipe")],
                 "quad-rule": [("bw24nb.kernels.gated_deltanet", "PREFILL_RULE", "quad")],
                 "slice-chain": [("bw24nb.engine", "ROWS_SLICE_SIDES", 0)],

@@ -14,7 +14,6 @@ from numba import cuda
 from bw24nb.kernel_check import _min_offsets, gamma
 from bw24nb.kernels.dequant import random_weight_bytes
 from bw24nb.kernels.matmul_q8 import (
-    DEFAULT_TILE,
     MATMUL_Q8,
     TILES,
     Tile,
@@ -225,20 +224,6 @@ def test_kernel_for_takes_a_large_tile_only_when_its_grid_fills_the_gpu(monkeypa
     monkeypatch.setitem(mq.KERNEL_CHOICE, QType.Q4_K, (("m64t128s4", True),))
     kern = mq.kernel_for(QType.Q4_K, 4096, T)
     assert kern.tile.name == "m64t128s4" and "_cvt" not in kern.__name__
-
-
-def test_fill_tiles_take_only_grids_the_default_tile_under_fills(monkeypatch):
-    """FILL_TILES (off by default): where no candidate and not the 64 x 64 tile fill the GPU,
-    the first fill tile that does, else the last; a grid the default fills keeps it."""
-    from bw24nb.kernels import matmul_q8 as mq
-    monkeypatch.setattr(mq, "sm_count", lambda: 132)
-    T = 512
-    assert mq.kernel_for(QType.Q6_K, 896, T) is mq.MATMUL_Q8[QType.Q6_K]       # off
-    monkeypatch.setattr(mq, "FILL_TILES", ("m32t64s8", "m32t32s8"))
-    assert mq.kernel_for(QType.Q6_K, 896, T).tile.name == "m32t64s8"     # 28 x 8 = 224 blocks
-    assert mq.kernel_for(QType.Q5_0, 128, T).tile.name == "m32t32s8"     # 4 x 16: the last
-    assert mq.kernel_for(QType.Q5_0, 4864, T) is mq.MATMUL_Q8[QType.Q5_0]     # 76 x 8 fills
-    assert mq.kernel_for(QType.Q6_K, 12288, T).tile.name == "m128t128s4"      # candidates first
 
 
 @pytest.mark.parametrize("qt", [QType.Q4_K, QType.Q6_K, QType.Q8_0])

@@ -152,11 +152,10 @@ DEFAULT_TILE = Tile()
 # Candidates for bench/matmul_q8_bench.py --tiles (static shared memory stays under numba's
 # 48 KB: the larger tiles stage 4 sub-blocks a step); KERNEL_CHOICE below takes the measured
 # winners.
-# The one-warp-wide tiles (m32: 32 weight rows a block) are for grids the 64 x 64 tile leaves
-# under-filled (FILL_TILES).
+# (Session 43 timed one-warp-wide tiles, m32t64s8 / m32t32s8, for the grids the 64 x 64 tile
+# under-fills: they lost on the H100 and were removed, decision 0049.)
 TILES = {t.name: t for t in (DEFAULT_TILE, Tile(2, 2, 4), Tile(4, 2, 4), Tile(2, 4, 4),
-                             Tile(4, 4, 4), Tile(4, 2, 4, True), Tile(2, 2, 4, True),
-                             Tile(1, 2, 8), Tile(1, 1, 8))}
+                             Tile(4, 4, 4), Tile(4, 2, 4, True), Tile(2, 2, 4, True))}
 
 _LOW_NIBBLES = np.uint32(0x0F0F0F0F)
 _BYTE_SIGN = np.uint32(0x80808080)
@@ -897,12 +896,6 @@ KERNEL_CHOICE = {
     QType.Q8_0: (("m64t128s4", False),),
 }
 MIN_GRID_FILL = 0.9
-# Where neither KERNEL_CHOICE's candidates nor the 64 x 64 tile make MIN_GRID_FILL blocks an
-# SM: these smaller tiles in order, the first that does, else the last (the most blocks). The
-# 0.5B's prefill has such GEMMs: ffn_down (Q6_K, M = 896: 14 x 8 = 112 blocks at T = 512,
-# 3.0 of ~13.6 ms on the H100, session 41), attn_k / attn_v (M = 128: 16 blocks). Empty (off)
-# until measured: run_bench's gemm-fill modes set it. The same bits whatever the tile.
-FILL_TILES: tuple = ()
 _BUILT: dict = {}
 
 
@@ -939,16 +932,7 @@ def kernel_for(qt, M: int, T: int):
         gm, gt = grid_of(kern.tile, M, T)
         if gm * gt >= need:
             return kern
-    default = MATMUL_Q8[QType(qt)]
-    gm, gt = grid_of(default.tile, M, T)
-    if not FILL_TILES or gm * gt >= need:
-        return default
-    for name in FILL_TILES:
-        kern = built(qt, name, MAGIC_CVT)
-        gm, gt = grid_of(kern.tile, M, T)
-        if gm * gt >= need:
-            break
-    return kern
+    return MATMUL_Q8[QType(qt)]
 
 
 _SIG = "void(uint8[::1], uint16[::1], uint32[::1], float16[::1], int32, int32, uint32[::1], " \
