@@ -534,6 +534,9 @@ class Engine:
         self._prefill_seen: set[int] = set()
         self._prefill_eager_only: set[int] = set()
         self.position = 0
+        # decode reads its position from device memory: a fresh engine's is 0 as well, not what
+        # the allocation held (a decode before any prefill or reset stored its K / V row there)
+        self.ws1.positions.copy_to_device(np.zeros(1, np.int32), stream=self.stream)
         self.load_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ setup checks

@@ -47,6 +47,20 @@ def test_prefill_then_graph_decode_match_reference(pair):
     assert eng._graphs and eng.position == len(prompt) + 1
 
 
+def test_a_fresh_engine_decodes_from_position_zero():
+    """decode() as the first call of a new engine: the decode step reads its position from
+    device memory, which construction sets to 0 (it once held whatever the allocation did, and
+    the step stored its K / V row at that position)."""
+    from bw24nb.engine import Engine
+    src = open_model(FIXTURE)
+    eng = Engine(src, n_ctx=16, k_type=QType.F16, v_type=QType.F16, log=lambda m: None,
+                 use_graph=False)
+    ref, _ = load_reference(FIXTURE)
+    ref.reset()
+    e, r = eng.decode(5), ref.decode(5)
+    assert rel(e, r) <= TOL and e.argmax() == r.argmax() and eng.position == 1
+
+
 def test_reset_rewinds_position_and_recurrent_state(pair):
     eng, _ = pair
     eng.reset()
