@@ -533,10 +533,9 @@ class Engine:
         self._prefill_graphs: dict[int, CudaGraph] = {}
         self._prefill_seen: set[int] = set()
         self._prefill_eager_only: set[int] = set()
-        self.position = 0
-        # decode reads its position from device memory: a fresh engine's is 0 as well, not what
-        # the allocation held (a decode before any prefill or reset stored its K / V row there)
-        self.ws1.positions.copy_to_device(np.zeros(1, np.int32), stream=self.stream)
+        # a fresh engine's device position is 0 too, not what the allocation held (a decode
+        # before any prefill or reset stored its K / V row there)
+        self.set_position(0)
         self.load_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ setup checks
@@ -1177,9 +1176,13 @@ class Engine:
         positions past the sequence's length are never read."""
         if self.rs is not None:
             self.rs.reset(self.stream)
-        self.position = 0
-        # the decode graph reads its position from device memory
-        self.ws1.positions.copy_to_device(np.zeros(1, np.int32), stream=self.stream)
+        self.set_position(0)
+
+    def set_position(self, pos: int) -> None:
+        """The sequence length is `position`; the decode graph reads its own copy from device
+        memory, written here with it."""
+        self.position = pos
+        self.ws1.positions.copy_to_device(np.array([pos], np.int32), stream=self.stream)
 
     def _run(self, launches):
         for _, fn in launches:
@@ -1203,7 +1206,7 @@ class Engine:
             self._prefill_chunk(ws, T)
             self.position += T
         # the decode step continues from here: its input token is set by decode()/the sampler
-        self.ws1.positions.copy_to_device(np.array([self.position], np.int32), stream=self.stream)
+        self.set_position(self.position)
         out = self.logits.copy_to_host(stream=self.stream)
         self.stream.synchronize()
         return out

@@ -404,13 +404,6 @@ class EngineSpecTarget:
         self._sequence += 1
         self._rewinds = []
 
-    def _set_position(self, pos: int) -> None:
-        """The sequence length is the engine's position; its decode graph reads its own copy
-        from device memory."""
-        e = self.engine
-        e.position = pos
-        e.ws1.positions.copy_to_device(np.array([pos], np.int32), stream=e.stream)
-
     # ------------------------------------------------------------------ forwards
 
     def _stack(self, ids: np.ndarray) -> np.ndarray:
@@ -439,7 +432,7 @@ class EngineSpecTarget:
             e._run(L)
             ws.x[:T].copy_to_host(hidden[start:start + T], stream=s)
             e.position += T
-        self._set_position(e.position)
+        self.engine.set_position(e.position)
         return hidden
 
     def prefill(self, ids, want_logits: bool = False) -> Rows:
@@ -500,7 +493,7 @@ class EngineSpecTarget:
                                   f"raise --ctx")
         self._put_rows(ids)
         self.graphs.run(("rows", T, head), lambda: self._rows_launches(T, head))
-        self._set_position(e.position + T)
+        self.engine.set_position(e.position + T)
 
     def profile_verify(self, ids, replays: int = 20) -> list[tuple[str, float]]:
         """Device time (ms) of each launch of a verify over `ids` at the current position
@@ -566,14 +559,14 @@ class EngineSpecTarget:
             return
         e = self.engine
         if e.rs is None:                                 # attention-only models just truncate
-            self._set_position(start + n)
+            self.engine.set_position(start + n)
         elif self.rollback == "recompute":
             e.rs.restore(self._before_verify, stream=e.stream)
-            self._set_position(start)
+            self.engine.set_position(start)
             self._run_rows(ids[:n], head=False)
         else:                                            # "states": the kernels kept them
             e.rs.restore_step(self.wsv.step_states, n - 1, stream=e.stream)
-            self._set_position(start + n)
+            self.engine.set_position(start + n)
         e.stream.synchronize()
 
     # ------------------------------------------------------------------ snapshots
@@ -604,7 +597,7 @@ class EngineSpecTarget:
             e.rs.restore(snap.states, stream=e.stream)
         if snap.position < e.position:
             self._rewinds.append(snap.position)
-        self._set_position(snap.position)
+        self.engine.set_position(snap.position)
         self._pending = None
         e.stream.synchronize()
 
