@@ -1,6 +1,7 @@
 """Where decode attention's split pass spends its time, phase by phase, on the GPU.
 
-    python3 bench/attention_phases.py [--n 32] [--positions 511,6143] [--commit SHA] [--out F]
+    python3 bench/attention_phases.py [--n 32] [--positions 511,6143] [--kernels split,1ps]
+                                      [--commit SHA] [--out F]
 
 Decode attention is launched as the engine launches it (F16 cache of --ctx positions, the
 output gate and int8 copy fused into the combine) N times over in one programmatic graph, as
@@ -15,7 +16,13 @@ repetition are read back and reduced over the working blocks:
   span         first block's entry to last block's partial stored (ns)
   entry skew   last block's entry minus first block's (ns)
 
-One JSON line per (shape, position, interval) goes to --out (default
+--kernels 1p,1pld,1ps,1psld traces the one-pass kernel instead (engine.ONEPASS_MAX_CTX; "s":
+with the token's RoPE and K / V store, "ld": its loads issued early), whose thread 0 of every
+block (a query head) stamps decode_attention.TRACE_STAMPS_1P: entry, the position known, the
+store done, q in shared memory, warp 0's first pair of splits, every split, the combine's
+weights, its groups' sums, the output stored.
+
+One JSON line per (shape, position, kernel, interval) goes to --out (default
 $OUT/attention_phases.jsonl). Benchmarks are not tests; the stamps cost a few stores a block,
 so the absolute times are the instrumented kernel's.
 """
@@ -41,20 +48,33 @@ from launch_chain import ATTENTION_SHAPES, attention_launch  # noqa: E402
 from matvec_bench import _commit  # noqa: E402
 
 
-def traced_attention(stream, rng, Hq, Hkv, D, ctx, position):
-    """(launch, trace): launch_chain.attention_launch's decode attention at `position`, its
-    split pass stamping into `trace` (decode_attention.trace_shape)."""
+# --kernels: the split pass, or the one-pass kernel (engine.ONEPASS_MAX_CTX) without / with
+# the token's RoPE and K / V store, its loads in order / issued early (ONEPASS_EARLY)
+KERNELS = {"split": None, "1p": dict(store=False, early=False),
+           "1pld": dict(store=False, early=True), "1ps": dict(store=True, early=False),
+           "1psld": dict(store=True, early=True)}
+
+
+def traced_attention(stream, rng, Hq, Hkv, D, ctx, position, kind="split"):
+    """(launch, trace, stamp names): launch_chain.attention_launch's decode attention at
+    `position`, its split pass (kind "split") or its one-pass kernel (KERNELS) stamping into
+    `trace` (decode_attention.trace_shape / trace_shape_1p)."""
     run = attention_launch(stream, rng, Hq, Hkv, D, ctx, position)
-    trace = cuda.to_device(np.zeros(decode_attention.trace_shape(1, Hkv, run.n_splits),
-                                    np.uint64), stream=stream)
-    return (lambda: run(trace=trace)), trace
+    if KERNELS[kind] is None:
+        trace = cuda.to_device(np.zeros(decode_attention.trace_shape(1, Hkv, run.n_splits),
+                                        np.uint64), stream=stream)
+        return (lambda: run(trace=trace)), trace, decode_attention.TRACE_STAMPS
+    trace = cuda.to_device(np.zeros(decode_attention.trace_shape_1p(1, Hq), np.uint64),
+                           stream=stream)
+    return ((lambda: run(trace=trace, onepass=True, **KERNELS[kind])), trace,
+            decode_attention.TRACE_STAMPS_1P)
 
 
-def reduce_stamps(stamps) -> dict:
+def reduce_stamps(stamps, names=None) -> dict:
     """{interval: (median ns, max ns, median cycles)} over the blocks that ran every phase,
     plus "span" and "entry skew" (ns); stamps [.., 2, n_stamps] uint64 as the trace holds
-    them."""
-    names = decode_attention.TRACE_STAMPS
+    them; names: the stamps' (default the split pass's TRACE_STAMPS)."""
+    names = decode_attention.TRACE_STAMPS if names is None else names
     st = stamps.reshape(-1, 2, len(names)).astype(np.int64)
     working = st[(st[:, 0, :] > 0).all(axis=1)]
     res = {}
@@ -79,6 +99,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--positions", default="511,6143")
     ap.add_argument("--shapes", default=",".join(ATTENTION_SHAPES))
+    ap.add_argument("--kernels", default="split",
+                    help=f"comma list of {', '.join(KERNELS)} (sequence names get /KIND)")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default=None)
@@ -93,8 +115,10 @@ def main() -> int:
     with open(out, "a") as f:
         for tag in [s for s in a.shapes.split(",") if s]:
             Hq, Hkv, D = ATTENTION_SHAPES[tag]
-            for p in [int(v) for v in a.positions.split(",") if v]:
-                launch, trace = traced_attention(stream, rng, Hq, Hkv, D, a.ctx, p)
+            for p, kind in [(int(v), k) for v in a.positions.split(",") if v
+                            for k in a.kernels.split(",") if k]:
+                launch, trace, names = traced_attention(stream, rng, Hq, Hkv, D, a.ctx, p, kind)
+                seq = f"attn{tag}@{p}" + ("" if kind == "split" else f"/{kind}")
                 launch()                                # compiled and loaded before capture
                 stream.synchronize()
                 with CudaGraph.capture(stream, programmatic=True) as g:
@@ -104,14 +128,14 @@ def main() -> int:
                     g.replay(stream)
                 stream.synchronize()
                 g.close()
-                res = reduce_stamps(trace.copy_to_host())
+                res = reduce_stamps(trace.copy_to_host(), names)
                 for name, (med, mx, cyc) in res.items():
-                    print(f"attn{tag}@{p} {name:18s} " + (
+                    print(f"{seq} {name:18s} " + (
                         f"{med:.0f} of {mx:.0f} ran every phase" if name == "blocks" else
                         f"median {med:9.0f} ns  max {mx:9.0f} ns  median {cyc:9.0f} cycles"),
                         flush=True)
                     f.write(json.dumps({"date": date, "gpu": gpu, "commit": commit,
-                                        "sequence": f"attn{tag}@{p}", "interval": name,
+                                        "sequence": seq, "interval": name,
                                         "median_ns": med, "max_ns": mx, "median_cycles": cyc,
                                         "n": a.n, "note": a.note}) + "\n")
     return 0

@@ -6,7 +6,9 @@
 #   mvb     bench/matvec_bench.py --shapes 9b --act-rows ${MVB_ROWS:-2,4,9} --no-old ${MVB_ARGS:-}
 #   mm      bench/matmul_q8_bench.py --shapes 9b --T 512 ${MM_ARGS:-}: the prefill GEMM alone
 #   sb      bench/gpu_same_bits.py: kernels against their twins, bit for bit, on the GPU (${SAME_S})
-#   lc      bench/launch_chain.py --only ${LC_ONLY:-rule}
+#   lc      bench/launch_chain.py --only ${LC_ONLY:-rule} --positions ${LC_POS:-}
+#   ap      bench/attention_phases.py --kernels ${AP_KERNELS:-split} --positions ${AP_POS:-511,6143}
+#           --shapes ${AP_SHAPES:-9b,05b}: decode attention's phases, stamped in the kernel
 #   pa      bench/prefill_attention_bench.py --grids ${PA_GRIDS:-4,8,16,32} ${PA_ARGS:-}
 #   moe     bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-}
 #   ncu     Nsight Compute (--set full) on one launch of each of bench/ncu_kernels.py's targets
@@ -50,8 +52,10 @@ on mm && { run ${MM_S:-300} mm python3 bench/matmul_q8_bench.py --shapes 9b --T 
   grep -E "Q4_K|Q6_K|Q8_0|BAD|Error|Traceback" $L/mm.log | cut -c1-200 | head -60; }
 on sb && { run ${SAME_S:-150} sb python3 bench/gpu_same_bits.py
   grep -E "SAME|DIFF|Error|Traceback" $L/sb.log; }
-on lc && { run ${LC_S:-90} lc python3 bench/launch_chain.py --only "${LC_ONLY:-rule}" --positions "" --commit $C --out /tmp/launch_chain.jsonl
-  grep -vE "^\s*$|Warning|warn\(" $L/lc.log | cut -c1-160 | tail -20; }
+on lc && { run ${LC_S:-90} lc python3 bench/launch_chain.py --only "${LC_ONLY:-rule}" --positions "${LC_POS:-}" --commit $C --out /tmp/launch_chain.jsonl
+  grep -vE "^\s*$|Warning|warn\(" $L/lc.log | cut -c1-160 | tail -40; }
+on ap && { run ${AP_S:-120} ap python3 bench/attention_phases.py --kernels "${AP_KERNELS:-split}" --positions "${AP_POS:-511,6143}" --shapes "${AP_SHAPES:-9b,05b}" --commit $C --out /tmp/attention_phases.jsonl
+  grep -vE "^\s*$|Warning|warn\(" $L/ap.log | cut -c1-160 | tail -80; }
 on pa && { run ${PA_S:-200} pa python3 bench/prefill_attention_bench.py --commit $C --jsonl /tmp/prefill_attention.jsonl --grids ${PA_GRIDS:-4,8,16,32} ${PA_ARGS:-}
   grep -vE "^\s*$|Warning|warn\(" $L/pa.log | cut -c1-160 | tail -60; }
 on moe && { run ${MOE_S:-200} moe python3 bench/moe_bench.py --tokens ${MOE_T:-128} ${MOE_ARGS:-} --commit $C --jsonl /tmp/moe_bench.jsonl

@@ -48,6 +48,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
                      from warp 0 directly since session 21: the same results)
   .../1p             attention in decode_attention's one-pass kernel (engine.ONEPASS_MAX_CTX;
                      the same results where it serves the position, NaN past it)
+  .../1ps            the same with the token's RoPE and K / V store in it (engine.ONEPASS_STORE)
+  .../1pld, 1psld    the two with their loads issued early (decode_attention.ONEPASS_EARLY)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -75,6 +77,7 @@ from bw24nb.kernels import attention  # noqa: E402
 from bw24nb.kernels.dequant import random_weight_bytes  # noqa: E402
 from bw24nb.kernels.matvec import launch_matvec_q8  # noqa: E402
 from bw24nb.kernels.norm import launch_gated_rms_norm_q8, launch_rms_norm_q8  # noqa: E402
+from bw24nb.kernels.rope import rope_inv_freq  # noqa: E402
 from bw24nb.quant import QType  # noqa: E402
 from bw24nb.quant.types import row_bytes  # noqa: E402
 from matvec_bench import L2_BYTES, _commit, event_ms  # noqa: E402
@@ -104,6 +107,10 @@ def attention_launch(stream, rng, Hq, Hkv, D, ctx, position):
     k_u8, k_f16 = cache()
     v_u8, v_f16 = cache()
     q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32), stream=stream)
+    # the one-pass kernel's store (store=True): the token's new K / V rows, 64 rotary dims
+    knew, vnew = (cuda.to_device(rng.standard_normal((1, Hkv, D)).astype(np.float32),
+                                 stream=stream) for _ in range(2))
+    inv = cuda.to_device(rope_inv_freq(1e6, min(64, D)), stream=stream)
     pos = cuda.to_device(np.array([position], np.int32), stream=stream)
     out = cuda.device_array((1, Hq, D), np.float32, stream=stream)
     gate = cuda.to_device(rng.standard_normal(Hq * D).astype(np.float32), stream=stream)
@@ -112,10 +119,10 @@ def attention_launch(stream, rng, Hq, Hkv, D, ctx, position):
     n_splits = attention.decode_splits(ctx, Hkv)
     pml, pacc = attention.alloc_decode_partials(1, Hq, D, n_splits)
 
-    def launch(**options):
+    def launch(store=False, **options):
         attention.launch_flash_decode(q, pos, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16,
                                       out, pml, pacc, stream=stream, gate=gate, xq=xq, xd=xd,
-                                      **options)
+                                      store=(knew, vnew, inv) if store else None, **options)
     launch.n_splits, launch.out = n_splits, out
     return launch
 
@@ -127,15 +134,19 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     ("split+e"); the whole and the split without the split's K / V prefetch ("/npf",
     "split/npf"), with the softmax's rows interleaved ("/il", "split/il") and with one-tile
     splits through the merge ("/merge", "split/merge"); the one-pass kernel ("/1p": NaN where
-    its plan does not serve the position, decode_attention.onepass_max_ctx). min_chunk: the
+    its plan does not serve the position, decode_attention.onepass_max_ctx), with the token's
+    RoPE and K / V store ("/1ps"), each with its loads issued early ("/1pld", "/1psld";
+    decode_attention.ONEPASS_EARLY). min_chunk: the
     split plan's (default the engine's). A kind's "/..." part goes after the sequence name's
     position (docstring above)."""
     mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
     run = attention_launch(stream, rng, Hq, Hkv, D, ctx, position)
 
-    def attend(only, prefetch=None, interleave=None, direct=None, onepass=False):
+    def attend(only, prefetch=None, interleave=None, direct=None, onepass=False, store=False,
+               early=None):
+        extra = dict(store=store, early=early) if onepass else {}
         return lambda i: run(min_chunk=mc, only=only, prefetch=prefetch, interleave=interleave,
-                             direct=direct, onepass=onepass)
+                             direct=direct, onepass=onepass, **extra)
 
     split = attend("split")
 
@@ -146,7 +157,11 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
             "split+e": split_then_empty, "/npf": attend(None, False),
             "split/npf": attend("split", False), "/il": attend(None, None, True),
             "split/il": attend("split", None, True), "/merge": attend(None, direct=False),
-            "split/merge": attend("split", direct=False), "/1p": attend(None, onepass=True)}
+            "split/merge": attend("split", direct=False),
+            "/1p": attend(None, onepass=True, early=False),
+            "/1pld": attend(None, onepass=True, early=True),
+            "/1ps": attend(None, onepass=True, store=True, early=False),
+            "/1psld": attend(None, onepass=True, store=True, early=True)}
 
 
 def gdn_launches(stream, rng, nk=16, nv=32, d=128, T=1, snapshots=False):

@@ -664,6 +664,9 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "onepass-off": [("bw24nb.engine", "ONEPASS_MAX_CTX", 0)],
                 # the one-pass attention's RoPE and K / V store in a launch of their own
                 "store-apart": [("bw24nb.engine", "ONEPASS_STORE", False)],
+                # the one-pass attention's position-free loads issued with the position's
+                "onepass-early": [("bw24nb.kernels.decode_attention", "ONEPASS_EARLY", True)],
+                "onepass-late": [("bw24nb.kernels.decode_attention", "ONEPASS_EARLY", False)],
                 # rows split over more warps while each keeps >= 256 values (the rule before
                 # session 41; the default keeps >= 512)
                 "split-k512": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 512)],

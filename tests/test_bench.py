@@ -281,6 +281,24 @@ def test_attention_phases_reduces_working_blocks_only():
     assert res["blocks"][:2] == (2.0, 3.0)
 
 
+def test_attention_phases_reduces_the_one_pass_kernels_stamps():
+    """bench/attention_phases.py --kernels 1p..: the one-pass kernel's stamps (a block a query
+    head, TRACE_STAMPS_1P) reduce by their own names, one interval a pair of stamps."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench.attention_phases import KERNELS, reduce_stamps
+    from bw24nb.kernels.decode_attention import TRACE_STAMPS_1P
+    assert set(KERNELS) == {"split", "1p", "1pld", "1ps", "1psld"}
+    n = len(TRACE_STAMPS_1P)
+    st = np.zeros((1, 3, 2, n), np.uint64)
+    for h in range(3):
+        st[0, h, 1] = 50 + h + 7 * np.arange(n) * (h + 1)
+        st[0, h, 0] = 10 + 3 * np.arange(n)
+    res = reduce_stamps(st, TRACE_STAMPS_1P)
+    assert res["entry->position"] == (14.0, 21.0, 3.0)
+    assert res[f"entry->{TRACE_STAMPS_1P[-1]}"][1] == 21 * (n - 1)
+    assert res["blocks"][:2] == (3.0, 3.0)
+
+
 def test_module_modes_set_their_switches_for_the_block_only():
     """run_bench's module launch modes (q4k-xreg...) set matvec_q4k's switches while their
     engine is built and measured, and put the defaults back after it, exception or not."""

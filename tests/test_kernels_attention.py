@@ -435,6 +435,41 @@ def test_traced_split_pass_gives_the_same_bits_and_ordered_stamps(rng):
                             trace=cuda.to_device(np.zeros(5, np.uint64)))
 
 
+@pytest.mark.parametrize("store", [False, True])
+def test_traced_one_pass_kernel_gives_the_same_bits_and_ordered_stamps(rng, store):
+    """The one-pass kernel's instrumented build (trace=, with and without the store): the
+    plain build's outputs, bit for bit, and every block's TRACE_STAMPS_1P in order (the
+    simulator's clock is the host's); a trace of the wrong shape is refused."""
+    from bw24nb.kernels import decode_attention as da
+    from bw24nb.kernels.rope import rope_inv_freq
+    Hq, Hkv, D, n_ctx, n_splits = 4, 2, 32, 40, 4          # 3 splits of 16
+    fill = int(rng.integers(0, 2 ** 31))
+    qh = rng.standard_normal((1, Hq, D)).astype(np.float32)
+    knew = cuda.to_device(rng.standard_normal((1, Hkv, D)).astype(np.float32))
+    vnew = cuda.to_device(rng.standard_normal((1, Hkv, D)).astype(np.float32))
+    inv = cuda.to_device(rope_inv_freq(1e6, 16))
+    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
+    trace = cuda.to_device(np.zeros(da.trace_shape_1p(1, Hq), np.uint64))
+    outs = []
+    for tr in (None, trace):
+        cache = _filled_cache(np.random.default_rng(fill), n_ctx, Hkv, D, n_ctx, *_F16)
+        layer = cache.layer(0)
+        part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
+        out = _poisoned((1, Hq, D))
+        launch_flash_decode(cuda.to_device(qh), pos, layer[0], layer[1], QType.F16, layer[2],
+                            layer[3], QType.F16, out, part_ml, part_acc, onepass=True,
+                            store=(knew, vnew, inv) if store else None, trace=tr)
+        outs.append(out.copy_to_host())
+    assert np.isfinite(outs[0]).all()
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    stamps = trace.copy_to_host()[0].astype(np.int64)      # [Hq, 2, stamps]
+    assert (stamps > 0).all() and (np.diff(stamps, axis=-1) >= 0).all()
+    with pytest.raises(ValueError, match="trace must be uint64"):
+        launch_flash_decode(cuda.to_device(qh), pos, layer[0], layer[1], QType.F16, layer[2],
+                            layer[3], QType.F16, _poisoned((1, Hq, D)), part_ml, part_acc,
+                            onepass=True, trace=cuda.to_device(np.zeros(5, np.uint64)))
+
+
 @pytest.mark.parametrize("Hq,Hkv,D,n_ctx,n_splits", [(4, 2, 32, 40, 4), (14, 2, 64, 60, 4),
                                                       (14, 2, 64, 128, 4), (14, 2, 64, 100, 3),
                                                       (8, 1, 128, 90, 8), (16, 4, 256, 40, 4)])
@@ -664,15 +699,16 @@ def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D,
     q = cuda.to_device(qh)
     pos = cuda.to_device(np.array(positions, np.int32))
     gate = cuda.to_device((rng.standard_normal(n) * 3).astype(np.float32)) if gated else None
-    got = [_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=onepass)
-           for onepass in (False, True)]
-    (out0, q0, d0, _), (o, qq, dd, ml) = got
+    got = [_gated_int8_decode(q, pos, layer, n_splits, gate, **form)
+           for form in ({}, dict(onepass=True, early=False), dict(onepass=True, early=True))]
+    (out0, q0, d0, _) = got[0]
     assert np.isfinite(out0).all() and np.any(q0[:n] != 0) and np.all(q0[n:] == 99)
-    assert np.isnan(ml).all()                   # the one-pass kernel leaves the partials be
-    np.testing.assert_array_equal(o.view(np.uint32), out0.view(np.uint32))
-    np.testing.assert_array_equal(qq, q0)
-    np.testing.assert_array_equal(dd[:n // 32].view(np.uint32), d0[:n // 32].view(np.uint32))
-    assert np.all(np.isnan(dd[n // 32:]))
+    for o, qq, dd, ml in got[1:]:               # the loads in order, then issued early
+        assert np.isnan(ml).all()               # the one-pass kernel leaves the partials be
+        np.testing.assert_array_equal(o.view(np.uint32), out0.view(np.uint32))
+        np.testing.assert_array_equal(qq, q0)
+        np.testing.assert_array_equal(dd[:n // 32].view(np.uint32), d0[:n // 32].view(np.uint32))
+        assert np.all(np.isnan(dd[n // 32:]))
     if not gated:
         kd, vd = cache.read(0, n_ctx)
         for t, p in enumerate(positions):
@@ -701,7 +737,7 @@ def test_one_pass_kernel_with_the_store_is_the_store_launch_then_the_kernel(
     pos = cuda.to_device(np.array(positions, np.int32))
     fill = rng.integers(0, 2 ** 31)
     results = []
-    for fused in (False, True):
+    for fused, early in ((False, None), (True, False), (True, True)):
         cache = _filled_cache(np.random.default_rng(fill), n_ctx, Hkv, D, n_ctx, *_F16)
         k_f16, v_f16 = cache.k_f16[0], cache.v_f16[0]
         for rows in (k_f16, v_f16):
@@ -716,11 +752,12 @@ def test_one_pass_kernel_with_the_store_is_the_store_launch_then_the_kernel(
             cache.store(0, knew, vnew, pos, inv_freq=inv if rotary else None, q=q)
         launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
                             QType.F16, out, part_ml, part_acc, onepass=True,
-                            store=(knew, vnew, inv) if fused else None)
+                            store=(knew, vnew, inv) if fused else None, early=early)
         results.append([a.copy_to_host() for a in (out, q, k_f16, v_f16)])
-    for a, b in zip(*results):
-        assert np.isfinite(a).all()
-        np.testing.assert_array_equal(b.view(np.uint8), a.view(np.uint8))
+    for got in results[1:]:                     # the loads in order, then issued early
+        for a, b in zip(results[0], got):
+            assert np.isfinite(a).all()
+            np.testing.assert_array_equal(b.view(np.uint8), a.view(np.uint8))
     if rotary and positions[0] > 0:             # q was rotated, in place
         assert not np.array_equal(results[1][1], qh)
     with pytest.raises(ValueError, match="goes with onepass only"):

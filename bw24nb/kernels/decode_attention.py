@@ -48,7 +48,7 @@ from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, block_max, 
                         online_softmax_step, softmax_weights)
 from .quantize_act import q8_code
 from .prefetch import prefetch_bytes
-from .rope import roped_value, rotate_pair
+from .rope import roped_from, roped_value, rope_partner, rotate_pair
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -131,6 +131,19 @@ COMBINE_IN_SPLIT = False
 # cannot pass for a result. The engine takes it for decode while the context is at most
 # engine.ONEPASS_MAX_CTX tokens (a graph of its own). Decision 0045.
 ONEPASS_WARPS = 16          # (8 above D = 64: `onepass_warps`)
+# The one-pass kernel's loads that do not need the token's position -- q, the output gate and,
+# with the store, the new K / V rows and their RoPE frequencies -- issued with the position's
+# load, the K / V prefetch issued as soon as the position is known (before the store), and
+# the rotated q put in shared memory from registers instead of read back: the same
+# operations on the same values (the same bits, tested), fewer round trips in a row.
+ONEPASS_EARLY = False
+# The one-pass kernel's instrumented build (`launch_onepass(trace=)`, bench/attention_phases.py
+# --kernel onepass): thread 0 of each block stamps %clock64 and %globaltimer at kernel entry,
+# the position known, the store done (its barrier; = the position without the store), q in
+# shared memory, warp 0's first pair of splits, every split (the barrier after), the combine's
+# weights and L, its groups' sums, and the output stored.
+TRACE_STAMPS_1P = ("entry", "position", "stored", "q", "pair0", "splits", "weights", "groups",
+                   "out")
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
 _ONEPASS_SPLITS = 256       # (m, l, w) slots: the most splits any head dim may take
@@ -200,7 +213,7 @@ def alloc_combine_counters(T: int, n_kv_heads: int):
 
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
           direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False,
-          onepass: bool = False, store: bool = False):
+          onepass: bool = False, store: bool = False, early: bool = False):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
@@ -209,8 +222,11 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     blocks than splits, each walking its splits (`launch_split(grid=)`; the same results);
     spread: with direct, a one-tile split's rows spread over the warps (ONE_TILE_SPREAD; the
     same results); onepass: the one-pass kernel instead (ONEPASS_WARPS; the bits of the split
-    pass + combine); store: with onepass, the token's RoPE and K / V store in it too."""
+    pass + combine); store: with onepass, the token's RoPE and K / V store in it too; early:
+    with onepass, its loads issued early (ONEPASS_EARLY; the same results); with onepass,
+    trace stamps TRACE_STAMPS_1P instead."""
     NS = len(TRACE_STAMPS)
+    NS1 = len(TRACE_STAMPS_1P)
     trace_on = trace
     D = 32 * E
     DW = D // 2             # uint32 words in one K or V row
@@ -226,6 +242,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     NT1 = 32 * W1
     assert NT1 >= min(_ONEPASS_SPLITS, _ONEPASS_ACC // D)   # a thread a split in the combine
     RSE = RS * E
+    assert NT1 >= D                     # onepass, early: a thread a dim
 
     @cuda.jit(device=True, inline="always")
     def v_load(vraw, vw, head_word, k0, j0, nk, end, lane):
@@ -812,15 +829,26 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             l_sh[sa + (lane >> 4)] = float32(0.0) + lsum
 
     @cuda.jit(device=True, inline="always")
+    def stamp1(trace, base, k):
+        """One-pass stamp k of this block (TRACE_STAMPS_1P): clock64, then the global timer."""
+        trace[base + k] = clock64()
+        trace[base + NS1 + k] = global_timer()
+
+    @cuda.jit(device=True, inline="always")
     def one_pass_body(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
-                      gate, xq, xd, has_gate, has_q8, G, knew, vnew, inv_freq, kf, vf):
+                      gate, xq, xd, has_gate, has_q8, G, knew, vnew, inv_freq, kf, vf, trace):
         """Block (query head h, token): every split of h's plan (two a warp at once), then
         the combine's steps (attention.flash_decode_combine, in its order; `combine_tail`
         says which), the gate and the int8 copy. Grid (Hq, T), 32 `onepass_warps(D)`
         threads. With `store` (a compile-time switch), first what cache/kv.py's
         kv_store_rope does for this token: q's head h rotated in place, and the token's K
         (rotated) and V rows written into the cache's F16 rows kf / vf [Hkv, ctx, D] --
-        by each of the KV head's R blocks, the same bytes, before any of its loads."""
+        by each of the KV head's R blocks, the same bytes, before any of its loads.
+        With `early` (ONEPASS_EARLY), every load that does not need the position (q, the
+        gate, the new K / V and their RoPE frequencies) is issued with the position's, the
+        K / V prefetch as soon as the position is known, and q goes to shared memory from
+        registers: the same operations on the same values. With `trace`, thread 0 stamps
+        TRACE_STAMPS_1P into trace[(tok * Hq + h) * 2 * NS1 ..]."""
         acc_sh = cuda.shared.array(_ONEPASS_ACC, float32)
         m_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
         l_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
@@ -835,33 +863,83 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
+        tb = (tok * Hq + h) * 2 * NS1
+        o = (tok * Hq + h) * D                  # flat [T, Hq, D]: gate, xq, xd
+        if trace_on and tid == 0:
+            stamp1(trace, tb, 0)
         position = positions[tok]
+        # early: thread d < D (D <= NT1) loads what it needs of q, the gate and the new rows
+        half = inv_freq.shape[0] if store else 0
+        d_in = tid < D
+        qe = float32(0.0)
+        qp = float32(0.0)
+        qr = float32(0.0)
+        ke = float32(0.0)
+        kp = float32(0.0)
+        ve = float32(0.0)
+        fr = float32(0.0)
+        gv = float32(0.0)
+        if early and d_in:
+            qe = q[tok, h, tid]
+            if has_gate:
+                gv = gate[o + tid]
+            if store:
+                ke = knew[tok, kvh, tid]
+                ve = vnew[tok, kvh, tid]
+                if tid < 2 * half:
+                    pe, fi = rope_partner(tid, half)
+                    qp = q[tok, h, pe]
+                    kp = knew[tok, kvh, pe]
+                    fr = inv_freq[fi]
+        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+        head_word = np.int64(kvh) * ctx * DW
+        ok = chunk <= TILE // 2 and used * D <= _ONEPASS_ACC and used <= _ONEPASS_SPLITS
+        n_pairs = (used + 1) // 2               # a warp's half each (`split_pair_row`)
+        if trace_on and tid == 0 and position >= 0:
+            stamp1(trace, tb, 1)
+        if early and prefetch and ok and lane < 2:      # (as below, before the store)
+            for pair in range(warp, n_pairs, W1):
+                b0 = 4 * (head_word + np.int64(2 * pair * chunk) * DW)
+                b1 = 4 * (head_word + np.int64(min(2 * pair * chunk + 2 * chunk, n_ctx)) * DW)
+                prefetch_bytes(kw if lane == 0 else vw, b0, b1)
         if store:
-            half = inv_freq.shape[0]
-            if tid < half:
-                rotate_pair(q, tok, h, tid, half, float32(position) * inv_freq[tid])
-            if tid < D:
-                kf[kvh, position, tid] = roped_value(knew, tok, kvh, tid, half,
-                                                     float32(position), inv_freq)
-                vf[kvh, position, tid] = vnew[tok, kvh, tid]
+            if early:
+                if d_in:
+                    ang = float32(position) * fr
+                    qr = roped_from(qe, qp, tid, half, ang)
+                    q_sh[tid] = qr
+                    kf[kvh, position, tid] = roped_from(ke, kp, tid, half, ang)
+                    vf[kvh, position, tid] = ve
+            else:
+                if tid < half:
+                    rotate_pair(q, tok, h, tid, half, float32(position) * inv_freq[tid])
+                if tid < D:
+                    kf[kvh, position, tid] = roped_value(knew, tok, kvh, tid, half,
+                                                         float32(position), inv_freq)
+                    vf[kvh, position, tid] = vnew[tok, kvh, tid]
             # the block's own writes before its loads (the K / V rows are read by
             # ld.global.nc, not coherent with this kernel's writes: every block writes these
             # rows, the same bytes, before it reads any of its KV head's rows)
             cuda.threadfence_block()
             cuda.syncthreads()
-        for d in range(tid, D, NT1):
-            q_sh[d] = q[tok, h, d]
-        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
-        head_word = np.int64(kvh) * ctx * DW
-        ok = chunk <= TILE // 2 and used * D <= _ONEPASS_ACC and used <= _ONEPASS_SPLITS
-        n_pairs = (used + 1) // 2               # a warp's half each (`split_pair_row`)
-        if prefetch and ok and lane < 2:        # each warp's keys, as the split pass's blocks
-            for pair in range(warp, n_pairs, W1):
+            if early and d_in:
+                q[tok, h, tid] = qr             # q in place (every thread has read its own)
+        if trace_on and tid == 0:
+            stamp1(trace, tb, 2)
+        if early:
+            if d_in and not store:
+                q_sh[tid] = qe
+        else:
+            for d in range(tid, D, NT1):
+                q_sh[d] = q[tok, h, d]
+        if not early and prefetch and ok and lane < 2:  # each warp's keys, as the split
+            for pair in range(warp, n_pairs, W1):       # pass's blocks
                 b0 = 4 * (head_word + np.int64(2 * pair * chunk) * DW)
                 b1 = 4 * (head_word + np.int64(min(2 * pair * chunk + 2 * chunk, n_ctx)) * DW)
                 prefetch_bytes(kw if lane == 0 else vw, b0, b1)
         cuda.syncthreads()                      # q_sh
-        o = (tok * Hq + h) * D                  # flat [T, Hq, D]: gate, xq, xd
+        if trace_on and tid == 0:
+            stamp1(trace, tb, 3)
         if not ok:                              # a plan this kernel does not serve: NaN
             for d in range(tid, D, NT1):
                 out[tok, h, d] = np.float32(np.nan)
@@ -873,7 +951,11 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         for pair in range(warp, n_pairs, W1):
             split_pair_row(q_sh, p_sh, kw, vw, head_word, chunk, n_ctx, 2 * pair,
                            2 * pair + 1 < used, scale, acc_sh, m_sh, l_sh, lane, warp)
+            if trace_on and tid == 0 and pair == 0:
+                stamp1(trace, tb, 4)
         cuda.syncthreads()
+        if trace_on and tid == 0:
+            stamp1(trace, tb, 5)
         # the combine's step 1: M over the visible splits (thread s = split s)
         m = _NEG_INF
         l_s = float32(0.0)
@@ -898,6 +980,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         L = red_sh[0]
         for j in range(1, nv):
             L += red_sh[j]
+        if trace_on and tid == 0 and L == L:
+            stamp1(trace, tb, 6)
         # step 3: group g of G sums splits g, g + G, .. ascending into split g's slot (only
         # group g reads it, and only this thread dim d of it), then the groups in order
         for i in range(tid, G * D, NT1):
@@ -909,34 +993,51 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                 a += acc_sh[(g + G * j) * D + d] * w_sh[g + G * j]
             acc_sh[g * D + d] = a
         cuda.syncthreads()
+        if trace_on and tid == 0:
+            stamp1(trace, tb, 7)
         for d in range(tid, D, NT1):    # whole warps: D % 32 == 0
             total = acc_sh[d]
             for g in range(1, G):
                 total += acc_sh[g * D + d]
             v = total / L
             if has_gate:
-                v = v * sigmoid(gate[o + d])
+                v = v * sigmoid(gv if early else gate[o + d])
             out[tok, h, d] = v
             if has_q8:
                 code, qs = q8_code(v, warp_max(abs(v)))
                 xq[o + d] = code
                 if (d & 31) == 0:
                     xd[(o + d) >> 5] = qs
+        if trace_on and tid == 0:
+            stamp1(trace, tb, 8)
 
     def one_pass(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out, gate,
                  xq, xd, has_gate, has_q8, G):
         one_pass_body(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
-                      gate, xq, xd, has_gate, has_q8, G, q, q, gate, q, q)   # (no store)
+                      gate, xq, xd, has_gate, has_q8, G, q, q, gate, q, q, gate)   # (no store)
 
     def one_pass_store(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
                        gate, xq, xd, has_gate, has_q8, G, knew, vnew, inv_freq, kf, vf):
         one_pass_body(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
-                      gate, xq, xd, has_gate, has_q8, G, knew, vnew, inv_freq, kf, vf)
+                      gate, xq, xd, has_gate, has_q8, G, knew, vnew, inv_freq, kf, vf, gate)
+
+    def one_pass_trace(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
+                       gate, xq, xd, has_gate, has_q8, G, trace):
+        one_pass_body(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
+                      gate, xq, xd, has_gate, has_q8, G, q, q, gate, q, q, trace)
+
+    def one_pass_store_trace(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align,
+                             n_splits, out, gate, xq, xd, has_gate, has_q8, G, knew, vnew,
+                             inv_freq, kf, vf, trace):
+        one_pass_body(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
+                      gate, xq, xd, has_gate, has_q8, G, knew, vnew, inv_freq, kf, vf, trace)
 
     if onepass:
-        fn = one_pass_store if store else one_pass
+        fn = ((one_pass_store_trace if trace else one_pass_store) if store else
+              (one_pass_trace if trace else one_pass))
         fn.__name__ = fn.__qualname__ = (f"flash_decode_f16_r{R}_e{E}_1p" + ("s" if store else "")
-                                         + ("" if prefetch else "_npf"))
+                                         + ("" if prefetch else "_npf") + ("_ld" if early else "")
+                                         + ("_trace" if trace else ""))
         return kernel(fn)
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
@@ -965,17 +1066,28 @@ def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
     return _KERNELS[key]
 
 
-def onepass_kernel(R: int, E: int, prefetch: bool = True, store: bool = False):
+def onepass_kernel(R: int, E: int, prefetch: bool = True, store: bool = False,
+                   early: bool | None = None, trace: bool = False):
     """The (R, E) one-pass kernel (ONEPASS_WARPS), built on first request (store: with the
-    token's RoPE and K / V store, `launch_onepass(store=)`)."""
-    key = ("1p", R, E, bool(prefetch), bool(store))
+    token's RoPE and K / V store, `launch_onepass(store=)`; early: its loads issued early,
+    default ONEPASS_EARLY; trace: the instrumented build, TRACE_STAMPS_1P)."""
+    early = ONEPASS_EARLY if early is None else bool(early)
+    key = ("1p", R, E, bool(prefetch), bool(store), early, bool(trace))
     if key not in _KERNELS:
-        _KERNELS[key] = _make(R, E, bool(prefetch), onepass=True, store=bool(store))
+        _KERNELS[key] = _make(R, E, bool(prefetch), trace=bool(trace), onepass=True,
+                              store=bool(store), early=early)
     return _KERNELS[key]
 
 
+def trace_shape_1p(T: int, n_heads: int) -> tuple:
+    """The shape of `launch_onepass`'s trace: [T, Hq, 2, len(TRACE_STAMPS_1P)] uint64,
+    [..., 0, k] the k-th stamp's %clock64, [..., 1, k] its %globaltimer."""
+    return (T, n_heads, 2, len(TRACE_STAMPS_1P))
+
+
 def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_splits, out,
-                   gate, xq, xd, G, stream=0, prefetch=None, store=None):
+                   gate, xq, xd, G, stream=0, prefetch=None, store=None, early=None,
+                   trace=None):
     """Decode attention in one launch (the one-pass kernel): q[T, Hq, D] against one F16 cache
     layer, the plan of `n_splits` splits (the split pass's: each token's own position,
     min_chunk, chunk_align) into out[T, Hq, D]; gate (flat float32, or None) and xq / xd (the
@@ -987,7 +1099,9 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
     inv_freq the RoPE table, empty for none; k_f16 / v_f16 the layer's rows as F16
     [Hkv, ctx, D], KVCache.layer) -- the same bytes, in this launch (one launch fewer a
     decode layer). One token only: a token's rows are written by its own blocks, which no
-    other token's blocks wait for."""
+    other token's blocks wait for. early: the loads issued early (default ONEPASS_EARLY; the
+    same results); trace: a uint64 device array of `trace_shape_1p` runs the instrumented
+    build, which stamps TRACE_STAMPS_1P into it (bench/attention_phases.py)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     if store is not None:
@@ -1011,8 +1125,12 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
     kw = k_u8.reshape(k_u8.size).view(np.uint32)
     vw = v_u8.reshape(v_u8.size).view(np.uint32)
     stand = out.reshape(out.size)               # stand-ins the kernel never touches
+    if trace is not None and (trace.dtype != np.uint64
+                              or tuple(trace.shape) != trace_shape_1p(T, Hq)):
+        raise ValueError(f"launch_onepass: trace must be uint64{list(trace_shape_1p(T, Hq))}, "
+                         f"not {trace.dtype}{list(trace.shape)}")
     k = onepass_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch),
-                       store is not None)
+                       store is not None, early, trace is not None)
     args = (q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
             np.int32(chunk_align), np.int32(n_splits), out,
             stand if gate is None else gate.reshape(gate.size),
@@ -1021,6 +1139,8 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
             np.int32(gate is not None), np.int32(xq is not None), np.int32(G))
     if store is not None:
         args += (knew, vnew, inv_freq, kf, vf)
+    if trace is not None:
+        args += (trace.reshape(trace.size),)
     k[(Hq, T), 32 * onepass_warps(D), stream](*args)
 
 
@@ -1103,11 +1223,15 @@ flash_decode_f16_r7_e2_1t_spread_fused = split_kernel(7, 2, direct=True, spread=
 flash_decode_f16_r4_e8_1t_fused = split_kernel(4, 8, direct=True, fused=True)
 _SIG_FUSED = _SIG[:-1] + (", float32[:, :, ::1], float32[::1], int8[::1], float32[::1], int32, "
                           "int32, int32[::1], int32)")
-flash_decode_f16_r7_e2_1p = onepass_kernel(7, 2)         # the 0.5B heads
-flash_decode_f16_r4_e8_1p = onepass_kernel(4, 8)         # the 9B heads
-flash_decode_f16_r8_e4_1p = onepass_kernel(8, 4)         # D = 128 (Qwen3 dense)
-flash_decode_f16_r7_e2_1ps = onepass_kernel(7, 2, store=True)   # with the RoPE and K / V store
-flash_decode_f16_r4_e8_1ps = onepass_kernel(4, 8, store=True)
+flash_decode_f16_r7_e2_1p = onepass_kernel(7, 2, early=False)         # the 0.5B heads
+flash_decode_f16_r4_e8_1p = onepass_kernel(4, 8, early=False)         # the 9B heads
+flash_decode_f16_r8_e4_1p = onepass_kernel(8, 4, early=False)         # D = 128 (Qwen3 dense)
+flash_decode_f16_r7_e2_1ps = onepass_kernel(7, 2, store=True, early=False)  # + RoPE, K / V store
+flash_decode_f16_r4_e8_1ps = onepass_kernel(4, 8, store=True, early=False)
+flash_decode_f16_r7_e2_1p_ld = onepass_kernel(7, 2, early=True)       # loads issued early
+flash_decode_f16_r7_e2_1ps_ld = onepass_kernel(7, 2, store=True, early=True)
+flash_decode_f16_r4_e8_1ps_ld = onepass_kernel(4, 8, store=True, early=True)
+flash_decode_f16_r7_e2_1ps_trace = onepass_kernel(7, 2, store=True, early=False, trace=True)
 _SIG_1P = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
            "int32, int32, float32[:, :, ::1], float32[::1], int8[::1], float32[::1], int32, int32, "
            "int32)")
@@ -1116,7 +1240,10 @@ _SIG_1PS = _SIG_1P[:-1] + (", float32[:, :, ::1], float32[:, :, ::1], float32[::
 PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_SIG],
                   "flash_decode_f16_r7_e2_1ps": [_SIG_1PS], "flash_decode_f16_r4_e8_1ps": [_SIG_1PS],
                   "flash_decode_f16_r7_e2_1p": [_SIG_1P], "flash_decode_f16_r4_e8_1p": [_SIG_1P],
-                  "flash_decode_f16_r8_e4_1p": [_SIG_1P],
+                  "flash_decode_f16_r8_e4_1p": [_SIG_1P], "flash_decode_f16_r7_e2_1p_ld": [_SIG_1P],
+                  "flash_decode_f16_r7_e2_1ps_ld": [_SIG_1PS],
+                  "flash_decode_f16_r4_e8_1ps_ld": [_SIG_1PS],
+                  "flash_decode_f16_r7_e2_1ps_trace": [_SIG_1PS[:-1] + ", uint64[::1])"],
                   "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG],
                   "flash_decode_f16_r7_e2_1t": [_SIG], "flash_decode_f16_r8_e8_1t_spread_walk": [_SIG],
                   "flash_decode_f16_r7_e2_1t_spread": [_SIG],
@@ -1126,3 +1253,4 @@ PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]
+EXPECTED_PTX["flash_decode_f16_r7_e2_1ps_trace"] += ["%clock64", "%globaltimer"]

@@ -58,14 +58,31 @@ def roped_value(x, t, h, e, half, angle_pos, inv_freq):
     """Element e of x[t, h, :] after NEOX RoPE at position angle_pos (rotary_dim = 2 * half):
     `rotate_pair`'s arithmetic, element by element (cache/kv.py's kv_store_rope and the
     one-pass decode attention rotate K this way on its way into the cache)."""
+    if e >= 2 * half:
+        return x[t, h, e]
+    p, i = rope_partner(e, half)
+    return roped_from(x[t, h, e], x[t, h, p], e, half, angle_pos * inv_freq[i])
+
+
+@cuda.jit(device=True, inline="always")
+def rope_partner(e, half):
+    """(p, i) for element e < 2 * half of a NEOX-rotated row: the element it pairs with and
+    its frequency's index."""
     if e < half:
-        ang = angle_pos * inv_freq[e]
-        return x[t, h, e] * math.cos(ang) - x[t, h, e + half] * math.sin(ang)
+        return e + half, e
+    return e - half, e - half
+
+
+@cuda.jit(device=True, inline="always")
+def roped_from(xe, xp, e, half, ang):
+    """`roped_value` from loaded values: xe = element e, xp = its partner (`rope_partner`),
+    ang = angle_pos * inv_freq[i] -- the same operations in the same order, so a kernel can
+    issue the loads before it knows the position."""
+    if e < half:
+        return xe * math.cos(ang) - xp * math.sin(ang)
     if e < 2 * half:
-        i = e - half
-        ang = angle_pos * inv_freq[i]
-        return x[t, h, e] * math.cos(ang) + x[t, h, i] * math.sin(ang)
-    return x[t, h, e]
+        return xe * math.cos(ang) + xp * math.sin(ang)
+    return xe
 
 
 @kernel
