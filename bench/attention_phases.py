@@ -44,6 +44,7 @@ from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
 from bw24nb.kernels import decode_attention  # noqa: E402
+from bw24nb.switches import switched  # noqa: E402
 from launch_chain import ATTENTION_SHAPES, attention_launch  # noqa: E402
 from matvec_bench import _commit  # noqa: E402
 
@@ -101,6 +102,8 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(ATTENTION_SHAPES))
     ap.add_argument("--kernels", default="split",
                     help=f"comma list of {', '.join(KERNELS)} (sequence names get /KIND)")
+    ap.add_argument("--per-key", action="store_true",
+                    help="each kernel also with decode_attention.FULL_GROUPS off (names get /pk)")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default=None)
@@ -115,15 +118,20 @@ def main() -> int:
     with open(out, "a") as f:
         for tag in [s for s in a.shapes.split(",") if s]:
             Hq, Hkv, D = ATTENTION_SHAPES[tag]
-            for p, kind in [(int(v), k) for v in a.positions.split(",") if v
-                            for k in a.kernels.split(",") if k]:
-                launch, trace, names = traced_attention(stream, rng, Hq, Hkv, D, a.ctx, p, kind)
-                seq = f"attn{tag}@{p}" + ("" if kind == "split" else f"/{kind}")
-                launch()                                # compiled and loaded before capture
-                stream.synchronize()
-                with CudaGraph.capture(stream, programmatic=True) as g:
-                    for _ in range(a.n):
-                        launch()
+            for p, kind, pk in [(int(v), k, pk) for v in a.positions.split(",") if v
+                                for k in a.kernels.split(",") if k
+                                for pk in ((False, True) if a.per_key else (False,))]:
+                seq = (f"attn{tag}@{p}" + ("" if kind == "split" else f"/{kind}")
+                       + ("/pk" if pk else ""))
+                # (the kernels are chosen at launch: the capture runs under the switch)
+                with switched([(decode_attention, "FULL_GROUPS", not pk)]):
+                    launch, trace, names = traced_attention(stream, rng, Hq, Hkv, D, a.ctx, p,
+                                                            kind)
+                    launch()                            # compiled and loaded before capture
+                    stream.synchronize()
+                    with CudaGraph.capture(stream, programmatic=True) as g:
+                        for _ in range(a.n):
+                            launch()
                 for _ in range(3):
                     g.replay(stream)
                 stream.synchronize()

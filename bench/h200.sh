@@ -54,7 +54,7 @@ on sb && { run ${SAME_S:-150} sb python3 bench/gpu_same_bits.py
   grep -E "SAME|DIFF|Error|Traceback" $L/sb.log; }
 on lc && { run ${LC_S:-90} lc python3 bench/launch_chain.py --only "${LC_ONLY:-rule}" --positions "${LC_POS:-}" --commit $C --out /tmp/launch_chain.jsonl
   grep -vE "^\s*$|Warning|warn\(" $L/lc.log | cut -c1-160 | tail -40; }
-on ap && { run ${AP_S:-120} ap python3 bench/attention_phases.py --kernels "${AP_KERNELS:-split}" --positions "${AP_POS:-511,6143}" --shapes "${AP_SHAPES:-9b,05b}" --commit $C --out /tmp/attention_phases.jsonl
+on ap && { run ${AP_S:-120} ap python3 bench/attention_phases.py --kernels "${AP_KERNELS:-split}" --positions "${AP_POS:-511,6143}" --shapes "${AP_SHAPES:-9b,05b}" ${AP_ARGS:-} --commit $C --out /tmp/attention_phases.jsonl
   grep -vE "^\s*$|Warning|warn\(" $L/ap.log | cut -c1-160 | tail -80; }
 on pa && { run ${PA_S:-200} pa python3 bench/prefill_attention_bench.py --commit $C --jsonl /tmp/prefill_attention.jsonl --grids ${PA_GRIDS:-4,8,16,32} ${PA_ARGS:-}
   grep -vE "^\s*$|Warning|warn\(" $L/pa.log | cut -c1-160 | tail -60; }

@@ -667,6 +667,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 # the one-pass attention's position-free loads issued with the position's
                 "onepass-early": [("bw24nb.kernels.decode_attention", "ONEPASS_EARLY", True)],
                 "onepass-late": [("bw24nb.kernels.decode_attention", "ONEPASS_EARLY", False)],
+                # decode attention's V groups with a clamp and a test for every key
+                "per-key": [("bw24nb.kernels.decode_attention", "FULL_GROUPS", False)],
                 # rows split over more warps while each keeps >= 256 values (the rule before
                 # session 41; the default keeps >= 512)
                 "split-k512": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 512)],

@@ -1540,6 +1540,48 @@ def check_flash_decode_fused(rng, size):
                       tol="bit-exact", bits=True, guard_ok=gd)
 
 
+@check("flash_decode_full_groups", "kernels.attention.launch_flash_decode",
+       "kernels.decode_attention.launch_split", "kernels.decode_attention.launch_onepass")
+def check_flash_decode_full_groups(rng, size):
+    """Decode attention with the V groups whose keys are all in range loaded from one base and
+    multiplied without per-key tests (decode_attention.FULL_GROUPS, the default): bit for bit
+    the per-key form, in the split pass + combine and in the one-pass kernel, for tokens whose
+    splits end in partial groups."""
+    from .kernels import attention as at
+    from .kernels import decode_attention as da
+    from .quant import QType
+    from .switches import switched
+    if size == "tiny":
+        cases = [(2, 45, 4, 4, 2, 32, True), (1, 300, 24, 14, 2, 64, False)]
+    else:
+        cases = [(1, 1013, at.decode_splits(8192, Q05.n_kv_heads), Q05.n_heads,
+                  Q05.n_kv_heads, Q05.head_dim, False),
+                 (2, 509, at.decode_splits(8192, Q9.n_kv_heads), Q9.n_heads, Q9.n_kv_heads,
+                  Q9.head_dim, True),
+                 (1, 6139, at.decode_splits(8192, Q9.n_kv_heads), Q9.n_heads, Q9.n_kv_heads,
+                  Q9.head_dim, True)]
+    for T, n_ctx, n_splits, Hq, Hkv, D, gated in cases:
+        n, q, positions, gate, (k_u8, k_f16, v_u8, v_f16) = _decode_inputs(
+            rng, T, n_ctx, Hq, Hkv, D, n_ctx, gated)
+        forms = [("split", {})]
+        if n_ctx <= da.onepass_max_ctx(D, n_splits, at.DECODE_MIN_CHUNK):
+            forms.append(("one-pass", dict(onepass=True)))
+        for name, form in forms:
+            got = []
+            for full in (False, True):
+                part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
+                out = Out((T, Hq, D))
+                with switched([(da, "FULL_GROUPS", full)]):
+                    at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16,
+                                           QType.F16, out.dev, part_ml, part_acc, gate=gate,
+                                           **form)
+                got.append(out.get())
+            shape = f"T{T} ctx{n_ctx}/{n_splits}sp H{Hq}/{Hkv} D{D} {name}"
+            (o0, _), (o1, g1) = got
+            yield compare("flash_decode_full_groups out", "f32", shape, o1, o0,
+                          tol="bit-exact", bits=True, guard_ok=g1)
+
+
 @check("flash_decode_onepass", "kernels.attention.launch_flash_decode",
        "kernels.decode_attention.launch_onepass")
 def check_flash_decode_onepass(rng, size):

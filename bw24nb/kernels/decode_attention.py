@@ -48,7 +48,7 @@ from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, block_max, 
                         online_softmax_step, softmax_weights)
 from .quantize_act import q8_code
 from .prefetch import prefetch_bytes
-from .rope import roped_from, roped_value, rope_partner, rotate_pair
+from .rope import roped_from, roped_value, rope_partner, rotate_pair, rotated
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -137,6 +137,14 @@ ONEPASS_WARPS = 16          # (8 above D = 64: `onepass_warps`)
 # the rotated q put in shared memory from registers instead of read back: the same
 # operations on the same values (the same bits, tested), fewer round trips in a row.
 ONEPASS_EARLY = False
+# V loads and products of a group of VG keys that all lie before the split's end (every group
+# but a split's last partial one): the rows at constant offsets from one unsigned base, the
+# products without a per-key test. The per-key form clamps each key to end - 1, multiplies
+# its 64-bit row index and adds Numba's negative-index wraparound: ~12 instructions a V load,
+# about half of the one-pass kernel's 1151-instruction pair loop at D = 64 (SASS, sm_90). The
+# same loads and products (the same bits); False: the per-key form everywhere. Read when a
+# kernel is built (split_kernel / onepass_kernel).
+FULL_GROUPS = True
 # The one-pass kernel's instrumented build (`launch_onepass(trace=)`, bench/attention_phases.py
 # --kernel onepass): thread 0 of each block stamps %clock64 and %globaltimer at kernel entry,
 # the position known, the store done (its barrier; = the position without the store), q in
@@ -213,7 +221,7 @@ def alloc_combine_counters(T: int, n_kv_heads: int):
 
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
           direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False,
-          onepass: bool = False, store: bool = False, early: bool = False):
+          onepass: bool = False, store: bool = False, early: bool = False, full: bool = True):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
@@ -224,7 +232,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     same results); onepass: the one-pass kernel instead (ONEPASS_WARPS; the bits of the split
     pass + combine); store: with onepass, the token's RoPE and K / V store in it too; early:
     with onepass, its loads issued early (ONEPASS_EARLY; the same results); with onepass,
-    trace stamps TRACE_STAMPS_1P instead."""
+    trace stamps TRACE_STAMPS_1P instead; full: V groups whose keys are all in range loaded and
+    multiplied without per-key clamps and tests (FULL_GROUPS; the same results)."""
+    FG = full
     NS = len(TRACE_STAMPS)
     NS1 = len(TRACE_STAMPS_1P)
     trace_on = trace
@@ -250,28 +260,48 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         the last key's row, unused) into vraw[GW], if the group has a key (j0 < nk)."""
         if j0 < nk:
             lw = (lane >> 1) if E == 1 else lane * (E // 2)
-            for jj in range(VG):
-                vrow = head_word + np.int64(min(k0 + j0 + jj, end - 1)) * DW + lw
-                if EW == 4:                     # 16-byte aligned (lw = 4 lane): one load
-                    w0, w1, w2, w3 = ld_nc_v4_u32(vw, vrow)
-                    vraw[jj * 4] = w0
-                    vraw[jj * 4 + 1] = w1
-                    vraw[jj * 4 + 2] = w2
-                    vraw[jj * 4 + 3] = w3
-                else:
-                    for w in range(EW):
-                        vraw[jj * EW + w] = vw[vrow + w]
+            if FG and j0 + VG <= nk:
+                # every key of the group is before `end`: rows at constant offsets from one
+                # unsigned base (no clamp, and no negative-index wraparound to compute)
+                base = np.uint64(head_word + np.int64(k0 + j0) * DW + lw)
+                for jj in range(VG):
+                    v_words(vraw, vw, base + np.uint64(jj * DW), jj)
+            else:
+                for jj in range(VG):
+                    v_words(vraw, vw, np.uint64(head_word + np.int64(min(k0 + j0 + jj, end - 1))
+                                                * DW + lw), jj)
+
+    @cuda.jit(device=True, inline="always")
+    def v_words(vraw, vw, vrow, jj):
+        """This lane's EW words of one V row (vrow: its first word's index, unsigned, so that
+        no negative-index wraparound is computed) into vraw[jj * EW ..]."""
+        if EW == 4:                     # 16-byte aligned (lw = 4 lane): one load
+            w0, w1, w2, w3 = ld_nc_v4_u32(vw, vrow)
+            vraw[jj * 4] = w0
+            vraw[jj * 4 + 1] = w1
+            vraw[jj * 4 + 2] = w2
+            vraw[jj * 4 + 3] = w3
+        else:
+            for w in range(EW):
+                vraw[jj * EW + w] = vw[vrow + np.uint64(w)]
 
     @cuda.jit(device=True, inline="always")
     def pv(acc, vraw, j0, nk, p_sh, pb, lane, warp):
         """acc[r, e] += p[r, j] v[j, e] for the group's keys j = j0 .. j0 + VG - 1 (< nk),
         ascending (warp: unused, `pv_spread`'s signature)."""
-        for jj in range(VG):
-            if j0 + jj < nk:
+        if FG and j0 + VG <= nk:      # every key (the same products, no tests)
+            for jj in range(VG):
                 for r in range(R):
                     pj = p_sh[pb + r * TILE + j0 + jj]
                     for e in range(E):
                         acc[r * E + e] += pj * v_value(vraw, jj, e, lane)
+        else:
+            for jj in range(VG):
+                if j0 + jj < nk:
+                    for r in range(R):
+                        pj = p_sh[pb + r * TILE + j0 + jj]
+                        for e in range(E):
+                            acc[r * E + e] += pj * v_value(vraw, jj, e, lane)
 
     @cuda.jit(device=True, inline="always")
     def stamp(trace, base, k):
@@ -320,13 +350,21 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     @cuda.jit(device=True, inline="always")
     def pv_spread(acc, vraw, j0, nk, p_sh, pb, lane, warp):
         """`pv` for the rows of `one_tile_spread`: slot j = row warp + WARPS j."""
-        for jj in range(VG):
-            if j0 + jj < nk:
+        if FG and j0 + VG <= nk:      # every key (the same products, no tests)
+            for jj in range(VG):
                 for j in range(RS):
                     if warp + WARPS * j < R:
                         pj = p_sh[pb + j * TILE + j0 + jj]
                         for e in range(E):
                             acc[j * E + e] += pj * v_value(vraw, jj, e, lane)
+        else:
+            for jj in range(VG):
+                if j0 + jj < nk:
+                    for j in range(RS):
+                        if warp + WARPS * j < R:
+                            pj = p_sh[pb + j * TILE + j0 + jj]
+                            for e in range(E):
+                                acc[j * E + e] += pj * v_value(vraw, jj, e, lane)
 
     @cuda.jit(device=True, inline="always")
     def v_first(v0, v1, v2, v3, vw, head_word, k0, nk, end, lane):
@@ -746,11 +784,17 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     @cuda.jit(device=True, inline="always")
     def pv_row(acc, vraw, j0, nk, p_sh, pb, lane, warp):
         """`pv` for one row (`split_pair_row`): acc[e] += p[j] v[j, e], keys ascending."""
-        for jj in range(VG):
-            if j0 + jj < nk:
+        if FG and j0 + VG <= nk:      # every key (the same products, no tests)
+            for jj in range(VG):
                 pj = p_sh[pb + j0 + jj]
                 for e in range(E):
                     acc[e] += pj * v_value(vraw, jj, e, lane)
+        else:
+            for jj in range(VG):
+                if j0 + jj < nk:
+                    pj = p_sh[pb + j0 + jj]
+                    for e in range(E):
+                        acc[e] += pj * v_value(vraw, jj, e, lane)
 
     pv_tile_row = pv_groups(pv_row)
 
@@ -891,6 +935,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                     qp = q[tok, h, pe]
                     kp = knew[tok, kvh, pe]
                     fr = inv_freq[fi]
+        qr2 = float32(0.0)
         n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
         head_word = np.int64(kvh) * ctx * DW
         ok = chunk <= TILE // 2 and used * D <= _ONEPASS_ACC and used <= _ONEPASS_SPLITS
@@ -906,8 +951,13 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             if early:
                 if d_in:
                     ang = float32(position) * fr
-                    qr = roped_from(qe, qp, tid, half, ang)
-                    q_sh[tid] = qr
+                    # q by pairs, as rotate_pair (thread i < half: elements i and i + half)
+                    if tid < half:
+                        qr, qr2 = rotated(qe, qp, ang)
+                        q_sh[tid] = qr
+                        q_sh[tid + half] = qr2
+                    elif tid >= 2 * half:
+                        q_sh[tid] = qe
                     kf[kvh, position, tid] = roped_from(ke, kp, tid, half, ang)
                     vf[kvh, position, tid] = ve
             else:
@@ -922,8 +972,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             # rows, the same bytes, before it reads any of its KV head's rows)
             cuda.threadfence_block()
             cuda.syncthreads()
-            if early and d_in:
-                q[tok, h, tid] = qr             # q in place (every thread has read its own)
+            if early and tid < half:            # q in place (every thread has read it)
+                q[tok, h, tid] = qr
+                q[tok, h, tid + half] = qr2
         if trace_on and tid == 0:
             stamp1(trace, tb, 2)
         if early:
@@ -1037,11 +1088,12 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
               (one_pass_trace if trace else one_pass))
         fn.__name__ = fn.__qualname__ = (f"flash_decode_f16_r{R}_e{E}_1p" + ("s" if store else "")
                                          + ("" if prefetch else "_npf") + ("_ld" if early else "")
-                                         + ("_trace" if trace else ""))
+                                         + ("_trace" if trace else "") + ("" if full else "_pk"))
         return kernel(fn)
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
-            + ("_walk" if walk else "") + ("_trace" if trace else "") + ("_fused" if fused else ""))
+            + ("_walk" if walk else "") + ("_trace" if trace else "") + ("_fused" if fused else "")
+            + ("" if full else "_pk"))
     if fused:
         split_fused.__name__ = split_fused.__qualname__ = name
         return kernel(split_fused)
@@ -1060,9 +1112,9 @@ def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
     if fused and (walk or trace):
         raise ValueError("the split pass's combine takes a block a split and no trace")
     key = (R, E, bool(prefetch), bool(trace), bool(interleave), bool(direct), bool(walk),
-           bool(spread) and bool(direct), bool(fused))
+           bool(spread) and bool(direct), bool(fused), bool(FULL_GROUPS))
     if key not in _KERNELS:
-        _KERNELS[key] = _make(*key)
+        _KERNELS[key] = _make(*key[:-1], full=key[-1])
     return _KERNELS[key]
 
 
@@ -1072,10 +1124,10 @@ def onepass_kernel(R: int, E: int, prefetch: bool = True, store: bool = False,
     token's RoPE and K / V store, `launch_onepass(store=)`; early: its loads issued early,
     default ONEPASS_EARLY; trace: the instrumented build, TRACE_STAMPS_1P)."""
     early = ONEPASS_EARLY if early is None else bool(early)
-    key = ("1p", R, E, bool(prefetch), bool(store), early, bool(trace))
+    key = ("1p", R, E, bool(prefetch), bool(store), early, bool(trace), bool(FULL_GROUPS))
     if key not in _KERNELS:
         _KERNELS[key] = _make(R, E, bool(prefetch), trace=bool(trace), onepass=True,
-                              store=bool(store), early=early)
+                              store=bool(store), early=early, full=key[-1])
     return _KERNELS[key]
 
 

@@ -45,12 +45,16 @@ def rope_inv_freq(theta: float, rotary_dim: int) -> np.ndarray:
 def rotate_pair(x, t, h, i, half, angle):
     """x[t, h, i], x[t, h, i + half] rotated by `angle` (NEOX pairing); also cache/kv.py's
     kv_store_rope for q."""
+    x[t, h, i], x[t, h, i + half] = rotated(x[t, h, i], x[t, h, i + half], angle)
+
+
+@cuda.jit(device=True, inline="always")
+def rotated(a, b, angle):
+    """The pair (a, b) rotated by `angle`: `rotate_pair`'s arithmetic on loaded values (the
+    one-pass decode attention rotates q this way, from registers)."""
     c = math.cos(angle)
     s = math.sin(angle)
-    a = x[t, h, i]
-    b = x[t, h, i + half]
-    x[t, h, i] = a * c - b * s
-    x[t, h, i + half] = b * c + a * s
+    return a * c - b * s, b * c + a * s
 
 
 @cuda.jit(device=True)
