@@ -135,8 +135,11 @@ ONEPASS_WARPS = 16          # (8 above D = 64: `onepass_warps`)
 # with the store, the new K / V rows and their RoPE frequencies -- issued with the position's
 # load, the K / V prefetch issued as soon as the position is known (before the store), and
 # the rotated q put in shared memory from registers instead of read back: the same
-# operations on the same values (the same bits, tested), fewer round trips in a row.
-ONEPASS_EARLY = False
+# operations on the same values (the same bits, tested), fewer round trips in a row. Session
+# 44 (H100, 0.5B, run_bench, same tokens): 1150.7 / 1164.3 against 1149.5 / 1145.1 tok/s
+# @512, the decode step 0.824 / 0.815 against 0.837 / 0.832 ms chained; the traced one pass
+# 10.24 against 11.30 us (attention_phases 1psld / 1ps). run_bench onepass-late turns it off.
+ONEPASS_EARLY = True
 # V loads and products of a group of VG keys that all lie before the split's end (every group
 # but a split's last partial one): the rows at constant offsets from one unsigned base, the
 # products without a per-key test. The per-key form clamps each key to end - 1, multiplies
@@ -145,6 +148,12 @@ ONEPASS_EARLY = False
 # same loads and products (the same bits); False: the per-key form everywhere. Read when a
 # kernel is built (split_kernel / onepass_kernel).
 FULL_GROUPS = True
+# The one-pass kernel's combine, step 3 (group g sums splits g, g + G, ..): each thread loads
+# this many splits' partial and weight from shared memory, then adds them in order -- the same
+# sums, with the loads in flight together instead of one shared-memory round trip an add
+# (weights -> groups: 0.86 us of the 0.5B's one pass, 2.56 us of the 9B's at 511 tokens,
+# session 44's trace). 1: one load pair an add. Read when a kernel is built.
+ONEPASS_GROUP_BATCH = 8
 # The one-pass kernel's instrumented build (`launch_onepass(trace=)`, bench/attention_phases.py
 # --kernel onepass): thread 0 of each block stamps %clock64 and %globaltimer at kernel entry,
 # the position known, the store done (its barrier; = the position without the store), q in
@@ -221,7 +230,8 @@ def alloc_combine_counters(T: int, n_kv_heads: int):
 
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
           direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False,
-          onepass: bool = False, store: bool = False, early: bool = False, full: bool = True):
+          onepass: bool = False, store: bool = False, early: bool = False, full: bool = True,
+          group_batch: int = 1):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
@@ -233,8 +243,11 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     pass + combine); store: with onepass, the token's RoPE and K / V store in it too; early:
     with onepass, its loads issued early (ONEPASS_EARLY; the same results); with onepass,
     trace stamps TRACE_STAMPS_1P instead; full: V groups whose keys are all in range loaded and
-    multiplied without per-key clamps and tests (FULL_GROUPS; the same results)."""
+    multiplied without per-key clamps and tests (FULL_GROUPS; the same results); group_batch:
+    with onepass, the combine's group sums load this many splits' terms before adding them
+    (ONEPASS_GROUP_BATCH; the same results)."""
     FG = full
+    GB = max(1, int(group_batch))
     NS = len(TRACE_STAMPS)
     NS1 = len(TRACE_STAMPS_1P)
     trace_on = trace
@@ -1035,13 +1048,27 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             stamp1(trace, tb, 6)
         # step 3: group g of G sums splits g, g + G, .. ascending into split g's slot (only
         # group g reads it, and only this thread dim d of it), then the groups in order
+        # (GB > 1: the partials and weights of GB splits loaded, then added in order)
+        xs = cuda.local.array(GB, float32)
+        ws = cuda.local.array(GB, float32)
         for i in range(tid, G * D, NT1):
             g = i // D
             d = i - g * D
             a = float32(0.0)
             n_mine = (used - g + G - 1) // G if g < used else 0
-            for j in range(n_mine):
-                a += acc_sh[(g + G * j) * D + d] * w_sh[g + G * j]
+            if GB == 1:
+                for j in range(n_mine):
+                    a += acc_sh[(g + G * j) * D + d] * w_sh[g + G * j]
+            else:
+                for b in range(0, n_mine, GB):
+                    for k in range(GB):
+                        if b + k < n_mine:
+                            sk = g + G * (b + k)
+                            xs[k] = acc_sh[sk * D + d]
+                            ws[k] = w_sh[sk]
+                    for k in range(GB):
+                        if b + k < n_mine:
+                            a += xs[k] * ws[k]
             acc_sh[g * D + d] = a
         cuda.syncthreads()
         if trace_on and tid == 0:
@@ -1088,7 +1115,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
               (one_pass_trace if trace else one_pass))
         fn.__name__ = fn.__qualname__ = (f"flash_decode_f16_r{R}_e{E}_1p" + ("s" if store else "")
                                          + ("" if prefetch else "_npf") + ("_ld" if early else "")
-                                         + ("_trace" if trace else "") + ("" if full else "_pk"))
+                                         + ("_trace" if trace else "") + ("" if full else "_pk")
+                                         + ("" if GB == 1 else f"_gb{GB}"))
         return kernel(fn)
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
@@ -1124,10 +1152,12 @@ def onepass_kernel(R: int, E: int, prefetch: bool = True, store: bool = False,
     token's RoPE and K / V store, `launch_onepass(store=)`; early: its loads issued early,
     default ONEPASS_EARLY; trace: the instrumented build, TRACE_STAMPS_1P)."""
     early = ONEPASS_EARLY if early is None else bool(early)
-    key = ("1p", R, E, bool(prefetch), bool(store), early, bool(trace), bool(FULL_GROUPS))
+    key = ("1p", R, E, bool(prefetch), bool(store), early, bool(trace), bool(FULL_GROUPS),
+           int(ONEPASS_GROUP_BATCH))
     if key not in _KERNELS:
         _KERNELS[key] = _make(R, E, bool(prefetch), trace=bool(trace), onepass=True,
-                              store=bool(store), early=early, full=key[-1])
+                              store=bool(store), early=early, full=key[-2],
+                              group_batch=key[-1])
     return _KERNELS[key]
 
 

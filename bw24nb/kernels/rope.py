@@ -27,6 +27,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..jit import kernel
+from ..ptx import fma_f32
 
 # Elementwise over (token, head, pair): 128 threads per block, a common choice for
 # latency-bound small kernels (a decode step has only (Hq + Hkv) * rotary_dim/2 pairs).
@@ -51,10 +52,13 @@ def rotate_pair(x, t, h, i, half, angle):
 @cuda.jit(device=True, inline="always")
 def rotated(a, b, angle):
     """The pair (a, b) rotated by `angle`: `rotate_pair`'s arithmetic on loaded values (the
-    one-pass decode attention rotates q this way, from registers)."""
+    one-pass decode attention rotates q this way, from registers). The fused multiply-adds are
+    written out: a c - b s with a c fused, b c + a s with a s fused -- the contraction NVVM
+    chose for the expressions until session 44, when moving them into this function made it
+    fuse b c instead (other bits in every rotated pair's second element)."""
     c = math.cos(angle)
     s = math.sin(angle)
-    return a * c - b * s, b * c + a * s
+    return fma_f32(a, c, -(b * s)), fma_f32(a, s, b * c)
 
 
 @cuda.jit(device=True)
@@ -82,10 +86,10 @@ def roped_from(xe, xp, e, half, ang):
     """`roped_value` from loaded values: xe = element e, xp = its partner (`rope_partner`),
     ang = angle_pos * inv_freq[i] -- the same operations in the same order, so a kernel can
     issue the loads before it knows the position."""
-    if e < half:
-        return xe * math.cos(ang) - xp * math.sin(ang)
-    if e < 2 * half:
-        return xe * math.cos(ang) + xp * math.sin(ang)
+    if e < half:                    # `rotated`'s first element (a = xe, b = xp)
+        return fma_f32(xe, math.cos(ang), -(xp * math.sin(ang)))
+    if e < 2 * half:                # its second (a = xp, b = xe)
+        return fma_f32(xp, math.sin(ang), xe * math.cos(ang))
     return xe
 
 
