@@ -669,8 +669,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "onepass-late": [("bw24nb.kernels.decode_attention", "ONEPASS_EARLY", False)],
                 # decode attention's V groups with a clamp and a test for every key
                 "per-key": [("bw24nb.kernels.decode_attention", "FULL_GROUPS", False)],
-                # the one-pass combine's group sums one shared-memory round trip an add
-                "group-batch1": [("bw24nb.kernels.decode_attention", "ONEPASS_GROUP_BATCH", 1)],
+                # the one-pass combine's group sums 8 splits' terms a shared-memory round trip
+                "group-batch8": [("bw24nb.kernels.decode_attention", "ONEPASS_GROUP_BATCH", 8)],
                 # rows split over more warps while each keeps >= 256 values (the rule before
                 # session 41; the default keeps >= 512)
                 "split-k512": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 512)],

@@ -19,8 +19,10 @@ from numba import cuda
 from bw24nb.cache import KVCache
 from bw24nb.kernels.attention import (alloc_decode_partials, decode_splits, launch_flash_attn,
                                       launch_flash_attn_cache, launch_flash_decode)
+from bw24nb.kernels import decode_attention
 from bw24nb.quant import QType
 from bw24nb.reference import ops
+from bw24nb.switches import switched
 
 ATOL, RTOL = 5e-5, 1e-4
 
@@ -701,6 +703,8 @@ def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D,
     gate = cuda.to_device((rng.standard_normal(n) * 3).astype(np.float32)) if gated else None
     got = [_gated_int8_decode(q, pos, layer, n_splits, gate, **form)
            for form in ({}, dict(onepass=True, early=False), dict(onepass=True, early=True))]
+    with switched([(decode_attention, "ONEPASS_GROUP_BATCH", 3)]):    # the group sums batched
+        got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True))
     (out0, q0, d0, _) = got[0]
     assert np.isfinite(out0).all() and np.any(q0[:n] != 0) and np.all(q0[n:] == 99)
     for o, qq, dd, ml in got[1:]:               # the loads in order, then issued early

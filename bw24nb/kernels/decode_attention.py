@@ -152,8 +152,10 @@ FULL_GROUPS = True
 # this many splits' partial and weight from shared memory, then adds them in order -- the same
 # sums, with the loads in flight together instead of one shared-memory round trip an add
 # (weights -> groups: 0.86 us of the 0.5B's one pass, 2.56 us of the 9B's at 511 tokens,
-# session 44's trace). 1: one load pair an add. Read when a kernel is built.
-ONEPASS_GROUP_BATCH = 8
+# session 44's trace). 1: one load pair an add. Read when a kernel is built. Built and tested
+# (simulator) in session 44, when the device budget ran out before it could be measured: off
+# until a run shows it pays (run_bench group-batch8 beside default).
+ONEPASS_GROUP_BATCH = 1
 # The one-pass kernel's instrumented build (`launch_onepass(trace=)`, bench/attention_phases.py
 # --kernel onepass): thread 0 of each block stamps %clock64 and %globaltimer at kernel entry,
 # the position known, the store done (its barrier; = the position without the store), q in
