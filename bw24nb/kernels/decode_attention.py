@@ -157,7 +157,7 @@ FULL_GROUPS = True
 # until a run shows it pays (run_bench group-batch8 beside default).
 ONEPASS_GROUP_BATCH = 1
 # The one-pass kernel's instrumented build (`launch_onepass(trace=)`, bench/attention_phases.py
-# --kernel onepass): thread 0 of each block stamps %clock64 and %globaltimer at kernel entry,
+# --kernels 1p,1ps,..): thread 0 of each block stamps %clock64 and %globaltimer at kernel entry,
 # the position known, the store done (its barrier; = the position without the store), q in
 # shared memory, warp 0's first pair of splits, every split (the barrier after), the combine's
 # weights and L, its groups' sums, and the output stored.
