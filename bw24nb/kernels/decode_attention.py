@@ -318,11 +318,16 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                         for e in range(E):
                             acc[r * E + e] += pj * v_value(vraw, jj, e, lane)
 
-    @cuda.jit(device=True, inline="always")
-    def stamp(trace, base, k):
-        """Stamp k of this block: its SM's cycle counter, then the global timer."""
-        trace[base + k] = clock64()
-        trace[base + NS + k] = global_timer()
+    def stamper(n):
+        """stamp(trace, base, k) for a trace of n stamps a block: stamp k's SM cycle counter
+        at base + k, then its global timer at base + n + k."""
+        @cuda.jit(device=True, inline="always")
+        def stamp(trace, base, k):
+            trace[base + k] = clock64()
+            trace[base + n + k] = global_timer()
+        return stamp
+
+    stamp = stamper(NS)         # the split pass's (TRACE_STAMPS)
 
     @cuda.jit(device=True, inline="always")
     def v_value(vraw, jj, e, lane):
@@ -887,11 +892,16 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             m_sh[sa + (lane >> 4)] = m
             l_sh[sa + (lane >> 4)] = float32(0.0) + lsum
 
+    stamp1 = stamper(NS1)       # the one-pass kernel's (TRACE_STAMPS_1P)
+
     @cuda.jit(device=True, inline="always")
-    def stamp1(trace, base, k):
-        """One-pass stamp k of this block (TRACE_STAMPS_1P): clock64, then the global timer."""
-        trace[base + k] = clock64()
-        trace[base + NS1 + k] = global_timer()
+    def prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, warp):
+        """Lanes 0 / 1 of each warp: its pairs of splits' K / V rows named to L2, as the split
+        pass's blocks name theirs."""
+        for pair in range(warp, n_pairs, W1):
+            b0 = 4 * (head_word + np.int64(2 * pair * chunk) * DW)
+            b1 = 4 * (head_word + np.int64(min(2 * pair * chunk + 2 * chunk, n_ctx)) * DW)
+            prefetch_bytes(kw if lane == 0 else vw, b0, b1)
 
     @cuda.jit(device=True, inline="always")
     def one_pass_body(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
@@ -957,11 +967,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         n_pairs = (used + 1) // 2               # a warp's half each (`split_pair_row`)
         if trace_on and tid == 0 and position >= 0:
             stamp1(trace, tb, 1)
-        if early and prefetch and ok and lane < 2:      # (as below, before the store)
-            for pair in range(warp, n_pairs, W1):
-                b0 = 4 * (head_word + np.int64(2 * pair * chunk) * DW)
-                b1 = 4 * (head_word + np.int64(min(2 * pair * chunk + 2 * chunk, n_ctx)) * DW)
-                prefetch_bytes(kw if lane == 0 else vw, b0, b1)
+        if early and prefetch and ok and lane < 2:      # (before the store)
+            prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, warp)
         if store:
             if early:
                 if d_in:
@@ -998,11 +1005,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         else:
             for d in range(tid, D, NT1):
                 q_sh[d] = q[tok, h, d]
-        if not early and prefetch and ok and lane < 2:  # each warp's keys, as the split
-            for pair in range(warp, n_pairs, W1):       # pass's blocks
-                b0 = 4 * (head_word + np.int64(2 * pair * chunk) * DW)
-                b1 = 4 * (head_word + np.int64(min(2 * pair * chunk + 2 * chunk, n_ctx)) * DW)
-                prefetch_bytes(kw if lane == 0 else vw, b0, b1)
+        if not early and prefetch and ok and lane < 2:
+            prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, warp)
         cuda.syncthreads()                      # q_sh
         if trace_on and tid == 0:
             stamp1(trace, tb, 3)

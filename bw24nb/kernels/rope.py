@@ -87,9 +87,9 @@ def roped_from(xe, xp, e, half, ang):
     ang = angle_pos * inv_freq[i] -- the same operations in the same order, so a kernel can
     issue the loads before it knows the position."""
     if e < half:                    # `rotated`'s first element (a = xe, b = xp)
-        return fma_f32(xe, math.cos(ang), -(xp * math.sin(ang)))
+        return rotated(xe, xp, ang)[0]
     if e < 2 * half:                # its second (a = xp, b = xe)
-        return fma_f32(xp, math.sin(ang), xe * math.cos(ang))
+        return rotated(xp, xe, ang)[1]
     return xe
 
 
