@@ -17,8 +17,9 @@ repetition are read back and reduced over the working blocks:
   entry skew   last block's entry minus first block's (ns)
 
 --kernels 1p,1pld,1ps,1psld traces the one-pass kernel instead (engine.ONEPASS_MAX_CTX; "s":
-with the token's RoPE and K / V store, "ld": its loads issued early), whose thread 0 of every
-block (a query head) stamps decode_attention.TRACE_STAMPS_1P: entry, the position known, the
+with the token's RoPE and K / V store, "ld": its loads issued early; 1psldc2, c4, c8: on
+thread-block clusters of that many blocks a head, ONEPASS_CLUSTER), whose thread 0 of every
+block (of rank 0 in a cluster: a query head) stamps decode_attention.TRACE_STAMPS_1P: entry, the position known, the
 store done, q in shared memory, warp 0's first pair of splits, every split, the combine's
 weights, its groups' sums, the output stored.
 
@@ -53,7 +54,8 @@ from matvec_bench import _commit  # noqa: E402
 # the token's RoPE and K / V store, its loads in order / issued early (ONEPASS_EARLY)
 KERNELS = {"split": None, "1p": dict(store=False, early=False),
            "1pld": dict(store=False, early=True), "1ps": dict(store=True, early=False),
-           "1psld": dict(store=True, early=True)}
+           "1psld": dict(store=True, early=True),
+           **{f"1psldc{n}": dict(store=True, early=True, cluster=n) for n in (2, 4, 8)}}
 
 
 def traced_attention(stream, rng, Hq, Hkv, D, ctx, position, kind="split"):

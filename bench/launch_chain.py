@@ -50,6 +50,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
                      the same results where it serves the position, NaN past it)
   .../1ps            the same with the token's RoPE and K / V store in it (engine.ONEPASS_STORE)
   .../1pld, 1psld    the two with their loads issued early (decode_attention.ONEPASS_EARLY)
+  .../1psldc<N>      1psld on thread-block clusters of N = 2, 4, 8 blocks a query head
+                     (decode_attention.ONEPASS_CLUSTER; the same results)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -136,15 +138,16 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     splits through the merge ("/merge", "split/merge"); the one-pass kernel ("/1p": NaN where
     its plan does not serve the position, decode_attention.onepass_max_ctx), with the token's
     RoPE and K / V store ("/1ps"), each with its loads issued early ("/1pld", "/1psld";
-    decode_attention.ONEPASS_EARLY). min_chunk: the
+    decode_attention.ONEPASS_EARLY), the last on clusters of N blocks a head ("/1psldcN",
+    decode_attention.ONEPASS_CLUSTER). min_chunk: the
     split plan's (default the engine's). A kind's "/..." part goes after the sequence name's
     position (docstring above)."""
     mc = attention.DECODE_MIN_CHUNK if min_chunk is None else min_chunk
     run = attention_launch(stream, rng, Hq, Hkv, D, ctx, position)
 
     def attend(only, prefetch=None, interleave=None, direct=None, onepass=False, store=False,
-               early=None):
-        extra = dict(store=store, early=early) if onepass else {}
+               early=None, cluster=None):
+        extra = dict(store=store, early=early, cluster=cluster) if onepass else {}
         return lambda i: run(min_chunk=mc, only=only, prefetch=prefetch, interleave=interleave,
                              direct=direct, onepass=onepass, **extra)
 
@@ -161,7 +164,9 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
             "/1p": attend(None, onepass=True, early=False),
             "/1pld": attend(None, onepass=True, early=True),
             "/1ps": attend(None, onepass=True, store=True, early=False),
-            "/1psld": attend(None, onepass=True, store=True, early=True)}
+            "/1psld": attend(None, onepass=True, store=True, early=True),
+            **{f"/1psldc{n}": attend(None, onepass=True, store=True, early=True, cluster=n)
+               for n in (2, 4, 8)}}
 
 
 def gdn_launches(stream, rng, nk=16, nv=32, d=128, T=1, snapshots=False):

@@ -671,6 +671,9 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "per-key": [("bw24nb.kernels.decode_attention", "FULL_GROUPS", False)],
                 # the one-pass combine's group sums 8 splits' terms a shared-memory round trip
                 "group-batch8": [("bw24nb.kernels.decode_attention", "ONEPASS_GROUP_BATCH", 8)],
+                # the one pass on thread-block clusters of n blocks a query head (1: a block)
+                **{f"onepass-cluster{n}": [("bw24nb.kernels.decode_attention",
+                                            "ONEPASS_CLUSTER", n)] for n in (1, 2, 4, 8)},
                 # rows split over more warps while each keeps >= 256 values (the rule before
                 # session 41; the default keeps >= 512)
                 "split-k512": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 512)],

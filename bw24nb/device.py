@@ -50,6 +50,7 @@ class ArchFeatures:
     int8_mma: bool            # mma.sync.m16n8k32.s8 (sm_80 and later)
     grid_dependency: bool     # griddepcontrol + programmatic graph edges (sm_90 and later)
     bulk_prefetch: bool       # cp.async.bulk.prefetch.L2 (sm_90 and later)
+    clusters: bool            # thread-block clusters, their barrier and DSMEM (sm_90 and later)
 
     @property
     def name(self) -> str:
@@ -58,7 +59,8 @@ class ArchFeatures:
 
 def features_for(cc: tuple[int, int]) -> ArchFeatures:
     return ArchFeatures(cc=cc, native_fp4_cvt=cc >= (10, 0), int8_mma=cc >= (8, 0),
-                        grid_dependency=cc >= (9, 0), bulk_prefetch=cc >= (9, 0))
+                        grid_dependency=cc >= (9, 0), bulk_prefetch=cc >= (9, 0),
+                        clusters=cc >= (9, 0))
 
 
 SM_COUNT_DEFAULT = 132      # the H200's, where the device cannot be asked (the simulator)

@@ -128,6 +128,36 @@ def waiting_kernel(fn):
     return wrapper
 
 
+def launch_cluster(dispatcher, grid, block, cluster: int, stream, *args) -> None:
+    """``dispatcher[grid, block, stream](*args)`` with its blocks grouped into thread-block
+    clusters of `cluster` consecutive blocks along x (sm_90+; grid[0] a multiple of it): what
+    ``dispatcher[...]`` does (the kernel compiled, or loaded from the disk cache, for the
+    arguments' types, and its arguments marshalled), launched through cuda.core with a cluster
+    dimension (cuLaunchKernelEx). Captured into a graph like any launch. numba-cuda has no
+    launch option for clusters, so this reaches into its launch path (`_Kernel._prepare_args`,
+    the compiled kernel's cufunc): numba-cuda 0.30."""
+    if simulator_enabled():
+        raise RuntimeError("launch_cluster: the simulator runs no clusters (launch a block a "
+                           "cluster, as the kernels' callers do there)")
+    from cuda.core import LaunchConfig, launch
+    from numba.cuda.cudadrv import driver
+
+    grid = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
+    block = tuple(block) + (1,) * (3 - len(block)) if isinstance(block, tuple) else (block, 1, 1)
+    n = int(cluster)
+    if n < 1 or grid[0] % n:
+        raise ValueError(f"launch_cluster: grid {grid} is not whole clusters of {n} blocks")
+    kern = dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in args))
+    core_stream = driver._to_core_stream(stream)
+    kernelargs, retr = [], []
+    for ty, value in zip(kern.argument_types, args):
+        kern._prepare_args(ty, value, core_stream, retr, kernelargs)
+    config = LaunchConfig(grid=(grid[0] // n, grid[1], grid[2]), cluster=(n, 1, 1), block=block)
+    launch(core_stream, config, kern._codelibrary.get_cufunc().kernel, *kernelargs)
+    for writeback in retr:
+        writeback()
+
+
 def cache_stats() -> dict:
     """Disk-cache hits and misses (= compilations) of this process's kernels so far."""
     hits = sum(sum(d.stats.cache_hits.values()) for d in KERNELS)

@@ -1602,7 +1602,9 @@ def check_flash_decode_onepass(rng, size):
         n, q, positions, gate, (k_u8, k_f16, v_u8, v_f16) = _decode_inputs(
             rng, T, n_ctx, Hq, Hkv, D, n_ctx, gated)
         got = []
-        for form in ({}, dict(onepass=True, early=False), dict(onepass=True, early=True)):
+        forms = ({}, dict(onepass=True, early=False), dict(onepass=True, early=True),
+                 *(dict(onepass=True, early=True, cluster=c) for c in (2, 4, 8)))
+        for form in forms:
             part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
             out, xq, xd = Out((T, Hq, D)), Out(n, np.int8, poison=-128), Out(n // 32)
             at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16,
@@ -1610,9 +1612,10 @@ def check_flash_decode_onepass(rng, size):
                                    xq=xq.dev, xd=xd.dev, **form)
             got.append((out.get(), xq.get(), xd.get()))
         (o0, _), (q0, _), (d0, _) = got[0]
-        for early, ((o1, g1), (q1, gq), (d1, gd)) in zip((False, True), got[1:]):
+        for form, ((o1, g1), (q1, gq), (d1, gd)) in zip(forms[1:], got[1:]):
             shape = (f"T{T} ctx{n_ctx}/{n_splits}sp H{Hq}/{Hkv} D{D}" + (" gated" if gated else "")
-                     + (" early" if early else ""))
+                     + (" early" if form["early"] else "")
+                     + (f" cluster{form['cluster']}" if "cluster" in form else ""))
             yield compare("flash_decode_onepass out", "f32", shape, o1, o0, tol="bit-exact",
                           bits=True, guard_ok=g1)
             yield compare("flash_decode_onepass q", "int8", shape, q1, q0, tol="exact",
@@ -1644,7 +1647,9 @@ def check_flash_decode_onepass_store(rng, size):
         positions = _dev(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
         seed = int(rng.integers(0, 2 ** 31))
         got = []
-        for fused, early in ((False, None), (True, False), (True, True)):
+        forms = ((False, None, None), (True, False, None), (True, True, None), (True, True, 2),
+                 (True, True, 4), (True, True, 8))
+        for fused, early, cl in forms:
             cache = _filled_cache(np.random.default_rng(seed), n_ctx, Hkv, D, n_ctx, QType.F16,
                                   QType.F16)
             rows = (cache.k_f16[0], cache.v_f16[0])
@@ -1660,12 +1665,14 @@ def check_flash_decode_onepass_store(rng, size):
                 cache.store(0, knew, vnew, positions, inv_freq=inv, q=q)
             at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16,
                                    out.dev, part_ml, part_acc, onepass=True,
-                                   store=(knew, vnew, inv) if fused else None, early=early)
+                                   store=(knew, vnew, inv) if fused else None, early=early,
+                                   cluster=cl)
             got.append((out.get(), np.concatenate([r.copy_to_host()[:, n_ctx - T:].reshape(-1)
                                                    for r in rows]), q.copy_to_host()))
         (o0, _), rows0, q0 = got[0]
-        for early, ((o1, g1), rows1, q1) in zip((False, True), got[1:]):
-            shape = f"T{T} ctx{n_ctx} H{Hq}/{Hkv} D{D} rot{rot}" + (" early" if early else "")
+        for (_, early, cl), ((o1, g1), rows1, q1) in zip(forms[1:], got[1:]):
+            shape = (f"T{T} ctx{n_ctx} H{Hq}/{Hkv} D{D} rot{rot}" + (" early" if early else "")
+                     + (f" cluster{cl}" if cl else ""))
             yield compare("flash_decode_onepass_store out", "f32", shape, o1, o0,
                           tol="bit-exact", bits=True, guard_ok=g1)
             yield compare("flash_decode_onepass_store kv", "f16", shape, rows1, rows0,

@@ -705,6 +705,9 @@ def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D,
            for form in ({}, dict(onepass=True, early=False), dict(onepass=True, early=True))]
     with switched([(decode_attention, "ONEPASS_GROUP_BATCH", 3)]):    # the group sums batched
         got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True))
+    # the cluster build (ONEPASS_CLUSTER): the simulator launches it a block a head, each
+    # block walking every pair of splits on its fewer warps, put() storing the partials
+    got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True, cluster=4))
     (out0, q0, d0, _) = got[0]
     assert np.isfinite(out0).all() and np.any(q0[:n] != 0) and np.all(q0[n:] == 99)
     for o, qq, dd, ml in got[1:]:               # the loads in order, then issued early
@@ -741,7 +744,8 @@ def test_one_pass_kernel_with_the_store_is_the_store_launch_then_the_kernel(
     pos = cuda.to_device(np.array(positions, np.int32))
     fill = rng.integers(0, 2 ** 31)
     results = []
-    for fused, early in ((False, None), (True, False), (True, True)):
+    for fused, early, cl in ((False, None, None), (True, False, None), (True, True, None),
+                             (True, True, 2)):
         cache = _filled_cache(np.random.default_rng(fill), n_ctx, Hkv, D, n_ctx, *_F16)
         k_f16, v_f16 = cache.k_f16[0], cache.v_f16[0]
         for rows in (k_f16, v_f16):
@@ -756,7 +760,7 @@ def test_one_pass_kernel_with_the_store_is_the_store_launch_then_the_kernel(
             cache.store(0, knew, vnew, pos, inv_freq=inv if rotary else None, q=q)
         launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
                             QType.F16, out, part_ml, part_acc, onepass=True,
-                            store=(knew, vnew, inv) if fused else None, early=early)
+                            store=(knew, vnew, inv) if fused else None, early=early, cluster=cl)
         results.append([a.copy_to_host() for a in (out, q, k_f16, v_f16)])
     for got in results[1:]:                     # the loads in order, then issued early
         for a, b in zip(results[0], got):

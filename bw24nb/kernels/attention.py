@@ -729,7 +729,8 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
                         xq=None, xd=None, chunk_align=None, combine_threads=None, only=None,
                         slices=None, prefetch=None, combine_batch=None, trace=None,
                         interleave=None, direct=None, split_grid=None, spread=None,
-                        counters=None, fused=None, onepass=False, store=None, early=None):
+                        counters=None, fused=None, onepass=False, store=None, early=None,
+                        cluster=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
@@ -767,7 +768,8 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     (`decode_attention.launch_onepass`), instead of cache.kv's launch before it; early: the
     one-pass kernel's loads issued early (decode_attention.ONEPASS_EARLY; no effect on results);
     trace goes to the one-pass kernel's instrumented build with onepass
-    (decode_attention.trace_shape_1p)."""
+    (decode_attention.trace_shape_1p); cluster: with onepass, its blocks a query head, as one
+    thread-block cluster (decode_attention.ONEPASS_CLUSTER; no effect on results)."""
     if only not in (None, "split", "combine"):
         raise ValueError(f"only must be None, 'split' or 'combine', not {only!r}")
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
@@ -817,7 +819,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
             q, positions, k_u8, v_u8, _scale(scale, D), min_chunk, chunk_align, n_splits, out,
             gate, xq, xd, decode_attention.combine_order(D, combine_threads, slices), stream,
             prefetch, store=None if store is None else (*store, k_f16, v_f16), early=early,
-            trace=trace)
+            trace=trace, cluster=cluster)
         return
     if fused:
         # absent outputs get stand-ins of the right type that the kernel never touches

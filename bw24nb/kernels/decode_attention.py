@@ -39,9 +39,12 @@ import math
 import numpy as np
 from numba import cuda, float32, uint32
 
-from ..jit import kernel
-from ..ptx import (clock64, f16x2_to_f32x2, global_timer, ld_nc_v4_u32, warp_max, warp_max16,
-                   warp_max_rows, warp_sum, warp_sum16, warp_sum_rows, warp_sync)
+from ..device import current_features, simulator_enabled
+from ..jit import kernel, launch_cluster
+from ..ptx import (clock64, cluster_arrive_relaxed, cluster_arrive_release, cluster_rank,
+                   cluster_size, cluster_wait_acquire, f16x2_to_f32x2, global_timer,
+                   ld_nc_v4_u32, st_cluster_f32, warp_max, warp_max16, warp_max_rows, warp_sum,
+                   warp_sum16, warp_sum_rows, warp_sync)
 from .activation import sigmoid
 # the plan the combine derives again, and the softmax step of every split pass: one definition
 from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, block_max, combine_slices,
@@ -163,6 +166,16 @@ ONEPASS_GROUP_BATCH = 1
 # weights and L, its groups' sums, and the output stored.
 TRACE_STAMPS_1P = ("entry", "position", "stored", "q", "pair0", "splits", "weights", "groups",
                    "out")
+# The one pass on a thread-block cluster of this many blocks a query head (sm_90+; 1: a block
+# a head): block r of a cluster runs pairs of splits r W, r W + 1, .. (W warps a block,
+# `onepass_block_warps`; the warp w of the cluster takes pairs w, w + N W, ..) and stores their
+# partials into rank 0's shared memory (DSMEM: bw24nb/ptx/cluster.ptx), which combines them
+# after one cluster barrier, in the combine's order as before: the same bits on N times the
+# SMs. A head's block ran all its splits on one SM: the 0.5B's 14 blocks of 16 warps spent 4.4
+# of the one pass's 8.8 us in its pairs of splits (session 44's trace, H100), the issue of ~16
+# warps of work through one SM's schedulers. Needs a cluster launch (jit.launch_cluster);
+# launched without one (the simulator) the cluster build runs every split in each block.
+ONEPASS_CLUSTER = 1
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
 _ONEPASS_SPLITS = 256       # (m, l, w) slots: the most splits any head dim may take
@@ -184,6 +197,15 @@ def onepass_warps(D: int) -> int:
     groups' registers, ptxas for sm_90: 134 a thread at D = 128, 193 at 256, against 98 at
     64)."""
     return ONEPASS_WARPS if D <= 64 else ONEPASS_WARPS // 2
+
+
+def onepass_block_warps(D: int, cluster: int = 1) -> int:
+    """Warps of one block of the one pass on clusters of `cluster` blocks: `onepass_warps(D)`
+    shared out (the cluster's warps run the pairs of splits), but never fewer than the combine
+    takes -- a thread for each split it may hold (`onepass_splits`) and for each dim."""
+    n = max(1, int(cluster))
+    need = max(onepass_splits(D), D) // 32
+    return max(onepass_warps(D) // n, need)
 
 
 def onepass_max_ctx(D: int, n_splits: int, min_chunk: int) -> int:
@@ -233,7 +255,7 @@ def alloc_combine_counters(T: int, n_kv_heads: int):
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
           direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False,
           onepass: bool = False, store: bool = False, early: bool = False, full: bool = True,
-          group_batch: int = 1):
+          group_batch: int = 1, cluster: int = 1):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
@@ -247,8 +269,11 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     trace stamps TRACE_STAMPS_1P instead; full: V groups whose keys are all in range loaded and
     multiplied without per-key clamps and tests (FULL_GROUPS; the same results); group_batch:
     with onepass, the combine's group sums load this many splits' terms before adding them
-    (ONEPASS_GROUP_BATCH; the same results)."""
+    (ONEPASS_GROUP_BATCH; the same results); cluster: with onepass, the build that clusters of
+    that many blocks run, a cluster a query head (ONEPASS_CLUSTER, `launch_onepass`; the same
+    results), of `onepass_block_warps(D, cluster)` warps a block; 1: a block a head."""
     FG = full
+    CL = onepass and int(cluster) > 1
     GB = max(1, int(group_batch))
     NS = len(TRACE_STAMPS)
     NS1 = len(TRACE_STAMPS_1P)
@@ -263,7 +288,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     NE = max(1, min(TILE // VG, VW // GW))      # V groups issued with the K tile (the rest
                                                 # one group ahead of the products)
     RS = (R + WARPS - 1) // WARPS       # spread: rows a warp takes (row warp + WARPS j, < R)
-    W1 = onepass_warps(D)               # onepass: warps a block, and its threads
+    W1 = onepass_block_warps(D, cluster if onepass else 1)   # onepass: warps a block
     NT1 = 32 * W1
     assert NT1 >= min(_ONEPASS_SPLITS, _ONEPASS_ACC // D)   # a thread a split in the combine
     RSE = RS * E
@@ -827,7 +852,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         maximum and sum (warp_max16, warp_sum16) are the full warp's over a split whose keys
         fill lanes 0 .. 15 and whose other lanes hold -inf / +0.0 (ptx/warp.py), and the
         accumulators' first `acc *= alpha` (+0.0 times 0 or 1) leaves the +0.0 they start
-        at. The partials go to shared memory (acc_sh[split * D + d], m_sh / l_sh[split])."""
+        at. The partials go to shared memory (acc_sh[split * D + d], m_sh / l_sh[split]) --
+        with CL, to the cluster's rank 0's (`put`)."""
         acc_a = cuda.local.array(E, float32)
         acc_b = cuda.local.array(E, float32)
         v0 = cuda.local.array(GW, uint32)
@@ -885,20 +911,29 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         pv_row(acc_b, v3, VG, nkb, p_sh, pb + 16, lane, warp)
         warp_sync()                             # p_sh read before the next pair rewrites it
         for e in range(E):
-            acc_sh[sa * D + lane * E + e] = float32(0.0) + acc_a[e]
+            put(acc_sh, sa * D + lane * E + e, float32(0.0) + acc_a[e])
             if has_b:
-                acc_sh[(sa + 1) * D + lane * E + e] = float32(0.0) + acc_b[e]
+                put(acc_sh, (sa + 1) * D + lane * E + e, float32(0.0) + acc_b[e])
         if lane == 0 or (lane == 16 and has_b):
-            m_sh[sa + (lane >> 4)] = m
-            l_sh[sa + (lane >> 4)] = float32(0.0) + lsum
+            put(m_sh, sa + (lane >> 4), m)
+            put(l_sh, sa + (lane >> 4), float32(0.0) + lsum)
 
     stamp1 = stamper(NS1)       # the one-pass kernel's (TRACE_STAMPS_1P)
 
     @cuda.jit(device=True, inline="always")
-    def prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, warp):
-        """Lanes 0 / 1 of each warp: its pairs of splits' K / V rows named to L2, as the split
-        pass's blocks name theirs."""
-        for pair in range(warp, n_pairs, W1):
+    def put(sh, i, value):
+        """sh[i] = value in the block that combines: this one, or with CL the cluster's rank 0
+        (its shared memory at the same offset: DSMEM, cluster.ptx)."""
+        if CL:
+            st_cluster_f32(sh, i, 0, value)
+        else:
+            sh[i] = value
+
+    @cuda.jit(device=True, inline="always")
+    def prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, first, stride):
+        """Lanes 0 / 1 of each warp: its pairs of splits (first, first + stride, ..) K / V rows
+        named to L2, as the split pass's blocks name theirs."""
+        for pair in range(first, n_pairs, stride):
             b0 = 4 * (head_word + np.int64(2 * pair * chunk) * DW)
             b1 = 4 * (head_word + np.int64(min(2 * pair * chunk + 2 * chunk, n_ctx)) * DW)
             prefetch_bytes(kw if lane == 0 else vw, b0, b1)
@@ -925,16 +960,28 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         q_sh = cuda.shared.array(256, float32)
         p_sh = cuda.shared.array(ONEPASS_THREADS, float32)      # a tile's p, a warp each
         red_sh = cuda.shared.array(ONEPASS_WARPS, float32)
-        h = cuda.blockIdx.x
-        tok = cuda.blockIdx.y
-        Hq = cuda.gridDim.x
-        kvh = h // R
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
+        if CL:
+            # a cluster a query head (its blocks consecutive along x); launched without a
+            # cluster, each block is a cluster of one and runs every split itself
+            crank = cluster_rank()
+            csize = cluster_size()
+            cluster_arrive_relaxed()            # started: the others may write to us after
+        else:
+            crank = 0
+            csize = 1
+        h = cuda.blockIdx.x // csize
+        tok = cuda.blockIdx.y
+        Hq = cuda.gridDim.x // csize
+        kvh = h // R
+        gw = crank * W1 + warp                  # this warp among the cluster's (the pairs')
+        pair_stride = csize * W1
+        t0 = tid == 0 and crank == 0            # the stamping thread
         tb = (tok * Hq + h) * 2 * NS1
         o = (tok * Hq + h) * D                  # flat [T, Hq, D]: gate, xq, xd
-        if trace_on and tid == 0:
+        if trace_on and t0:
             stamp1(trace, tb, 0)
         position = positions[tok]
         # early: thread d < D (D <= NT1) loads what it needs of q, the gate and the new rows
@@ -965,10 +1012,10 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         head_word = np.int64(kvh) * ctx * DW
         ok = chunk <= TILE // 2 and used * D <= _ONEPASS_ACC and used <= _ONEPASS_SPLITS
         n_pairs = (used + 1) // 2               # a warp's half each (`split_pair_row`)
-        if trace_on and tid == 0 and position >= 0:
+        if trace_on and t0 and position >= 0:
             stamp1(trace, tb, 1)
         if early and prefetch and ok and lane < 2:      # (before the store)
-            prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, warp)
+            prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, gw, pair_stride)
         if store:
             if early:
                 if d_in:
@@ -997,7 +1044,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             if early and tid < half:            # q in place (every thread has read it)
                 q[tok, h, tid] = qr
                 q[tok, h, tid + half] = qr2
-        if trace_on and tid == 0:
+        if trace_on and t0:
             stamp1(trace, tb, 2)
         if early:
             if d_in and not store:
@@ -1006,9 +1053,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             for d in range(tid, D, NT1):
                 q_sh[d] = q[tok, h, d]
         if not early and prefetch and ok and lane < 2:
-            prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, warp)
+            prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, gw, pair_stride)
         cuda.syncthreads()                      # q_sh
-        if trace_on and tid == 0:
+        if trace_on and t0:
             stamp1(trace, tb, 3)
         if not ok:                              # a plan this kernel does not serve: NaN
             for d in range(tid, D, NT1):
@@ -1017,14 +1064,26 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                     xq[o + d] = 0
                     if (d & 31) == 0:
                         xd[(o + d) >> 5] = np.float32(np.nan)
+            if CL:
+                cluster_wait_acquire()          # (every block of the cluster is here too)
             return
-        for pair in range(warp, n_pairs, W1):
+        if CL:
+            cluster_wait_acquire()              # every block started: its shared memory is
+        for pair in range(gw, n_pairs, pair_stride):                    # there to write to
             split_pair_row(q_sh, p_sh, kw, vw, head_word, chunk, n_ctx, 2 * pair,
                            2 * pair + 1 < used, scale, acc_sh, m_sh, l_sh, lane, warp)
-            if trace_on and tid == 0 and pair == 0:
+            if trace_on and t0 and pair == 0:
                 stamp1(trace, tb, 4)
-        cuda.syncthreads()
-        if trace_on and tid == 0:
+        if CL:
+            # the partials, written into rank 0's shared memory, released to it; then only
+            # rank 0 runs the combine (the others' shared memory is never read)
+            cluster_arrive_release()
+            cluster_wait_acquire()
+            if crank != 0:
+                return
+        else:
+            cuda.syncthreads()
+        if trace_on and t0:
             stamp1(trace, tb, 5)
         # the combine's step 1: M over the visible splits (thread s = split s)
         m = _NEG_INF
@@ -1050,7 +1109,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         L = red_sh[0]
         for j in range(1, nv):
             L += red_sh[j]
-        if trace_on and tid == 0 and L == L:
+        if trace_on and t0 and L == L:
             stamp1(trace, tb, 6)
         # step 3: group g of G sums splits g, g + G, .. ascending into split g's slot (only
         # group g reads it, and only this thread dim d of it), then the groups in order
@@ -1077,7 +1136,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                             a += xs[k] * ws[k]
             acc_sh[g * D + d] = a
         cuda.syncthreads()
-        if trace_on and tid == 0:
+        if trace_on and t0:
             stamp1(trace, tb, 7)
         for d in range(tid, D, NT1):    # whole warps: D % 32 == 0
             total = acc_sh[d]
@@ -1092,7 +1151,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                 xq[o + d] = code
                 if (d & 31) == 0:
                     xd[(o + d) >> 5] = qs
-        if trace_on and tid == 0:
+        if trace_on and t0:
             stamp1(trace, tb, 8)
 
     def one_pass(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out, gate,
@@ -1122,7 +1181,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         fn.__name__ = fn.__qualname__ = (f"flash_decode_f16_r{R}_e{E}_1p" + ("s" if store else "")
                                          + ("" if prefetch else "_npf") + ("_ld" if early else "")
                                          + ("_trace" if trace else "") + ("" if full else "_pk")
-                                         + ("" if GB == 1 else f"_gb{GB}"))
+                                         + ("" if GB == 1 else f"_gb{GB}")
+                                         + (f"_c{int(cluster)}" if CL else ""))
         return kernel(fn)
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
@@ -1153,17 +1213,18 @@ def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
 
 
 def onepass_kernel(R: int, E: int, prefetch: bool = True, store: bool = False,
-                   early: bool | None = None, trace: bool = False):
+                   early: bool | None = None, trace: bool = False, cluster: int = 1):
     """The (R, E) one-pass kernel (ONEPASS_WARPS), built on first request (store: with the
     token's RoPE and K / V store, `launch_onepass(store=)`; early: its loads issued early,
-    default ONEPASS_EARLY; trace: the instrumented build, TRACE_STAMPS_1P)."""
+    default ONEPASS_EARLY; trace: the instrumented build, TRACE_STAMPS_1P; cluster: the build
+    for clusters of that many blocks a head, ONEPASS_CLUSTER)."""
     early = ONEPASS_EARLY if early is None else bool(early)
     key = ("1p", R, E, bool(prefetch), bool(store), early, bool(trace), bool(FULL_GROUPS),
-           int(ONEPASS_GROUP_BATCH))
+           int(ONEPASS_GROUP_BATCH), max(1, int(cluster)))
     if key not in _KERNELS:
         _KERNELS[key] = _make(R, E, bool(prefetch), trace=bool(trace), onepass=True,
-                              store=bool(store), early=early, full=key[-2],
-                              group_batch=key[-1])
+                              store=bool(store), early=early, full=key[-3],
+                              group_batch=key[-2], cluster=key[-1])
     return _KERNELS[key]
 
 
@@ -1175,7 +1236,7 @@ def trace_shape_1p(T: int, n_heads: int) -> tuple:
 
 def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_splits, out,
                    gate, xq, xd, G, stream=0, prefetch=None, store=None, early=None,
-                   trace=None):
+                   trace=None, cluster=None):
     """Decode attention in one launch (the one-pass kernel): q[T, Hq, D] against one F16 cache
     layer, the plan of `n_splits` splits (the split pass's: each token's own position,
     min_chunk, chunk_align) into out[T, Hq, D]; gate (flat float32, or None) and xq / xd (the
@@ -1189,7 +1250,10 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
     decode layer). One token only: a token's rows are written by its own blocks, which no
     other token's blocks wait for. early: the loads issued early (default ONEPASS_EARLY; the
     same results); trace: a uint64 device array of `trace_shape_1p` runs the instrumented
-    build, which stamps TRACE_STAMPS_1P into it (bench/attention_phases.py)."""
+    build, which stamps TRACE_STAMPS_1P into it (bench/attention_phases.py); cluster: blocks a
+    query head, launched as one thread-block cluster (default ONEPASS_CLUSTER; the same
+    results; on a GPU without clusters, and in the simulator, the cluster build runs a block a
+    head)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     if store is not None:
@@ -1217,8 +1281,11 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
                               or tuple(trace.shape) != trace_shape_1p(T, Hq)):
         raise ValueError(f"launch_onepass: trace must be uint64{list(trace_shape_1p(T, Hq))}, "
                          f"not {trace.dtype}{list(trace.shape)}")
+    n = max(1, int(ONEPASS_CLUSTER if cluster is None else cluster))
+    if n > 8:
+        raise ValueError(f"launch_onepass: clusters of at most 8 blocks (portable), not {n}")
     k = onepass_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch),
-                       store is not None, early, trace is not None)
+                       store is not None, early, trace is not None, n)
     args = (q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
             np.int32(chunk_align), np.int32(n_splits), out,
             stand if gate is None else gate.reshape(gate.size),
@@ -1229,7 +1296,11 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
         args += (knew, vnew, inv_freq, kf, vf)
     if trace is not None:
         args += (trace.reshape(trace.size),)
-    k[(Hq, T), 32 * onepass_warps(D), stream](*args)
+    block = 32 * onepass_block_warps(D, n)
+    if n > 1 and not simulator_enabled() and current_features().clusters:
+        launch_cluster(k, (Hq * n, T), block, n, stream, *args)
+    else:
+        k[(Hq, T), block, stream](*args)
 
 
 def walks(grid) -> bool:
@@ -1320,6 +1391,8 @@ flash_decode_f16_r7_e2_1p_ld = onepass_kernel(7, 2, early=True)       # loads is
 flash_decode_f16_r7_e2_1ps_ld = onepass_kernel(7, 2, store=True, early=True)
 flash_decode_f16_r4_e8_1ps_ld = onepass_kernel(4, 8, store=True, early=True)
 flash_decode_f16_r7_e2_1ps_trace = onepass_kernel(7, 2, store=True, early=False, trace=True)
+flash_decode_f16_r7_e2_1ps_ld_c4 = onepass_kernel(7, 2, store=True, early=True, cluster=4)
+flash_decode_f16_r4_e8_1ps_ld_c2 = onepass_kernel(4, 8, store=True, early=True, cluster=2)
 _SIG_1P = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
            "int32, int32, float32[:, :, ::1], float32[::1], int8[::1], float32[::1], int32, int32, "
            "int32)")
@@ -1332,6 +1405,8 @@ PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_
                   "flash_decode_f16_r7_e2_1ps_ld": [_SIG_1PS],
                   "flash_decode_f16_r4_e8_1ps_ld": [_SIG_1PS],
                   "flash_decode_f16_r7_e2_1ps_trace": [_SIG_1PS[:-1] + ", uint64[::1])"],
+                  "flash_decode_f16_r7_e2_1ps_ld_c4": [_SIG_1PS],
+                  "flash_decode_f16_r4_e8_1ps_ld_c2": [_SIG_1PS],
                   "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG],
                   "flash_decode_f16_r7_e2_1t": [_SIG], "flash_decode_f16_r8_e8_1t_spread_walk": [_SIG],
                   "flash_decode_f16_r7_e2_1t_spread": [_SIG],
@@ -1342,3 +1417,7 @@ EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32
                 for name in PTX_SIGNATURES}
 EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]
 EXPECTED_PTX["flash_decode_f16_r7_e2_1ps_trace"] += ["%clock64", "%globaltimer"]
+for _name in ("flash_decode_f16_r7_e2_1ps_ld_c4", "flash_decode_f16_r4_e8_1ps_ld_c2"):
+    EXPECTED_PTX[_name] += ["%cluster_ctarank", "barrier.cluster.arrive.relaxed.aligned",
+                            "barrier.cluster.wait.acquire.aligned",
+                            "mapa.shared::cluster.u32", "st.shared::cluster.f32"]

@@ -39,6 +39,14 @@
     cp_async_commit()   close this thread's group of copies, and
     cp_async_wait_1() / cp_async_wait_0()   wait until at most 1 / 0 of its groups are in
         flight (then a barrier for the block to see them)
+    cluster_rank() -> int32, cluster_size() -> int32   this block's rank in its thread-block
+        cluster and the cluster's blocks (``%cluster_ctarank`` / ``%cluster_nctarank``; 0 and 1
+        launched without a cluster, jit.launch_cluster launches with one; sm_90+)
+    cluster_arrive_relaxed(), cluster_arrive_release(), cluster_wait_acquire()
+        the cluster barrier's steps (``barrier.cluster.*.aligned``; every thread of every block)
+    st_cluster_f32(shared_f32, index, rank, value)   the store into the same element of the
+        cluster's block `rank`'s shared memory (``mapa`` + ``st.shared::cluster``); when it is
+        allowed: cluster.ptx
     prefetch_l2(array, index)   ``prefetch.global.L2`` of the line of ``array[index]`` (a hint)
     prefetch_l2_bulk(array, byte_offset, nbytes)
         ``cp.async.bulk.prefetch.L2.global`` of nbytes bytes of the array's data (sm_90+; a
@@ -76,6 +84,11 @@ if simulator_enabled():
     from bw24nb.ptx.twins import (  # noqa: F401
         byte_perm,
         clock64,
+        cluster_arrive_relaxed,
+        cluster_arrive_release,
+        cluster_rank,
+        cluster_size,
+        cluster_wait_acquire,
         cp_async_16,
         cp_async_commit,
         cp_async_wait_0,
@@ -102,6 +115,7 @@ if simulator_enabled():
         mma_s8_m16n8k32_linked,
         prefetch_l2,
         prefetch_l2_bulk,
+        st_cluster_f32,
     )
     from bw24nb.ptx.twins import install_simulator_fixes
     from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
@@ -123,6 +137,11 @@ else:
         FP4_CVT,
         byte_perm,
         clock64,
+        cluster_arrive_relaxed,
+        cluster_arrive_release,
+        cluster_rank,
+        cluster_size,
+        cluster_wait_acquire,
         cp_async_16,
         cp_async_commit,
         cp_async_wait_0,
@@ -143,6 +162,7 @@ else:
         mma_s8_m16n8k32,
         prefetch_l2,
         prefetch_l2_bulk,
+        st_cluster_f32,
     )
     from bw24nb.ptx.linked import (  # noqa: F401
         dp4a_linked,
@@ -164,6 +184,8 @@ __all__ = [
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
     "warp_sync", "clock64", "global_timer",
     "cp_async_16", "cp_async_commit", "cp_async_wait_1", "cp_async_wait_0",
+    "cluster_rank", "cluster_size", "cluster_arrive_relaxed", "cluster_arrive_release",
+    "cluster_wait_acquire", "st_cluster_f32",
     "warp_sum16", "warp_sum8", "warp_sum4", "warp_max16", "warp_max4", "warp_max_rows", "warp_sum_rows",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",

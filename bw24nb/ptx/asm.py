@@ -490,3 +490,98 @@ def prefetch_l2_bulk(typingctx, array, byte_offset, nbytes):
         return context.get_dummy_value()
 
     return types.none(array, byte_offset, nbytes), codegen
+
+
+# --- thread-block clusters: rank, size, barrier, a store into another block's shared memory -----
+
+def _cluster_register_intrinsic(name: str, none_value: int, doc: str):
+    """An @intrinsic f() -> int32 reading a cluster special register (cluster.ptx), or the
+    constant `none_value` where the GPU has no clusters (a block is then its own cluster)."""
+    snip = snippet(name)
+
+    def typer(typingctx):
+        def codegen(context, builder, sig, args):
+            from bw24nb.device import current_features
+            if not current_features().clusters:
+                return ir.Constant(_I32, none_value)
+            return _emit(builder, snip, [])[0]
+        return types.int32(), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+cluster_rank = _cluster_register_intrinsic(
+    "cluster_rank", 0, "int32 ``%cluster_ctarank``: this block's rank in its cluster (0 when "
+    "launched without one).")
+cluster_size = _cluster_register_intrinsic(
+    "cluster_size", 1, "int32 ``%cluster_nctarank``: blocks in this block's cluster (1 when "
+    "launched without one).")
+
+
+def _cluster_barrier_intrinsic(name: str, doc: str):
+    """An @intrinsic f() emitting cluster.ptx's barrier step `name` as a volatile asm with a
+    memory clobber (no load or store crosses it); nothing where the GPU has no clusters."""
+    snip = snippet(name)
+
+    def typer(typingctx):
+        def codegen(context, builder, sig, args):
+            from bw24nb.device import current_features
+            if current_features().clusters:
+                fnty = ir.FunctionType(ir.VoidType(), [])
+                builder.call(ir.InlineAsm(fnty, snip.asm_template, "~{memory}",
+                                          side_effect=True), [])
+            return context.get_dummy_value()
+        return types.none(), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+cluster_arrive_relaxed = _cluster_barrier_intrinsic(
+    "cluster_arrive_relaxed", "``barrier.cluster.arrive.relaxed.aligned``: this thread has "
+    "started (the barrier's first phase; no memory ordering). Every thread of the block.")
+cluster_arrive_release = _cluster_barrier_intrinsic(
+    "cluster_arrive_release", "``barrier.cluster.arrive.release.aligned``: this thread's "
+    "earlier writes (remote ones too) are released to the cluster. Every thread of the block.")
+cluster_wait_acquire = _cluster_barrier_intrinsic(
+    "cluster_wait_acquire", "``barrier.cluster.wait.acquire.aligned``: waits until every thread "
+    "of the cluster has arrived on the current phase; what they released is visible after it.")
+
+_ST_CLUSTER_F32 = snippet("st_cluster_f32")
+
+
+@intrinsic
+def st_cluster_f32(typingctx, array, index, rank, value):
+    """``array[index] = value`` in the shared memory of the cluster's block of rank `rank`
+    (cluster.ptx says when that is allowed): array a 1-D C-contiguous float32 *shared* array,
+    whose element's address in this block is mapped to the other block's (``mapa``). Emitted as
+    a volatile asm with a memory clobber. Where the GPU has no clusters, the plain store (rank
+    must then be 0)."""
+    if not (isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C"
+            and array.dtype == types.float32):
+        raise TypingError(f"st_cluster_f32: needs a 1-D C-contiguous float32 shared array, "
+                          f"got {array}")
+    _require_integers("st_cluster_f32", index, rank)
+
+    def codegen(context, builder, sig, args):
+        from bw24nb.device import current_features
+        aryty, idxty, rty, vty = sig.args
+        val = context.cast(builder, args[3], vty, types.float32)
+        if not current_features().clusters:
+            ary = context.make_array(aryty)(context, builder, value=args[0])
+            idx = context.cast(builder, args[1], idxty, types.intp)
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+            builder.store(val, ptr)
+            return context.get_dummy_value()
+        addr = _element_address(context, builder, types.none(aryty, idxty), args[:2])
+        r = _as_i32(context, builder, args[2], rty)
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), _I32, ir.FloatType()])
+        builder.call(ir.InlineAsm(fnty, _ST_CLUSTER_F32.asm_template,
+                                  _ST_CLUSTER_F32.constraints + ",~{memory}", side_effect=True),
+                     [addr, r, val])
+        return context.get_dummy_value()
+
+    return types.none(array, index, rank, value), codegen

@@ -31,9 +31,9 @@ _CONSTRAINTS = {"r", "l", "h", "f"}
 _HEADER = re.compile(r"^\s*//\s*@inline\s+(?P<name>\w+)\s*:\s*(?P<ops>.*?)\s*$")
 _END = re.compile(r"^\s*//\s*@end\s*$")
 _OPERAND = re.compile(r"^(?P<out>=?)(?P<c>[a-z])\s+(?P<reg>%\w+)$")
-# PTX's read-only special registers a block may read by name (timers.ptx): no NVVM register
-# can shadow them
-_SPECIAL_REGISTERS = {"%clock", "%clock64", "%globaltimer"}
+# PTX's read-only special registers a block may read by name (timers.ptx, cluster.ptx): no NVVM
+# register can shadow them
+_SPECIAL_REGISTERS = {"%clock", "%clock64", "%globaltimer", "%cluster_ctarank", "%cluster_nctarank"}
 
 
 class SnippetError(ValueError):

@@ -163,6 +163,42 @@ def prefetch_l2(array, index) -> None:
         raise IndexError(f"prefetch_l2: index {i} out of bounds for length {len(array)}")
 
 
+# --- thread-block clusters ---------------------------------------------------------------------
+# The simulator launches no clusters: every block is a cluster of one (rank 0 of 1), as a block
+# launched without a cluster is on the GPU. The barrier's wait then waits for the block's own
+# threads: a block barrier (the arrive is the thread's half of it).
+
+
+def cluster_rank() -> np.int32:
+    return np.int32(0)
+
+
+def cluster_size() -> np.int32:
+    return np.int32(1)
+
+
+def cluster_arrive_relaxed() -> None:
+    return None
+
+
+def cluster_arrive_release() -> None:
+    return None
+
+
+def cluster_wait_acquire() -> None:
+    thread = simfast.current_thread()
+    if not hasattr(thread, "syncthreads"):
+        raise RuntimeError("cluster_wait_acquire's twin runs inside a simulated kernel")
+    thread.syncthreads()
+
+
+def st_cluster_f32(array, index, rank, value) -> None:
+    """The store into this block's own shared memory: the only block of its cluster."""
+    if int(rank) != 0:
+        raise IndexError(f"st_cluster_f32: rank {int(rank)} in a cluster of one block")
+    array[index] = np.float32(value)
+
+
 # --- cp.async ----------------------------------------------------------------------------------
 
 
