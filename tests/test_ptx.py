@@ -400,6 +400,47 @@ def test_malformed_blocks_are_rejected(tmp_path, block, message):
         parse_snippets(path)
 
 
+def test_cluster_snippets():
+    """cluster.ptx: the cluster's special registers read by name, its barrier steps, and the
+    store into another block's shared memory (a generic address mapped with mapa)."""
+    assert snippet("cluster_rank").asm_template == "mov.u32 $0, %cluster_ctarank;"
+    assert snippet("cluster_size").asm_template == "mov.u32 $0, %cluster_nctarank;"
+    assert snippet("cluster_arrive_relaxed").opcodes == ("barrier.cluster.arrive.relaxed.aligned",)
+    assert snippet("cluster_arrive_release").opcodes == ("barrier.cluster.arrive.release.aligned",)
+    assert snippet("cluster_wait_acquire").opcodes == ("barrier.cluster.wait.acquire.aligned",)
+    st = snippet("st_cluster_f32")
+    assert st.constraints == "l,r,f"
+    assert st.opcodes[-2:] == ("mapa.shared::cluster.u32", "st.shared::cluster.f32")
+
+
+def test_cluster_gather_runs_as_clusters_of_one_in_the_simulator(rng):
+    """The probe of the cluster snippets: launched without clusters (the simulator's only
+    way), every block is rank 0 of a cluster of one and gathers its own values; asking the
+    simulator for a cluster launch is an error that says so."""
+    vals = rng.standard_normal(3 * probes.THREADS).astype(np.float32)
+    out, ranks = probes.run_cluster_gather(vals, 1)
+    np.testing.assert_array_equal(out, vals)
+    np.testing.assert_array_equal(ranks, [0, 1] * 3)
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        with pytest.raises(RuntimeError, match="the simulator runs no clusters"):
+            probes.run_cluster_gather(np.zeros(2 * probes.THREADS, np.float32), 2)
+
+
+@requires_gpu
+@pytest.mark.parametrize("cluster", [2, 4, 8])
+def test_gpu_cluster_gather(rng, cluster):
+    """On the GPU (sm_90+), clusters of 2 .. 8 blocks: each block's values land in rank 0's
+    shared memory at its rank's slots, every block knows its rank and the cluster's size."""
+    blocks = 2 * cluster
+    vals = rng.standard_normal(blocks * probes.THREADS).astype(np.float32)
+    out, ranks = probes.run_cluster_gather(vals, cluster)
+    for c in range(0, blocks, cluster):
+        lo, hi = c * probes.THREADS, (c + cluster) * probes.THREADS
+        np.testing.assert_array_equal(out[lo:hi], vals[lo:hi])
+    np.testing.assert_array_equal(ranks.reshape(-1, 2),
+                                  [[b % cluster, cluster] for b in range(blocks)])
+
+
 def test_timer_blocks_read_special_registers_by_name(tmp_path):
     """timers.ptx: %clock64 / %globaltimer are read by name (the only special registers a
     block may name); any other undeclared register is still an error."""

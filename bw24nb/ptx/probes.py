@@ -13,6 +13,11 @@ from numba import cuda
 
 from bw24nb.ptx import (
     byte_perm,
+    cluster_arrive_relaxed,
+    cluster_arrive_release,
+    cluster_rank,
+    cluster_size,
+    cluster_wait_acquire,
     cp_async_16,
     cp_async_commit,
     cp_async_wait_0,
@@ -30,6 +35,7 @@ from bw24nb.ptx import (
     mma_f16_m16n8k16,
     mma_s8_m16n8k32,
     mma_s8_m16n8k32_linked,
+    st_cluster_f32,
 )
 
 WARPS_PER_BLOCK = 2        # the mma probe runs two warps per block to exercise per-warp state
@@ -323,3 +329,52 @@ def run_ld_nc_v4(src) -> np.ndarray:
     out = cuda.to_device(np.full(src.size, 0x7F7F7F7F, np.uint32))
     ld_nc_v4_kernel[_blocks(src.size // 4), 128](out, cuda.to_device(src))
     return out.copy_to_host()
+
+
+CLUSTER_MAX = 8             # blocks a cluster (the portable limit)
+
+
+@cuda.jit
+def cluster_gather_kernel(out, ranks, vals):
+    """Clusters of n blocks of THREADS threads: every block stores its THREADS values into
+    rank 0's shared memory (slot rank * THREADS + thread), rank 0 copies the cluster's n *
+    THREADS values out after the barrier; every block writes its rank and n. What the one-pass
+    attention's cluster build does with its partials (cluster.ptx)."""
+    sh = cuda.shared.array(CLUSTER_MAX * THREADS, np.float32)
+    t = cuda.threadIdx.x
+    r = cluster_rank()
+    n = cluster_size()
+    cluster_arrive_relaxed()
+    b = cuda.blockIdx.x
+    v = vals[b * THREADS + t]
+    cluster_wait_acquire()                  # every block started
+    st_cluster_f32(sh, r * THREADS + t, 0, v)
+    cluster_arrive_release()
+    cluster_wait_acquire()
+    if t == 0:
+        ranks[2 * b] = r
+        ranks[2 * b + 1] = n
+    if r == 0:
+        for i in range(t, n * THREADS, THREADS):
+            out[b * THREADS + i] = sh[i]
+
+
+def run_cluster_gather(vals, cluster: int) -> tuple[np.ndarray, np.ndarray]:
+    """(out, ranks) of `cluster_gather_kernel` over float32 vals (a multiple of cluster *
+    THREADS values, a block per THREADS) in clusters of `cluster` blocks (jit.launch_cluster;
+    1: a plain launch, every block its own cluster); out poisoned with NaN, ranks with -1."""
+    from bw24nb.jit import launch_cluster
+    vals = np.ascontiguousarray(vals, np.float32)
+    blocks = vals.size // THREADS
+    if vals.size % (cluster * THREADS) or not 1 <= cluster <= CLUSTER_MAX:
+        raise ValueError(f"run_cluster_gather: {vals.size} values in clusters of {cluster} "
+                         f"blocks of {THREADS}")
+    out = cuda.to_device(np.full(vals.size, np.nan, np.float32))
+    ranks = cuda.to_device(np.full(2 * blocks, -1, np.int32))
+    dv = cuda.to_device(vals)
+    if cluster == 1:
+        cluster_gather_kernel[blocks, THREADS](out, ranks, dv)
+    else:
+        launch_cluster(cluster_gather_kernel, (blocks,), THREADS, cluster, 0, out, ranks, dv)
+    cuda.synchronize()
+    return out.copy_to_host(), ranks.copy_to_host()
