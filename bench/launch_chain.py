@@ -51,7 +51,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   .../1ps            the same with the token's RoPE and K / V store in it (engine.ONEPASS_STORE)
   .../1pld, 1psld    the two with their loads issued early (decode_attention.ONEPASS_EARLY)
   .../1psldc<N>      1psld on thread-block clusters of N = 2, 4, 8 blocks a query head
-                     (decode_attention.ONEPASS_CLUSTER; the same results)
+                     (decode_attention.ONEPASS_CLUSTER; the same results); .../1psldc<N>f
+                     with every block of the full width (ONEPASS_CLUSTER_SHARE off)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -75,7 +76,8 @@ from numba import cuda  # noqa: E402
 
 from bw24nb.graph import CudaGraph  # noqa: E402
 from bw24nb.jit import kernel  # noqa: E402
-from bw24nb.kernels import attention  # noqa: E402
+from bw24nb.kernels import attention, decode_attention  # noqa: E402
+from bw24nb.switches import switched  # noqa: E402
 from bw24nb.kernels.dequant import random_weight_bytes  # noqa: E402
 from bw24nb.kernels.matvec import launch_matvec_q8  # noqa: E402
 from bw24nb.kernels.norm import launch_gated_rms_norm_q8, launch_rms_norm_q8  # noqa: E402
@@ -166,7 +168,18 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
             "/1ps": attend(None, onepass=True, store=True, early=False),
             "/1psld": attend(None, onepass=True, store=True, early=True),
             **{f"/1psldc{n}": attend(None, onepass=True, store=True, early=True, cluster=n)
-               for n in (2, 4, 8)}}
+               for n in (2, 4, 8)},
+            **{f"/1psldc{n}f": full_width(attend(None, onepass=True, store=True, early=True,
+                                                 cluster=n)) for n in (2, 4)}}
+
+
+def full_width(launch):
+    """`launch` with every block of a one-pass cluster as wide as the block-a-head kernel's
+    (decode_attention.ONEPASS_CLUSTER_SHARE off while it launches)."""
+    def run(i):
+        with switched([(decode_attention, "ONEPASS_CLUSTER_SHARE", False)]):
+            launch(i)
+    return run
 
 
 def gdn_launches(stream, rng, nk=16, nv=32, d=128, T=1, snapshots=False):

@@ -674,6 +674,10 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 # the one pass on thread-block clusters of n blocks a query head (1: a block)
                 **{f"onepass-cluster{n}": [("bw24nb.kernels.decode_attention",
                                             "ONEPASS_CLUSTER", n)] for n in (1, 2, 4, 8)},
+                **{f"onepass-cluster{n}f": [("bw24nb.kernels.decode_attention",
+                                             "ONEPASS_CLUSTER", n),
+                                            ("bw24nb.kernels.decode_attention",
+                                             "ONEPASS_CLUSTER_SHARE", False)] for n in (2, 4)},
                 # rows split over more warps while each keeps >= 256 values (the rule before
                 # session 41; the default keeps >= 512)
                 "split-k512": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 512)],

@@ -176,6 +176,10 @@ TRACE_STAMPS_1P = ("entry", "position", "stored", "q", "pair0", "splits", "weigh
 # warps of work through one SM's schedulers. Needs a cluster launch (jit.launch_cluster);
 # launched without one (the simulator) the cluster build runs every split in each block.
 ONEPASS_CLUSTER = 1
+# A cluster's blocks share out onepass_warps(D) (True: N blocks of W / N warps, but never fewer
+# than the combine's threads need) or each has all of them (False: rank 0 combines on as many
+# threads as the block-a-head kernel; the other ranks' extra warps only wait).
+ONEPASS_CLUSTER_SHARE = True
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
 _ONEPASS_SPLITS = 256       # (m, l, w) slots: the most splits any head dim may take
@@ -200,10 +204,11 @@ def onepass_warps(D: int) -> int:
 
 
 def onepass_block_warps(D: int, cluster: int = 1) -> int:
-    """Warps of one block of the one pass on clusters of `cluster` blocks: `onepass_warps(D)`
-    shared out (the cluster's warps run the pairs of splits), but never fewer than the combine
-    takes -- a thread for each split it may hold (`onepass_splits`) and for each dim."""
-    n = max(1, int(cluster))
+    """Warps of one block of the one pass on clusters of `cluster` blocks: with
+    ONEPASS_CLUSTER_SHARE `onepass_warps(D)` shared out (the cluster's warps run the pairs of
+    splits), but never fewer than the combine takes -- a thread for each split it may hold
+    (`onepass_splits`) and for each dim; else all of them."""
+    n = max(1, int(cluster)) if ONEPASS_CLUSTER_SHARE else 1
     need = max(onepass_splits(D), D) // 32
     return max(onepass_warps(D) // n, need)
 
@@ -255,7 +260,7 @@ def alloc_combine_counters(T: int, n_kv_heads: int):
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
           direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False,
           onepass: bool = False, store: bool = False, early: bool = False, full: bool = True,
-          group_batch: int = 1, cluster: int = 1):
+          group_batch: int = 1, cluster: int = 1, warps: int = 0):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
@@ -271,7 +276,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     with onepass, the combine's group sums load this many splits' terms before adding them
     (ONEPASS_GROUP_BATCH; the same results); cluster: with onepass, the build that clusters of
     that many blocks run, a cluster a query head (ONEPASS_CLUSTER, `launch_onepass`; the same
-    results), of `onepass_block_warps(D, cluster)` warps a block; 1: a block a head."""
+    results); 1: a block a head; warps: with onepass, a block's (default
+    `onepass_block_warps(D, cluster)`)."""
     FG = full
     CL = onepass and int(cluster) > 1
     GB = max(1, int(group_batch))
@@ -288,7 +294,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     NE = max(1, min(TILE // VG, VW // GW))      # V groups issued with the K tile (the rest
                                                 # one group ahead of the products)
     RS = (R + WARPS - 1) // WARPS       # spread: rows a warp takes (row warp + WARPS j, < R)
-    W1 = onepass_block_warps(D, cluster if onepass else 1)   # onepass: warps a block
+    W1 = int(warps) or onepass_block_warps(D, cluster if onepass else 1)   # onepass: a block's
     NT1 = 32 * W1
     assert NT1 >= min(_ONEPASS_SPLITS, _ONEPASS_ACC // D)   # a thread a split in the combine
     RSE = RS * E
@@ -976,7 +982,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         tok = cuda.blockIdx.y
         Hq = cuda.gridDim.x // csize
         kvh = h // R
-        gw = crank * W1 + warp                  # this warp among the cluster's (the pairs')
+        gw = warp * csize + crank               # this warp among the cluster's: pairs go to
+                                                # the ranks in turn, then to their warps
         pair_stride = csize * W1
         t0 = tid == 0 and crank == 0            # the stamping thread
         tb = (tok * Hq + h) * 2 * NS1
@@ -1182,7 +1189,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                                          + ("" if prefetch else "_npf") + ("_ld" if early else "")
                                          + ("_trace" if trace else "") + ("" if full else "_pk")
                                          + ("" if GB == 1 else f"_gb{GB}")
-                                         + (f"_c{int(cluster)}" if CL else ""))
+                                         + (f"_c{int(cluster)}w{W1}" if CL else ""))
         return kernel(fn)
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
@@ -1219,12 +1226,13 @@ def onepass_kernel(R: int, E: int, prefetch: bool = True, store: bool = False,
     default ONEPASS_EARLY; trace: the instrumented build, TRACE_STAMPS_1P; cluster: the build
     for clusters of that many blocks a head, ONEPASS_CLUSTER)."""
     early = ONEPASS_EARLY if early is None else bool(early)
+    n = max(1, int(cluster))
     key = ("1p", R, E, bool(prefetch), bool(store), early, bool(trace), bool(FULL_GROUPS),
-           int(ONEPASS_GROUP_BATCH), max(1, int(cluster)))
+           int(ONEPASS_GROUP_BATCH), n, onepass_block_warps(32 * E, n))
     if key not in _KERNELS:
         _KERNELS[key] = _make(R, E, bool(prefetch), trace=bool(trace), onepass=True,
-                              store=bool(store), early=early, full=key[-3],
-                              group_batch=key[-2], cluster=key[-1])
+                              store=bool(store), early=early, full=key[-4],
+                              group_batch=key[-3], cluster=n, warps=key[-1])
     return _KERNELS[key]
 
 

@@ -209,6 +209,7 @@ PTX_SIGNATURES = {
     "ld_nc_v4_kernel": ["void(uint32[::1], uint32[::1])"],
     "ld_nc_v2_kernel": ["void(float32[::1], float32[::1])"],
     "cp_async_kernel": ["void(uint32[::1], uint32[::1])"],
+    "cluster_gather_kernel": ["void(float32[::1], int32[::1], float32[::1])"],
 }
 EXPECTED_PTX = {
     "dp4a_kernel": ["dp4a.s32.s32"],
@@ -225,6 +226,11 @@ EXPECTED_PTX = {
     "ld_nc_v2_kernel": ["ld.global.nc.v2.f32"],
     "cp_async_kernel": ["cp.async.cg.shared.global", "cp.async.commit_group",
                         "cp.async.wait_group 1", "cp.async.wait_group 0"],
+    "cluster_gather_kernel": ["%cluster_ctarank", "%cluster_nctarank",
+                              "barrier.cluster.arrive.relaxed.aligned",
+                              "barrier.cluster.arrive.release.aligned",
+                              "barrier.cluster.wait.acquire.aligned", "mapa.shared::cluster.u32",
+                              "st.shared::cluster.f32"],
 }
 # .ptx files a kernel's PTX must be linked with (for assembling it without a GPU).
 LINKS = {
