@@ -100,4 +100,4 @@ PAIR_S=${M35_S:-240} bench_pair m35p /tmp/m35.gguf qwen3.6-35b-a3b-random
 
 grep -hE "\] bw24nb +(kernel_chain_ms:attention|decode_step_chain_ms)" $L/*.log 2>/dev/null | cut -c1-120
 cp /tmp/*.jsonl $OUT/ 2>/dev/null
-tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
+tar czf $OUT/logs_$(echo $stages | tr , _).tgz -C $OUT logs && rm -rf $L   # a tarball a run

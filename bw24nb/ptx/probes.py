@@ -9,7 +9,7 @@ unwritten element shows).
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 from bw24nb.ptx import (
     byte_perm,
@@ -338,6 +338,7 @@ def run_ld_nc_v4(src) -> np.ndarray:
 
 
 CLUSTER_MAX = 8             # blocks a cluster (the portable limit)
+_GATHER_SLOTS = CLUSTER_MAX * THREADS
 
 
 @cuda.jit
@@ -346,7 +347,7 @@ def cluster_gather_kernel(out, ranks, vals):
     rank 0's shared memory (slot rank * THREADS + thread), rank 0 copies the cluster's n *
     THREADS values out after the barrier; every block writes its rank and n. What the one-pass
     attention's cluster build does with its partials (cluster.ptx)."""
-    sh = cuda.shared.array(CLUSTER_MAX * THREADS, np.float32)
+    sh = cuda.shared.array(_GATHER_SLOTS, float32)
     t = cuda.threadIdx.x
     r = cluster_rank()
     n = cluster_size()
