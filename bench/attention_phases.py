@@ -18,7 +18,8 @@ repetition are read back and reduced over the working blocks:
 
 --kernels 1p,1pld,1ps,1psld traces the one-pass kernel instead (engine.ONEPASS_MAX_CTX; "s":
 with the token's RoPE and K / V store, "ld": its loads issued early; 1psldc2, c4, c8: on
-thread-block clusters of that many blocks a head, ONEPASS_CLUSTER), whose thread 0 of every
+thread-block clusters of that many blocks a head sharing out the warps, ONEPASS_CLUSTER and
+ONEPASS_CLUSTER_SHARE; 1psldc2f, c4f: each block of the full width), whose thread 0 of every
 block (of rank 0 in a cluster: a query head) stamps decode_attention.TRACE_STAMPS_1P: entry, the position known, the
 store done, q in shared memory, warp 0's first pair of splits, every split, the combine's
 weights, its groups' sums, the output stored.
@@ -55,7 +56,10 @@ from matvec_bench import _commit  # noqa: E402
 KERNELS = {"split": None, "1p": dict(store=False, early=False),
            "1pld": dict(store=False, early=True), "1ps": dict(store=True, early=False),
            "1psld": dict(store=True, early=True),
-           **{f"1psldc{n}": dict(store=True, early=True, cluster=n) for n in (2, 4, 8)}}
+           **{f"1psldc{n}": dict(store=True, early=True, cluster=n, share=True)
+              for n in (2, 4, 8)},
+           **{f"1psldc{n}f": dict(store=True, early=True, cluster=n, share=False)
+              for n in (2, 4)}}
 
 
 def traced_attention(stream, rng, Hq, Hkv, D, ctx, position, kind="split"):
@@ -69,8 +73,13 @@ def traced_attention(stream, rng, Hq, Hkv, D, ctx, position, kind="split"):
         return (lambda: run(trace=trace)), trace, decode_attention.TRACE_STAMPS
     trace = cuda.to_device(np.zeros(decode_attention.trace_shape_1p(1, Hq), np.uint64),
                            stream=stream)
-    return ((lambda: run(trace=trace, onepass=True, **KERNELS[kind])), trace,
-            decode_attention.TRACE_STAMPS_1P)
+    options = dict(KERNELS[kind])
+    share = options.pop("share", decode_attention.ONEPASS_CLUSTER_SHARE)
+
+    def launch():
+        with switched([(decode_attention, "ONEPASS_CLUSTER_SHARE", share)]):
+            run(trace=trace, onepass=True, **options)
+    return launch, trace, decode_attention.TRACE_STAMPS_1P
 
 
 def reduce_stamps(stamps, names=None) -> dict:

@@ -50,9 +50,11 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
                      the same results where it serves the position, NaN past it)
   .../1ps            the same with the token's RoPE and K / V store in it (engine.ONEPASS_STORE)
   .../1pld, 1psld    the two with their loads issued early (decode_attention.ONEPASS_EARLY)
+  .../1psld          on the engine's clusters (decode_attention.onepass_cluster: 2 blocks a
+                     head up to D = 64, since session 45), .../1psldc1 a block a head
   .../1psldc<N>      1psld on thread-block clusters of N = 2, 4, 8 blocks a query head
-                     (decode_attention.ONEPASS_CLUSTER; the same results); .../1psldc<N>f
-                     with every block of the full width (ONEPASS_CLUSTER_SHARE off)
+                     sharing out the block's warps (decode_attention.ONEPASS_CLUSTER_SHARE;
+                     the same results); .../1psldc<N>f each block of the full width
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -167,17 +169,19 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
             "/1pld": attend(None, onepass=True, early=True),
             "/1ps": attend(None, onepass=True, store=True, early=False),
             "/1psld": attend(None, onepass=True, store=True, early=True),
-            **{f"/1psldc{n}": attend(None, onepass=True, store=True, early=True, cluster=n)
-               for n in (2, 4, 8)},
-            **{f"/1psldc{n}f": full_width(attend(None, onepass=True, store=True, early=True,
-                                                 cluster=n)) for n in (2, 4)}}
+            "/1psldc1": attend(None, onepass=True, store=True, early=True, cluster=1),
+            **{f"/1psldc{n}": sharing(attend(None, onepass=True, store=True, early=True,
+                                             cluster=n), True) for n in (2, 4, 8)},
+            **{f"/1psldc{n}f": sharing(attend(None, onepass=True, store=True, early=True,
+                                              cluster=n), False) for n in (2, 4)}}
 
 
-def full_width(launch):
-    """`launch` with every block of a one-pass cluster as wide as the block-a-head kernel's
-    (decode_attention.ONEPASS_CLUSTER_SHARE off while it launches)."""
+def sharing(launch, share: bool):
+    """`launch` with a one-pass cluster's blocks sharing out the block-a-head kernel's warps
+    (True) or each as wide as it (False): decode_attention.ONEPASS_CLUSTER_SHARE while it
+    launches."""
     def run(i):
-        with switched([(decode_attention, "ONEPASS_CLUSTER_SHARE", False)]):
+        with switched([(decode_attention, "ONEPASS_CLUSTER_SHARE", share)]):
             launch(i)
     return run
 

@@ -671,9 +671,13 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "per-key": [("bw24nb.kernels.decode_attention", "FULL_GROUPS", False)],
                 # the one-pass combine's group sums 8 splits' terms a shared-memory round trip
                 "group-batch8": [("bw24nb.kernels.decode_attention", "ONEPASS_GROUP_BATCH", 8)],
-                # the one pass on thread-block clusters of n blocks a query head (1: a block)
+                # the one pass on thread-block clusters of n blocks a query head (1: a block;
+                # the default since session 45: 2 full-width blocks up to D = 64), the blocks
+                # sharing out the warps ("onepass-clusterN") or each of the full width ("..Nf")
                 **{f"onepass-cluster{n}": [("bw24nb.kernels.decode_attention",
-                                            "ONEPASS_CLUSTER", n)] for n in (1, 2, 4, 8)},
+                                            "ONEPASS_CLUSTER", n),
+                                           ("bw24nb.kernels.decode_attention",
+                                            "ONEPASS_CLUSTER_SHARE", True)] for n in (1, 2, 4, 8)},
                 **{f"onepass-cluster{n}f": [("bw24nb.kernels.decode_attention",
                                              "ONEPASS_CLUSTER", n),
                                             ("bw24nb.kernels.decode_attention",

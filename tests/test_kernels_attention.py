@@ -705,9 +705,12 @@ def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D,
            for form in ({}, dict(onepass=True, early=False), dict(onepass=True, early=True))]
     with switched([(decode_attention, "ONEPASS_GROUP_BATCH", 3)]):    # the group sums batched
         got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True))
-    # the cluster build (ONEPASS_CLUSTER): the simulator launches it a block a head, each
-    # block walking every pair of splits on its fewer warps, put() storing the partials
-    got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True, cluster=4))
+    # a block a head, and the cluster builds (ONEPASS_CLUSTER, the default up to D = 64): the
+    # simulator launches them a block a head, each block walking every pair of splits (on its
+    # share of the warps with ONEPASS_CLUSTER_SHARE), put() storing the partials
+    got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True, cluster=1))
+    with switched([(decode_attention, "ONEPASS_CLUSTER_SHARE", True)]):
+        got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True, cluster=4))
     (out0, q0, d0, _) = got[0]
     assert np.isfinite(out0).all() and np.any(q0[:n] != 0) and np.all(q0[n:] == 99)
     for o, qq, dd, ml in got[1:]:               # the loads in order, then issued early

@@ -167,19 +167,29 @@ ONEPASS_GROUP_BATCH = 1
 TRACE_STAMPS_1P = ("entry", "position", "stored", "q", "pair0", "splits", "weights", "groups",
                    "out")
 # The one pass on a thread-block cluster of this many blocks a query head (sm_90+; 1: a block
-# a head): block r of a cluster runs pairs of splits r W, r W + 1, .. (W warps a block,
-# `onepass_block_warps`; the warp w of the cluster takes pairs w, w + N W, ..) and stores their
-# partials into rank 0's shared memory (DSMEM: bw24nb/ptx/cluster.ptx), which combines them
-# after one cluster barrier, in the combine's order as before: the same bits on N times the
-# SMs. A head's block ran all its splits on one SM: the 0.5B's 14 blocks of 16 warps spent 4.4
-# of the one pass's 8.8 us in its pairs of splits (session 44's trace, H100), the issue of ~16
-# warps of work through one SM's schedulers. Needs a cluster launch (jit.launch_cluster);
-# launched without one (the simulator) the cluster build runs every split in each block.
-ONEPASS_CLUSTER = 1
+# a head), for head dims up to ONEPASS_CLUSTER_MAX_D: the cluster's warps take the pairs of
+# splits in turn (warp w of rank r: pairs w N + r, w N + r + N W, ..; W warps a block,
+# `onepass_block_warps`), each block storing its partials into rank 0's shared memory (DSMEM:
+# bw24nb/ptx/cluster.ptx), and rank 0 combines them after one cluster barrier, in the
+# combine's order as before: the same bits on N times the SMs (kernel-check, H100: clusters of
+# 2, 4, 8 bit-exact). Why: a head's block ran all its splits on one SM -- the 0.5B's 14 blocks
+# of 16 warps spent 4.2 of the one pass's 8.8 us in their pairs of splits. Session 45 (H100,
+# decision 0051): traced at 511 tokens, clusters of 4 / 2 take 2.4 / 2.8 us there and the
+# kernel 7.4 / 7.5 us; chained 8.3 - 8.7 us against 9.5; in the engine (run_bench, four
+# alternating pairs) clusters of 2 full-width blocks 1209.0 / 1204.1 / 1174.8 / 1196.3 tok/s
+# @512 against 1155.5 / 1155.6 / 1151.3 / 1132.9 (+4 %, the same tokens), while narrower
+# blocks (clusters of 4 or 8 sharing the warps) won chained but not in the graph. Launched
+# without a cluster (the simulator, a GPU without clusters) the cluster build runs every split
+# in each block. run_bench onepass-cluster1 turns it off.
+ONEPASS_CLUSTER = 2
+ONEPASS_CLUSTER_MAX_D = 64      # the 9B heads (D = 256) at 255 tokens: 14.33 us chained on
+                                # clusters of 2 against 14.18 (session 45): not for them
 # A cluster's blocks share out onepass_warps(D) (True: N blocks of W / N warps, but never fewer
 # than the combine's threads need) or each has all of them (False: rank 0 combines on as many
-# threads as the block-a-head kernel; the other ranks' extra warps only wait).
-ONEPASS_CLUSTER_SHARE = True
+# threads as the block-a-head kernel, the combine's steps as fast as before; the other ranks'
+# extra warps only wait). Session 45 (run_bench, H100): False with clusters of 2 is the default
+# above; True with 2, 4, 8: 1128.8, 1117.0 / 1143.8, 1156.4 tok/s against ~1157 @512.
+ONEPASS_CLUSTER_SHARE = False
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
 _ONEPASS_SPLITS = 256       # (m, l, w) slots: the most splits any head dim may take
@@ -201,6 +211,12 @@ def onepass_warps(D: int) -> int:
     groups' registers, ptxas for sm_90: 134 a thread at D = 128, 193 at 256, against 98 at
     64)."""
     return ONEPASS_WARPS if D <= 64 else ONEPASS_WARPS // 2
+
+
+def onepass_cluster(D: int) -> int:
+    """Blocks a query head's cluster takes by default (ONEPASS_CLUSTER up to
+    ONEPASS_CLUSTER_MAX_D, else 1)."""
+    return max(1, int(ONEPASS_CLUSTER)) if D <= ONEPASS_CLUSTER_MAX_D else 1
 
 
 def onepass_block_warps(D: int, cluster: int = 1) -> int:
@@ -1259,7 +1275,7 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
     other token's blocks wait for. early: the loads issued early (default ONEPASS_EARLY; the
     same results); trace: a uint64 device array of `trace_shape_1p` runs the instrumented
     build, which stamps TRACE_STAMPS_1P into it (bench/attention_phases.py); cluster: blocks a
-    query head, launched as one thread-block cluster (default ONEPASS_CLUSTER; the same
+    query head, launched as one thread-block cluster (default `onepass_cluster(D)`; the same
     results; on a GPU without clusters, and in the simulator, the cluster build runs a block a
     head)."""
     T, Hq, D = q.shape
@@ -1289,7 +1305,7 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
                               or tuple(trace.shape) != trace_shape_1p(T, Hq)):
         raise ValueError(f"launch_onepass: trace must be uint64{list(trace_shape_1p(T, Hq))}, "
                          f"not {trace.dtype}{list(trace.shape)}")
-    n = max(1, int(ONEPASS_CLUSTER if cluster is None else cluster))
+    n = max(1, int(onepass_cluster(D) if cluster is None else cluster))
     if n > 8:
         raise ValueError(f"launch_onepass: clusters of at most 8 blocks (portable), not {n}")
     k = onepass_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch),
