@@ -406,16 +406,19 @@ def cp_async_16(typingctx, dst, dst_index, src, src_index):
     return types.none(dst, dst_index, src, src_index), codegen
 
 
-def _barrier_asm_intrinsic(name: str, doc: str):
+def _barrier_asm_intrinsic(name: str, doc: str, feature: str | None = None):
     """An @intrinsic f() emitting snippet `name` (no operands) as a volatile asm with a memory
-    clobber."""
+    clobber (no load or store crosses it); with `feature` (a device.ArchFeatures flag), only
+    where the GPU has it, nothing elsewhere."""
     snip = snippet(name)
 
     def typer(typingctx):
         def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.VoidType(), [])
-            builder.call(ir.InlineAsm(fnty, snip.asm_template, "~{memory}", side_effect=True),
-                         [])
+            from bw24nb.device import current_features
+            if feature is None or getattr(current_features(), feature):
+                fnty = ir.FunctionType(ir.VoidType(), [])
+                builder.call(ir.InlineAsm(fnty, snip.asm_template, "~{memory}",
+                                          side_effect=True), [])
             return context.get_dummy_value()
 
         return types.none(), codegen
@@ -520,35 +523,19 @@ cluster_size = _cluster_register_intrinsic(
     "launched without one).")
 
 
-def _cluster_barrier_intrinsic(name: str, doc: str):
-    """An @intrinsic f() emitting cluster.ptx's barrier step `name` as a volatile asm with a
-    memory clobber (no load or store crosses it); nothing where the GPU has no clusters."""
-    snip = snippet(name)
-
-    def typer(typingctx):
-        def codegen(context, builder, sig, args):
-            from bw24nb.device import current_features
-            if current_features().clusters:
-                fnty = ir.FunctionType(ir.VoidType(), [])
-                builder.call(ir.InlineAsm(fnty, snip.asm_template, "~{memory}",
-                                          side_effect=True), [])
-            return context.get_dummy_value()
-        return types.none(), codegen
-
-    typer.__name__ = typer.__qualname__ = name
-    typer.__doc__ = doc
-    return intrinsic(typer)
-
-
-cluster_arrive_relaxed = _cluster_barrier_intrinsic(
+# the cluster barrier's steps: nothing where the GPU has no clusters (a block is then its own)
+cluster_arrive_relaxed = _barrier_asm_intrinsic(
     "cluster_arrive_relaxed", "``barrier.cluster.arrive.relaxed.aligned``: this thread has "
-    "started (the barrier's first phase; no memory ordering). Every thread of the block.")
-cluster_arrive_release = _cluster_barrier_intrinsic(
+    "started (the barrier's first phase; no memory ordering). Every thread of the block.",
+    "clusters")
+cluster_arrive_release = _barrier_asm_intrinsic(
     "cluster_arrive_release", "``barrier.cluster.arrive.release.aligned``: this thread's "
-    "earlier writes (remote ones too) are released to the cluster. Every thread of the block.")
-cluster_wait_acquire = _cluster_barrier_intrinsic(
+    "earlier writes (remote ones too) are released to the cluster. Every thread of the block.",
+    "clusters")
+cluster_wait_acquire = _barrier_asm_intrinsic(
     "cluster_wait_acquire", "``barrier.cluster.wait.acquire.aligned``: waits until every thread "
-    "of the cluster has arrived on the current phase; what they released is visible after it.")
+    "of the cluster has arrived on the current phase; what they released is visible after it.",
+    "clusters")
 
 _ST_CLUSTER_F32 = snippet("st_cluster_f32")
 
