@@ -136,17 +136,17 @@ def launch_cluster(dispatcher, grid, block, cluster: int, stream, *args) -> None
     dimension (cuLaunchKernelEx). Captured into a graph like any launch. numba-cuda has no
     launch option for clusters, so this reaches into its launch path (`_Kernel._prepare_args`,
     the compiled kernel's cufunc): numba-cuda 0.30."""
+    grid = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
+    block = tuple(block) + (1,) * (3 - len(block)) if isinstance(block, tuple) else (block, 1, 1)
+    n = int(cluster)
+    if n < 1 or grid[0] % n:
+        raise ValueError(f"launch_cluster: grid {grid} is not whole clusters of {n} blocks")
     if simulator_enabled():
         raise RuntimeError("launch_cluster: the simulator runs no clusters (launch a block a "
                            "cluster, as the kernels' callers do there)")
     from cuda.core import LaunchConfig, launch
     from numba.cuda.cudadrv import driver
 
-    grid = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
-    block = tuple(block) + (1,) * (3 - len(block)) if isinstance(block, tuple) else (block, 1, 1)
-    n = int(cluster)
-    if n < 1 or grid[0] % n:
-        raise ValueError(f"launch_cluster: grid {grid} is not whole clusters of {n} blocks")
     kern = dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in args))
     core_stream = driver._to_core_stream(stream)
     kernelargs, retr = [], []

@@ -424,6 +424,9 @@ def test_cluster_gather_runs_as_clusters_of_one_in_the_simulator(rng):
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         with pytest.raises(RuntimeError, match="the simulator runs no clusters"):
             probes.run_cluster_gather(np.zeros(2 * probes.THREADS, np.float32), 2)
+    from bw24nb.jit import launch_cluster
+    with pytest.raises(ValueError, match=r"grid \(3, 1, 1\) is not whole clusters of 2"):
+        launch_cluster(probes.cluster_gather_kernel, (3,), probes.THREADS, 2, 0)
 
 
 @requires_gpu
