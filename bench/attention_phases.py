@@ -19,7 +19,8 @@ repetition are read back and reduced over the working blocks:
 --kernels 1p,1pld,1ps,1psld traces the one-pass kernel instead (engine.ONEPASS_MAX_CTX; "s":
 with the token's RoPE and K / V store, "ld": its loads issued early; 1psldc2, c4, c8: on
 thread-block clusters of that many blocks a head sharing out the warps, ONEPASS_CLUSTER and
-ONEPASS_CLUSTER_SHARE; 1psldc2f, c4f: each block of the full width), whose thread 0 of every
+ONEPASS_CLUSTER_SHARE; 1psldc2f, c4f: each block of the full width; 1psldpw: the position and
+the prefetch before the grid-dependency wait, ONEPASS_PRE_WAIT), whose thread 0 of every
 block (of rank 0 in a cluster: a query head) stamps decode_attention.TRACE_STAMPS_1P: entry, the position known, the
 store done, q in shared memory, warp 0's first pair of splits, every split, the combine's
 weights, its groups' sums, the output stored.
@@ -59,7 +60,8 @@ KERNELS = {"split": None, "1p": dict(store=False, early=False),
            **{f"1psldc{n}": dict(store=True, early=True, cluster=n, share=True)
               for n in (2, 4, 8)},
            **{f"1psldc{n}f": dict(store=True, early=True, cluster=n, share=False)
-              for n in (2, 4)}}
+              for n in (2, 4)},
+           "1psldpw": dict(store=True, early=True, pre_wait=True)}
 
 
 def traced_attention(stream, rng, Hq, Hkv, D, ctx, position, kind="split"):
@@ -75,9 +77,11 @@ def traced_attention(stream, rng, Hq, Hkv, D, ctx, position, kind="split"):
                            stream=stream)
     options = dict(KERNELS[kind])
     share = options.pop("share", decode_attention.ONEPASS_CLUSTER_SHARE)
+    pre_wait = options.pop("pre_wait", decode_attention.ONEPASS_PRE_WAIT)
 
     def launch():
-        with switched([(decode_attention, "ONEPASS_CLUSTER_SHARE", share)]):
+        with switched([(decode_attention, "ONEPASS_CLUSTER_SHARE", share),
+                       (decode_attention, "ONEPASS_PRE_WAIT", pre_wait)]):
             run(trace=trace, onepass=True, **options)
     return launch, trace, decode_attention.TRACE_STAMPS_1P
 

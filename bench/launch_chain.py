@@ -55,6 +55,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   .../1psldc<N>      1psld on thread-block clusters of N = 2, 4, 8 blocks a query head
                      sharing out the block's warps (decode_attention.ONEPASS_CLUSTER_SHARE;
                      the same results); .../1psldc<N>f each block of the full width
+  .../1psldpw        1psld with its position and K / V prefetch before its grid-dependency
+                     wait (decode_attention.ONEPASS_PRE_WAIT; the same results)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -170,18 +172,22 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
             "/1ps": attend(None, onepass=True, store=True, early=False),
             "/1psld": attend(None, onepass=True, store=True, early=True),
             "/1psldc1": attend(None, onepass=True, store=True, early=True, cluster=1),
-            **{f"/1psldc{n}": sharing(attend(None, onepass=True, store=True, early=True,
-                                             cluster=n), True) for n in (2, 4, 8)},
-            **{f"/1psldc{n}f": sharing(attend(None, onepass=True, store=True, early=True,
-                                              cluster=n), False) for n in (2, 4)}}
+            **{f"/1psldc{n}": switch(attend(None, onepass=True, store=True, early=True,
+                                            cluster=n), "ONEPASS_CLUSTER_SHARE", True)
+               for n in (2, 4, 8)},
+            **{f"/1psldc{n}f": switch(attend(None, onepass=True, store=True, early=True,
+                                             cluster=n), "ONEPASS_CLUSTER_SHARE", False)
+               for n in (2, 4)},
+            "/1psldpw": switch(attend(None, onepass=True, store=True, early=True),
+                               "ONEPASS_PRE_WAIT", True)}
 
 
-def sharing(launch, share: bool):
-    """`launch` with a one-pass cluster's blocks sharing out the block-a-head kernel's warps
-    (True) or each as wide as it (False): decode_attention.ONEPASS_CLUSTER_SHARE while it
-    launches."""
+def switch(launch, name: str, value):
+    """`launch` with decode_attention's switch `name` set to `value` while it launches (a
+    one-pass cluster's blocks sharing out the warps, ONEPASS_CLUSTER_SHARE; the position
+    before the wait, ONEPASS_PRE_WAIT)."""
     def run(i):
-        with switched([(decode_attention, "ONEPASS_CLUSTER_SHARE", share)]):
+        with switched([(decode_attention, name, value)]):
             launch(i)
     return run
 

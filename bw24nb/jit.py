@@ -40,6 +40,10 @@ a kernel's blocks may then be launched while its predecessor still runs, and the
 memory before the predecessor has completed. One place, so no kernel can forget it. (The
 body is a device-function call, which numba compiles by asking for the current device:
 compile_ptx on a machine without a GPU needs tests/test_compile_ptx.py's stand-in device.)
+The one exception, ``@kernel(own_wait=True)``: the body calls ``grid_dependency_wait()`` itself,
+after reading only memory that no kernel of its graph writes (a decode step's token position,
+written by the previous replay's last kernel; cache rows of earlier tokens, named to L2) --
+so those round trips overlap the predecessor's run (decode_attention.ONEPASS_PRE_WAIT).
 
 Under numba's CUDA simulator ``@kernel`` is plain ``cuda.jit`` (nothing is compiled, and
 launches run one after another anyway).
@@ -81,16 +85,17 @@ def cache_dir() -> Path | None:
 _GPU_ONLY = ("max_registers",)
 
 
-def kernel(fn=None, **options):
-    """``cuda.jit(fn, **options)`` for a kernel, with the on-disk cache attached."""
+def kernel(fn=None, own_wait: bool = False, **options):
+    """``cuda.jit(fn, **options)`` for a kernel, with the on-disk cache attached; own_wait: fn
+    calls grid_dependency_wait() itself (the module docstring says when that is allowed)."""
     if fn is None:                                  # used as @kernel(...)
-        return lambda f: kernel(f, **options)
+        return lambda f: kernel(f, own_wait=own_wait, **options)
     if options.get("device"):
         raise TypeError("@kernel is for kernels; keep device functions @cuda.jit(device=True)")
     if simulator_enabled():
         # options only the GPU compiler knows (the simulator's jit refuses them)
         return cuda.jit(fn, **{k: v for k, v in options.items() if k not in _GPU_ONLY})
-    dispatcher = cuda.jit(waiting_kernel(fn), **options)
+    dispatcher = cuda.jit(waiting_kernel(fn, wait=not own_wait), **options)
     KERNELS.append(dispatcher)
     root = cache_dir()
     if root is not None:
@@ -102,11 +107,12 @@ def kernel(fn=None, **options):
     return dispatcher
 
 
-def waiting_kernel(fn):
+def waiting_kernel(fn, wait: bool = True):
     """A function with fn's name, module and parameters that runs
-    ``grid_dependency_wait(); fn(...)``, fn compiled as a device function that NVVM inlines
-    (forceinline). The wrapper is made by a generated factory so that fn and the intrinsic are
-    closure cells: `code_key` then describes them, fn's code and closure included."""
+    ``grid_dependency_wait(); fn(...)`` (without wait: ``fn(...)``, which waits itself), fn
+    compiled as a device function that NVVM inlines (forceinline). The wrapper is made by a
+    generated factory so that fn and the intrinsic are closure cells: `code_key` then
+    describes them, fn's code and closure included."""
     from .ptx import grid_dependency_wait
     params = list(inspect.signature(fn).parameters.values())
     if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.default is not p.empty
@@ -115,8 +121,8 @@ def waiting_kernel(fn):
     names = ", ".join(p.name for p in params)
     src = (f"def _make(_wait, _body):\n"
            f"    def {fn.__name__}({names}):\n"
-           f"        _wait()\n"
-           f"        _body({names})\n"
+           + ("        _wait()\n" if wait else "")
+           + f"        _body({names})\n"
            f"    return {fn.__name__}\n")
     scope: dict = {}
     exec(compile(src, fn.__code__.co_filename, "exec"), scope)

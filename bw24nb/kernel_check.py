@@ -1632,6 +1632,7 @@ def check_flash_decode_onepass_store(rng, size):
     rows, bit for bit, as cache.kv's store launch then the kernel. The token's rows start as
     NaN."""
     from .kernels import attention as at
+    from .kernels import decode_attention as da
     from .kernels.rope import rope_inv_freq
     from .quant import QType
     # T, n_ctx, Hq, Hkv, D, rotary dims
@@ -1647,9 +1648,11 @@ def check_flash_decode_onepass_store(rng, size):
         positions = _dev(np.arange(n_ctx - T, n_ctx, dtype=np.int32))
         seed = int(rng.integers(0, 2 ** 31))
         got = []
-        forms = ((False, None, None), (True, False, None), (True, True, None), (True, True, 2),
-                 (True, True, 4), (True, True, 8))
-        for fused, early, cl in forms:
+        # (fused store, early loads, cluster, position before the wait: ONEPASS_PRE_WAIT)
+        forms = ((False, None, None, False), (True, False, None, False),
+                 (True, True, None, False), (True, True, 2, False), (True, True, 4, False),
+                 (True, True, 8, False), (True, True, None, True))
+        for fused, early, cl, pw in forms:
             cache = _filled_cache(np.random.default_rng(seed), n_ctx, Hkv, D, n_ctx, QType.F16,
                                   QType.F16)
             rows = (cache.k_f16[0], cache.v_f16[0])
@@ -1663,16 +1666,17 @@ def check_flash_decode_onepass_store(rng, size):
             out = Out((T, Hq, D))
             if not fused:
                 cache.store(0, knew, vnew, positions, inv_freq=inv, q=q)
-            at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16, QType.F16,
-                                   out.dev, part_ml, part_acc, onepass=True,
-                                   store=(knew, vnew, inv) if fused else None, early=early,
-                                   cluster=cl)
+            with switched([(da, "ONEPASS_PRE_WAIT", pw)]):
+                at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16,
+                                       QType.F16, out.dev, part_ml, part_acc, onepass=True,
+                                       store=(knew, vnew, inv) if fused else None,
+                                       early=early, cluster=cl)
             got.append((out.get(), np.concatenate([r.copy_to_host()[:, n_ctx - T:].reshape(-1)
                                                    for r in rows]), q.copy_to_host()))
         (o0, _), rows0, q0 = got[0]
-        for (_, early, cl), ((o1, g1), rows1, q1) in zip(forms[1:], got[1:]):
+        for (_, early, cl, pw), ((o1, g1), rows1, q1) in zip(forms[1:], got[1:]):
             shape = (f"T{T} ctx{n_ctx} H{Hq}/{Hkv} D{D} rot{rot}" + (" early" if early else "")
-                     + (f" cluster{cl}" if cl else ""))
+                     + (f" cluster{cl}" if cl else "") + (" pre-wait" if pw else ""))
             yield compare("flash_decode_onepass_store out", "f32", shape, o1, o0,
                           tol="bit-exact", bits=True, guard_ok=g1)
             yield compare("flash_decode_onepass_store kv", "f16", shape, rows1, rows0,

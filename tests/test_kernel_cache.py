@@ -95,6 +95,21 @@ def test_kernel_refuses_device_functions():
         kernel(device=True)(lambda x: x)
 
 
+def test_waiting_wrapper_waits_first_unless_the_kernel_waits_itself():
+    """Every @kernel's wrapper calls grid_dependency_wait() before its body; with own_wait
+    (a body that waits itself, after reads no kernel of its graph writes) it only calls the
+    body, and the two wrappers' keys differ."""
+    def body(y):
+        y[0] = 1.0
+
+    waits = jit.waiting_kernel(body)
+    own = jit.waiting_kernel(body, wait=False)
+    assert set(waits.__code__.co_freevars) == {"_wait", "_body"}
+    assert own.__code__.co_freevars == ("_body",)
+    assert own.__name__ == waits.__name__ == "body"
+    assert code_key(waits) != code_key(own)
+
+
 def test_cache_dir_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(jit.ENV, raising=False)
     assert jit.cache_dir() == Path("~/.cache/bw24nb/kernels").expanduser()

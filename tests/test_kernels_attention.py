@@ -711,6 +711,8 @@ def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D,
     got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True, cluster=1))
     with switched([(decode_attention, "ONEPASS_CLUSTER_SHARE", True)]):
         got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True, cluster=4))
+    with switched([(decode_attention, "ONEPASS_PRE_WAIT", True)]):     # position before the wait
+        got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True))
     (out0, q0, d0, _) = got[0]
     assert np.isfinite(out0).all() and np.any(q0[:n] != 0) and np.all(q0[n:] == 99)
     for o, qq, dd, ml in got[1:]:               # the loads in order, then issued early
@@ -747,8 +749,9 @@ def test_one_pass_kernel_with_the_store_is_the_store_launch_then_the_kernel(
     pos = cuda.to_device(np.array(positions, np.int32))
     fill = rng.integers(0, 2 ** 31)
     results = []
-    for fused, early, cl in ((False, None, None), (True, False, None), (True, True, None),
-                             (True, True, 2)):
+    for fused, early, cl, pw in ((False, None, None, False), (True, False, None, False),
+                                 (True, True, None, False), (True, True, 2, False),
+                                 (True, True, None, True)):
         cache = _filled_cache(np.random.default_rng(fill), n_ctx, Hkv, D, n_ctx, *_F16)
         k_f16, v_f16 = cache.k_f16[0], cache.v_f16[0]
         for rows in (k_f16, v_f16):
@@ -761,9 +764,11 @@ def test_one_pass_kernel_with_the_store_is_the_store_launch_then_the_kernel(
         part_ml, part_acc = alloc_decode_partials(T, Hq, D, 8)
         if not fused:
             cache.store(0, knew, vnew, pos, inv_freq=inv if rotary else None, q=q)
-        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
-                            QType.F16, out, part_ml, part_acc, onepass=True,
-                            store=(knew, vnew, inv) if fused else None, early=early, cluster=cl)
+        with switched([(decode_attention, "ONEPASS_PRE_WAIT", pw)]):
+            launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                                QType.F16, out, part_ml, part_acc, onepass=True,
+                                store=(knew, vnew, inv) if fused else None, early=early,
+                                cluster=cl)
         results.append([a.copy_to_host() for a in (out, q, k_f16, v_f16)])
     for got in results[1:]:                     # the loads in order, then issued early
         for a, b in zip(results[0], got):

@@ -43,7 +43,7 @@ from ..device import current_features, simulator_enabled
 from ..jit import kernel, launch_cluster
 from ..ptx import (clock64, cluster_arrive_relaxed, cluster_arrive_release, cluster_rank,
                    cluster_size, cluster_wait_acquire, f16x2_to_f32x2, global_timer,
-                   ld_nc_v4_u32, st_cluster_f32, warp_max, warp_max16, warp_max_rows, warp_sum,
+                   grid_dependency_wait, ld_nc_v4_u32, st_cluster_f32, warp_max, warp_max16, warp_max_rows, warp_sum,
                    warp_sum16, warp_sum_rows, warp_sync)
 from .activation import sigmoid
 # the plan the combine derives again, and the softmax step of every split pass: one definition
@@ -190,6 +190,21 @@ ONEPASS_CLUSTER_MAX_D = 64      # the 9B heads (D = 256) at 255 tokens: 14.33 us
 # extra warps only wait). Session 45 (run_bench, H100): False with clusters of 2 is the default
 # above; True with 2, 4, 8: 1128.8, 1117.0 / 1143.8, 1156.4 tok/s against ~1157 @512.
 ONEPASS_CLUSTER_SHARE = False
+# The decode step's one pass reads the token's position and names its splits' K / V rows to L2
+# *before* its grid-dependency wait (jit's `own_wait`): the position is written only by the
+# previous replay's last kernel (complete before this replay starts) and the rows are earlier
+# tokens' (a prefetch is a hint either way), so under programmatic edges, where the kernel's
+# blocks sit resident in the wait while the q / k / v matvec before it runs, those two round
+# trips (entry -> position ~0.9-1.1 us in session 45's trace) overlap that matvec instead of
+# following it. Only for launches whose positions no kernel of the same graph writes -- every
+# caller of the one pass: the engine's decode step (engine._onepass_build: not its verify, its
+# prefill, nor the MTP draft chain, whose first kernel writes the positions its attention
+# reads: so the split pass, which runs there, keeps its wait first), the checks and
+# benchmarks (positions from the host). The same operations: the same bits; the PTX / SASS
+# (sm_90) has the position's load and the prefetches before griddepcontrol.wait.
+# Built in session 45 with no device time left to measure it: off until run_bench
+# onepass-pre-wait shows it pays.
+ONEPASS_PRE_WAIT = False
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
 _ONEPASS_SPLITS = 256       # (m, l, w) slots: the most splits any head dim may take
@@ -276,7 +291,7 @@ def alloc_combine_counters(T: int, n_kv_heads: int):
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
           direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False,
           onepass: bool = False, store: bool = False, early: bool = False, full: bool = True,
-          group_batch: int = 1, cluster: int = 1, warps: int = 0):
+          group_batch: int = 1, cluster: int = 1, warps: int = 0, pre_wait: bool = False):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
@@ -293,9 +308,11 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     (ONEPASS_GROUP_BATCH; the same results); cluster: with onepass, the build that clusters of
     that many blocks run, a cluster a query head (ONEPASS_CLUSTER, `launch_onepass`; the same
     results); 1: a block a head; warps: with onepass, a block's (default
-    `onepass_block_warps(D, cluster)`)."""
+    `onepass_block_warps(D, cluster)`); pre_wait: with onepass, the position and the K / V
+    prefetch before the grid-dependency wait (ONEPASS_PRE_WAIT; the same results)."""
     FG = full
     CL = onepass and int(cluster) > 1
+    PW = onepass and bool(pre_wait)
     GB = max(1, int(group_batch))
     NS = len(TRACE_STAMPS)
     NS1 = len(TRACE_STAMPS_1P)
@@ -1004,9 +1021,21 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         t0 = tid == 0 and crank == 0            # the stamping thread
         tb = (tok * Hq + h) * 2 * NS1
         o = (tok * Hq + h) * D                  # flat [T, Hq, D]: gate, xq, xd
+        if PW:
+            # (jit's own_wait) the position, then the prefetch, before the grid-dependency
+            # wait: no kernel of the decode graph writes either before this one reads them
+            position = positions[tok]
+            n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+            head_word = np.int64(kvh) * ctx * DW
+            if (prefetch and lane < 2 and chunk <= TILE // 2 and used * D <= _ONEPASS_ACC
+                    and used <= _ONEPASS_SPLITS):
+                prefetch_pairs(kw, vw, head_word, chunk, n_ctx, (used + 1) // 2, lane, gw,
+                               pair_stride)
+            grid_dependency_wait()
         if trace_on and t0:
             stamp1(trace, tb, 0)
-        position = positions[tok]
+        if not PW:
+            position = positions[tok]
         # early: thread d < D (D <= NT1) loads what it needs of q, the gate and the new rows
         half = inv_freq.shape[0] if store else 0
         d_in = tid < D
@@ -1037,7 +1066,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         n_pairs = (used + 1) // 2               # a warp's half each (`split_pair_row`)
         if trace_on and t0 and position >= 0:
             stamp1(trace, tb, 1)
-        if early and prefetch and ok and lane < 2:      # (before the store)
+        if early and not PW and prefetch and ok and lane < 2:      # (before the store)
             prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, gw, pair_stride)
         if store:
             if early:
@@ -1075,7 +1104,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         else:
             for d in range(tid, D, NT1):
                 q_sh[d] = q[tok, h, d]
-        if not early and prefetch and ok and lane < 2:
+        if not early and not PW and prefetch and ok and lane < 2:
             prefetch_pairs(kw, vw, head_word, chunk, n_ctx, n_pairs, lane, gw, pair_stride)
         cuda.syncthreads()                      # q_sh
         if trace_on and t0:
@@ -1205,8 +1234,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                                          + ("" if prefetch else "_npf") + ("_ld" if early else "")
                                          + ("_trace" if trace else "") + ("" if full else "_pk")
                                          + ("" if GB == 1 else f"_gb{GB}")
-                                         + (f"_c{int(cluster)}w{W1}" if CL else ""))
-        return kernel(fn)
+                                         + (f"_c{int(cluster)}w{W1}" if CL else "")
+                                         + ("_pw" if PW else ""))
+        return kernel(fn, own_wait=PW)
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
             + ("_walk" if walk else "") + ("_trace" if trace else "") + ("_fused" if fused else "")
@@ -1236,19 +1266,22 @@ def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
 
 
 def onepass_kernel(R: int, E: int, prefetch: bool = True, store: bool = False,
-                   early: bool | None = None, trace: bool = False, cluster: int = 1):
+                   early: bool | None = None, trace: bool = False, cluster: int = 1,
+                   pre_wait: bool | None = None):
     """The (R, E) one-pass kernel (ONEPASS_WARPS), built on first request (store: with the
     token's RoPE and K / V store, `launch_onepass(store=)`; early: its loads issued early,
     default ONEPASS_EARLY; trace: the instrumented build, TRACE_STAMPS_1P; cluster: the build
-    for clusters of that many blocks a head, ONEPASS_CLUSTER)."""
+    for clusters of that many blocks a head, ONEPASS_CLUSTER; pre_wait: the position and the
+    prefetch before the grid-dependency wait, default ONEPASS_PRE_WAIT)."""
+    pre_wait = ONEPASS_PRE_WAIT if pre_wait is None else bool(pre_wait)
     early = ONEPASS_EARLY if early is None else bool(early)
     n = max(1, int(cluster))
     key = ("1p", R, E, bool(prefetch), bool(store), early, bool(trace), bool(FULL_GROUPS),
-           int(ONEPASS_GROUP_BATCH), n, onepass_block_warps(32 * E, n))
+           int(ONEPASS_GROUP_BATCH), n, onepass_block_warps(32 * E, n), pre_wait)
     if key not in _KERNELS:
         _KERNELS[key] = _make(R, E, bool(prefetch), trace=bool(trace), onepass=True,
-                              store=bool(store), early=early, full=key[-4],
-                              group_batch=key[-3], cluster=n, warps=key[-1])
+                              store=bool(store), early=early, full=key[-5],
+                              group_batch=key[-4], cluster=n, warps=key[-2], pre_wait=pre_wait)
     return _KERNELS[key]
 
 
@@ -1417,6 +1450,8 @@ flash_decode_f16_r4_e8_1ps_ld = onepass_kernel(4, 8, store=True, early=True)
 flash_decode_f16_r7_e2_1ps_trace = onepass_kernel(7, 2, store=True, early=False, trace=True)
 flash_decode_f16_r7_e2_1ps_ld_c4 = onepass_kernel(7, 2, store=True, early=True, cluster=4)
 flash_decode_f16_r4_e8_1ps_ld_c2 = onepass_kernel(4, 8, store=True, early=True, cluster=2)
+flash_decode_f16_r7_e2_1ps_ld_c2_pw = onepass_kernel(7, 2, store=True, early=True, cluster=2,
+                                                     pre_wait=True)
 _SIG_1P = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
            "int32, int32, float32[:, :, ::1], float32[::1], int8[::1], float32[::1], int32, int32, "
            "int32)")
@@ -1431,6 +1466,7 @@ PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_
                   "flash_decode_f16_r7_e2_1ps_trace": [_SIG_1PS[:-1] + ", uint64[::1])"],
                   "flash_decode_f16_r7_e2_1ps_ld_c4": [_SIG_1PS],
                   "flash_decode_f16_r4_e8_1ps_ld_c2": [_SIG_1PS],
+                  "flash_decode_f16_r7_e2_1ps_ld_c2_pw": [_SIG_1PS],
                   "flash_decode_f16_r7_e2_trace": [_SIG], "flash_decode_f16_r7_e2_il": [_SIG],
                   "flash_decode_f16_r7_e2_1t": [_SIG], "flash_decode_f16_r8_e8_1t_spread_walk": [_SIG],
                   "flash_decode_f16_r7_e2_1t_spread": [_SIG],
@@ -1441,7 +1477,8 @@ EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32
                 for name in PTX_SIGNATURES}
 EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]
 EXPECTED_PTX["flash_decode_f16_r7_e2_1ps_trace"] += ["%clock64", "%globaltimer"]
-for _name in ("flash_decode_f16_r7_e2_1ps_ld_c4", "flash_decode_f16_r4_e8_1ps_ld_c2"):
+for _name in ("flash_decode_f16_r7_e2_1ps_ld_c4", "flash_decode_f16_r4_e8_1ps_ld_c2",
+              "flash_decode_f16_r7_e2_1ps_ld_c2_pw"):
     EXPECTED_PTX[_name] += ["%cluster_ctarank", "barrier.cluster.arrive.relaxed.aligned",
                             "barrier.cluster.wait.acquire.aligned",
                             "mapa.shared::cluster.u32", "st.shared::cluster.f32"]
