@@ -142,8 +142,9 @@ def launch_cluster(dispatcher, grid, block, cluster: int, stream, *args) -> None
     dimension (cuLaunchKernelEx). Captured into a graph like any launch. numba-cuda has no
     launch option for clusters, so this reaches into its launch path (`_Kernel._prepare_args`,
     the compiled kernel's cufunc): numba-cuda 0.30."""
-    grid = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
-    block = tuple(block) + (1,) * (3 - len(block)) if isinstance(block, tuple) else (block, 1, 1)
+    from numba.cuda.errors import normalize_kernel_dimensions
+
+    grid, block = normalize_kernel_dimensions(grid, block)      # numba's own launch does this
     n = int(cluster)
     if n < 1 or grid[0] % n:
         raise ValueError(f"launch_cluster: grid {grid} is not whole clusters of {n} blocks")

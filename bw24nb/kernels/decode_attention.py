@@ -43,8 +43,8 @@ from ..device import current_features, simulator_enabled
 from ..jit import kernel, launch_cluster
 from ..ptx import (clock64, cluster_arrive_relaxed, cluster_arrive_release, cluster_rank,
                    cluster_size, cluster_wait_acquire, f16x2_to_f32x2, global_timer,
-                   grid_dependency_wait, ld_nc_v4_u32, st_cluster_f32, warp_max, warp_max16, warp_max_rows, warp_sum,
-                   warp_sum16, warp_sum_rows, warp_sync)
+                   grid_dependency_wait, ld_nc_v4_u32, st_cluster_f32, warp_max, warp_max16,
+                   warp_max_rows, warp_sum, warp_sum16, warp_sum_rows, warp_sync)
 from .activation import sigmoid
 # the plan the combine derives again, and the softmax step of every split pass: one definition
 from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, block_max, combine_slices,
@@ -978,6 +978,16 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             prefetch_bytes(kw if lane == 0 else vw, b0, b1)
 
     @cuda.jit(device=True, inline="always")
+    def one_pass_plan(position, ctx, n_splits, min_chunk, chunk_align, kvh):
+        """(n_ctx, chunk, used, head_word, ok): the token's split plan (`_split_plan`), its KV
+        head's first word in the cache, and whether this kernel serves the plan (splits of at
+        most a half-warp's keys, their partials within the shared accumulators)."""
+        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+        head_word = np.int64(kvh) * ctx * DW
+        ok = chunk <= TILE // 2 and used * D <= _ONEPASS_ACC and used <= _ONEPASS_SPLITS
+        return n_ctx, chunk, used, head_word, ok
+
+    @cuda.jit(device=True, inline="always")
     def one_pass_body(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, n_splits, out,
                       gate, xq, xd, has_gate, has_q8, G, knew, vnew, inv_freq, kf, vf, trace):
         """Block (query head h, token): every split of h's plan (two a warp at once), then
@@ -1025,10 +1035,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             # (jit's own_wait) the position, then the prefetch, before the grid-dependency
             # wait: no kernel of the decode graph writes either before this one reads them
             position = positions[tok]
-            n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
-            head_word = np.int64(kvh) * ctx * DW
-            if (prefetch and lane < 2 and chunk <= TILE // 2 and used * D <= _ONEPASS_ACC
-                    and used <= _ONEPASS_SPLITS):
+            n_ctx, chunk, used, head_word, ok = one_pass_plan(position, ctx, n_splits,
+                                                              min_chunk, chunk_align, kvh)
+            if prefetch and ok and lane < 2:
                 prefetch_pairs(kw, vw, head_word, chunk, n_ctx, (used + 1) // 2, lane, gw,
                                pair_stride)
             grid_dependency_wait()
@@ -1060,9 +1069,9 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                     kp = knew[tok, kvh, pe]
                     fr = inv_freq[fi]
         qr2 = float32(0.0)
-        n_ctx, chunk, used = _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
-        head_word = np.int64(kvh) * ctx * DW
-        ok = chunk <= TILE // 2 and used * D <= _ONEPASS_ACC and used <= _ONEPASS_SPLITS
+        if not PW:
+            n_ctx, chunk, used, head_word, ok = one_pass_plan(position, ctx, n_splits,
+                                                              min_chunk, chunk_align, kvh)
         n_pairs = (used + 1) // 2               # a warp's half each (`split_pair_row`)
         if trace_on and t0 and position >= 0:
             stamp1(trace, tb, 1)

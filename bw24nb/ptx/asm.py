@@ -292,14 +292,18 @@ FP4_BITS = _fp4_intrinsics(snippet("fp4x2_to_f16x2_bits"))   # sm_80 / sm_90: in
 FP4_CVT = _fp4_intrinsics(snippet("fp4x2_to_f16x2_cvt"))     # sm_100a / sm_120a: cvt.rn.f16x2.e2m1x2
 
 
-def _element_address(context, builder, sig, args):
-    """The 64-bit address of array[index] for an intrinsic taking (array, index): no bounds
-    check, no negative-index wraparound."""
-    aryty, idxty = sig.args
+def _element_pointer(context, builder, sig, args):
+    """The LLVM pointer to array[index] for an intrinsic taking (array, index) first (sig and
+    args: those two): no bounds check, no negative-index wraparound."""
+    aryty, idxty = sig.args[:2]
     ary = context.make_array(aryty)(context, builder, value=args[0])
     idx = context.cast(builder, args[1], idxty, types.intp)
-    ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
-    return builder.ptrtoint(ptr, ir.IntType(64))
+    return cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+
+
+def _element_address(context, builder, sig, args):
+    """`_element_pointer` as a 64-bit address."""
+    return builder.ptrtoint(_element_pointer(context, builder, sig, args), ir.IntType(64))
 
 
 # --- vector non-coherent loads (16 and 8 bytes) ----------------------------------------------------
@@ -360,10 +364,7 @@ def ld_v4_f32(typingctx, array, index):
     tup = types.UniTuple(types.float32, 4)
 
     def codegen(context, builder, sig, args):
-        aryty, idxty = sig.args
-        ary = context.make_array(aryty)(context, builder, value=args[0])
-        idx = context.cast(builder, args[1], idxty, types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+        ptr = _element_pointer(context, builder, sig, args)
         vty = ir.VectorType(ir.FloatType(), 4)
         vec = builder.load(builder.bitcast(ptr, vty.as_pointer(ptr.type.addrspace)), align=16)
         return context.make_tuple(builder, tup, [builder.extract_element(vec, ir.Constant(_I32, i))
@@ -555,15 +556,13 @@ def st_cluster_f32(typingctx, array, index, rank, value):
 
     def codegen(context, builder, sig, args):
         from bw24nb.device import current_features
-        aryty, idxty, rty, vty = sig.args
+        rty, vty = sig.args[2:]
         val = context.cast(builder, args[3], vty, types.float32)
+        ptr = _element_pointer(context, builder, sig, args)
         if not current_features().clusters:
-            ary = context.make_array(aryty)(context, builder, value=args[0])
-            idx = context.cast(builder, args[1], idxty, types.intp)
-            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
             builder.store(val, ptr)
             return context.get_dummy_value()
-        addr = _element_address(context, builder, types.none(aryty, idxty), args[:2])
+        addr = builder.ptrtoint(ptr, ir.IntType(64))
         r = _as_i32(context, builder, args[2], rty)
         fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), _I32, ir.FloatType()])
         builder.call(ir.InlineAsm(fnty, _ST_CLUSTER_F32.asm_template,
