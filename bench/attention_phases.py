@@ -21,9 +21,9 @@ with the token's RoPE and K / V store, "ld": its loads issued early; 1psldc2, c4
 thread-block clusters of that many blocks a head sharing out the warps, ONEPASS_CLUSTER and
 ONEPASS_CLUSTER_SHARE; 1psldc2f, c4f: each block of the full width; 1psldpw: the position and
 the prefetch before the grid-dependency wait, ONEPASS_PRE_WAIT), whose thread 0 of every
-block (of rank 0 in a cluster: a query head) stamps decode_attention.TRACE_STAMPS_1P: entry, the position known, the
-store done, q in shared memory, warp 0's first pair of splits, every split, the combine's
-weights, its groups' sums, the output stored.
+block (of rank 0 in a cluster: a query head) stamps decode_attention.TRACE_STAMPS_1P:
+entry, the position known, the store done, q in shared memory, warp 0's first pair of
+splits, every split, the combine's weights, its groups' sums, the output stored.
 
 One JSON line per (shape, position, kernel, interval) goes to --out (default
 $OUT/attention_phases.jsonl). Benchmarks are not tests; the stamps cost a few stores a block,

@@ -134,19 +134,25 @@ def waiting_kernel(fn, wait: bool = True):
     return wrapper
 
 
+CLUSTER_MAX = 8     # blocks a thread-block cluster may hold on any GPU that has them (portable)
+
+
 def launch_cluster(dispatcher, grid, block, cluster: int, stream, *args) -> None:
     """``dispatcher[grid, block, stream](*args)`` with its blocks grouped into thread-block
-    clusters of `cluster` consecutive blocks along x (sm_90+; grid[0] a multiple of it): what
-    ``dispatcher[...]`` does (the kernel compiled, or loaded from the disk cache, for the
-    arguments' types, and its arguments marshalled), launched through cuda.core with a cluster
-    dimension (cuLaunchKernelEx). Captured into a graph like any launch. numba-cuda has no
+    clusters of `cluster` consecutive blocks along x (sm_90+; 1 .. CLUSTER_MAX, grid[0] a
+    multiple of it): what ``dispatcher[...]`` does (the kernel compiled, or loaded from the
+    disk cache, for the arguments' types, and its arguments marshalled), launched through
+    cuda.core with a cluster dimension (cuLaunchKernelEx). Captured into a graph like any launch. numba-cuda has no
     launch option for clusters, so this reaches into its launch path (`_Kernel._prepare_args`,
     the compiled kernel's cufunc): numba-cuda 0.30."""
     from numba.cuda.errors import normalize_kernel_dimensions
 
     grid, block = normalize_kernel_dimensions(grid, block)      # numba's own launch does this
     n = int(cluster)
-    if n < 1 or grid[0] % n:
+    if not 1 <= n <= CLUSTER_MAX:
+        raise ValueError(f"launch_cluster: clusters of 1 .. {CLUSTER_MAX} blocks (portable), "
+                         f"not {n}")
+    if grid[0] % n:
         raise ValueError(f"launch_cluster: grid {grid} is not whole clusters of {n} blocks")
     if simulator_enabled():
         raise RuntimeError("launch_cluster: the simulator runs no clusters (launch a block a "

@@ -427,6 +427,8 @@ def test_cluster_gather_runs_as_clusters_of_one_in_the_simulator(rng):
     from bw24nb.jit import launch_cluster
     with pytest.raises(ValueError, match=r"grid \(3, 1, 1\) is not whole clusters of 2"):
         launch_cluster(probes.cluster_gather_kernel, (3,), probes.THREADS, 2, 0)
+    with pytest.raises(ValueError, match=r"clusters of 1 \.\. 8 blocks \(portable\), not 16"):
+        launch_cluster(probes.cluster_gather_kernel, (16,), probes.THREADS, 16, 0)
 
 
 @requires_gpu

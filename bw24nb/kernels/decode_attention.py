@@ -40,7 +40,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..device import current_features, simulator_enabled
-from ..jit import kernel, launch_cluster
+from ..jit import CLUSTER_MAX, kernel, launch_cluster
 from ..ptx import (clock64, cluster_arrive_relaxed, cluster_arrive_release, cluster_rank,
                    cluster_size, cluster_wait_acquire, f16x2_to_f32x2, global_timer,
                    grid_dependency_wait, ld_nc_v4_u32, st_cluster_f32, warp_max, warp_max16,
@@ -1348,8 +1348,9 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
         raise ValueError(f"launch_onepass: trace must be uint64{list(trace_shape_1p(T, Hq))}, "
                          f"not {trace.dtype}{list(trace.shape)}")
     n = max(1, int(onepass_cluster(D) if cluster is None else cluster))
-    if n > 8:
-        raise ValueError(f"launch_onepass: clusters of at most 8 blocks (portable), not {n}")
+    if n > CLUSTER_MAX:         # (checked here too: the simulator launches no cluster)
+        raise ValueError(f"launch_onepass: clusters of at most {CLUSTER_MAX} blocks (portable), "
+                         f"not {n}")
     k = onepass_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch),
                        store is not None, early, trace is not None, n)
     args = (q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),

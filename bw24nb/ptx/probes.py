@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
+from bw24nb.jit import CLUSTER_MAX
 from bw24nb.ptx import (
     byte_perm,
     cluster_arrive_relaxed,
@@ -337,8 +338,7 @@ def run_ld_nc_v4(src) -> np.ndarray:
     return out.copy_to_host()
 
 
-CLUSTER_MAX = 8             # blocks a cluster (the portable limit)
-_GATHER_SLOTS = CLUSTER_MAX * THREADS
+_GATHER_SLOTS = CLUSTER_MAX * THREADS       # the largest cluster's values
 
 
 @cuda.jit
