@@ -16,11 +16,14 @@ repetition are read back and reduced over the working blocks:
   span         first block's entry to last block's partial stored (ns)
   entry skew   last block's entry minus first block's (ns)
 
---kernels 1p,1pld,1ps,1psld traces the one-pass kernel instead (engine.ONEPASS_MAX_CTX; "s":
+--kernels splitpw traces the split pass with its position, plan and prefetch before the
+grid-dependency wait (decode_attention.SPLIT_PRE_WAIT; its "entry" stamp then follows the
+wait, "plan" the q loads' issue). --kernels 1p,1pld,1ps,1psld traces the one-pass kernel instead (engine.ONEPASS_MAX_CTX; "s":
 with the token's RoPE and K / V store, "ld": its loads issued early; 1psldc2, c4, c8: on
 thread-block clusters of that many blocks a head sharing out the warps, ONEPASS_CLUSTER and
 ONEPASS_CLUSTER_SHARE; 1psldc2f, c4f: each block of the full width; 1psldpw: the position and
-the prefetch before the grid-dependency wait, ONEPASS_PRE_WAIT), whose thread 0 of every
+the prefetch before the grid-dependency wait, ONEPASS_PRE_WAIT, the default since session
+46; 1psldw: after it), whose thread 0 of every
 block (of rank 0 in a cluster: a query head) stamps decode_attention.TRACE_STAMPS_1P:
 entry, the position known, the store done, q in shared memory, warp 0's first pair of
 splits, every split, the combine's weights, its groups' sums, the output stored.
@@ -54,14 +57,15 @@ from matvec_bench import _commit  # noqa: E402
 
 # --kernels: the split pass, or the one-pass kernel (engine.ONEPASS_MAX_CTX) without / with
 # the token's RoPE and K / V store, its loads in order / issued early (ONEPASS_EARLY)
-KERNELS = {"split": None, "1p": dict(store=False, early=False),
+KERNELS = {"split": None, "splitpw": None, "1p": dict(store=False, early=False),
            "1pld": dict(store=False, early=True), "1ps": dict(store=True, early=False),
            "1psld": dict(store=True, early=True),
            **{f"1psldc{n}": dict(store=True, early=True, cluster=n, share=True)
               for n in (2, 4, 8)},
            **{f"1psldc{n}f": dict(store=True, early=True, cluster=n, share=False)
               for n in (2, 4)},
-           "1psldpw": dict(store=True, early=True, pre_wait=True)}
+           "1psldpw": dict(store=True, early=True, pre_wait=True),
+           "1psldw": dict(store=True, early=True, pre_wait=False)}
 
 
 def traced_attention(stream, rng, Hq, Hkv, D, ctx, position, kind="split"):
@@ -72,7 +76,8 @@ def traced_attention(stream, rng, Hq, Hkv, D, ctx, position, kind="split"):
     if KERNELS[kind] is None:
         trace = cuda.to_device(np.zeros(decode_attention.trace_shape(1, Hkv, run.n_splits),
                                         np.uint64), stream=stream)
-        return (lambda: run(trace=trace)), trace, decode_attention.TRACE_STAMPS
+        return ((lambda: run(trace=trace, pre_wait=kind == "splitpw")), trace,
+                decode_attention.TRACE_STAMPS)
     trace = cuda.to_device(np.zeros(decode_attention.trace_shape_1p(1, Hq), np.uint64),
                            stream=stream)
     options = dict(KERNELS[kind])

@@ -41,6 +41,9 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   attn<S>split+e@<P> the split pass, then the one-thread kernel `empty` runs
   .../mc<V>          the same with the split plan's min_chunk V (--min-chunks)
   .../npf            attention or its split with the split's K / V prefetch off
+  .../pw             attention or its split with the split's position, plan and prefetch
+                     before its grid-dependency wait (decode_attention.SPLIT_PRE_WAIT: the
+                     engine's decode step past the one pass; the same results)
   .../il             attention or its split with the softmax's rows interleaved
                      (decode_attention.INTERLEAVE_ROWS; the same results)
   .../merge          attention or its split with one-tile splits through the four-warp
@@ -56,7 +59,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
                      sharing out the block's warps (decode_attention.ONEPASS_CLUSTER_SHARE;
                      the same results); .../1psldc<N>f each block of the full width
   .../1psldpw        1psld with its position and K / V prefetch before its grid-dependency
-                     wait (decode_attention.ONEPASS_PRE_WAIT; the same results)
+                     wait (decode_attention.ONEPASS_PRE_WAIT, the default since session
+                     46: .../1psld is the same; the same results); .../1psldw after it
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -152,8 +156,9 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
     run = attention_launch(stream, rng, Hq, Hkv, D, ctx, position)
 
     def attend(only, prefetch=None, interleave=None, direct=None, onepass=False, store=False,
-               early=None, cluster=None):
-        extra = dict(store=store, early=early, cluster=cluster) if onepass else {}
+               early=None, cluster=None, pre_wait=False):
+        extra = (dict(store=store, early=early, cluster=cluster) if onepass
+                 else dict(pre_wait=pre_wait))
         return lambda i: run(min_chunk=mc, only=only, prefetch=prefetch, interleave=interleave,
                              direct=direct, onepass=onepass, **extra)
 
@@ -164,6 +169,7 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
         store_one[1, 32, stream](run.out.reshape(run.out.size))
     return {"": attend(None), "split": split, "comb": attend("combine"),
             "split+e": split_then_empty, "/npf": attend(None, False),
+            "/pw": attend(None, pre_wait=True), "split/pw": attend("split", pre_wait=True),
             "split/npf": attend("split", False), "/il": attend(None, None, True),
             "split/il": attend("split", None, True), "/merge": attend(None, direct=False),
             "split/merge": attend("split", direct=False),
@@ -179,7 +185,9 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
                                              cluster=n), "ONEPASS_CLUSTER_SHARE", False)
                for n in (2, 4)},
             "/1psldpw": switch(attend(None, onepass=True, store=True, early=True),
-                               "ONEPASS_PRE_WAIT", True)}
+                               "ONEPASS_PRE_WAIT", True),
+            "/1psldw": switch(attend(None, onepass=True, store=True, early=True),
+                              "ONEPASS_PRE_WAIT", False)}
 
 
 def switch(launch, name: str, value):

@@ -683,8 +683,14 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                             ("bw24nb.kernels.decode_attention",
                                              "ONEPASS_CLUSTER_SHARE", False)] for n in (2, 4)},
                 # the one pass's position and K / V prefetch before its grid-dependency wait
+                # (the default since session 46) or after it
                 "onepass-pre-wait": [("bw24nb.kernels.decode_attention", "ONEPASS_PRE_WAIT",
                                       True)],
+                "onepass-post-wait": [("bw24nb.kernels.decode_attention", "ONEPASS_PRE_WAIT",
+                                       False)],
+                # the decode step's split pass (past the one pass) likewise
+                "split-post-wait": [("bw24nb.kernels.decode_attention", "SPLIT_PRE_WAIT",
+                                     False)],
                 # rows split over more warps while each keeps >= 256 values (the rule before
                 # session 41; the default keeps >= 512)
                 "split-k512": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 512)],

@@ -527,6 +527,7 @@ class Engine:
         # (ONEPASS_MAX_CTX), each captured on first use
         self._graphs: dict[bool, CudaGraph] = {}
         self._onepass_build = False         # set only while `_decode_step` builds
+        self._decode_build = False          # likewise (its split pass may read ahead)
         self._onepass_limit = self._onepass_max_ctx(n_splits, self.kv.k_type, self.kv.v_type)
         # prefill: chunk size -> its captured graph (LRU, PREFILL_GRAPHS); sizes run eagerly
         # once already (their kernels compiled and loaded); sizes that failed to capture
@@ -931,6 +932,9 @@ class Engine:
                 qg if c.attn_output_gate else q, q, wq, k, wk, eps, gate=gate, stream=s)))
         # (the one-pass kernel: only in the decode step `_decode_step` builds for it)
         onepass = self._onepass_build and T == 1
+        # the decode step's split pass reads its position before its grid-dependency wait
+        # (decode_attention.SPLIT_PRE_WAIT): no kernel of that graph writes it before
+        pre_wait = self._decode_build and T == 1 and decode_attention.SPLIT_PRE_WAIT
         # RoPE: q in place, k on its way into the cache, and the store of K and V: one launch,
         # or in the one-pass attention's own launch (ONEPASS_STORE)
         store = ((k, v, self.kv.rope_table(self.inv_freq)) if onepass and ONEPASS_STORE
@@ -966,7 +970,7 @@ class Engine:
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,
                 xq=None if fused is None else fused.xq, xd=None if fused is None else fused.xd,
                 counters=ws.counters if T <= VERIFY_ROWS else None, onepass=onepass,
-                store=store, **plan)))
+                store=store, pre_wait=pre_wait and not onepass, **plan)))
         elif self.prefill_attention == "tc":
             add(("attention", lambda: attention_tc.launch_attention_tc(
                 q, pos, k_u8, v_u8, attn, stream=s)))
@@ -1162,10 +1166,11 @@ class Engine:
         which serves contexts up to `_onepass_limit` only (the caller's choice)."""
         ws = self.ws1
         self._onepass_build = bool(onepass)
+        self._decode_build = True
         try:
             L = self._forward_launches(ws, 1)
         finally:
-            self._onepass_build = False
+            self._onepass_build = self._decode_build = False
         return L + [
             ("advance", lambda: step.launch_advance(ws.ids, self.next_token, ws.positions, self.stream))]
 

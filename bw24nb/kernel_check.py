@@ -1690,19 +1690,23 @@ def check_flash_decode_onepass_store(rng, size):
 def check_flash_decode_forms(rng, size):
     """The F16 split pass's other forms, bit for bit the block-a-split, one-warp form they
     replace in places: one-tile splits with their rows spread over the four warps (spread=,
-    decode's default for small heads) and blocks walking their splits (split_grid=, the rows
-    prefill) -- tokens of one launch whose plans use different numbers of splits."""
+    decode's default for small heads), blocks walking their splits (split_grid=, the rows
+    prefill) and the position, plan and prefetch before the grid-dependency wait (pre_wait=,
+    the decode step's past the one pass) -- tokens of one launch whose plans use different
+    numbers of splits, of one tile and of several."""
     from .kernels import attention as at
     from .quant import QType
     if size == "tiny":
         # T, first position, n_splits, Hq, Hkv, D, walking blocks
-        cases = [(3, 14, 4, 4, 2, 32, 1), (2, 40, 3, 8, 1, 64, 2)]
+        cases = [(3, 14, 4, 4, 2, 32, 1), (2, 40, 3, 8, 1, 64, 2), (2, 300, 2, 8, 1, 64, 1)]
     else:
         cases = [(16, 0, at.decode_splits(8192, 2), 16, 2, 256, 8),      # the 35B-A3B heads
                  (16, 480, at.decode_splits(8192, Q9.n_kv_heads), Q9.n_heads, Q9.n_kv_heads,
                   Q9.head_dim, 8),
                  (9, 503, at.decode_splits(8192, Q05.n_kv_heads), Q05.n_heads, Q05.n_kv_heads,
-                  Q05.head_dim, 4)]
+                  Q05.head_dim, 4),
+                 (2, 6142, at.decode_splits(8192, Q05.n_kv_heads), Q05.n_heads,
+                  Q05.n_kv_heads, Q05.head_dim, 16)]
     for T, p0, n_splits, Hq, Hkv, D, grid in cases:
         ctx = p0 + T
         cache = _filled_cache(rng, ctx, Hkv, D, ctx, QType.F16, QType.F16)
@@ -1712,7 +1716,9 @@ def check_flash_decode_forms(rng, size):
         outs = {}
         for form, kw in (("one warp", dict(spread=False)), ("spread", dict(spread=True)),
                          (f"walk{grid}", dict(spread=False, split_grid=grid)),
-                         (f"walk{grid} spread", dict(spread=True, split_grid=grid))):
+                         (f"walk{grid} spread", dict(spread=True, split_grid=grid)),
+                         ("pre-wait", dict(pre_wait=True)),
+                         (f"walk{grid} pre-wait", dict(pre_wait=True, split_grid=grid))):
             part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
             out = Out((T, Hq, D))
             at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16,

@@ -582,6 +582,23 @@ def test_walking_split_blocks_give_the_same_bits(rng, Hq, Hkv, D, positions, n_s
                                      spread=spread)
 
 
+@pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits,grid", [
+    (4, 2, 32, (16, 47, 60), 6, None),          # one-tile splits, a last short split
+    (14, 2, 64, (33, 300), 3, None),            # one-tile and merged splits in one launch
+    (14, 2, 64, (33, 300), 3, 2)])              # walking blocks: each prefetches its splits
+def test_split_pass_with_its_position_before_the_wait_gives_the_same_bits(
+        rng, Hq, Hkv, D, positions, n_splits, grid):
+    """launch_flash_decode(pre_wait=True): the F16 split pass reads the position, plans and
+    names its splits' K / V rows to L2 before its grid-dependency wait (SPLIT_PRE_WAIT, the
+    engine's decode step), then loads q -- the block-a-split pass's partials and output bit
+    for bit, a block a split or walking. Not with the combine in the split pass."""
+    from bw24nb.kernels import decode_attention as da
+    _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, pre_wait=True,
+                                 split_grid=grid)
+    with pytest.raises(ValueError, match="waits first"):
+        da.split_kernel(7, 2, direct=True, spread=True, fused=True, pre_wait=True)
+
+
 @pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits", [
     (4, 2, 32, (3, 20, 39), 4),                 # R = 2: warps 2, 3 without a row
     (14, 2, 64, (15, 33, 60), 4),               # R = 7 (the 0.5B): warp 3 takes one row
@@ -711,7 +728,8 @@ def test_one_pass_kernel_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D,
     got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True, cluster=1))
     with switched([(decode_attention, "ONEPASS_CLUSTER_SHARE", True)]):
         got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True, cluster=4))
-    with switched([(decode_attention, "ONEPASS_PRE_WAIT", True)]):     # position before the wait
+    with switched([(decode_attention, "ONEPASS_PRE_WAIT",             # the position before
+                    not decode_attention.ONEPASS_PRE_WAIT)]):           # the wait, or after
         got.append(_gated_int8_decode(q, pos, layer, n_splits, gate, onepass=True))
     (out0, q0, d0, _) = got[0]
     assert np.isfinite(out0).all() and np.any(q0[:n] != 0) and np.all(q0[n:] == 99)

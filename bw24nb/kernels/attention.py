@@ -730,7 +730,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
                         slices=None, prefetch=None, combine_batch=None, trace=None,
                         interleave=None, direct=None, split_grid=None, spread=None,
                         counters=None, fused=None, onepass=False, store=None, early=None,
-                        cluster=None):
+                        cluster=None, pre_wait=False):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
@@ -769,7 +769,10 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     one-pass kernel's loads issued early (decode_attention.ONEPASS_EARLY; no effect on results);
     trace goes to the one-pass kernel's instrumented build with onepass
     (decode_attention.trace_shape_1p); cluster: with onepass, its blocks a query head, as one
-    thread-block cluster (decode_attention.ONEPASS_CLUSTER; no effect on results)."""
+    thread-block cluster (decode_attention.ONEPASS_CLUSTER; no effect on results); pre_wait:
+    the F16 split pass's position, plan and K / V prefetch before its grid-dependency wait
+    (decode_attention.launch_split(pre_wait=); no effect on results) -- only for a graph with
+    no kernel writing `positions` before this launch (the engine's decode step)."""
     if only not in (None, "split", "combine"):
         raise ValueError(f"only must be None, 'split' or 'combine', not {only!r}")
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
@@ -837,7 +840,8 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     elif f16:                       # F16 cache: 16-byte loads
         decode_attention.launch_split(q, positions, k_u8, v_u8, _scale(scale, D), min_chunk,
                                       chunk_align, part_ml, part_acc, stream, prefetch, trace,
-                                      interleave, direct, split_grid, spread)
+                                      interleave, direct, split_grid, spread,
+                                      pre_wait=pre_wait)
     else:
         grid = (n_splits, Hkv, T * _row_tiles(1, Hq // Hkv))     # tiles of one token each
         flash_decode_split[grid, DECODE_THREADS, stream](

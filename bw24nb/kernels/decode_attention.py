@@ -202,9 +202,19 @@ ONEPASS_CLUSTER_SHARE = False
 # reads: so the split pass, which runs there, keeps its wait first), the checks and
 # benchmarks (positions from the host). The same operations: the same bits; the PTX / SASS
 # (sm_90) has the position's load and the prefetches before griddepcontrol.wait.
-# Built in session 45 with no device time left to measure it: off until run_bench
-# onepass-pre-wait shows it pays.
-ONEPASS_PRE_WAIT = False
+# Built in session 45; on since session 46 (H100, 0.5B, run_bench default / onepass-pre-wait
+# alternating, the same tokens): 1213.1 / 1212.2 / 1263.2 against 1186.2 / 1173.0 / 1177.1 /
+# 1184.6 tok/s @512, the decode step 0.756 / 0.774 / 0.762 against 0.794 / 0.807 / 0.802 /
+# 0.776 ms chained; traced, 6.78 against 7.68 us entry -> out (attention_phases 1psldpw /
+# 1psld). run_bench onepass-post-wait turns it off.
+ONEPASS_PRE_WAIT = True
+# The split pass's position, plan and K / V prefetch before its grid-dependency wait, as
+# ONEPASS_PRE_WAIT does for the one pass, in the decode step past the one pass's contexts
+# (engine._decode_build: its graph writes no position before the attention; the verify's
+# and the MTP chain's split passes keep their wait first, `launch_split(pre_wait=)`): the
+# position's round trip and the first K / V misses overlap the matvec before instead of
+# following it. The same operations (the same bits).
+SPLIT_PRE_WAIT = True
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
 _ONEPASS_SPLITS = 256       # (m, l, w) slots: the most splits any head dim may take
@@ -309,10 +319,13 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     that many blocks run, a cluster a query head (ONEPASS_CLUSTER, `launch_onepass`; the same
     results); 1: a block a head; warps: with onepass, a block's (default
     `onepass_block_warps(D, cluster)`); pre_wait: with onepass, the position and the K / V
-    prefetch before the grid-dependency wait (ONEPASS_PRE_WAIT; the same results)."""
+    prefetch before the grid-dependency wait (ONEPASS_PRE_WAIT; the same results); without
+    onepass and fused, the split pass's position, plan and K / V prefetch before the wait
+    (SPLIT_PRE_WAIT, `launch_split(pre_wait=)`; the same results)."""
     FG = full
     CL = onepass and int(cluster) > 1
     PW = onepass and bool(pre_wait)
+    PWS = not onepass and not fused and bool(pre_wait)      # the split pass's
     GB = max(1, int(group_batch))
     NS = len(TRACE_STAMPS)
     NS1 = len(TRACE_STAMPS_1P)
@@ -549,6 +562,13 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             stamp(trace, tb, 6)
 
     @cuda.jit(device=True, inline="always")
+    def prefetch_split(kw, vw, head_word, begin, end, tid):
+        """Thread 0: the K rows of keys begin .. end - 1 named to L2, thread 32: their V rows."""
+        b0 = 4 * (head_word + np.int64(begin) * DW)
+        b1 = 4 * (head_word + np.int64(end) * DW)
+        prefetch_bytes(kw if tid == 0 else vw, b0, b1)
+
+    @cuda.jit(device=True, inline="always")
     def _trace_base(kvh, tok, n_splits, split_i):
         return ((tok * cuda.gridDim.y + kvh) * n_splits + split_i) * 2 * NS
 
@@ -577,10 +597,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         begin = split_i * chunk
         end = min(begin + chunk, n_ctx)
         head_word = np.int64(kvh) * ctx * DW
-        if prefetch and (tid == 0 or tid == 32):    # the split's rows
-            b0 = 4 * (head_word + np.int64(begin) * DW)
-            b1 = 4 * (head_word + np.int64(end) * DW)
-            prefetch_bytes(kw if tid == 0 else vw, b0, b1)
+        if prefetch and not PWS and (tid == 0 or tid == 32):    # the split's rows (PWS:
+            prefetch_split(kw, vw, head_word, begin, end, tid)  # named before the wait)
         for k in range(NQ):
             i = tid + k * THREADS
             if i < R * D:
@@ -702,13 +720,18 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         as soon as the plan is known, then q into shared memory (a block past the context
         loads q for nothing)."""
         position = positions[tok]
+        q_rows(q, qv, kvh, tok, tid)
+        return _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
+
+    @cuda.jit(device=True, inline="always")
+    def q_rows(q, qv, kvh, tok, tid):
+        """The block's q rows into registers: thread tid holds q values tid, tid + THREADS, .."""
         for k in range(NQ):
             i = tid + k * THREADS
             qv[k] = float32(0.0)
             if i < R * D:
                 r = i // D
                 qv[k] = q[tok, kvh * R + r, i - r * D]
-        return _split_plan(position, ctx, n_splits, min_chunk, chunk_align)
 
     def split(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
               trace):
@@ -723,13 +746,28 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         kvh = cuda.blockIdx.y
         tok = cuda.blockIdx.z
         tid = cuda.threadIdx.x
+        first = cuda.blockIdx.x
+        if PWS:
+            # (jit's own_wait) the position, the plan and this block's splits' K / V rows
+            # named to L2 before the grid-dependency wait -- only for launches whose graph
+            # writes neither before this kernel (the decode step's: `launch_split(pre_wait=)`)
+            n_ctx, chunk, used = _split_plan(positions[tok], ctx, n_splits, min_chunk,
+                                             chunk_align)
+            if prefetch and (tid == 0 or tid == 32):
+                head_word = np.int64(kvh) * ctx * DW
+                for split_i in range(first, used, cuda.gridDim.x if walk else max(used, 1)):
+                    prefetch_split(kw, vw, head_word, split_i * chunk,
+                                   min(split_i * chunk + chunk, n_ctx), tid)
+            grid_dependency_wait()
         if trace_on and tid == 0:
             stamp(trace, _trace_base(kvh, tok, n_splits, cuda.blockIdx.x), 0)
-        n_ctx, chunk, used = q_rows_and_plan(q, positions, qv, ctx, n_splits, min_chunk,
-                                             chunk_align, kvh, tok, tid)
+        if PWS:
+            q_rows(q, qv, kvh, tok, tid)
+        else:
+            n_ctx, chunk, used = q_rows_and_plan(q, positions, qv, ctx, n_splits, min_chunk,
+                                                 chunk_align, kvh, tok, tid)
         if trace_on and tid == 0 and used > 0:      # (control-dependent on the position)
             stamp(trace, _trace_base(kvh, tok, n_splits, cuda.blockIdx.x), 1)
-        first = cuda.blockIdx.x
         if walk:
             # a block's splits one after another, each exactly as a block of its own would
             # run it (the same loads, sums and stores: the same bits); the barrier keeps the
@@ -1249,12 +1287,12 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
             + ("_walk" if walk else "") + ("_trace" if trace else "") + ("_fused" if fused else "")
-            + ("" if full else "_pk"))
+            + ("" if full else "_pk") + ("_pw" if PWS else ""))
     if fused:
         split_fused.__name__ = split_fused.__qualname__ = name
         return kernel(split_fused)
     split.__name__ = split.__qualname__ = name
-    return kernel(split)
+    return kernel(split, own_wait=PWS)
 
 
 _KERNELS: dict = {}
@@ -1262,15 +1300,18 @@ _KERNELS: dict = {}
 
 def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
                  interleave: bool = False, direct: bool = False, walk: bool = False,
-                 spread: bool = False, fused: bool = False):
+                 spread: bool = False, fused: bool = False, pre_wait: bool = False):
     """The (R, E) split kernel, built (not compiled) on first request (fused: with the
-    combine, COMBINE_IN_SPLIT; never walking or traced)."""
+    combine, COMBINE_IN_SPLIT; never walking or traced; pre_wait: the position, plan and
+    prefetch before the grid-dependency wait, SPLIT_PRE_WAIT; not with fused)."""
     if fused and (walk or trace):
         raise ValueError("the split pass's combine takes a block a split and no trace")
+    if fused and pre_wait:
+        raise ValueError("the split pass's combine waits first (no pre_wait)")
     key = (R, E, bool(prefetch), bool(trace), bool(interleave), bool(direct), bool(walk),
-           bool(spread) and bool(direct), bool(fused), bool(FULL_GROUPS))
+           bool(spread) and bool(direct), bool(fused), bool(FULL_GROUPS), bool(pre_wait))
     if key not in _KERNELS:
-        _KERNELS[key] = _make(*key[:-1], full=key[-1])
+        _KERNELS[key] = _make(*key[:-2], full=key[-2], pre_wait=key[-1])
     return _KERNELS[key]
 
 
@@ -1383,7 +1424,7 @@ def trace_shape(T: int, n_kv_heads: int, n_splits: int) -> tuple:
 
 def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml, part_acc,
                  stream=0, prefetch=None, trace=None, interleave=None, direct=None,
-                 grid=None, spread=None, combine=None):
+                 grid=None, spread=None, combine=None, pre_wait=False):
     """The split pass (attention.launch_flash_decode runs the combine after it, with the same
     min_chunk / chunk_align, i.e. the same split plan): q[T, Hq, D],
     k_u8 / v_u8 one F16 cache layer [Hkv, ctx, 2 D] bytes (KVCache.layer), partials as
@@ -1398,7 +1439,11 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
     split's rows on all four warps (default: ONE_TILE_SPREAD for head_dim <=
     ONE_TILE_SPREAD_MAX_D; the same results); combine: (out, gate, xq, xd, has_gate, has_q8,
     counters, G) runs the combine in the split pass (COMBINE_IN_SPLIT: `combine_tail`; gate /
-    xq / xd stand-ins when absent, as attention.launch_flash_decode passes them)."""
+    xq / xd stand-ins when absent, as attention.launch_flash_decode passes them); pre_wait:
+    the position, the plan and the K / V prefetch before the grid-dependency wait
+    (SPLIT_PRE_WAIT; the same results; ignored with combine). Only for a launch whose graph
+    has no kernel writing `positions` before it -- the engine's decode step, not its verify
+    or MTP chain -- so the default is False whatever SPLIT_PRE_WAIT says."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
@@ -1419,7 +1464,8 @@ def launch_split(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_m
                      INTERLEAVE_ROWS if interleave is None else bool(interleave),
                      ONE_TILE_DIRECT if direct is None else bool(direct), walk,
                      (ONE_TILE_SPREAD and D <= ONE_TILE_SPREAD_MAX_D) if spread is None
-                     else bool(spread), fused)[(grid if walk else n_splits, Hkv, T), THREADS, stream]
+                     else bool(spread), fused, bool(pre_wait) and not fused)[
+                         (grid if walk else n_splits, Hkv, T), THREADS, stream]
     args = (q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
             np.int32(chunk_align), part_ml, part_acc, stamps)
     if fused:
