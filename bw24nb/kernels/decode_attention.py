@@ -213,7 +213,10 @@ ONEPASS_PRE_WAIT = True
 # (engine._decode_build: its graph writes no position before the attention; the verify's
 # and the MTP chain's split passes keep their wait first, `launch_split(pre_wait=)`): the
 # position's round trip and the first K / V misses overlap the matvec before instead of
-# following it. The same operations (the same bits).
+# following it. The same operations (the same bits: simulator tests, kernel-check
+# flash_decode_forms; on the H100 the same tokens). Session 46 (H100, 0.5B, run_bench
+# default / split-post-wait alternating): 920.2 / 915.5 / 923.5 against 891.6 / 899.6 /
+# 903.8 tok/s @6144 (+2.3 %), @512 unchanged (the one pass serves it).
 SPLIT_PRE_WAIT = True
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
