@@ -482,6 +482,8 @@ class Engine:
         # decode/verify graphs with programmatic edges (graph.py): the next kernel's blocks are
         # launched while the previous one drains; None = wherever the GPU has them (sm_90+)
         self.programmatic = feats.grid_dependency if programmatic is None else bool(programmatic)
+        # the cluster split pass needs clusters (the simulator runs a block a cluster anyway)
+        self._clusters = feats.clusters or device.simulator_enabled()
         # decode/verify: the attention combine also applies the output gate and writes the
         # attn_output matvec's int8 input (attention.launch_flash_decode's gate / xq / xd) instead
         # of two more launches; False keeps those launches (same bits: the side-by-side bench)
@@ -935,6 +937,13 @@ class Engine:
         # the decode step's split pass reads its position before its grid-dependency wait
         # (decode_attention.SPLIT_PRE_WAIT): no kernel of that graph writes it before
         pre_wait = self._decode_build and T == 1 and decode_attention.SPLIT_PRE_WAIT
+        # ... and may run as one launch with its combine (decode_attention.SPLIT_CLUSTER)
+        split_cluster = (decode_attention.SPLIT_CLUSTER
+                         if (self._decode_build and T == 1 and self._clusters
+                             and decode_attention.SPLIT_CLUSTER > 1
+                             and decode_attention.supports(Hq // c.num_key_value_heads, D,
+                                                           self.kv.k_type, self.kv.v_type))
+                         else None)
         # RoPE: q in place, k on its way into the cache, and the store of K and V: one launch,
         # or in the one-pass attention's own launch (ONEPASS_STORE)
         store = ((k, v, self.kv.rope_table(self.inv_freq)) if onepass and ONEPASS_STORE
@@ -970,7 +979,8 @@ class Engine:
                 ws.part_ml[:T], ws.part_acc[:T], stream=s, gate=out_gate,
                 xq=None if fused is None else fused.xq, xd=None if fused is None else fused.xd,
                 counters=ws.counters if T <= VERIFY_ROWS else None, onepass=onepass,
-                store=store, pre_wait=pre_wait and not onepass, **plan)))
+                store=store, pre_wait=pre_wait and not onepass,
+                split_cluster=None if onepass else split_cluster, **plan)))
         elif self.prefill_attention == "tc":
             add(("attention", lambda: attention_tc.launch_attention_tc(
                 q, pos, k_u8, v_u8, attn, stream=s)))

@@ -1540,6 +1540,51 @@ def check_flash_decode_fused(rng, size):
                       tol="bit-exact", bits=True, guard_ok=gd)
 
 
+@check("flash_decode_cluster_split", "kernels.attention.launch_flash_decode",
+       "kernels.decode_attention.launch_split_cluster")
+def check_flash_decode_cluster_split(rng, size):
+    """The split pass and its combine as one launch on thread-block clusters (split_cluster=N,
+    decode_attention.SPLIT_CLUSTER; the position before the wait as the decode step runs it):
+    bit for bit the split pass + combine kernel's output, gate and int8 copy included, on
+    clusters of 2, 4 and 8 blocks a KV head (in the simulator, and without clusters, one block
+    a pair) -- tokens past the one pass's contexts, several rounds of slots at 8 blocks' worth
+    of fewer slots."""
+    from .kernels import attention as at
+    from .quant import QType
+    if size == "tiny":
+        cases = [(1, 300, 3, 4, 2, 32, 320, True), (2, 150, 12, 8, 1, 64, 160, False)]
+    else:
+        cases = [(1, 6144, at.decode_splits(8192, Q05.n_kv_heads), Q05.n_heads,
+                  Q05.n_kv_heads, Q05.head_dim, 8192, True),
+                 (2, 3000, at.decode_splits(8192, Q05.n_kv_heads), Q05.n_heads,
+                  Q05.n_kv_heads, Q05.head_dim, 8192, False),
+                 (1, 6144, at.decode_splits(8192, Q9.n_kv_heads), Q9.n_heads, Q9.n_kv_heads,
+                  Q9.head_dim, 8192, True)]
+    for T, n_ctx, n_splits, Hq, Hkv, D, ctx, gated in cases:
+        n, q, positions, gate, (k_u8, k_f16, v_u8, v_f16) = _decode_inputs(
+            rng, T, n_ctx, Hq, Hkv, D, ctx, gated)
+        outs = {}
+        for form, kw in (("split", {}), ("cluster2", dict(split_cluster=2, pre_wait=True)),
+                         ("cluster4", dict(split_cluster=4, pre_wait=True)),
+                         ("cluster8", dict(split_cluster=8, pre_wait=True)),
+                         ("cluster8 1 slot", dict(split_cluster=8, cluster_slots=1))):
+            part_ml, part_acc = at.alloc_decode_partials(T, Hq, D, n_splits)
+            out, xq, xd = Out((T, Hq, D)), Out(n, np.int8, poison=-128), Out(n // 32)
+            at.launch_flash_decode(q, positions, k_u8, k_f16, QType.F16, v_u8, v_f16,
+                                   QType.F16, out.dev, part_ml, part_acc, gate=gate,
+                                   xq=xq.dev, xd=xd.dev, **kw)
+            outs[form] = (out.get(), xq.get(), xd.get())
+        (want, _), (want_q, _), (want_d, _) = outs.pop("split")
+        shape = f"T{T} ctx{n_ctx}/{n_splits}sp H{Hq}/{Hkv} D{D}" + (" gated" if gated else "")
+        for form, ((got, g_ok), (got_q, gq), (got_d, gd)) in outs.items():
+            yield compare(f"flash_decode {form} out", "f32", shape, got, want, tol="bit-exact",
+                          bits=True, guard_ok=g_ok)
+            yield compare(f"flash_decode {form} q", "int8", shape, got_q, want_q, tol="exact",
+                          bits=True, guard_ok=gq, poison=np.int8(-128))
+            yield compare(f"flash_decode {form} d", "f32", shape, got_d, want_d,
+                          tol="bit-exact", bits=True, guard_ok=gd)
+
+
 @check("flash_decode_full_groups", "kernels.attention.launch_flash_decode",
        "kernels.decode_attention.launch_split", "kernels.decode_attention.launch_onepass")
 def check_flash_decode_full_groups(rng, size):

@@ -68,3 +68,35 @@ def test_one_pass_limit_follows_the_switch_and_the_cache(int8_heads_hybrid, monk
     monkeypatch.setattr(engine_mod, "ONEPASS_MAX_CTX", 1024)
     assert Engine(src, n_ctx=32, k_type=QType.Q8_0, v_type=QType.Q8_0, log=lambda m: None,
                   use_graph=False)._onepass_limit == 0
+
+
+def test_cluster_split_decode_gives_the_split_graphs_bits(int8_heads_hybrid, rng, monkeypatch):
+    """decode_attention.SPLIT_CLUSTER > 1: the decode step past the one pass's contexts runs
+    its attention as one launch (the split pass and the combine on thread-block clusters,
+    `launch_split_cluster`, counted), the position before the wait -- and every step's logits
+    equal the split pass + combine's; the verify-sized and prefill launches keep the two
+    kernels (not counted)."""
+    from bw24nb.kernels import decode_attention
+    src = open_model(int8_heads_hybrid)
+    prompt = [int(t) for t in rng.integers(0, src.config.vocab_size, 3)]
+    ids = [int(t) for t in rng.integers(0, src.config.vocab_size, 4)]
+
+    def run(cluster):
+        monkeypatch.setattr(decode_attention, "SPLIT_CLUSTER", cluster)
+        eng = Engine(src, n_ctx=16, k_type=QType.F16, v_type=QType.F16, log=lambda m: None)
+        eng._onepass_limit = 0
+        return _decode_all(eng, prompt, ids)
+
+    calls = []
+    real = decode_attention.launch_split_cluster
+    monkeypatch.setattr(decode_attention, "launch_split_cluster",
+                        lambda *a, **k: (calls.append(k.get("pre_wait", a[-1])), real(*a, **k)))
+    plain = run(1)
+    assert calls == []
+    clustered = run(4)
+    n_attn = sum(1 for i in range(src.config.num_hidden_layers)
+                 if src.config.layer_type(i) != "linear_attention")
+    # run once, then captured (the graph's first use), in the decode step only
+    assert len(calls) == 2 * n_attn and all(calls)
+    assert np.isfinite(plain).all()
+    np.testing.assert_array_equal(clustered.view(np.uint32), plain.view(np.uint32))

@@ -694,6 +694,41 @@ def test_combine_in_the_split_pass_is_off_without_counters_and_for_walking_grids
                                  counters=da.alloc_combine_counters(2, Hkv), split_grid=2)
 
 
+@pytest.mark.parametrize("Hq,Hkv,D,positions,n_splits,gated,slots", [
+    (14, 2, 64, (15, 100, 400), 12, True, 2),   # the 0.5B heads: 1, 7 splits, merged ones
+    (4, 2, 32, (3, 150), 12, False, 3),         # 1 and 10 splits (G = 8): rounds of 3 slots
+    (8, 1, 128, (40, 300), 3, True, 1),         # one slot (block barriers), merged splits
+    (16, 4, 256, (20, 170), 12, True, 2)])      # the 9B heads: D = 256, 4 slices
+def test_cluster_split_pass_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv, D, positions,
+                                                                   n_splits, gated, slots):
+    """launch_flash_decode(split_cluster=N): the split pass's splits on the slots of a
+    cluster's blocks, each slot on its own named barrier, then the combine by the cluster's
+    ranks (the simulator: one block a (token, KV head), walking every split on its slots and
+    combining every head) -- the output, its int8 copy and the partials of the split pass +
+    combine kernel, bit for bit; with the position before the wait too. Refused with a trace
+    or a walking grid."""
+    n_ctx = max(positions) + 1
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    T = len(positions)
+    n = T * Hq * D
+    q = cuda.to_device(rng.standard_normal((T, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.array(positions, np.int32))
+    gate = cuda.to_device((rng.standard_normal(n) * 3).astype(np.float32)) if gated else None
+    want = _gated_int8_decode(q, pos, layer, n_splits, gate)
+    for form in (dict(split_cluster=2, cluster_slots=slots),
+                 dict(split_cluster=8, cluster_slots=slots, pre_wait=True)):
+        got = _gated_int8_decode(q, pos, layer, n_splits, gate, **form)
+        assert np.isfinite(got[0]).all()
+        np.testing.assert_array_equal(got[0].view(np.uint32), want[0].view(np.uint32))
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[2].view(np.uint32), want[2].view(np.uint32))
+        ok = np.isfinite(want[3])               # the partials of the splits the plans use
+        np.testing.assert_array_equal(got[3][ok].view(np.uint32), want[3][ok].view(np.uint32))
+    with pytest.raises(ValueError, match="no `only`, trace or split_grid"):
+        _gated_int8_decode(q, pos, layer, n_splits, gate, split_cluster=2, split_grid=1)
+
+
 # tokens at several lengths: 16-key splits, so 1 .. 12 of them, groups of several splits
 # (G = 8 at D = 32, else 4), a short last split, odd counts (a warp's second half-warp idle)
 # and more pairs of splits than the one-pass kernel's warps (8 at D = 128: a warp walks two)

@@ -413,6 +413,29 @@ def test_cluster_snippets():
     assert st.opcodes[-2:] == ("mapa.shared::cluster.u32", "st.shared::cluster.f32")
 
 
+def test_named_barrier_snippet_and_slots_on_their_own_barriers(rng):
+    """bar_sync.ptx: ``bar.sync a, b`` with both operands in registers; the probe's two slots
+    each rotate their values through shared memory on their own barrier, one twice as often
+    as the other -- the twin (and the GPU) pair each slot's barriers among its own threads.
+    A count that is no multiple of 32 is refused by the twin."""
+    bar = snippet("bar_sync")
+    assert bar.asm_template == "bar.sync $0, $1;" and bar.constraints == "r,r"
+    vals = rng.standard_normal(3 * probes.SLOTS * probes.THREADS).astype(np.float32)
+    np.testing.assert_array_equal(probes.run_slot_rotate(vals), probes.slot_rotate_reference(vals))
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        from numba import cuda
+
+        from bw24nb.ptx import bar_sync
+
+        @cuda.jit
+        def odd(out):
+            bar_sync(1, 48)
+            out[cuda.threadIdx.x] = 1
+
+        with pytest.raises(ValueError, match="multiple of 32"):
+            odd[1, 64](cuda.to_device(np.zeros(64, np.int32)))
+
+
 def test_cluster_gather_runs_as_clusters_of_one_in_the_simulator(rng):
     """The probe of the cluster snippets: launched without clusters (the simulator's only
     way), every block is rank 0 of a cluster of one and gathers its own values; asking the

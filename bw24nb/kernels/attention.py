@@ -730,7 +730,7 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
                         slices=None, prefetch=None, combine_batch=None, trace=None,
                         interleave=None, direct=None, split_grid=None, spread=None,
                         counters=None, fused=None, onepass=False, store=None, early=None,
-                        cluster=None, pre_wait=False):
+                        cluster=None, pre_wait=False, split_cluster=None, cluster_slots=None):
     """Split-K decode attention over one cache layer + the deterministic combine. The split
     pass is decode_attention.py's for an F16 cache (head_dim 32 .. 256, <= 8 query heads per
     KV head), `flash_decode_split` otherwise. The split
@@ -772,7 +772,11 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
     thread-block cluster (decode_attention.ONEPASS_CLUSTER; no effect on results); pre_wait:
     the F16 split pass's position, plan and K / V prefetch before its grid-dependency wait
     (decode_attention.launch_split(pre_wait=); no effect on results) -- only for a graph with
-    no kernel writing `positions` before this launch (the engine's decode step)."""
+    no kernel writing `positions` before this launch (the engine's decode step);
+    split_cluster: N >= 1 runs the F16 split pass and the combine as one launch on
+    thread-block clusters of N blocks a (token, KV head) (decode_attention.launch_split_cluster,
+    cluster_slots four-warp split slots a block; the same bits; the simulator and GPUs without
+    clusters run one block a pair); None or 0: off."""
     if only not in (None, "split", "combine"):
         raise ValueError(f"only must be None, 'split' or 'combine', not {only!r}")
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else int(min_chunk)
@@ -823,6 +827,16 @@ def launch_flash_decode(q, positions, k_u8, k_f16, k_type, v_u8, v_f16, v_type, 
             gate, xq, xd, decode_attention.combine_order(D, combine_threads, slices), stream,
             prefetch, store=None if store is None else (*store, k_f16, v_f16), early=early,
             trace=trace, cluster=cluster)
+        return
+    if split_cluster and int(split_cluster) >= 1:
+        if not f16 or only is not None or trace is not None or walk:
+            raise ValueError("flash_decode: the cluster split pass takes an F16 cache (head_dim "
+                             "32 .. 256, <= 8 query heads a KV head), no `only`, trace or "
+                             "split_grid")
+        decode_attention.launch_split_cluster(
+            q, positions, k_u8, v_u8, _scale(scale, D), min_chunk, chunk_align, part_ml,
+            part_acc, out, gate, xq, xd, decode_attention.combine_order(D, combine_threads, slices),
+            stream, prefetch, int(split_cluster), cluster_slots, pre_wait)
         return
     if fused:
         # absent outputs get stand-ins of the right type that the kernel never touches

@@ -41,7 +41,7 @@ from numba import cuda, float32, uint32
 
 from ..device import current_features, simulator_enabled
 from ..jit import CLUSTER_MAX, kernel, launch_cluster
-from ..ptx import (clock64, cluster_arrive_relaxed, cluster_arrive_release, cluster_rank,
+from ..ptx import (bar_sync, clock64, cluster_arrive_relaxed, cluster_arrive_release, cluster_rank,
                    cluster_size, cluster_wait_acquire, f16x2_to_f32x2, global_timer,
                    grid_dependency_wait, ld_nc_v4_u32, st_cluster_f32, warp_max, warp_max16,
                    warp_max_rows, warp_sum, warp_sum16, warp_sum_rows, warp_sync)
@@ -218,6 +218,18 @@ ONEPASS_PRE_WAIT = True
 # default / split-post-wait alternating): 920.2 / 915.5 / 923.5 against 891.6 / 899.6 /
 # 903.8 tok/s @6144 (+2.3 %), @512 unchanged (the one pass serves it).
 SPLIT_PRE_WAIT = True
+# The split pass and its combine in one launch, on a thread-block cluster of this many blocks
+# a (token, KV head) (sm_90+; 1: off -- the split pass, then attention's combine kernel), each
+# block SPLIT_CLUSTER_SLOTS four-warp split slots (fewer where shared memory runs short,
+# `cluster_split_slots`): the slots take the plan's splits in turn, each with the split
+# pass's statements on its own named barrier (bar_sync.ptx), and after one cluster barrier
+# rank c merges heads c, c + N, .. of the group in the combine kernel's order -- the same
+# bits without the combine's launch, its kernel boundary and its position round trip (at
+# 6144 tokens the 0.5B's split pass spans ~13 us and its combine ~5 a layer; decision 0052).
+# For the decode step past the one pass's contexts (engine). Built in session 46 with no
+# device time left: off until run_bench split-cluster8 shows it pays.
+SPLIT_CLUSTER = 1
+SPLIT_CLUSTER_SLOTS = 4
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
 _ONEPASS_SPLITS = 256       # (m, l, w) slots: the most splits any head dim may take
@@ -304,7 +316,8 @@ def alloc_combine_counters(T: int, n_kv_heads: int):
 def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave: bool = False,
           direct: bool = False, walk: bool = False, spread: bool = False, fused: bool = False,
           onepass: bool = False, store: bool = False, early: bool = False, full: bool = True,
-          group_batch: int = 1, cluster: int = 1, warps: int = 0, pre_wait: bool = False):
+          group_batch: int = 1, cluster: int = 1, warps: int = 0, pre_wait: bool = False,
+          slots: int = 0):
     """The split kernel for R query rows and E = D / 32 dims per lane; prefetch: name the
     split's K and V rows to L2 first (PREFETCH_KV); trace: stamp TRACE_STAMPS (the same
     results; the stamps' stores are the only difference); interleave: the softmax's rows as
@@ -324,11 +337,28 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     `onepass_block_warps(D, cluster)`); pre_wait: with onepass, the position and the K / V
     prefetch before the grid-dependency wait (ONEPASS_PRE_WAIT; the same results); without
     onepass and fused, the split pass's position, plan and K / V prefetch before the wait
-    (SPLIT_PRE_WAIT, `launch_split(pre_wait=)`; the same results)."""
+    (SPLIT_PRE_WAIT, `launch_split(pre_wait=)`; the same results); slots: the cluster split
+    pass instead (`split_cluster`), blocks of that many four-warp split slots (SPLIT_CLUSTER;
+    the bits of the split pass + combine)."""
     FG = full
+    SL = 0 if onepass or fused else int(slots)      # the cluster split pass's slots a block
+    CS = SL > 0
+    NTC = THREADS * max(SL, 1)                      # its threads ...
+    NWC = WARPS * max(SL, 1)                        # ... and warps
+    # a slot's stride between its warps' accumulators in the merge buffer: the split pass
+    # keeps the one of the largest heads (its layout, unchanged), a slot of the cluster pass
+    # its head's own, so SL slots fit in shared memory (`cluster_split_slots`)
+    RDS = R * 32 * E if CS else _RD_MAX
+    _BUF_CS = max(1, SL) * WARPS * RDS
+    _P_CS = max(1, SL) * _P_SH
+    _ML_CS = max(1, SL) * _ML_SH
+    _RED_CS = NWC + _W_MAX // 32            # the warps' maxima, then the combine's L sums
+    _NSC = (_W_MAX + NTC - 1) // NTC        # splits a thread holds in combine_head
     CL = onepass and int(cluster) > 1
     PW = onepass and bool(pre_wait)
     PWS = not onepass and not fused and bool(pre_wait)      # the split pass's
+    if CS and trace:
+        raise ValueError("the cluster split pass has no traced build")
     GB = max(1, int(group_batch))
     NS = len(TRACE_STAMPS)
     NS1 = len(TRACE_STAMPS_1P)
@@ -572,14 +602,24 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         prefetch_bytes(kw if tid == 0 else vw, b0, b1)
 
     @cuda.jit(device=True, inline="always")
+    def slot_sync(slot):
+        """A barrier over the four warps of `slot`: the block's (__syncthreads) where a block
+        is one split's, named barrier slot + 1 in the cluster split pass (bar_sync.ptx)."""
+        if SL > 1:
+            bar_sync(slot + 1, THREADS)
+        else:
+            cuda.syncthreads()
+
+    @cuda.jit(device=True, inline="always")
     def _trace_base(kvh, tok, n_splits, split_i):
         return ((tok * cuda.gridDim.y + kvh) * n_splits + split_i) * 2 * NS
 
     @cuda.jit(device=True, inline="always")
     def split_body(split_i, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk, kvh,
-                   tok, n_splits, part_ml, part_acc, trace):
+                   tok, n_splits, part_ml, part_acc, trace, tid, slot):
         """Split split_i of the block's token and KV head: its keys' scores, softmax and PV
-        on the four warps, stored as the split's partial."""
+        on four warps, stored as the split's partial. tid: the thread among those four warps'
+        (the block's, but in a slot of the cluster split pass); slot: theirs (`slot_sync`)."""
         s = cuda.local.array(R, float32)
         m = cuda.local.array(R, float32)
         lsum = cuda.local.array(R, float32)
@@ -593,7 +633,6 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         v1 = cuda.local.array(GW, uint32)
         v2 = cuda.local.array(GW, uint32)
         v3 = cuda.local.array(GW, uint32)
-        tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
         tb = _trace_base(kvh, tok, n_splits, split_i)
@@ -611,7 +650,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             lsum[r] = float32(0.0)
         for i in range(RE):
             acc[i] = float32(0.0)
-        cuda.syncthreads()
+        slot_sync(slot)
         if trace_on and tid == 0:
             stamp(trace, tb, 2)
         one_tile = direct and end - begin <= TILE       # the same for the whole block
@@ -682,18 +721,18 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
             if trace_on and tid == 0:
                 stamp(trace, tb, 6)
             return
-        cuda.syncthreads()                      # every warp done with q before buf is reused
+        slot_sync(slot)                         # every warp done with q before buf is reused
         if trace_on and tid == 0:
             stamp(trace, tb, 5)
         # merge the warps in order into the split's partial (q is dead: buf holds acc now)
         for r in range(R):
             for e in range(E):
-                buf[warp * _RD_MAX + r * D + lane * E + e] = acc[r * E + e]
+                buf[warp * RDS + r * D + lane * E + e] = acc[r * E + e]
         if lane == 0:
             for r in range(R):
                 m_sh[warp * ROWS_MAX + r] = m[r]
                 l_sh[warp * ROWS_MAX + r] = lsum[r]
-        cuda.syncthreads()
+        slot_sync(slot)
         for i in range(tid, R * D, THREADS):
             r = i // D
             d = i - r * D
@@ -707,7 +746,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                 if mw != _NEG_INF:
                     f = math.exp(mw - M)
                     L += l_sh[w * ROWS_MAX + r] * f
-                    A += buf[w * _RD_MAX + i] * f
+                    A += buf[w * RDS + i] * f
             h = kvh * R + r
             part_acc[tok, h, split_i, d] = A
             if d == 0:
@@ -779,10 +818,10 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                 if split_i != first:
                     cuda.syncthreads()
                 split_body(split_i, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx,
-                           chunk, kvh, tok, n_splits, part_ml, part_acc, trace)
+                           chunk, kvh, tok, n_splits, part_ml, part_acc, trace, tid, 0)
         elif first < used:          # else the whole block leaves: the combine never reads it
             split_body(first, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk,
-                       kvh, tok, n_splits, part_ml, part_acc, trace)
+                       kvh, tok, n_splits, part_ml, part_acc, trace, tid, 0)
 
     @cuda.jit(device=True, inline="always")
     def combine_tail(tok, kvh, used, part_ml, part_acc, out, gate, xq, xd, has_gate, has_q8,
@@ -901,10 +940,148 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         first = cuda.blockIdx.x
         if first < used:            # else the whole block leaves and is not counted
             split_body(first, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk, kvh,
-                       tok, n_splits, part_ml, part_acc, trace)
+                       tok, n_splits, part_ml, part_acc, trace, tid, 0)
             cuda.syncthreads()      # every warp's stores issued (and buf free: w_sh below)
             combine_tail(tok, kvh, used, part_ml, part_acc, out, gate, xq, xd, has_gate,
                          has_q8, counters, G, buf, flag_sh, red_sh)
+
+    @cuda.jit(device=True, inline="always")
+    def combine_head(tok, kvh, r, used, part_ml, part_acc, out, gate, xq, xd, has_gate, has_q8,
+                     G, w_sh, acc_sh, red_sh):
+        """Head r of the (token, KV head)'s group from its `used` partials, on the whole
+        block (NTC threads, NWC warps), the combine kernel's steps in its order (as
+        `combine_tail`, whose comments say why each matches):
+          1. M = max m_s over the visible splits (l_s > 0);
+          2. w_s = exp(m_s - M); L = the combine's warps of 32 splits each summed by warp_sum
+             (warp w here takes the combine's warps w, w + NWC, ..), then in warp order;
+          3. output d: group g of G sums splits g, g + G, .. ascending (thread (g, d) of the
+             block, into acc_sh), the groups' sums added in group order, / L; the gate and
+             the int8 copy (a warp: 32 consecutive dims of the head).
+        Every thread calls it (block barriers); it ends on one, so the next head may reuse
+        w_sh, acc_sh and red_sh."""
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        h = kvh * R + r
+        ms = cuda.local.array(_NSC, float32)
+        lv = cuda.local.array(_NSC, float32)
+        m = _NEG_INF
+        for k in range(_NSC):
+            s0 = tid + k * NTC
+            ms[k] = _NEG_INF
+            lv[k] = float32(0.0)
+            if s0 < used:
+                ms[k] = part_ml[tok, h, s0, 0]
+                lv[k] = part_ml[tok, h, s0, 1]
+                if lv[k] > float32(0.0):
+                    m = max(m, ms[k])
+        M = block_max(m, red_sh, lane, warp, NWC)
+        cuda.syncthreads()                  # red_sh read before it holds the L sums
+        nv = (used + 31) // 32              # the combine's warps that hold a used split
+        for k in range(_NSC):
+            cw = warp + k * NWC             # the combine's warp cw: splits 32 cw + ..
+            if cw < nv:                     # (warp-uniform: warp_sum takes every lane)
+                s0 = tid + k * NTC
+                wv = float32(0.0)
+                ls = float32(0.0)
+                if s0 < used:
+                    if lv[k] > float32(0.0):
+                        wv = float32(math.exp(ms[k] - M))
+                    ls = lv[k] * wv
+                    w_sh[s0] = wv
+                ls = warp_sum(ls)
+                if lane == 0:
+                    red_sh[NWC + cw] = ls
+        cuda.syncthreads()
+        L = red_sh[NWC]
+        for cw in range(1, nv):
+            L += red_sh[NWC + cw]
+        xs = cuda.local.array(COMBINE_BATCH, float32)
+        for i in range(tid, G * D, NTC):
+            g = i // D
+            d = i - g * D
+            a = float32(0.0)
+            n_mine = (used - g + G - 1) // G if g < used else 0
+            for b in range(0, n_mine, COMBINE_BATCH):
+                for j in range(COMBINE_BATCH):
+                    xs[j] = float32(0.0)
+                    if b + j < n_mine:
+                        xs[j] = part_acc[tok, h, g + G * (b + j), d]
+                for j in range(COMBINE_BATCH):
+                    if b + j < n_mine:
+                        a += xs[j] * w_sh[g + G * (b + j)]
+            acc_sh[g * D + d] = a
+        cuda.syncthreads()
+        for d in range(tid, D, NTC):        # whole warps: D % 32 == 0
+            total = acc_sh[d]
+            for g in range(1, G):
+                total += acc_sh[g * D + d]
+            v = total / L
+            o = (tok * cuda.gridDim.y * R + h) * D + d       # flat [T, Hq, D]
+            if has_gate:
+                v = v * sigmoid(gate[o])
+            out[tok, h, d] = v
+            if has_q8:
+                code, qs = q8_code(v, warp_max(abs(v)))
+                xq[o] = code
+                if (d & 31) == 0:
+                    xd[o >> 5] = qs
+        cuda.syncthreads()
+
+    def split_cluster(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml,
+                      part_acc, out, gate, xq, xd, has_gate, has_q8, G):
+        """The split pass and the combine in one launch: a thread-block cluster a (token, KV
+        head) (grid (N, Hkv, T), clusters of N along x; one block in the simulator), blocks of
+        SL four-warp slots. Slot s of rank c runs splits c SL + s, + N SL, .. of the plan, each
+        with `split_body`'s statements (so the split pass's partials, bit for bit) on its own
+        named barrier; after one cluster barrier (the partials' stores released to the
+        cluster, acquired by every block) rank c combines heads c, c + N, .. of the group with
+        `combine_head` (the combine kernel's bits). With PWS the position, plan and prefetch
+        come before the grid-dependency wait, as in `split`."""
+        buf_all = cuda.shared.array(_BUF_CS, float32)   # the slots' q rows / merge buffers,
+        p_all = cuda.shared.array(_P_CS, float32)       # after the barrier the group sums
+        m_all = cuda.shared.array(_ML_CS, float32)
+        l_all = cuda.shared.array(_ML_CS, float32)
+        w_sh = cuda.shared.array(_W_MAX, float32)
+        red_sh = cuda.shared.array(_RED_CS, float32)
+        qv = cuda.local.array(NQ, float32)
+        n_splits = part_ml.shape[2]
+        kvh = cuda.blockIdx.y
+        tok = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        slot = tid // THREADS
+        stid = tid - slot * THREADS
+        crank = cluster_rank()
+        csize = cluster_size()
+        first = crank * SL + slot
+        stride = csize * SL
+        if PWS:
+            n_ctx, chunk, used = _split_plan(positions[tok], ctx, n_splits, min_chunk,
+                                             chunk_align)
+            if prefetch and (stid == 0 or stid == 32):
+                head_word = np.int64(kvh) * ctx * DW
+                for split_i in range(first, used, stride):
+                    prefetch_split(kw, vw, head_word, split_i * chunk,
+                                   min(split_i * chunk + chunk, n_ctx), stid)
+            grid_dependency_wait()
+            q_rows(q, qv, kvh, tok, stid)
+        else:
+            n_ctx, chunk, used = q_rows_and_plan(q, positions, qv, ctx, n_splits, min_chunk,
+                                                 chunk_align, kvh, tok, stid)
+        buf = buf_all[slot * WARPS * RDS:(slot + 1) * WARPS * RDS]
+        p_sh = p_all[slot * _P_SH:(slot + 1) * _P_SH]
+        m_sh = m_all[slot * _ML_SH:(slot + 1) * _ML_SH]
+        l_sh = l_all[slot * _ML_SH:(slot + 1) * _ML_SH]
+        for split_i in range(first, used, stride):
+            if split_i != first:
+                slot_sync(slot)     # the last split's readers of buf done before q's store
+            split_body(split_i, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk,
+                       kvh, tok, n_splits, part_ml, part_acc, part_ml, stid, slot)
+        cluster_arrive_release()    # this thread's partials' stores, released to the cluster
+        cluster_wait_acquire()      # every block's, visible here
+        for r in range(crank, R, csize):
+            combine_head(tok, kvh, r, used, part_ml, part_acc, out, gate, xq, xd, has_gate,
+                         has_q8, G, w_sh, buf_all, red_sh)
 
     @cuda.jit(device=True, inline="always")
     def pv_row(acc, vraw, j0, nk, p_sh, pb, lane, warp):
@@ -1294,6 +1471,10 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     if fused:
         split_fused.__name__ = split_fused.__qualname__ = name
         return kernel(split_fused)
+    if CS:
+        split_cluster.__name__ = split_cluster.__qualname__ = name + f"_cs{SL}"
+        # SL slots of 128 threads share an SM's 64K registers (the split pass takes 128)
+        return kernel(split_cluster, own_wait=PWS, max_registers=min(255, 65536 // NTC))
     split.__name__ = split.__qualname__ = name
     return kernel(split, own_wait=PWS)
 
@@ -1315,6 +1496,30 @@ def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
            bool(spread) and bool(direct), bool(fused), bool(FULL_GROUPS), bool(pre_wait))
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key[:-2], full=key[-2], pre_wait=key[-1])
+    return _KERNELS[key]
+
+
+def cluster_split_slots(R: int, D: int) -> int:
+    """Four-warp split slots a block of the cluster split pass takes for R query rows of D
+    dims: SPLIT_CLUSTER_SLOTS, fewer where their merge buffers (4 R D floats a slot) and
+    softmax rows would pass 46 KB of static shared memory; at least 1."""
+    per_slot = 4 * (WARPS * R * D + _P_SH + 2 * _ML_SH)
+    fixed = 4 * (_W_MAX + WARPS * SPLIT_CLUSTER_SLOTS + _W_MAX // 32)
+    return max(1, min(SPLIT_CLUSTER_SLOTS, (46 * 1024 - fixed) // per_slot))
+
+
+def cluster_split_kernel(R: int, E: int, slots: int, prefetch: bool = True,
+                         pre_wait: bool = False):
+    """The (R, E) cluster split pass (`split_cluster`) on blocks of `slots` split slots,
+    built on first request with the split pass's defaults (ONE_TILE_DIRECT, ONE_TILE_SPREAD,
+    INTERLEAVE_ROWS, FULL_GROUPS: the same bits whichever); pre_wait: SPLIT_PRE_WAIT's form."""
+    D = 32 * E
+    spread = ONE_TILE_SPREAD and D <= ONE_TILE_SPREAD_MAX_D
+    key = ("cs", R, E, int(slots), bool(prefetch), bool(INTERLEAVE_ROWS), bool(ONE_TILE_DIRECT),
+           bool(spread), bool(FULL_GROUPS), bool(pre_wait))
+    if key not in _KERNELS:
+        _KERNELS[key] = _make(R, E, bool(prefetch), interleave=key[5], direct=key[6],
+                              spread=key[7], full=key[8], pre_wait=key[9], slots=key[3])
     return _KERNELS[key]
 
 
@@ -1414,6 +1619,50 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
         k[(Hq, T), block, stream](*args)
 
 
+def launch_split_cluster(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml,
+                         part_acc, out, gate, xq, xd, G, stream=0, prefetch=None,
+                         cluster=None, slots=None, pre_wait=False):
+    """The cluster split pass (`split_cluster`): the split pass and its combine in one launch,
+    the bits of `launch_split` + attention's combine kernel for G = `combine_order(D, ..)`
+    (gate, xq / xd as launch_flash_decode takes them; None: absent). part_ml / part_acc:
+    the partials' workspace, as for the split pass. cluster: blocks a (token, KV head)
+    (default SPLIT_CLUSTER; <= jit.CLUSTER_MAX; on a GPU without clusters and in the
+    simulator one block a pair runs every split); slots: a block's four-warp split slots
+    (default `cluster_split_slots`); pre_wait: SPLIT_PRE_WAIT's form (only where no kernel of
+    the graph writes `positions` before this launch, as `launch_split`)."""
+    T, Hq, D = q.shape
+    Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
+    R, E = Hq // Hkv, D // 32
+    n_splits = part_ml.shape[2]
+    n = max(1, int(SPLIT_CLUSTER if cluster is None else cluster))
+    if n > CLUSTER_MAX:
+        raise ValueError(f"launch_split_cluster: clusters of at most {CLUSTER_MAX} blocks "
+                         f"(portable), not {n}")
+    sl = cluster_split_slots(R, D) if slots is None else int(slots)
+    if sl < 1 or sl > 15:
+        raise ValueError(f"launch_split_cluster: 1 .. 15 slots a block (named barriers), not {sl}")
+    if n_splits > _W_MAX:
+        raise ValueError(f"launch_split_cluster: at most {_W_MAX} splits, not {n_splits}")
+    if G * D > sl * WARPS * R * D:
+        raise ValueError(f"launch_split_cluster: the combine's {G} groups of {D} dims do not "
+                         f"fit {sl} slots' buffers")
+    kw = k_u8.reshape(k_u8.size).view(np.uint32)
+    vw = v_u8.reshape(v_u8.size).view(np.uint32)
+    stand = part_ml.reshape(part_ml.size)
+    k = cluster_split_kernel(R, E, sl, PREFETCH_KV if prefetch is None else bool(prefetch),
+                             bool(pre_wait))
+    args = (q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
+            np.int32(chunk_align), part_ml, part_acc, out,
+            stand if gate is None else gate.reshape(gate.size),
+            stand.view(np.int8) if xq is None else xq.reshape(xq.size),
+            stand if xd is None else xd.reshape(xd.size),
+            np.int32(gate is not None), np.int32(xq is not None), np.int32(G))
+    if n > 1 and not simulator_enabled() and current_features().clusters:
+        launch_cluster(k, (n, Hkv, T), THREADS * sl, n, stream, *args)
+    else:
+        k[(1, Hkv, T), THREADS * sl, stream](*args)
+
+
 def walks(grid) -> bool:
     """Whether `launch_split(grid=)` takes this many blocks a (token, KV head): any count >= 1."""
     return grid is not None and int(grid) >= 1
@@ -1511,6 +1760,11 @@ flash_decode_f16_r7_e2_1ps_ld_c4 = onepass_kernel(7, 2, store=True, early=True, 
 flash_decode_f16_r4_e8_1ps_ld_c2 = onepass_kernel(4, 8, store=True, early=True, cluster=2)
 flash_decode_f16_r7_e2_1ps_ld_c2_pw = onepass_kernel(7, 2, store=True, early=True, cluster=2,
                                                      pre_wait=True)
+# the cluster split pass (its combine's outputs as the fused split pass's, without counters)
+_SIG_CS = _SIG[:-len(", uint64[::1])")] + (", float32[:, :, ::1], float32[::1], int8[::1], "
+                                           "float32[::1], int32, int32, int32)")
+flash_decode_f16_r7_e2_cs3_pw = cluster_split_kernel(7, 2, 3, pre_wait=True)    # the 0.5B heads
+flash_decode_f16_r4_e8_cs2 = cluster_split_kernel(4, 8, 2)                      # the 9B heads
 _SIG_1P = ("void(float32[:, :, ::1], int32[::1], uint32[::1], uint32[::1], int32, float32, int32, "
            "int32, int32, float32[:, :, ::1], float32[::1], int8[::1], float32[::1], int32, int32, "
            "int32)")
@@ -1531,10 +1785,14 @@ PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_
                   "flash_decode_f16_r7_e2_1t_spread": [_SIG],
                   "flash_decode_f16_r4_e8_1t_spread": [_SIG],
                   "flash_decode_f16_r7_e2_1t_spread_fused": [_SIG_FUSED],
-                  "flash_decode_f16_r4_e8_1t_fused": [_SIG_FUSED]}
+                  "flash_decode_f16_r4_e8_1t_fused": [_SIG_FUSED],
+                  "flash_decode_f16_r7_e2_cs3_pw": [_SIG_CS], "flash_decode_f16_r4_e8_cs2": [_SIG_CS]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]
+for _name in ("flash_decode_f16_r7_e2_cs3_pw", "flash_decode_f16_r4_e8_cs2"):
+    EXPECTED_PTX[_name] += ["bar.sync", "%cluster_ctarank", "barrier.cluster.arrive.release.aligned",
+                            "barrier.cluster.wait.acquire.aligned"]
 EXPECTED_PTX["flash_decode_f16_r7_e2_1ps_trace"] += ["%clock64", "%globaltimer"]
 for _name in ("flash_decode_f16_r7_e2_1ps_ld_c4", "flash_decode_f16_r4_e8_1ps_ld_c2",
               "flash_decode_f16_r7_e2_1ps_ld_c2_pw"):

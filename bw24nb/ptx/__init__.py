@@ -39,6 +39,8 @@
     cp_async_commit()   close this thread's group of copies, and
     cp_async_wait_1() / cp_async_wait_0()   wait until at most 1 / 0 of its groups are in
         flight (then a barrier for the block to see them)
+    bar_sync(barrier, threads)   ``bar.sync``: named barrier 1 .. 15 over `threads` threads
+        (a multiple of 32) -- a barrier over part of a block (bar_sync.ptx)
     cluster_rank() -> int32, cluster_size() -> int32   this block's rank in its thread-block
         cluster and the cluster's blocks (``%cluster_ctarank`` / ``%cluster_nctarank``; 0 and 1
         launched without a cluster, jit.launch_cluster launches with one; sm_90+)
@@ -82,6 +84,7 @@ from bw24nb.device import current_features, simulator_enabled
 
 if simulator_enabled():
     from bw24nb.ptx.twins import (  # noqa: F401
+        bar_sync,
         byte_perm,
         clock64,
         cluster_arrive_relaxed,
@@ -135,6 +138,7 @@ else:
     from bw24nb.ptx.asm import (  # noqa: F401
         FP4_BITS,
         FP4_CVT,
+        bar_sync,
         byte_perm,
         clock64,
         cluster_arrive_relaxed,

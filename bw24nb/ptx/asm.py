@@ -438,6 +438,28 @@ cp_async_wait_0 = _barrier_asm_intrinsic(
     "cp_async_wait_0", "``cp.async.wait_group 0``: all of this thread's groups landed.")
 
 
+# --- named barrier ----------------------------------------------------------------------------
+
+_BAR_SYNC = snippet("bar_sync")
+
+
+@intrinsic
+def bar_sync(typingctx, barrier, threads):
+    """``bar.sync barrier, threads``: named barrier `barrier` (1 .. 15) over `threads` threads
+    (a multiple of 32; bar_sync.ptx says why). A volatile asm with a memory clobber: no load
+    or store crosses it."""
+    _require_integers("bar_sync", barrier, threads)
+
+    def codegen(context, builder, sig, args):
+        ins = [_as_i32(context, builder, v, t) for v, t in zip(args, sig.args)]
+        fnty = ir.FunctionType(ir.VoidType(), [_I32, _I32])
+        builder.call(ir.InlineAsm(fnty, _BAR_SYNC.asm_template,
+                                  _BAR_SYNC.constraints + ",~{memory}", side_effect=True), ins)
+        return context.get_dummy_value()
+
+    return types.none(barrier, threads), codegen
+
+
 # --- L2 prefetch ------------------------------------------------------------------------------
 
 _PREFETCH_L2 = snippet("prefetch_l2")

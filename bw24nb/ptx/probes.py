@@ -13,6 +13,7 @@ from numba import cuda, float32
 
 from bw24nb.jit import CLUSTER_MAX
 from bw24nb.ptx import (
+    bar_sync,
     byte_perm,
     cluster_arrive_relaxed,
     cluster_arrive_release,
@@ -211,6 +212,7 @@ PTX_SIGNATURES = {
     "ld_nc_v2_kernel": ["void(float32[::1], float32[::1])"],
     "cp_async_kernel": ["void(uint32[::1], uint32[::1])"],
     "cluster_gather_kernel": ["void(float32[::1], int32[::1], float32[::1])"],
+    "slot_rotate_kernel": ["void(float32[::1], float32[::1])"],
 }
 EXPECTED_PTX = {
     "dp4a_kernel": ["dp4a.s32.s32"],
@@ -232,6 +234,7 @@ EXPECTED_PTX = {
                               "barrier.cluster.arrive.release.aligned",
                               "barrier.cluster.wait.acquire.aligned", "mapa.shared::cluster.u32",
                               "st.shared::cluster.f32"],
+    "slot_rotate_kernel": ["bar.sync"],
 }
 # .ptx files a kernel's PTX must be linked with (for assembling it without a GPU).
 LINKS = {
@@ -385,3 +388,45 @@ def run_cluster_gather(vals, cluster: int) -> tuple[np.ndarray, np.ndarray]:
         launch_cluster(cluster_gather_kernel, (blocks,), THREADS, cluster, 0, out, ranks, dv)
     cuda.synchronize()
     return out.copy_to_host(), ranks.copy_to_host()
+
+
+SLOTS = 2       # slot_rotate_kernel: slots of THREADS threads a block
+
+
+@cuda.jit
+def slot_rotate_kernel(out, vals):
+    """Blocks of SLOTS slots of THREADS threads, each slot on its own named barrier (slot + 1,
+    bar_sync): slot s rotates its THREADS values by one place s + 1 times through shared
+    memory, a barrier after each store and after each read -- so the slots pass different
+    numbers of barriers, which a block-wide barrier could not pair (bar_sync.ptx)."""
+    sh = cuda.shared.array(SLOTS * THREADS, float32)
+    tid = cuda.threadIdx.x
+    slot = tid // THREADS
+    t = tid - slot * THREADS
+    base = slot * THREADS
+    v = vals[cuda.blockIdx.x * SLOTS * THREADS + tid]
+    for _ in range(slot + 1):
+        sh[base + t] = v
+        bar_sync(slot + 1, THREADS)
+        v = sh[base + (t + 1) % THREADS]
+        bar_sync(slot + 1, THREADS)
+    out[cuda.blockIdx.x * SLOTS * THREADS + tid] = v
+
+
+def run_slot_rotate(vals) -> np.ndarray:
+    """`slot_rotate_kernel` over float32 vals (a multiple of SLOTS * THREADS values, a block
+    per SLOTS * THREADS), out poisoned with NaN."""
+    vals = np.ascontiguousarray(vals, np.float32)
+    n = SLOTS * THREADS
+    if vals.size % n:
+        raise ValueError(f"run_slot_rotate: {vals.size} values are not whole blocks of {n}")
+    out = cuda.to_device(np.full(vals.size, np.nan, np.float32))
+    slot_rotate_kernel[vals.size // n, n](out, cuda.to_device(vals))
+    cuda.synchronize()
+    return out.copy_to_host()
+
+
+def slot_rotate_reference(vals) -> np.ndarray:
+    """What `slot_rotate_kernel` computes: slot s's values rotated left by s + 1 places."""
+    v = np.asarray(vals, np.float32).reshape(-1, SLOTS, THREADS)
+    return np.stack([np.roll(v[:, s], -(s + 1), axis=1) for s in range(SLOTS)], 1).reshape(-1)

@@ -199,6 +199,49 @@ def st_cluster_f32(array, index, rank, value) -> None:
     array[index] = np.float32(value)
 
 
+# --- named barrier ----------------------------------------------------------------------------
+
+
+class _NamedBarrier:
+    """The threads of one simulated block parked in named barrier `barrier` until `threads`
+    of them have arrived (``bar.sync barrier, threads``)."""
+
+    def __init__(self, barrier: int, threads: int):
+        self.name = f"bar.sync {barrier}, {threads}"
+        self.threads = threads
+        self.waiting: list = []
+        self.arrived = 0        # (simfast's hang report looks for warp rendezvous only)
+
+
+def bar_sync(barrier, threads) -> None:
+    """``bar.sync``: park until `threads` threads of the block have reached barrier `barrier`
+    (1 .. 15; the same count from each), then all go on. Other threads -- in syncthreads, in
+    other named barriers -- are not counted, as on the GPU."""
+    thread = simfast.current_thread()
+    manager = getattr(thread, "_manager", None)
+    if manager is None:
+        raise RuntimeError("bar_sync's twin runs inside a simulated kernel")
+    b, n = int(barrier), int(threads)
+    nthreads = int(np.prod(manager._block_dim))
+    if not 1 <= b <= 15 or n <= 0 or n % 32 or n > nthreads:
+        raise ValueError(f"bar_sync({b}, {n}): barrier 1 .. 15 over a multiple of 32 threads "
+                         f"<= the block's {nthreads}")
+    key = ("bar", b)
+    bar = manager.exchanges.get(key)
+    if bar is None:
+        bar = manager.exchanges[key] = _NamedBarrier(b, n)
+    if bar.threads != n:
+        raise ValueError(f"bar_sync({b}, {n}) while {len(bar.waiting)} threads wait in "
+                         f"{bar.name}: one count a barrier")
+    if len(bar.waiting) + 1 < n:
+        bar.waiting.append(thread)
+        manager.park(thread, bar)
+        return None
+    waiting, bar.waiting = bar.waiting, []
+    manager.wake(waiting)
+    return None
+
+
 # --- cp.async ----------------------------------------------------------------------------------
 
 
