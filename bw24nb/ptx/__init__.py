@@ -189,7 +189,7 @@ __all__ = [
     "warp_sync", "clock64", "global_timer",
     "cp_async_16", "cp_async_commit", "cp_async_wait_1", "cp_async_wait_0",
     "cluster_rank", "cluster_size", "cluster_arrive_relaxed", "cluster_arrive_release",
-    "cluster_wait_acquire", "st_cluster_f32",
+    "cluster_wait_acquire", "st_cluster_f32", "bar_sync",
     "warp_sum16", "warp_sum8", "warp_sum4", "warp_max16", "warp_max4", "warp_max_rows", "warp_sum_rows",
     "fp4x2_to_f16x2", "fp4x2_to_f32x2", "fp4_e2m1_to_f32",
     "dp4a_linked", "mma_s8_m16n8k32_linked", "fp4x2_to_f16x2_bits_linked",
