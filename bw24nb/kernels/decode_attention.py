@@ -1473,8 +1473,10 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         return kernel(split_fused)
     if CS:
         split_cluster.__name__ = split_cluster.__qualname__ = name + f"_cs{SL}"
-        # SL slots of 128 threads share an SM's 64K registers (the split pass takes 128)
-        return kernel(split_cluster, own_wait=PWS, max_registers=min(255, 65536 // NTC))
+        # SL slots of 128 threads share an SM's 64K registers (the split pass takes 128),
+        # which a thread is given in units of 8 (384 threads: 170 would be 176, too many)
+        return kernel(split_cluster, own_wait=PWS,
+                      max_registers=min(255, (65536 // NTC) // 8 * 8))
     split.__name__ = split.__qualname__ = name
     return kernel(split, own_wait=PWS)
 
