@@ -41,7 +41,7 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   attn<S>split+e@<P> the split pass, then the one-thread kernel `empty` runs
   .../mc<V>          the same with the split plan's min_chunk V (--min-chunks)
   .../npf            attention or its split with the split's K / V prefetch off
-  .../cs<N>          attention as one launch on clusters of N = 2, 4, 8 blocks a KV head
+  .../cs<N>          attention as one launch on clusters of N = 2, 4, 8, 16 blocks a KV head
                      (decode_attention.SPLIT_CLUSTER, the position before the wait; the same
                      results)
   .../pw             attention or its split with the split's position, plan and prefetch
@@ -174,7 +174,7 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
             "split+e": split_then_empty, "/npf": attend(None, False),
             "/pw": attend(None, pre_wait=True), "split/pw": attend("split", pre_wait=True),
             **{f"/cs{n}": lambda i, n=n: run(min_chunk=mc, split_cluster=n, pre_wait=True)
-               for n in (2, 4, 8)},
+               for n in (2, 4, 8, 16)},
             "split/npf": attend("split", False), "/il": attend(None, None, True),
             "split/il": attend("split", None, True), "/merge": attend(None, direct=False),
             "split/merge": attend("split", direct=False),

@@ -692,14 +692,14 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 "split-post-wait": [("bw24nb.kernels.decode_attention", "SPLIT_PRE_WAIT",
                                      False)],
                 # ... and with its combine in one launch on clusters of n blocks a (token, KV
-                # head), of s four-warp split slots each ("split-clusterN", s the default
-                # `cluster_split_slots`; "split-clusterNsS")
+                # head; 16: non-portable), of s four-warp split slots each ("split-clusterN",
+                # s the default `cluster_split_slots`; "split-clusterNsS")
                 **{f"split-cluster{n}": [("bw24nb.kernels.decode_attention", "SPLIT_CLUSTER",
-                                          n)] for n in (2, 4, 8)},
+                                          n)] for n in (2, 4, 8, 16)},
                 **{f"split-cluster{n}s{sl}": [
                     ("bw24nb.kernels.decode_attention", "SPLIT_CLUSTER", n),
                     ("bw24nb.kernels.decode_attention", "SPLIT_CLUSTER_SLOTS", sl)]
-                   for n in (4, 8) for sl in (1, 2, 4)},
+                   for n in (4, 8, 16) for sl in (1, 2, 4)},
                 # rows split over more warps while each keeps >= 256 values (the rule before
                 # session 41; the default keeps >= 512)
                 "split-k512": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 512)],

@@ -135,12 +135,16 @@ def waiting_kernel(fn, wait: bool = True):
 
 
 CLUSTER_MAX = 8     # blocks a thread-block cluster may hold on any GPU that has them (portable)
+CLUSTER_MAX_NON_PORTABLE = 16   # ... on the H100 / H200 with the kernel's non-portable opt-in
 
 
-def launch_cluster(dispatcher, grid, block, cluster: int, stream, *args) -> None:
+def launch_cluster(dispatcher, grid, block, cluster: int, stream, *args,
+                   non_portable: bool = False) -> None:
     """``dispatcher[grid, block, stream](*args)`` with its blocks grouped into thread-block
     clusters of `cluster` consecutive blocks along x (sm_90+; 1 .. CLUSTER_MAX, grid[0] a
-    multiple of it): what ``dispatcher[...]`` does (the kernel compiled, or loaded from the
+    multiple of it; non_portable: up to CLUSTER_MAX_NON_PORTABLE, the kernel's
+    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set first, which only some GPUs can
+    schedule -- the H100 / H200, a cluster a GPC): what ``dispatcher[...]`` does (the kernel compiled, or loaded from the
     disk cache, for the arguments' types, and its arguments marshalled), launched through
     cuda.core with a cluster dimension (cuLaunchKernelEx). Captured into a graph like any launch. numba-cuda has no
     launch option for clusters, so this reaches into its launch path (`_Kernel._prepare_args`,
@@ -149,9 +153,10 @@ def launch_cluster(dispatcher, grid, block, cluster: int, stream, *args) -> None
 
     grid, block = normalize_kernel_dimensions(grid, block)      # numba's own launch does this
     n = int(cluster)
-    if not 1 <= n <= CLUSTER_MAX:
-        raise ValueError(f"launch_cluster: clusters of 1 .. {CLUSTER_MAX} blocks (portable), "
-                         f"not {n}")
+    top = CLUSTER_MAX_NON_PORTABLE if non_portable else CLUSTER_MAX
+    if not 1 <= n <= top:
+        raise ValueError(f"launch_cluster: clusters of 1 .. {top} blocks "
+                         f"({'non-portable' if non_portable else 'portable'}), not {n}")
     if grid[0] % n:
         raise ValueError(f"launch_cluster: grid {grid} is not whole clusters of {n} blocks")
     if simulator_enabled():
@@ -166,7 +171,13 @@ def launch_cluster(dispatcher, grid, block, cluster: int, stream, *args) -> None
     for ty, value in zip(kern.argument_types, args):
         kern._prepare_args(ty, value, core_stream, retr, kernelargs)
     config = LaunchConfig(grid=(grid[0] // n, grid[1], grid[2]), cluster=(n, 1, 1), block=block)
-    launch(core_stream, config, kern._codelibrary.get_cufunc().kernel, *kernelargs)
+    cufunc = kern._codelibrary.get_cufunc()
+    if n > CLUSTER_MAX:
+        # as numba's own set_shared_memory_carveout sets a kernel attribute (cuKernelSetAttribute)
+        from numba.cuda.cudadrv.driver import binding
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        driver.driver.cuKernelSetAttribute(attr, 1, cufunc.handle, cufunc.device.id)
+    launch(core_stream, config, cufunc.kernel, *kernelargs)
     for writeback in retr:
         writeback()
 

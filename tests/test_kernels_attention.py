@@ -705,8 +705,9 @@ def test_cluster_split_pass_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv,
     cluster's blocks, each slot on its own named barrier, then the combine by the cluster's
     ranks (the simulator: one block a (token, KV head), walking every split on its slots and
     combining every head) -- the output, its int8 copy and the partials of the split pass +
-    combine kernel, bit for bit; with the position before the wait too. Refused with a trace
-    or a walking grid."""
+    combine kernel, bit for bit; with the position before the wait too (and 16 blocks, which
+    the GPU launches as non-portable clusters). Refused with a trace, a walking grid or more
+    than 16 blocks."""
     n_ctx = max(positions) + 1
     cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
     layer = cache.layer(0)
@@ -717,7 +718,7 @@ def test_cluster_split_pass_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv,
     gate = cuda.to_device((rng.standard_normal(n) * 3).astype(np.float32)) if gated else None
     want = _gated_int8_decode(q, pos, layer, n_splits, gate)
     for form in (dict(split_cluster=2, cluster_slots=slots),
-                 dict(split_cluster=8, cluster_slots=slots, pre_wait=True)):
+                 dict(split_cluster=16, cluster_slots=slots, pre_wait=True)):
         got = _gated_int8_decode(q, pos, layer, n_splits, gate, **form)
         assert np.isfinite(got[0]).all()
         np.testing.assert_array_equal(got[0].view(np.uint32), want[0].view(np.uint32))
@@ -727,6 +728,8 @@ def test_cluster_split_pass_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv,
         np.testing.assert_array_equal(got[3][ok].view(np.uint32), want[3][ok].view(np.uint32))
     with pytest.raises(ValueError, match="no `only`, trace or split_grid"):
         _gated_int8_decode(q, pos, layer, n_splits, gate, split_cluster=2, split_grid=1)
+    with pytest.raises(ValueError, match="at most 16 blocks"):
+        _gated_int8_decode(q, pos, layer, n_splits, gate, split_cluster=17)
 
 
 # tokens at several lengths: 16-key splits, so 1 .. 12 of them, groups of several splits

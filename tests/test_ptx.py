@@ -452,6 +452,9 @@ def test_cluster_gather_runs_as_clusters_of_one_in_the_simulator(rng):
         launch_cluster(probes.cluster_gather_kernel, (3,), probes.THREADS, 2, 0)
     with pytest.raises(ValueError, match=r"clusters of 1 \.\. 8 blocks \(portable\), not 16"):
         launch_cluster(probes.cluster_gather_kernel, (16,), probes.THREADS, 16, 0)
+    with pytest.raises(ValueError, match=r"1 \.\. 16 blocks \(non-portable\), not 32"):
+        launch_cluster(probes.cluster_gather_kernel, (32,), probes.THREADS, 32, 0,
+                       non_portable=True)
 
 
 @requires_gpu

@@ -40,7 +40,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..device import current_features, simulator_enabled
-from ..jit import CLUSTER_MAX, kernel, launch_cluster
+from ..jit import CLUSTER_MAX, CLUSTER_MAX_NON_PORTABLE, kernel, launch_cluster
 from ..ptx import (bar_sync, clock64, cluster_arrive_relaxed, cluster_arrive_release, cluster_rank,
                    cluster_size, cluster_wait_acquire, f16x2_to_f32x2, global_timer,
                    grid_dependency_wait, ld_nc_v4_u32, st_cluster_f32, warp_max, warp_max16,
@@ -1628,8 +1628,9 @@ def launch_split_cluster(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align
     the bits of `launch_split` + attention's combine kernel for G = `combine_order(D, ..)`
     (gate, xq / xd as launch_flash_decode takes them; None: absent). part_ml / part_acc:
     the partials' workspace, as for the split pass. cluster: blocks a (token, KV head)
-    (default SPLIT_CLUSTER; <= jit.CLUSTER_MAX; on a GPU without clusters and in the
-    simulator one block a pair runs every split); slots: a block's four-warp split slots
+    (default SPLIT_CLUSTER; <= jit.CLUSTER_MAX, or up to CLUSTER_MAX_NON_PORTABLE as
+    non-portable clusters, which the H100 / H200 schedule a GPC each; on a GPU without
+    clusters and in the simulator one block a pair runs every split); slots: a block's four-warp split slots
     (default `cluster_split_slots`); pre_wait: SPLIT_PRE_WAIT's form (only where no kernel of
     the graph writes `positions` before this launch, as `launch_split`)."""
     T, Hq, D = q.shape
@@ -1637,9 +1638,9 @@ def launch_split_cluster(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align
     R, E = Hq // Hkv, D // 32
     n_splits = part_ml.shape[2]
     n = max(1, int(SPLIT_CLUSTER if cluster is None else cluster))
-    if n > CLUSTER_MAX:
-        raise ValueError(f"launch_split_cluster: clusters of at most {CLUSTER_MAX} blocks "
-                         f"(portable), not {n}")
+    if n > CLUSTER_MAX_NON_PORTABLE:
+        raise ValueError(f"launch_split_cluster: clusters of at most {CLUSTER_MAX_NON_PORTABLE} "
+                         f"blocks (non-portable above {CLUSTER_MAX}), not {n}")
     sl = cluster_split_slots(R, D) if slots is None else int(slots)
     if sl < 1 or sl > 15:
         raise ValueError(f"launch_split_cluster: 1 .. 15 slots a block (named barriers), not {sl}")
@@ -1660,7 +1661,8 @@ def launch_split_cluster(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align
             stand if xd is None else xd.reshape(xd.size),
             np.int32(gate is not None), np.int32(xq is not None), np.int32(G))
     if n > 1 and not simulator_enabled() and current_features().clusters:
-        launch_cluster(k, (n, Hkv, T), THREADS * sl, n, stream, *args)
+        launch_cluster(k, (n, Hkv, T), THREADS * sl, n, stream, *args,
+                       non_portable=n > CLUSTER_MAX)
     else:
         k[(1, Hkv, T), THREADS * sl, stream](*args)
 

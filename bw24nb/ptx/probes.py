@@ -391,6 +391,7 @@ def run_cluster_gather(vals, cluster: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 SLOTS = 2       # slot_rotate_kernel: slots of THREADS threads a block
+_SLOT_VALUES = SLOTS * THREADS
 
 
 @cuda.jit
@@ -399,7 +400,7 @@ def slot_rotate_kernel(out, vals):
     bar_sync): slot s rotates its THREADS values by one place s + 1 times through shared
     memory, a barrier after each store and after each read -- so the slots pass different
     numbers of barriers, which a block-wide barrier could not pair (bar_sync.ptx)."""
-    sh = cuda.shared.array(SLOTS * THREADS, float32)
+    sh = cuda.shared.array(_SLOT_VALUES, float32)
     tid = cuda.threadIdx.x
     slot = tid // THREADS
     t = tid - slot * THREADS
