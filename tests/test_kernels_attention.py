@@ -709,11 +709,9 @@ def test_cluster_split_pass_gives_the_split_pass_and_combines_bits(rng, Hq, Hkv,
     the GPU launches as non-portable clusters). Refused with a trace, a walking grid or more
     than 16 blocks."""
     n_ctx = max(positions) + 1
-    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
-    layer = cache.layer(0)
-    T = len(positions)
-    n = T * Hq * D
-    q = cuda.to_device(rng.standard_normal((T, Hq, D)).astype(np.float32))
+    layer = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16).layer(0)
+    n = len(positions) * Hq * D
+    q = cuda.to_device(rng.standard_normal((len(positions), Hq, D)).astype(np.float32))
     pos = cuda.to_device(np.array(positions, np.int32))
     gate = cuda.to_device((rng.standard_normal(n) * 3).astype(np.float32)) if gated else None
     want = _gated_int8_decode(q, pos, layer, n_splits, gate)

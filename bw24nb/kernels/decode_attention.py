@@ -67,8 +67,7 @@ _P_SH = WARPS * ROWS_MAX * TILE
 _ML_SH = WARPS * ROWS_MAX
 _W_MAX = 256                # COMBINE_IN_SPLIT: a head's split weights in buf (<= 256 splits)
 _ACC_W_MAX = _W_MAX // 32   # its L sums: one a combine warp of 32 splits
-_RED_SH = WARPS + _ACC_W_MAX + ROWS_MAX     # maxima, L sums, L a head (a constant size)
-_NS = _W_MAX // THREADS     # splits one thread of the combine tail holds
+_RED_SH = WARPS + _ACC_W_MAX                # the warps' maxima, then those L sums
 _NEG_INF = np.float32(-np.inf)
 # A split's K and V rows are named to L2 (one bulk prefetch a cache, kernels/prefetch.py) as
 # soon as its range is known, so V's round trip overlaps q's load and the scores instead of
@@ -824,141 +823,21 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                        kvh, tok, n_splits, part_ml, part_acc, trace, tid, 0)
 
     @cuda.jit(device=True, inline="always")
-    def combine_tail(tok, kvh, used, part_ml, part_acc, out, gate, xq, xd, has_gate, has_q8,
-                     counters, G, w_sh, flag_sh, red_sh):
-        """After the block's partial is stored: the last of the (token, KV head)'s `used`
-        blocks merges the group's R heads, the combine kernel's steps in its order --
-          1. M = max m_s over the visible splits (l_s > 0, s < used): exact in any order;
-          2. w_s = exp(m_s - M); L = the combine's warps of 32 splits each summed by warp_sum,
-             then those sums in warp order (here warp w of the block takes the combine's warps
-             w, w + WARPS, ..; the trailing ones past `used`, all +0.0, are left out);
-          3. output d: G groups (`combine_order`), group g summing splits g, g + G, ..
-             ascending, the groups' sums added in group order, / L; then the gate and the int8
-             copy (a warp here is 32 consecutive dims of one head: the combine's q8 block).
-        So each output has the combine kernel's bits."""
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        Hkv = cuda.gridDim.y
-        cuda.threadfence()                  # this block's partial, visible before it counts
-        cuda.syncthreads()
-        if tid == 0:
-            done = cuda.atomic.add(counters, tok * Hkv + kvh, 1)
-            flag_sh[0] = 1 if done == used - 1 else 0
-        cuda.syncthreads()
-        if flag_sh[0] == 0:
-            return
-        cuda.threadfence()                  # the other blocks' partials, seen after the count
-        if tid == 0:
-            counters[tok * Hkv + kvh] = 0   # the next launch starts from zero
-        nv = (used + 31) // 32              # the combine's warps that hold a used split
-        # thread tid holds splits tid, tid + THREADS, ..: the max loop's and, as warp w takes
-        # the combine's warps w, w + WARPS, .. (32 cw + lane = tid + THREADS k), the weights'
-        # too, so each (m, l) is read from global memory once, into registers
-        ms = cuda.local.array(_NS, float32)
-        lv = cuda.local.array(_NS, float32)
-        for r in range(R):
-            h = kvh * R + r
-            m = _NEG_INF
-            for k in range(_NS):
-                s0 = tid + k * THREADS
-                ms[k] = _NEG_INF
-                lv[k] = float32(0.0)
-                if s0 < used:
-                    ms[k] = part_ml[tok, h, s0, 0]
-                    lv[k] = part_ml[tok, h, s0, 1]
-                    if lv[k] > float32(0.0):
-                        m = max(m, ms[k])
-            M = block_max(m, red_sh, lane, warp, WARPS)
-            cuda.syncthreads()              # red_sh read before it holds the L sums
-            for k in range(_NS):
-                cw = warp + k * WARPS       # the combine's warp cw: splits 32 cw + ..
-                if cw < nv:                 # (warp-uniform: warp_sum takes every lane)
-                    s0 = tid + k * THREADS
-                    wv = float32(0.0)
-                    ls = float32(0.0)
-                    if s0 < used:
-                        if lv[k] > float32(0.0):
-                            wv = float32(math.exp(ms[k] - M))
-                        ls = lv[k] * wv
-                        w_sh[r * _W_MAX + s0] = wv
-                    ls = warp_sum(ls)
-                    if lane == 0:
-                        red_sh[WARPS + cw] = ls
-            cuda.syncthreads()
-            if tid == 0:
-                L = red_sh[WARPS]
-                for cw in range(1, nv):
-                    L += red_sh[WARPS + cw]
-                red_sh[WARPS + _ACC_W_MAX + r] = L
-            cuda.syncthreads()
-        xs = cuda.local.array(COMBINE_BATCH, float32)
-        for i in range(tid, R * D, THREADS):        # a warp: 32 dims of one head
-            r = i // D
-            d = i - r * D
-            h = kvh * R + r
-            total = float32(0.0)
-            for g in range(G):
-                a = float32(0.0)
-                n_mine = (used - g + G - 1) // G if g < used else 0
-                for b in range(0, n_mine, COMBINE_BATCH):
-                    for j in range(COMBINE_BATCH):
-                        xs[j] = float32(0.0)
-                        if b + j < n_mine:
-                            xs[j] = part_acc[tok, h, g + G * (b + j), d]
-                    for j in range(COMBINE_BATCH):
-                        if b + j < n_mine:
-                            a += xs[j] * w_sh[r * _W_MAX + g + G * (b + j)]
-                total = a if g == 0 else total + a
-            v = total / red_sh[WARPS + _ACC_W_MAX + r]
-            o = (tok * cuda.gridDim.y * R + h) * D + d       # flat [T, Hq, D]
-            if has_gate:
-                v = v * sigmoid(gate[o])
-            out[tok, h, d] = v
-            if has_q8:
-                code, scale = q8_code(v, warp_max(abs(v)))
-                xq[o] = code
-                if (d & 31) == 0:
-                    xd[o >> 5] = scale
-
-    def split_fused(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
-                    trace, out, gate, xq, xd, has_gate, has_q8, counters, G):
-        """`split`, then `combine_tail` (COMBINE_IN_SPLIT): a block a split, no walking."""
-        buf = cuda.shared.array(_ACC_SH, float32)
-        p_sh = cuda.shared.array(_P_SH, float32)
-        m_sh = cuda.shared.array(_ML_SH, float32)
-        l_sh = cuda.shared.array(_ML_SH, float32)
-        flag_sh = cuda.shared.array(1, np.int32)
-        red_sh = cuda.shared.array(_RED_SH, float32)
-        qv = cuda.local.array(NQ, float32)
-        n_splits = cuda.gridDim.x
-        kvh = cuda.blockIdx.y
-        tok = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        n_ctx, chunk, used = q_rows_and_plan(q, positions, qv, ctx, n_splits, min_chunk,
-                                             chunk_align, kvh, tok, tid)
-        first = cuda.blockIdx.x
-        if first < used:            # else the whole block leaves and is not counted
-            split_body(first, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk, kvh,
-                       tok, n_splits, part_ml, part_acc, trace, tid, 0)
-            cuda.syncthreads()      # every warp's stores issued (and buf free: w_sh below)
-            combine_tail(tok, kvh, used, part_ml, part_acc, out, gate, xq, xd, has_gate,
-                         has_q8, counters, G, buf, flag_sh, red_sh)
-
-    @cuda.jit(device=True, inline="always")
     def combine_head(tok, kvh, r, used, part_ml, part_acc, out, gate, xq, xd, has_gate, has_q8,
                      G, w_sh, acc_sh, red_sh):
         """Head r of the (token, KV head)'s group from its `used` partials, on the whole
-        block (NTC threads, NWC warps), the combine kernel's steps in its order (as
-        `combine_tail`, whose comments say why each matches):
-          1. M = max m_s over the visible splits (l_s > 0);
-          2. w_s = exp(m_s - M); L = the combine's warps of 32 splits each summed by warp_sum
-             (warp w here takes the combine's warps w, w + NWC, ..), then in warp order;
-          3. output d: group g of G sums splits g, g + G, .. ascending (thread (g, d) of the
-             block, into acc_sh), the groups' sums added in group order, / L; the gate and
-             the int8 copy (a warp: 32 consecutive dims of the head).
-        Every thread calls it (block barriers); it ends on one, so the next head may reuse
-        w_sh, acc_sh and red_sh."""
+        block (NTC threads, NWC warps), the combine kernel's steps in its order, so its bits:
+          1. M = max m_s over the visible splits (l_s > 0, s < used): exact in any order;
+          2. w_s = exp(m_s - M); L = the combine's warps of 32 splits each summed by warp_sum,
+             then those sums in warp order (thread tid holds splits tid, tid + NTC, .., so
+             warp w takes the combine's warps w, w + NWC, ..; the trailing ones past `used`,
+             all +0.0, are left out, which leaves L as it is);
+          3. output d: group g of G (`combine_order`) sums splits g, g + G, .. ascending
+             (thread (g, d) of the block, into acc_sh), the groups' sums added in group
+             order, / L; then the gate and the int8 copy (a warp: 32 consecutive dims of the
+             head, the combine's q8 block).
+        w_sh holds >= _W_MAX floats, acc_sh >= G D. Every thread calls it (block barriers);
+        it ends on one, so the next head may reuse w_sh, acc_sh and red_sh."""
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
@@ -1027,6 +906,53 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                 if (d & 31) == 0:
                     xd[o >> 5] = qs
         cuda.syncthreads()
+
+    @cuda.jit(device=True, inline="always")
+    def combine_tail(tok, kvh, used, part_ml, part_acc, out, gate, xq, xd, has_gate, has_q8,
+                     counters, G, buf, flag_sh, red_sh):
+        """After the block's partial is stored: the last of the (token, KV head)'s `used`
+        blocks merges the group's R heads one after another (`combine_head`, in buf, free
+        once the block's partial is stored), so each output has the combine kernel's bits."""
+        tid = cuda.threadIdx.x
+        Hkv = cuda.gridDim.y
+        cuda.threadfence()                  # this block's partial, visible before it counts
+        cuda.syncthreads()
+        if tid == 0:
+            done = cuda.atomic.add(counters, tok * Hkv + kvh, 1)
+            flag_sh[0] = 1 if done == used - 1 else 0
+        cuda.syncthreads()
+        if flag_sh[0] == 0:
+            return
+        cuda.threadfence()                  # the other blocks' partials, seen after the count
+        if tid == 0:
+            counters[tok * Hkv + kvh] = 0   # the next launch starts from zero
+        for r in range(R):
+            combine_head(tok, kvh, r, used, part_ml, part_acc, out, gate, xq, xd, has_gate,
+                         has_q8, G, buf[:_W_MAX], buf[_W_MAX:], red_sh)
+
+    def split_fused(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
+                    trace, out, gate, xq, xd, has_gate, has_q8, counters, G):
+        """`split`, then `combine_tail` (COMBINE_IN_SPLIT): a block a split, no walking."""
+        buf = cuda.shared.array(_ACC_SH, float32)
+        p_sh = cuda.shared.array(_P_SH, float32)
+        m_sh = cuda.shared.array(_ML_SH, float32)
+        l_sh = cuda.shared.array(_ML_SH, float32)
+        flag_sh = cuda.shared.array(1, np.int32)
+        red_sh = cuda.shared.array(_RED_SH, float32)
+        qv = cuda.local.array(NQ, float32)
+        n_splits = cuda.gridDim.x
+        kvh = cuda.blockIdx.y
+        tok = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        n_ctx, chunk, used = q_rows_and_plan(q, positions, qv, ctx, n_splits, min_chunk,
+                                             chunk_align, kvh, tok, tid)
+        first = cuda.blockIdx.x
+        if first < used:            # else the whole block leaves and is not counted
+            split_body(first, qv, buf, p_sh, m_sh, l_sh, kw, vw, ctx, scale, n_ctx, chunk, kvh,
+                       tok, n_splits, part_ml, part_acc, trace, tid, 0)
+            cuda.syncthreads()      # every warp's stores issued (and buf free: w_sh below)
+            combine_tail(tok, kvh, used, part_ml, part_acc, out, gate, xq, xd, has_gate,
+                         has_q8, counters, G, buf, flag_sh, red_sh)
 
     def split_cluster(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml,
                       part_acc, out, gate, xq, xd, has_gate, has_q8, G):
