@@ -699,7 +699,7 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                 **{f"split-cluster{n}s{sl}": [
                     ("bw24nb.kernels.decode_attention", "SPLIT_CLUSTER", n),
                     ("bw24nb.kernels.decode_attention", "SPLIT_CLUSTER_SLOTS", sl)]
-                   for n in (4, 8, 16) for sl in (1, 2, 4)},
+                   for n in (4, 8, 16) for sl in (1, 2, 3, 4)},
                 # rows split over more warps while each keeps >= 256 values (the rule before
                 # session 41; the default keeps >= 512)
                 "split-k512": [("bw24nb.kernels.matvec", "SPLIT_MIN_K", 512)],

@@ -228,7 +228,10 @@ SPLIT_PRE_WAIT = True
 # For the decode step past the one pass's contexts (engine). Built in session 46 with no
 # device time left: off until run_bench split-cluster8 shows it pays.
 SPLIT_CLUSTER = 1
-SPLIT_CLUSTER_SLOTS = 4
+# 3: the 0.5B heads' blocks of 384 threads fit 168 registers (sm_90 SASS, no spills); 4 slots
+# would fit its shared memory but 128 registers, with a 152-byte stack (run_bench
+# split-cluster16s4 measures it)
+SPLIT_CLUSTER_SLOTS = 3
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
 _ONEPASS_SPLITS = 256       # (m, l, w) slots: the most splits any head dim may take
@@ -1429,11 +1432,14 @@ def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
 
 def cluster_split_slots(R: int, D: int) -> int:
     """Four-warp split slots a block of the cluster split pass takes for R query rows of D
-    dims: SPLIT_CLUSTER_SLOTS, fewer where their merge buffers (4 R D floats a slot) and
-    softmax rows would pass 46 KB of static shared memory; at least 1."""
-    per_slot = 4 * (WARPS * R * D + _P_SH + 2 * _ML_SH)
-    fixed = 4 * (_W_MAX + WARPS * SPLIT_CLUSTER_SLOTS + _W_MAX // 32)
-    return max(1, min(SPLIT_CLUSTER_SLOTS, (46 * 1024 - fixed) // per_slot))
+    dims: SPLIT_CLUSTER_SLOTS, fewer where its static shared memory -- each slot's merge
+    buffer (4 R D floats), softmax rows and (m, l); the combine's weights and sums -- would
+    pass the 48 KB a block may hold; at least 1."""
+    for sl in range(SPLIT_CLUSTER_SLOTS, 0, -1):
+        floats = sl * (WARPS * R * D + _P_SH + 2 * _ML_SH) + _W_MAX + WARPS * sl + _W_MAX // 32
+        if 4 * floats <= 48 * 1024:
+            return sl
+    return 1
 
 
 def cluster_split_kernel(R: int, E: int, slots: int, prefetch: bool = True,
