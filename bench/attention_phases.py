@@ -18,7 +18,8 @@ repetition are read back and reduced over the working blocks:
 
 --kernels splitpw traces the split pass with its position, plan and prefetch before the
 grid-dependency wait (decode_attention.SPLIT_PRE_WAIT; its "entry" stamp then follows the
-wait, "plan" the q loads' issue). --kernels 1p,1pld,1ps,1psld traces the one-pass kernel instead (engine.ONEPASS_MAX_CTX; "s":
+wait, "plan" the q loads' issue). --kernels 1p,1pld,1ps,1psld traces the one-pass kernel
+instead (engine.ONEPASS_MAX_CTX; "s":
 with the token's RoPE and K / V store, "ld": its loads issued early; 1psldc2, c4, c8: on
 thread-block clusters of that many blocks a head sharing out the warps, ONEPASS_CLUSTER and
 ONEPASS_CLUSTER_SHARE; 1psldc2f, c4f: each block of the full width; 1psldpw: the position and

@@ -941,8 +941,8 @@ class Engine:
         split_cluster = (decode_attention.SPLIT_CLUSTER
                          if (self._decode_build and T == 1 and self._clusters
                              and decode_attention.SPLIT_CLUSTER > 1
-                             and decode_attention.supports(Hq // c.num_key_value_heads, D,
-                                                           self.kv.k_type, self.kv.v_type))
+                             and decode_attention.supports(Hq // Hkv, D, self.kv.k_type,
+                                                           self.kv.v_type))
                          else None)
         # RoPE: q in place, k on its way into the cache, and the store of K and V: one launch,
         # or in the one-pass attention's own launch (ONEPASS_STORE)

@@ -144,8 +144,8 @@ def launch_cluster(dispatcher, grid, block, cluster: int, stream, *args,
     clusters of `cluster` consecutive blocks along x (sm_90+; 1 .. CLUSTER_MAX, grid[0] a
     multiple of it; non_portable: up to CLUSTER_MAX_NON_PORTABLE, the kernel's
     CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set first, which only some GPUs can
-    schedule -- the H100 / H200, a cluster a GPC): what ``dispatcher[...]`` does (the kernel compiled, or loaded from the
-    disk cache, for the arguments' types, and its arguments marshalled), launched through
+    schedule -- the H100 / H200, a cluster a GPC): what ``dispatcher[...]`` does (the kernel
+    compiled, or loaded from the disk cache, for the arguments' types, and its arguments marshalled), launched through
     cuda.core with a cluster dimension (cuLaunchKernelEx). Captured into a graph like any launch. numba-cuda has no
     launch option for clusters, so this reaches into its launch path (`_Kernel._prepare_args`,
     the compiled kernel's cufunc): numba-cuda 0.30."""

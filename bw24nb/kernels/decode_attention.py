@@ -1562,8 +1562,8 @@ def launch_split_cluster(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align
     the partials' workspace, as for the split pass. cluster: blocks a (token, KV head)
     (default SPLIT_CLUSTER; <= jit.CLUSTER_MAX, or up to CLUSTER_MAX_NON_PORTABLE as
     non-portable clusters, which the H100 / H200 schedule a GPC each; on a GPU without
-    clusters and in the simulator one block a pair runs every split); slots: a block's four-warp split slots
-    (default `cluster_split_slots`); pre_wait: SPLIT_PRE_WAIT's form (only where no kernel of
+    clusters and in the simulator one block a pair runs every split); slots: a block's
+    four-warp split slots (default `cluster_split_slots`); pre_wait: SPLIT_PRE_WAIT's form (only where no kernel of
     the graph writes `positions` before this launch, as `launch_split`)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
@@ -1722,12 +1722,14 @@ PTX_SIGNATURES = {"flash_decode_f16_r4_e8": [_SIG], "flash_decode_f16_r7_e2": [_
                   "flash_decode_f16_r4_e8_1t_spread": [_SIG],
                   "flash_decode_f16_r7_e2_1t_spread_fused": [_SIG_FUSED],
                   "flash_decode_f16_r4_e8_1t_fused": [_SIG_FUSED],
-                  "flash_decode_f16_r7_e2_cs3_pw": [_SIG_CS], "flash_decode_f16_r4_e8_cs2": [_SIG_CS]}
+                  "flash_decode_f16_r7_e2_cs3_pw": [_SIG_CS],
+                  "flash_decode_f16_r4_e8_cs2": [_SIG_CS]}
 EXPECTED_PTX = {name: ["ld.global.nc.v4.u32", "cvt.f32.f16", "shfl.sync.bfly.b32"]
                 for name in PTX_SIGNATURES}
 EXPECTED_PTX["flash_decode_f16_r7_e2_trace"] += ["%clock64", "%globaltimer"]
 for _name in ("flash_decode_f16_r7_e2_cs3_pw", "flash_decode_f16_r4_e8_cs2"):
-    EXPECTED_PTX[_name] += ["bar.sync", "%cluster_ctarank", "barrier.cluster.arrive.release.aligned",
+    EXPECTED_PTX[_name] += ["bar.sync", "%cluster_ctarank",
+                            "barrier.cluster.arrive.release.aligned",
                             "barrier.cluster.wait.acquire.aligned"]
 EXPECTED_PTX["flash_decode_f16_r7_e2_1ps_trace"] += ["%clock64", "%globaltimer"]
 for _name in ("flash_decode_f16_r7_e2_1ps_ld_c4", "flash_decode_f16_r4_e8_1ps_ld_c2",
