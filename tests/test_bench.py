@@ -287,9 +287,10 @@ def test_attention_phases_reduces_the_one_pass_kernels_stamps():
     sys.path.insert(0, str(ROOT / "bench"))
     from bench.attention_phases import KERNELS, reduce_stamps
     from bw24nb.kernels.decode_attention import TRACE_STAMPS_1P
-    assert set(KERNELS) == {"split", "1p", "1pld", "1ps", "1psld", "1psldc2", "1psldc4",
-                            "1psldc8", "1psldc2f", "1psldc4f", "1psldpw"}
+    assert set(KERNELS) == {"split", "splitpw", "1p", "1pld", "1ps", "1psld", "1psldc2",
+                            "1psldc4", "1psldc8", "1psldc2f", "1psldc4f", "1psldpw", "1psldw"}
     assert KERNELS["1psldc4"] == dict(store=True, early=True, cluster=4, share=True)
+    assert KERNELS["1psldw"] == dict(store=True, early=True, pre_wait=False)
     n = len(TRACE_STAMPS_1P)
     st = np.zeros((1, 3, 2, n), np.uint64)
     for h in range(3):
