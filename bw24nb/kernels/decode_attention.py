@@ -604,6 +604,21 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         prefetch_bytes(kw if tid == 0 else vw, b0, b1)
 
     @cuda.jit(device=True, inline="always")
+    def plan_ahead(positions, tok, ctx, n_splits, min_chunk, chunk_align, kw, vw, kvh, first,
+                   stride, tid):
+        """(n_ctx, chunk, used): the token's split plan from its position, and (thread 0 / 32
+        of the four warps, with prefetch) the K / V rows of splits first, first + stride, ..
+        named to L2 -- PWS's steps before the grid-dependency wait, which the caller runs
+        next."""
+        n_ctx, chunk, used = _split_plan(positions[tok], ctx, n_splits, min_chunk, chunk_align)
+        if prefetch and (tid == 0 or tid == 32):
+            head_word = np.int64(kvh) * ctx * DW
+            for split_i in range(first, used, stride):
+                prefetch_split(kw, vw, head_word, split_i * chunk,
+                               min(split_i * chunk + chunk, n_ctx), tid)
+        return n_ctx, chunk, used
+
+    @cuda.jit(device=True, inline="always")
     def slot_sync(slot):
         """A barrier over the four warps of `slot`: the block's (__syncthreads) where a block
         is one split's, named barrier slot + 1 in the cluster split pass (bar_sync.ptx)."""
@@ -792,16 +807,12 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         tid = cuda.threadIdx.x
         first = cuda.blockIdx.x
         if PWS:
-            # (jit's own_wait) the position, the plan and this block's splits' K / V rows
-            # named to L2 before the grid-dependency wait -- only for launches whose graph
-            # writes neither before this kernel (the decode step's: `launch_split(pre_wait=)`)
-            n_ctx, chunk, used = _split_plan(positions[tok], ctx, n_splits, min_chunk,
-                                             chunk_align)
-            if prefetch and (tid == 0 or tid == 32):
-                head_word = np.int64(kvh) * ctx * DW
-                for split_i in range(first, used, cuda.gridDim.x if walk else max(used, 1)):
-                    prefetch_split(kw, vw, head_word, split_i * chunk,
-                                   min(split_i * chunk + chunk, n_ctx), tid)
+            # (jit's own_wait) only for launches whose graph writes neither the position nor
+            # the rows before this kernel (the decode step's: `launch_split(pre_wait=)`); a
+            # block walks splits first, + gridDim.x, .. (without walk gridDim.x >= used)
+            n_ctx, chunk, used = plan_ahead(positions, tok, ctx, n_splits, min_chunk,
+                                            chunk_align, kw, vw, kvh, first, cuda.gridDim.x,
+                                            tid)
             grid_dependency_wait()
         if trace_on and tid == 0:
             stamp(trace, _trace_base(kvh, tok, n_splits, cuda.blockIdx.x), 0)
@@ -985,13 +996,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         first = crank * SL + slot
         stride = csize * SL
         if PWS:
-            n_ctx, chunk, used = _split_plan(positions[tok], ctx, n_splits, min_chunk,
-                                             chunk_align)
-            if prefetch and (stid == 0 or stid == 32):
-                head_word = np.int64(kvh) * ctx * DW
-                for split_i in range(first, used, stride):
-                    prefetch_split(kw, vw, head_word, split_i * chunk,
-                                   min(split_i * chunk + chunk, n_ctx), stid)
+            n_ctx, chunk, used = plan_ahead(positions, tok, ctx, n_splits, min_chunk,
+                                            chunk_align, kw, vw, kvh, first, stride, stid)
             grid_dependency_wait()
             q_rows(q, qv, kvh, tok, stid)
         else:
