@@ -1543,20 +1543,13 @@ def launch_onepass(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, n_sp
     k = onepass_kernel(R, E, PREFETCH_KV if prefetch is None else bool(prefetch),
                        store is not None, early, trace is not None, n)
     args = (q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
-            np.int32(chunk_align), np.int32(n_splits), out,
-            stand if gate is None else gate.reshape(gate.size),
-            stand.view(np.int8) if xq is None else xq.reshape(xq.size),
-            stand if xd is None else xd.reshape(xd.size),
-            np.int32(gate is not None), np.int32(xq is not None), np.int32(G))
+            np.int32(chunk_align), np.int32(n_splits), out, *_combine_outputs(stand, gate, xq, xd),
+            np.int32(G))
     if store is not None:
         args += (knew, vnew, inv_freq, kf, vf)
     if trace is not None:
         args += (trace.reshape(trace.size),)
-    block = 32 * onepass_block_warps(D, n)
-    if n > 1 and not simulator_enabled() and current_features().clusters:
-        launch_cluster(k, (Hq * n, T), block, n, stream, *args)
-    else:
-        k[(Hq, T), block, stream](*args)
+    _launch_clusters(k, (Hq * n, T), 32 * onepass_block_warps(D, n), n, stream, args)
 
 
 def launch_split_cluster(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align, part_ml,
@@ -1569,8 +1562,9 @@ def launch_split_cluster(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align
     (default SPLIT_CLUSTER; <= jit.CLUSTER_MAX, or up to CLUSTER_MAX_NON_PORTABLE as
     non-portable clusters, which the H100 / H200 schedule a GPC each; on a GPU without
     clusters and in the simulator one block a pair runs every split); slots: a block's
-    four-warp split slots (default `cluster_split_slots`); pre_wait: SPLIT_PRE_WAIT's form (only where no kernel of
-    the graph writes `positions` before this launch, as `launch_split`)."""
+    four-warp split slots (default `cluster_split_slots`); pre_wait: SPLIT_PRE_WAIT's form
+    (only where no kernel of the graph writes `positions` before this launch, as
+    `launch_split`)."""
     T, Hq, D = q.shape
     Hkv, ctx = k_u8.shape[0], k_u8.shape[1]
     R, E = Hq // Hkv, D // 32
@@ -1594,15 +1588,27 @@ def launch_split_cluster(q, positions, k_u8, v_u8, scale, min_chunk, chunk_align
                              bool(pre_wait))
     args = (q, positions, kw, vw, np.int32(ctx), np.float32(scale), np.int32(min_chunk),
             np.int32(chunk_align), part_ml, part_acc, out,
-            stand if gate is None else gate.reshape(gate.size),
+            *_combine_outputs(stand, gate, xq, xd), np.int32(G))
+    _launch_clusters(k, (n, Hkv, T), THREADS * sl, n, stream, args)
+
+
+def _combine_outputs(stand, gate, xq, xd) -> tuple:
+    """The combine's outputs as a kernel with one takes them: gate, xq, xd flat (absent ones:
+    `stand`, a flat float32 array the kernel then never touches), has_gate, has_q8."""
+    return (stand if gate is None else gate.reshape(gate.size),
             stand.view(np.int8) if xq is None else xq.reshape(xq.size),
             stand if xd is None else xd.reshape(xd.size),
-            np.int32(gate is not None), np.int32(xq is not None), np.int32(G))
+            np.int32(gate is not None), np.int32(xq is not None))
+
+
+def _launch_clusters(k, grid, block, n, stream, args) -> None:
+    """k over `grid` in thread-block clusters of n blocks along x (jit.launch_cluster;
+    non-portable above CLUSTER_MAX); where there are none -- n = 1, the simulator, a GPU
+    without clusters -- a block a cluster: grid's x divided by n, each block rank 0 of 1."""
     if n > 1 and not simulator_enabled() and current_features().clusters:
-        launch_cluster(k, (n, Hkv, T), THREADS * sl, n, stream, *args,
-                       non_portable=n > CLUSTER_MAX)
+        launch_cluster(k, grid, block, n, stream, *args, non_portable=n > CLUSTER_MAX)
     else:
-        k[(1, Hkv, T), THREADS * sl, stream](*args)
+        k[(grid[0] // n, *grid[1:]), block, stream](*args)
 
 
 def walks(grid) -> bool:
