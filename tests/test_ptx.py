@@ -12,7 +12,7 @@ import pytest
 from numba import cuda
 
 from bw24nb.device import gpu_present, simulator_enabled
-from bw24nb.ptx import mma_layout, mma_s8_m16n8k32, probes, twins
+from bw24nb.ptx import ld_v4_f32, mma_layout, mma_s8_m16n8k32, probes, twins
 from bw24nb.ptx.snippets import SnippetError, all_snippets, parse_snippets, snippet
 
 requires_gpu = pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU (runs on the H200 "
@@ -349,6 +349,9 @@ def test_ld_v4_twin_faults_on_misalignment():
         twins.ld_v4_f32(arr, 2)
     with pytest.raises(IndexError):
         twins.ld_v4_f32(arr, 12)
+    off = twins._aligned_empty(13, np.float32, 16)[1:]        # a base 4 bytes past 16
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        twins.ld_v4_f32(off, 0)
 
 
 # --- the .ptx files and their @inline blocks ------------------------------------------------------
@@ -610,6 +613,36 @@ def _two_shared_arrays(out):
             s += a[j]
         out[0] = s
         out[1] = b[255]
+
+
+@cuda.jit
+def _aligned_shared_array(out):
+    a = cuda.shared.array(64, np.float32, alignment=16)
+    i = cuda.threadIdx.x
+    a[i] = np.float32(i)
+    cuda.syncthreads()
+    if i % 4 == 0:
+        v = ld_v4_f32(a, i)
+        out[i // 4] = v[0] + v[1] + v[2] + v[3]
+
+
+def test_aligned_shared_array_takes_16_byte_loads():
+    """A shared array declared with alignment=16 (decode attention's q rows) takes ld_v4_f32
+    (LDS.128) on the GPU and in the simulator, where the twin checks the address."""
+    out = cuda.to_device(np.zeros(16, np.float32))
+    _aligned_shared_array[1, 64](out)
+    np.testing.assert_array_equal(out.copy_to_host(),
+                                  [16 * g + 6 for g in range(16)])
+
+
+def test_simulated_shared_array_alignment_is_checked():
+    """The simulator's shared arrays honour `alignment` as numba does on the GPU: a power of
+    two and a multiple of 8, the data starting on a multiple of it."""
+    for al in (8, 16, 64, 256):
+        a = twins._aligned_empty((3, 5), np.float32, al)
+        assert a.shape == (3, 5) and a.ctypes.data % al == 0
+    with pytest.raises(ValueError, match="alignment"):
+        twins._shared_array(None, 4, np.float32, alignment=12)
 
 
 @simulator_only

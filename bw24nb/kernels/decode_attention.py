@@ -43,8 +43,8 @@ from ..device import current_features, simulator_enabled
 from ..jit import CLUSTER_MAX, CLUSTER_MAX_NON_PORTABLE, kernel, launch_cluster
 from ..ptx import (bar_sync, clock64, cluster_arrive_relaxed, cluster_arrive_release, cluster_rank,
                    cluster_size, cluster_wait_acquire, f16x2_to_f32x2, global_timer,
-                   grid_dependency_wait, ld_nc_v4_u32, st_cluster_f32, warp_max, warp_max16,
-                   warp_max_rows, warp_sum, warp_sum16, warp_sum_rows, warp_sync)
+                   grid_dependency_wait, ld_nc_v4_u32, ld_v4_f32, st_cluster_f32, warp_max,
+                   warp_max16, warp_max_rows, warp_sum, warp_sum16, warp_sum_rows, warp_sync)
 from .activation import sigmoid
 # the plan the combine derives again, and the softmax step of every split pass: one definition
 from .attention import (COMBINE_BATCH, COMBINE_THREADS, _split_plan, block_max, combine_slices,
@@ -462,15 +462,19 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
 
     @cuda.jit(device=True, inline="always")
     def dot8(a, buf, qb, k):
-        """a + q[qb .. qb + 7] . k, d ascending (the score's order)."""
-        a += buf[qb] * k[0]
-        a += buf[qb + 1] * k[1]
-        a += buf[qb + 2] * k[2]
-        a += buf[qb + 3] * k[3]
-        a += buf[qb + 4] * k[4]
-        a += buf[qb + 5] * k[5]
-        a += buf[qb + 6] * k[6]
-        a += buf[qb + 7] * k[7]
+        """a + q[qb .. qb + 7] . k, d ascending (the score's order). q comes as two 16-byte
+        shared loads (LDS.128; `buf` is 16-byte aligned and qb a multiple of 8) instead of
+        eight 4-byte ones: the same products in the same order."""
+        q0, q1, q2, q3 = ld_v4_f32(buf, qb)
+        q4, q5, q6, q7 = ld_v4_f32(buf, qb + 4)
+        a += q0 * k[0]
+        a += q1 * k[1]
+        a += q2 * k[2]
+        a += q3 * k[3]
+        a += q4 * k[4]
+        a += q5 * k[5]
+        a += q6 * k[6]
+        a += q7 * k[7]
         return a
 
     @cuda.jit(device=True, inline="always")
@@ -794,7 +798,8 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
 
     def split(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
               trace):
-        buf = cuda.shared.array(_ACC_SH, float32)       # q rows, later the warps' accumulators
+        # q rows (16-byte aligned for dot8's LDS.128), later the warps' accumulators
+        buf = cuda.shared.array(_ACC_SH, float32, alignment=16)
         p_sh = cuda.shared.array(_P_SH, float32)
         m_sh = cuda.shared.array(_ML_SH, float32)
         l_sh = cuda.shared.array(_ML_SH, float32)
@@ -947,7 +952,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     def split_fused(q, positions, kw, vw, ctx, scale, min_chunk, chunk_align, part_ml, part_acc,
                     trace, out, gate, xq, xd, has_gate, has_q8, counters, G):
         """`split`, then `combine_tail` (COMBINE_IN_SPLIT): a block a split, no walking."""
-        buf = cuda.shared.array(_ACC_SH, float32)
+        buf = cuda.shared.array(_ACC_SH, float32, alignment=16)
         p_sh = cuda.shared.array(_P_SH, float32)
         m_sh = cuda.shared.array(_ML_SH, float32)
         l_sh = cuda.shared.array(_ML_SH, float32)
@@ -978,8 +983,10 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         cluster, acquired by every block) rank c combines heads c, c + N, .. of the group with
         `combine_head` (the combine kernel's bits). With PWS the position, plan and prefetch
         come before the grid-dependency wait, as in `split`."""
-        buf_all = cuda.shared.array(_BUF_CS, float32)   # the slots' q rows / merge buffers,
-        p_all = cuda.shared.array(_P_CS, float32)       # after the barrier the group sums
+        # the slots' q rows / merge buffers (16-byte aligned for dot8), after the barrier the
+        # group sums
+        buf_all = cuda.shared.array(_BUF_CS, float32, alignment=16)
+        p_all = cuda.shared.array(_P_CS, float32)
         m_all = cuda.shared.array(_ML_CS, float32)
         l_all = cuda.shared.array(_ML_CS, float32)
         w_sh = cuda.shared.array(_W_MAX, float32)
@@ -1159,7 +1166,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
         m_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
         l_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
         w_sh = cuda.shared.array(_ONEPASS_SPLITS, float32)
-        q_sh = cuda.shared.array(256, float32)
+        q_sh = cuda.shared.array(256, float32, alignment=16)
         p_sh = cuda.shared.array(ONEPASS_THREADS, float32)      # a tile's p, a warp each
         red_sh = cuda.shared.array(ONEPASS_WARPS, float32)
         tid = cuda.threadIdx.x

@@ -279,6 +279,9 @@ def _vector_index(name, array, index, n) -> int:
                          f"(a {4 * n}-byte load needs a {4 * n}-byte aligned address)")
     if i + n > len(array):
         raise IndexError(f"{name}: elements {i}..{i + n - 1} out of bounds for length {len(array)}")
+    if isinstance(array, np.ndarray) and (array.ctypes.data + i * array.itemsize) % (4 * n):
+        raise ValueError(f"{name}: element {i}'s address is not {4 * n}-byte aligned (the "
+                         f"array's base is not: a shared array needs alignment={4 * n})")
     return i
 
 
@@ -448,9 +451,16 @@ def _shared_array(self, shape, dtype, alignment=None):
     both pass the `get` before either stores get two different arrays, and their writes never
     meet (a reduction then sums garbage, without an error). With 128-1024 Python threads reaching
     the line at once on a loaded machine this happens; here the lookup and the insert are one
-    step. Same keying as numba's (the caller's file and line)."""
-    if shape == 0 or alignment is not None:           # numba's own paths (dynamic, errors)
-        return _NUMBA_SHARED_ARRAY(self, shape, dtype, alignment)
+    step. Same keying as numba's (the caller's file and line).
+
+    `alignment` (which numba's simulator refuses) is honoured as the GPU honours it: the array's
+    first byte on a multiple of it, so `ld_v4_f32`'s twin faults where the GPU would."""
+    if shape == 0:                                     # numba's own path (dynamic)
+        return _NUMBA_SHARED_ARRAY(self, shape, dtype, None)
+    if alignment is not None and (not isinstance(alignment, int) or alignment <= 0
+                                  or alignment & (alignment - 1) or alignment % 8):
+        raise ValueError(f"shared array alignment {alignment!r}: needs a power of two, a "
+                         f"multiple of 8 (numba's rule on the GPU)")
     if isinstance(dtype, types.Type):
         dtype = numpy_support.as_dtype(dtype)
     f = sys._getframe(1)        # (not traceback.extract_stack: it stats the file every call)
@@ -458,8 +468,17 @@ def _shared_array(self, shape, dtype, alignment=None):
     with _SHARED_LOCK:
         res = self._allocations.get(caller)
         if res is None:
-            res = self._allocations[caller] = np.empty(shape, dtype)
+            res = self._allocations[caller] = _aligned_empty(shape, dtype, alignment or 1)
     return res
+
+
+def _aligned_empty(shape, dtype, alignment: int) -> np.ndarray:
+    """np.empty(shape, dtype) whose data starts on a multiple of `alignment` bytes."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(n + alignment, np.uint8)
+    skip = -raw.ctypes.data % alignment
+    return raw[skip:skip + n].view(dtype).reshape(shape)
 
 
 _NUMBA_SHARED_ARRAY = None
