@@ -657,6 +657,8 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                           ("bw24nb.kernels.matvec", "ROWS_MAX_REGISTERS", n)]
                    for n in (80, 96, 128)},
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)],
+                # the MoE router's top-k on moe_route's block, not one warp a token (session 47)
+                "route-block": [("bw24nb.kernels.moe", "ROUTE_WARP", False)],
                 "attn-merge": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", False)],
                 "attn-fused": [("bw24nb.kernels.decode_attention", "COMBINE_IN_SPLIT", True)],
                 "gdn-conv-fused": [("bw24nb.engine", "GDN_CONV_RULE_NORM", True)],

@@ -2374,6 +2374,20 @@ def check_moe_route(rng, size):
                           else f"exact ties not in id order: {got_ids[0, :min(k, 4)]}"])
         yield compare("moe_route weights", tag, f"T{T} E{E} k{k}", got_w, ref_w,
                       rel * np.abs(_f64(ref_w)) + TINY_NORMAL, f"{rel:.1e}·|ref|", guard_ok=g2)
+        # the other form (one warp a token, the default, or moe_route's block): the same bits
+        other = not moe.ROUTE_WARP
+        ids2, wts2 = Out((T, k), np.int32), Out((T, k))
+        saved, moe.ROUTE_WARP = moe.ROUTE_WARP, other
+        try:
+            moe.launch_moe_route(_dev(logits), norm_topk, ids2.dev, wts2.dev)
+        finally:
+            moe.ROUTE_WARP = saved
+        form = "block" if saved else "warp"
+        (ids_o, h1), (w_o, h2) = ids2.get(), wts2.get()
+        yield compare(f"moe_route {form} ids", tag, f"T{T} E{E} k{k}", ids_o, got_ids,
+                      guard_ok=h1)
+        yield compare(f"moe_route {form} weights", tag, f"T{T} E{E} k{k}", w_o, got_w,
+                      tol="bit-exact", bits=True, guard_ok=h2)
 
 
 def _moe_types(size):

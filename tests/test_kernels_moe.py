@@ -88,6 +88,26 @@ def test_route_many_experts_and_exact_ties(rng):
     assert all(len(set(row)) == k for row in got)                       # no expert twice
 
 
+@pytest.mark.parametrize("E,k,T", [(256, 8, 5), (64, 4, 1), (40, 2, 3), (512, 10, 2)])
+def test_route_warp_gives_the_block_routers_bits(rng, monkeypatch, E, k, T):
+    """moe_route_warp (one warp a token, the default) plays moe_route's block: the same ids
+    and the same weight bits, with 1..4 virtual warps (E = 40 -> 64 threads, 512 -> 128),
+    ties among equal logits and both norm_topk settings."""
+    from bw24nb.kernels import moe
+    logits = rng.standard_normal((T, E)).astype(np.float32) * np.float32(3.0)
+    logits[:, :1] = logits.max(axis=1, keepdims=True) + np.float32(1.0)
+    logits[:, E // 2:E // 2 + 3] = logits[:, :1]                      # 4 tied at the top
+    for norm_topk in (True, False):
+        got = {}
+        for warp in (True, False):
+            monkeypatch.setattr(moe, "ROUTE_WARP", warp)
+            ids, wts = _poisoned((T, k), np.int32), _poisoned((T, k))
+            launch_moe_route(cuda.to_device(logits), norm_topk, ids, wts)
+            got[warp] = ids.copy_to_host(), wts.copy_to_host()
+        np.testing.assert_array_equal(got[True][0], got[False][0])
+        np.testing.assert_array_equal(got[True][1].view(np.uint32), got[False][1].view(np.uint32))
+
+
 # ------------------------------------------------------------------ expert projections
 
 

@@ -58,7 +58,7 @@ from . import matvec
 from .activation import launch_swiglu, launch_swiglu_q8
 from .dequant import LAYOUTS, layout, weight_views
 from .matmul import launch_matmul
-from ..ptx import warp_sum
+from ..ptx import warp_argmax, warp_max, warp_sum, warp_sync
 from .matvec import THREADS, WARPS_PER_BLOCK, launch_matvec
 
 # Router block: up to ROUTER_THREADS_MAX threads (a power of two, block_sum's requirement);
@@ -166,6 +166,80 @@ def moe_route(logits, norm_topk, ids, wts):
             wts[t, r] = wts[t, r] / wsum
 
 
+# One warp a token (`moe_route_warp`): moe_route's values with no block barriers. moe_route's
+# block of B = _router_threads(E) threads spends ~10 barriers a top-k round (k = 8: ~80 a
+# token), and it sits on the MoE block's critical path (router -> route -> gate -> swiglu ->
+# down -> combine). Lane l plays moe_route's threads l, l + 32, .. < B: it sums their
+# exp(l - max) terms in their order, each virtual warp's partials go through warp_sum (the
+# virtual warp's own tree), and their totals through warp_sum again with zeros past the
+# B / 32 of them -- block_sum's two stages, so the same total and the same probabilities. The
+# maximum and each round's arg-max (largest probability, ties to the lower id) are exact in
+# any order. run_bench --launch route-block restores moe_route.
+ROUTE_WARP = True
+ROUTE_WARP_TOKENS = 4           # tokens (warps) a block
+_VW_MAX = ROUTER_THREADS_MAX // 32      # moe_route's warps, played by one lane each
+_ROUTE_PROBS = ROUTE_WARP_TOKENS * ROUTER_E_MAX     # (a compile-time size for numba)
+
+
+@kernel
+def moe_route_warp(logits, norm_topk, ids, wts):
+    """moe_route's ids and weights, bit for bit, one warp a token (ROUTE_WARP above)."""
+    probs_all = cuda.shared.array(_ROUTE_PROBS, float32)
+    parts = cuda.local.array(_VW_MAX, float32)
+    lane = cuda.threadIdx.x & 31
+    w = cuda.threadIdx.x >> 5
+    t = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + w
+    T, E = logits.shape
+    if t >= T:                                  # (warp-uniform: the warp leaves whole)
+        return
+    top_k = ids.shape[1]
+    B = 32                                      # moe_route's block (norm.pow2_block)
+    while B < E and B < ROUTER_THREADS_MAX:
+        B *= 2
+    VW = B >> 5
+    probs = probs_all[w * ROUTER_E_MAX:(w + 1) * ROUTER_E_MAX]
+
+    m = logits[t, 0]
+    for e in range(lane, E, 32):
+        m = max(m, logits[t, e])
+    m = warp_max(m)
+    for v in range(_VW_MAX):
+        parts[v] = float32(0.0)
+    for v in range(VW):                         # virtual thread lane + 32 v: e = it, + B, ..
+        part = float32(0.0)
+        for e in range(lane + 32 * v, E, B):
+            p = math.exp(logits[t, e] - m)
+            probs[e] = p
+            part += p
+        parts[v] = warp_sum(part)               # virtual warp v's total
+    mine = float32(0.0)
+    for v in range(VW):
+        if lane == v:
+            mine = parts[v]
+    total = warp_sum(mine)                      # block_sum's second stage
+    for e in range(lane, E, 32):                # (a lane's own e: no sync needed)
+        probs[e] = probs[e] / total
+
+    wsum = float32(0.0)
+    for r in range(top_k):
+        bv = float32(-1.0)
+        bi = int32(E)
+        for e in range(lane, E, 32):            # ascending e: strict > keeps the lower id
+            if probs[e] > bv:
+                bv = probs[e]
+                bi = int32(e)
+        bv, bi = warp_argmax(bv, bi)            # (every lane's scan is done after it)
+        if lane == 0:
+            ids[t, r] = bi
+            wts[t, r] = bv
+            probs[bi] = float32(-1.0)           # taken
+        wsum += bv
+        warp_sync()                             # the mask, before the next round's scan
+    if norm_topk and lane == 0:
+        for r in range(top_k):
+            wts[t, r] = wts[t, r] / wsum
+
+
 # ------------------------------------------------------------------ expert matvecs
 
 
@@ -256,6 +330,7 @@ _A3 = "float32[:, :, ::1]"
 _I2 = "int32[:, ::1]"
 PTX_SIGNATURES = {
     "moe_route": [f"void({_A2}, int32, {_I2}, {_A2})"],
+    "moe_route_warp": [f"void({_A2}, int32, {_I2}, {_A2})"],
     **{f"expert_matvec_{LAYOUTS[qt].name}": [f"void({_W}, int32, int32, {_I2}, {_A2}, {_A3})"]
        for qt in EXPERT_MATVEC},
     **{f"moe_down_{LAYOUTS[qt].name}": [
@@ -296,7 +371,11 @@ def launch_moe_route(logits, norm_topk_prob: bool, ids, weights, stream=0):
         raise ValueError(f"moe_route: {E} experts exceed ROUTER_E_MAX = {ROUTER_E_MAX}")
     if not 0 < k <= E or tuple(ids.shape) != (T, k) or tuple(weights.shape) != (T, k):
         raise ValueError(f"moe_route: ids and weights must be [{T}, k] with 0 < k <= {E}")
-    if T:
+    if T and ROUTE_WARP:
+        nw = min(T, ROUTE_WARP_TOKENS)
+        moe_route_warp[(T + nw - 1) // nw, 32 * nw, stream](
+            logits, np.int32(bool(norm_topk_prob)), ids, weights)
+    elif T:
         moe_route[T, _router_threads(E), stream](logits, np.int32(bool(norm_topk_prob)), ids, weights)
 
 

@@ -121,6 +121,7 @@ if simulator_enabled():
         st_cluster_f32,
     )
     from bw24nb.ptx.twins import install_simulator_fixes
+    from bw24nb.ptx.warp import warp_argmax_twin as warp_argmax  # noqa: F401
     from bw24nb.ptx.warp import warp_max_twin as warp_max  # noqa: F401
     from bw24nb.ptx.warp import warp_max16_twin as warp_max16  # noqa: F401
     from bw24nb.ptx.warp import warp_max_rows_twin as warp_max_rows  # noqa: F401
@@ -174,7 +175,7 @@ else:
         mma_s8_m16n8k32_linked,
     )
     from bw24nb.ptx.warp import (  # noqa: F401
-        warp_max, warp_max4, warp_max16, warp_max_rows, warp_pair_sum, warp_sum, warp_sum4,
+        warp_argmax, warp_max, warp_max4, warp_max16, warp_max_rows, warp_pair_sum, warp_sum, warp_sum4,
         warp_sum8, warp_sum16, warp_sum_rows, warp_sync)
 
     fp4x2_to_f16x2, fp4x2_to_f32x2, fp4_e2m1_to_f32 = (
@@ -184,7 +185,7 @@ __all__ = [
     "dp4a", "dp4a_us", "byte_perm", "mma_s8_m16n8k32", "mma_f16_m16n8k16", "f32x2_to_f16x2",
     "ld_nc_v4_u32", "ld_nc_v2_f32", "ld_v4_f32",
     "warp_sum",
-    "warp_max", "f32_from_bits", "f32_bits", "fma_f32",
+    "warp_max", "warp_argmax", "f32_from_bits", "f32_bits", "fma_f32",
     "f16x2_to_f32x2", "grid_dependency_wait", "prefetch_l2", "prefetch_l2_bulk", "warp_pair_sum",
     "warp_sync", "clock64", "global_timer",
     "cp_async_16", "cp_async_commit", "cp_async_wait_1", "cp_async_wait_0",

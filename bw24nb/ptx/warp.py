@@ -163,6 +163,21 @@ def warp_max_rows(v, n):
 
 
 @cuda.jit(device=True, inline="always")
+def warp_argmax(v, i):
+    """GPU: (v, i) of the lane with the largest float32 v, ties to the smaller int32 i, to
+    every lane: a butterfly over offsets 16 .. 1 keeping the better pair. "Largest, then
+    smallest index" is a total order on the pairs (for v not NaN), so any tree gives the same
+    winner: no order contract (the MoE router's top-k rounds: kernels/moe.py)."""
+    for off in (16, 8, 4, 2, 1):
+        ov = cuda.shfl_xor_sync(FULL_MASK, v, off)
+        oi = cuda.shfl_xor_sync(FULL_MASK, i, off)
+        if ov > v or (ov == v and oi < i):
+            v = ov
+            i = oi
+    return v, i
+
+
+@cuda.jit(device=True, inline="always")
 def warp_sum_rows(v, n):
     """GPU: v[r] = warp_sum(v[r]) for r < n, interleaved as `warp_max_rows`: each row's steps
     are warp_sum's (offsets 16, 8, 4, 2, 1, each v + shfl_xor(v, off)), so each row gets
@@ -228,6 +243,16 @@ def warp_sync_twin() -> None:
 def warp_max_twin(v) -> np.float32:
     """Simulator twin of `warp_max`."""
     return _meet_warp("max", lambda vals: np.float32(np.max(vals)), v)
+
+
+def warp_argmax_twin(v, i):
+    """Simulator twin of `warp_argmax`: the best (v, i) pair of the warp's 32 lanes."""
+    thread, ex, lane = twins._current_lane("warp_argmax", host="warp_argmax")
+
+    def best(pairs):
+        top = max(float(p[0]) for p in pairs)
+        return np.float32(top), np.int32(min(int(p[1]) for p in pairs if float(p[0]) == top))
+    return ex.meet(lane, thread, (np.float32(v), np.int32(i)), best, "warp_argmax")
 
 
 def warp_max16_twin(v) -> np.float32:
