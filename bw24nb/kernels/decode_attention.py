@@ -1040,8 +1040,6 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                     for e in range(E):
                         acc[e] += pj * v_value(vraw, jj, e, lane)
 
-    pv_tile_row = pv_groups(pv_row)
-
     @cuda.jit(device=True, inline="always")
     def split_pair_row(q_sh, p_sh, kw, vw, head_word, chunk, n_ctx, sa, has_b, scale, acc_sh,
                        m_sh, l_sh, lane, warp):
