@@ -64,6 +64,8 @@ decode step, and timed per repetition (CUDA events, median of 5 replays after 2 
   .../1psldpw        1psld with its position and K / V prefetch before its grid-dependency
                      wait (decode_attention.ONEPASS_PRE_WAIT, the default since session
                      46: .../1psld is the same; the same results); .../1psldw after it
+  .../wq, 1psldwq    attention (position before the wait) and 1psld with q read as 16-byte
+                     shared loads (decode_attention.WIDE_Q, off; the same results)
 
 Appends one JSON line per sequence (date, gpu, commit, sequence, us per repetition) to --out
 (default $OUT/launch_chain.jsonl). Benchmarks are not tests.
@@ -192,7 +194,10 @@ def attention_launches(stream, rng, Hq, Hkv, D, ctx, position, min_chunk=None):
             "/1psldpw": switch(attend(None, onepass=True, store=True, early=True),
                                "ONEPASS_PRE_WAIT", True),
             "/1psldw": switch(attend(None, onepass=True, store=True, early=True),
-                              "ONEPASS_PRE_WAIT", False)}
+                              "ONEPASS_PRE_WAIT", False),
+            "/wq": switch(attend(None, pre_wait=True), "WIDE_Q", True),
+            "/1psldwq": switch(attend(None, onepass=True, store=True, early=True),
+                               "WIDE_Q", True)}
 
 
 def switch(launch, name: str, value):

@@ -657,8 +657,11 @@ MODULE_MODES = {"q4k-rowloop": [(_Q4, "XREG", False)],
                                           ("bw24nb.kernels.matvec", "ROWS_MAX_REGISTERS", n)]
                    for n in (80, 96, 128)},
                 "attn-il": [("bw24nb.kernels.decode_attention", "INTERLEAVE_ROWS", True)],
-                # the MoE router's top-k on moe_route's block, not one warp a token (session 47)
-                "route-block": [("bw24nb.kernels.moe", "ROUTE_WARP", False)],
+                # session 47, built with no device lent, both off until measured: the MoE
+                # router's top-k on one warp a token (moe.ROUTE_WARP), decode attention's q
+                # read as LDS.128 (decode_attention.WIDE_Q); the same bits either way
+                "route-warp": [("bw24nb.kernels.moe", "ROUTE_WARP", True)],
+                "attn-wide-q": [("bw24nb.kernels.decode_attention", "WIDE_Q", True)],
                 "attn-merge": [("bw24nb.kernels.decode_attention", "ONE_TILE_DIRECT", False)],
                 "attn-fused": [("bw24nb.kernels.decode_attention", "COMBINE_IN_SPLIT", True)],
                 "gdn-conv-fused": [("bw24nb.engine", "GDN_CONV_RULE_NORM", True)],

@@ -533,6 +533,36 @@ def test_interleaved_softmax_rows_give_the_same_bits(rng, Hq, Hkv, D, n_ctx, n_s
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+@pytest.mark.parametrize("Hq,Hkv,D,n_ctx,n_splits,form", [
+    (14, 2, 64, 300, 3, {}), (4, 1, 256, 70, 2, {}), (8, 2, 32, 40, 4, dict(onepass=True)),
+    (14, 2, 64, 60, 4, dict(onepass=True))])
+def test_wide_q_loads_give_the_same_bits(rng, monkeypatch, Hq, Hkv, D, n_ctx, n_splits, form):
+    """decode_attention.WIDE_Q (q read as LDS.128 from 16-byte aligned shared memory, whose
+    twin faults on a misaligned address) gives the scalar reads' output and partials bit for
+    bit, in the split pass and the one pass."""
+    from bw24nb.kernels import decode_attention as da
+    from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
+    got = []
+    for wide in (False, True):
+        monkeypatch.setattr(da, "WIDE_Q", wide)
+        part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
+        out = _poisoned((1, Hq, D))
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, **form)
+        got.append([a.copy_to_host() for a in (out, part_ml, part_acc)])
+    assert np.isfinite(got[0][0]).all()
+    np.testing.assert_array_equal(got[0][0].view(np.uint32), got[1][0].view(np.uint32))
+    if not form:                            # the partials of the splits the plan uses
+        used = _split_plan(n_ctx - 1, n_ctx, n_splits, DECODE_MIN_CHUNK, DECODE_CHUNK_ALIGN)[2]
+        for a, b in zip(got[0][1:], got[1][1:]):
+            np.testing.assert_array_equal(a[:, :, :used].view(np.uint32),
+                                          b[:, :, :used].view(np.uint32))
+
+
 def _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, **form):
     """Run launch_flash_decode on an F16 cache in the block-a-split, one-warp form and with
     `form`'s arguments, poisoned partials each time, and check that the form's output is

@@ -232,6 +232,13 @@ SPLIT_CLUSTER = 1
 # would fit its shared memory but 128 registers, with a 152-byte stack (run_bench
 # split-cluster16s4 measures it)
 SPLIT_CLUSTER_SLOTS = 3
+# The scores' q reads (`dot8`) as two 16-byte shared loads (LDS.128) a chunk of 8 dims, not
+# eight 4-byte ones each with Numba's negative-index check: the same products in the same
+# order, so the same bits (simulator tests; kernel-check flash_decode*). sm_90 SASS of the
+# 0.5B split kernel (r7_e2): its chunk loop 182 -> 99 instructions, 128 -> 138 registers
+# (4 -> 3 blocks of 128 threads an SM could hold). Built in session 47, when no device was
+# lent: off until run_bench attn-wide-q (or launch_chain's "/wq") shows it pays.
+WIDE_Q = False
 ONEPASS_THREADS = 32 * ONEPASS_WARPS
 _ONEPASS_ACC = 8192         # floats of partial accumulators (32 KB): splits x D
 _ONEPASS_SPLITS = 256       # (m, l, w) slots: the most splits any head dim may take
@@ -359,6 +366,7 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
     CL = onepass and int(cluster) > 1
     PW = onepass and bool(pre_wait)
     PWS = not onepass and not fused and bool(pre_wait)      # the split pass's
+    WQ = bool(WIDE_Q)                       # read at build time: the callers' cache keys hold it
     if CS and trace:
         raise ValueError("the cluster split pass has no traced build")
     GB = max(1, int(group_batch))
@@ -462,11 +470,15 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
 
     @cuda.jit(device=True, inline="always")
     def dot8(a, buf, qb, k):
-        """a + q[qb .. qb + 7] . k, d ascending (the score's order). q comes as two 16-byte
-        shared loads (LDS.128; `buf` is 16-byte aligned and qb a multiple of 8) instead of
-        eight 4-byte ones: the same products in the same order."""
-        q0, q1, q2, q3 = ld_v4_f32(buf, qb)
-        q4, q5, q6, q7 = ld_v4_f32(buf, qb + 4)
+        """a + q[qb .. qb + 7] . k, d ascending (the score's order). With WIDE_Q, q comes as
+        two 16-byte shared loads (LDS.128; `buf` is 16-byte aligned and qb a multiple of 8)
+        instead of eight 4-byte ones: the same products in the same order."""
+        if WQ:
+            q0, q1, q2, q3 = ld_v4_f32(buf, qb)
+            q4, q5, q6, q7 = ld_v4_f32(buf, qb + 4)
+        else:
+            q0, q1, q2, q3 = buf[qb], buf[qb + 1], buf[qb + 2], buf[qb + 3]
+            q4, q5, q6, q7 = buf[qb + 4], buf[qb + 5], buf[qb + 6], buf[qb + 7]
         a += q0 * k[0]
         a += q1 * k[1]
         a += q2 * k[2]
@@ -1402,12 +1414,12 @@ def _make(R: int, E: int, prefetch: bool = True, trace: bool = False, interleave
                                          + ("_trace" if trace else "") + ("" if full else "_pk")
                                          + ("" if GB == 1 else f"_gb{GB}")
                                          + (f"_c{int(cluster)}w{W1}" if CL else "")
-                                         + ("_pw" if PW else ""))
+                                         + ("_pw" if PW else "") + ("_wq" if WQ else ""))
         return kernel(fn, own_wait=PW)
     name = (f"flash_decode_f16_r{R}_e{E}" + ("" if prefetch else "_npf") + ("_il" if interleave else "")
             + ("_1t" if direct else "") + ("_spread" if spread and direct else "")
             + ("_walk" if walk else "") + ("_trace" if trace else "") + ("_fused" if fused else "")
-            + ("" if full else "_pk") + ("_pw" if PWS else ""))
+            + ("" if full else "_pk") + ("_pw" if PWS else "") + ("_wq" if WQ else ""))
     if fused:
         split_fused.__name__ = split_fused.__qualname__ = name
         return kernel(split_fused)
@@ -1435,9 +1447,10 @@ def split_kernel(R: int, E: int, prefetch: bool = True, trace: bool = False,
     if fused and pre_wait:
         raise ValueError("the split pass's combine waits first (no pre_wait)")
     key = (R, E, bool(prefetch), bool(trace), bool(interleave), bool(direct), bool(walk),
-           bool(spread) and bool(direct), bool(fused), bool(FULL_GROUPS), bool(pre_wait))
+           bool(spread) and bool(direct), bool(fused), bool(FULL_GROUPS), bool(pre_wait),
+           bool(WIDE_Q))
     if key not in _KERNELS:
-        _KERNELS[key] = _make(*key[:-2], full=key[-2], pre_wait=key[-1])
+        _KERNELS[key] = _make(*key[:-3], full=key[-3], pre_wait=key[-2])
     return _KERNELS[key]
 
 
@@ -1461,7 +1474,7 @@ def cluster_split_kernel(R: int, E: int, slots: int, prefetch: bool = True,
     D = 32 * E
     spread = ONE_TILE_SPREAD and D <= ONE_TILE_SPREAD_MAX_D
     key = ("cs", R, E, int(slots), bool(prefetch), bool(INTERLEAVE_ROWS), bool(ONE_TILE_DIRECT),
-           bool(spread), bool(FULL_GROUPS), bool(pre_wait))
+           bool(spread), bool(FULL_GROUPS), bool(pre_wait), bool(WIDE_Q))
     if key not in _KERNELS:
         _KERNELS[key] = _make(R, E, bool(prefetch), interleave=key[5], direct=key[6],
                               spread=key[7], full=key[8], pre_wait=key[9], slots=key[3])
@@ -1480,11 +1493,12 @@ def onepass_kernel(R: int, E: int, prefetch: bool = True, store: bool = False,
     early = ONEPASS_EARLY if early is None else bool(early)
     n = max(1, int(cluster))
     key = ("1p", R, E, bool(prefetch), bool(store), early, bool(trace), bool(FULL_GROUPS),
-           int(ONEPASS_GROUP_BATCH), n, onepass_block_warps(32 * E, n), pre_wait)
+           int(ONEPASS_GROUP_BATCH), n, onepass_block_warps(32 * E, n), pre_wait,
+           bool(WIDE_Q))
     if key not in _KERNELS:
         _KERNELS[key] = _make(R, E, bool(prefetch), trace=bool(trace), onepass=True,
-                              store=bool(store), early=early, full=key[-5],
-                              group_batch=key[-4], cluster=n, warps=key[-2], pre_wait=pre_wait)
+                              store=bool(store), early=early, full=key[-6],
+                              group_batch=key[-5], cluster=n, warps=key[-3], pre_wait=pre_wait)
     return _KERNELS[key]
 
 

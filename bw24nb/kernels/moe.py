@@ -174,8 +174,9 @@ def moe_route(logits, norm_topk, ids, wts):
 # virtual warp's own tree), and their totals through warp_sum again with zeros past the
 # B / 32 of them -- block_sum's two stages, so the same total and the same probabilities. The
 # maximum and each round's arg-max (largest probability, ties to the lower id) are exact in
-# any order. run_bench --launch route-block restores moe_route.
-ROUTE_WARP = True
+# any order. Built in session 47, when no device was lent: off until run_bench --launch
+# route-warp shows it pays on the 35B-A3B shape.
+ROUTE_WARP = False
 ROUTE_WARP_TOKENS = 4           # tokens (warps) a block
 _VW_MAX = ROUTER_THREADS_MAX // 32      # moe_route's warps, played by one lane each
 _ROUTE_PROBS = ROUTE_WARP_TOKENS * ROUTER_E_MAX     # (a compile-time size for numba)
