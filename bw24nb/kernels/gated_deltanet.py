@@ -287,7 +287,6 @@ def gdn_conv_prep(x, w, state, steps, save_steps, a, b, dt_bias, ssm_a, q_scale,
     lane = tid & 31
     nk, dk = q.shape[1], q.shape[2]
     nv, dv = v.shape[1], v.shape[2]
-    nvh = nv // nk                          # value heads of this block: h, h + nk, ...
     c, j, i = _conv_prep_channel(h, tid, nk, dk, nv, dv)
     w0 = float32(0.0)
     w1 = float32(0.0)
