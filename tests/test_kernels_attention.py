@@ -505,6 +505,35 @@ def test_one_tile_splits_stored_without_the_merge_give_the_same_bits(rng, Hq, Hk
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def _one_token_forms(rng, Hq, Hkv, D, n_ctx, n_splits, forms, before=lambda i: None):
+    """launch_flash_decode of one token at position n_ctx - 1 on an F16 cache, once per form
+    (its launch arguments; before(i) sets switches first), on fresh partials each time:
+    [[out, part_ml, part_acc] a form], and how many splits the token's plan uses."""
+    from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
+    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
+    layer = cache.layer(0)
+    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))
+    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
+    got = []
+    for i, form in enumerate(forms):
+        before(i)
+        part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
+        out = _poisoned((1, Hq, D))
+        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
+                            QType.F16, out, part_ml, part_acc, **form)
+        got.append([a.copy_to_host() for a in (out, part_ml, part_acc)])
+    assert np.isfinite(got[0][0]).all()
+    used = _split_plan(n_ctx - 1, n_ctx, n_splits, DECODE_MIN_CHUNK, DECODE_CHUNK_ALIGN)[2]
+    return got, used
+
+
+def _assert_same_bits(a_run, b_run, used):
+    """Two runs' outputs, and the partials of the `used` splits (None: outputs only)."""
+    for a, b in zip(a_run, b_run if used is not None else b_run[:1]):
+        a, b = (a, b) if a.ndim == 3 else (a[:, :, :used], b[:, :, :used])
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 @pytest.mark.parametrize("Hq,Hkv,D,n_ctx,n_splits", [(4, 2, 32, 40, 4), (14, 2, 64, 300, 2),
                                                       (8, 1, 128, 90, 3)])
 def test_interleaved_softmax_rows_give_the_same_bits(rng, Hq, Hkv, D, n_ctx, n_splits):
@@ -514,23 +543,9 @@ def test_interleaved_softmax_rows_give_the_same_bits(rng, Hq, Hkv, D, n_ctx, n_s
     rescale by alpha)."""
     from bw24nb.kernels import decode_attention as da
     assert da.INTERLEAVE_ROWS is False
-    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
-    layer = cache.layer(0)
-    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))
-    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
-    got = []
-    for il in (False, True):
-        part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
-        out = _poisoned((1, Hq, D))
-        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
-                            QType.F16, out, part_ml, part_acc, interleave=il)
-        got.append([a.copy_to_host() for a in (out, part_ml, part_acc)])
-    assert np.isfinite(got[0][0]).all()
-    from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
-    used = _split_plan(n_ctx - 1, n_ctx, n_splits, DECODE_MIN_CHUNK, DECODE_CHUNK_ALIGN)[2]
-    for a, b in zip(got[0], got[1]):        # the partials of the splits the plan uses
-        a, b = (a, b) if a.ndim == 3 else (a[:, :, :used], b[:, :, :used])
-        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    got, used = _one_token_forms(rng, Hq, Hkv, D, n_ctx, n_splits,
+                                 [dict(interleave=False), dict(interleave=True)])
+    _assert_same_bits(got[0], got[1], used)
 
 
 @pytest.mark.parametrize("Hq,Hkv,D,n_ctx,n_splits,form", [
@@ -539,28 +554,11 @@ def test_interleaved_softmax_rows_give_the_same_bits(rng, Hq, Hkv, D, n_ctx, n_s
 def test_wide_q_loads_give_the_same_bits(rng, monkeypatch, Hq, Hkv, D, n_ctx, n_splits, form):
     """decode_attention.WIDE_Q (q read as LDS.128 from 16-byte aligned shared memory, whose
     twin faults on a misaligned address) gives the scalar reads' output and partials bit for
-    bit, in the split pass and the one pass."""
+    bit, in the split pass and the one pass (which writes no partials)."""
     from bw24nb.kernels import decode_attention as da
-    from bw24nb.kernels.attention import DECODE_CHUNK_ALIGN, DECODE_MIN_CHUNK, _split_plan
-    cache = _filled_cache(rng, n_ctx, Hkv, D, n_ctx, *_F16)
-    layer = cache.layer(0)
-    q = cuda.to_device(rng.standard_normal((1, Hq, D)).astype(np.float32))
-    pos = cuda.to_device(np.array([n_ctx - 1], np.int32))
-    got = []
-    for wide in (False, True):
-        monkeypatch.setattr(da, "WIDE_Q", wide)
-        part_ml, part_acc = alloc_decode_partials(1, Hq, D, n_splits)
-        out = _poisoned((1, Hq, D))
-        launch_flash_decode(q, pos, layer[0], layer[1], QType.F16, layer[2], layer[3],
-                            QType.F16, out, part_ml, part_acc, **form)
-        got.append([a.copy_to_host() for a in (out, part_ml, part_acc)])
-    assert np.isfinite(got[0][0]).all()
-    np.testing.assert_array_equal(got[0][0].view(np.uint32), got[1][0].view(np.uint32))
-    if not form:                            # the partials of the splits the plan uses
-        used = _split_plan(n_ctx - 1, n_ctx, n_splits, DECODE_MIN_CHUNK, DECODE_CHUNK_ALIGN)[2]
-        for a, b in zip(got[0][1:], got[1][1:]):
-            np.testing.assert_array_equal(a[:, :, :used].view(np.uint32),
-                                          b[:, :, :used].view(np.uint32))
+    got, used = _one_token_forms(rng, Hq, Hkv, D, n_ctx, n_splits, [form, form],
+                                 lambda i: monkeypatch.setattr(da, "WIDE_Q", bool(i)))
+    _assert_same_bits(got[0], got[1], None if form else used)
 
 
 def _same_bits_as_the_plain_form(rng, Hq, Hkv, D, positions, n_splits, **form):
