@@ -2374,7 +2374,7 @@ def check_moe_route(rng, size):
                           else f"exact ties not in id order: {got_ids[0, :min(k, 4)]}"])
         yield compare("moe_route weights", tag, f"T{T} E{E} k{k}", got_w, ref_w,
                       rel * np.abs(_f64(ref_w)) + TINY_NORMAL, f"{rel:.1e}·|ref|", guard_ok=g2)
-        # the other form (one warp a token, the default, or moe_route's block): the same bits
+        # the form ROUTE_WARP leaves out (moe_route's block, or one warp a token): the same bits
         other = not moe.ROUTE_WARP
         ids2, wts2 = Out((T, k), np.int32), Out((T, k))
         saved, moe.ROUTE_WARP = moe.ROUTE_WARP, other
